@@ -1,0 +1,171 @@
+"""The environment bundle: the one schema every part of awm agrees on.
+
+A bundle is everything needed to run one environment: the scenario, the Postgres schema and its
+seed rows (the snapshot every episode starts from), the tools the agent may call, and the tasks,
+each with a verifier and a reference solution. The synthesis pipeline writes bundles, the env
+server serves them, the catalog validates them. The JSON Schema in ``awm/schema/`` is generated
+from these models (``awm catalog schema``) and a test keeps it in sync.
+
+Code contracts (all code in a bundle is untrusted and runs sandboxed):
+
+* Tool: ``def <tool name>(db, **arguments)``; ``db`` has ``query/one/scalar/execute`` with
+  ``%s`` placeholders; raise ``ToolError("message")`` for an error the agent should read. The
+  tool's return value must be JSON-serialisable (Decimal and dates are converted).
+* Verifier: ``def <entrypoint>(final, initial, answer)``; ``final`` and ``initial`` are read-only
+  views (``query/one/scalar``) of the database after the episode and of the snapshot; ``answer``
+  is the agent's final message or ``None``. Returns ``bool``, ``(bool, reason)`` or
+  ``{"complete": bool, "reason": str}``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import keyword
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+FORMAT_VERSION = "awm.bundle/v1"
+
+Identifier = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,62}$")]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=False)
+
+
+class Scenario(_Model):
+    """What the environment simulates, in the words given to the synthesis pipeline."""
+
+    name: Identifier = Field(description="Normalised scenario name, also the environment name.")
+    description: str = Field(min_length=1)
+
+
+class SeedTable(_Model):
+    """Rows of one table, inserted in list order (parents before children)."""
+
+    table: Identifier
+    rows: list[dict[str, Any]]
+
+
+class Database(_Model):
+    """The snapshot: DDL plus seed rows. Loaded once into a checksummed template database."""
+
+    ddl: str = Field(min_length=1, description="PostgreSQL DDL, executed as one script.")
+    seed: list[SeedTable] = Field(default_factory=list)
+
+
+class Tool(_Model):
+    """One MCP tool: name, description and input schema are what the agent sees."""
+
+    name: Identifier
+    description: str = Field(min_length=1)
+    input_schema: dict[str, Any] = Field(description="JSON Schema (type object) of the arguments.")
+    code: str = Field(description="Python source defining `def <name>(db, **arguments)`.")
+
+    @field_validator("input_schema")
+    @classmethod
+    def _object_schema(cls, schema: dict[str, Any]) -> dict[str, Any]:
+        if schema.get("type") != "object":
+            raise ValueError("input_schema must be a JSON Schema with type 'object'")
+        return schema
+
+
+class ToolCall(_Model):
+    """One step of a reference solution."""
+
+    tool: Identifier
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+class Verifier(_Model):
+    code: str = Field(description="Python source defining the entrypoint function.")
+    entrypoint: str = "verify"
+
+
+class Task(_Model):
+    id: Identifier
+    instruction: str = Field(min_length=1)
+    verifier: Verifier
+    solution: list[ToolCall] = Field(
+        description="Reference solution: tool calls that solve the task from the snapshot."
+    )
+    final_answer: str | None = Field(
+        default=None, description="The answer a correct agent would end with, if the task asks for one."
+    )
+
+
+class Limits(_Model):
+    """Per-environment limits for untrusted code."""
+
+    tool_timeout_s: float = Field(default=10.0, gt=0)
+    verifier_timeout_s: float = Field(default=10.0, gt=0)
+    verifier_memory_mb: int = Field(default=512, ge=64)
+
+
+class EnvBundle(_Model):
+    format: Literal["awm.bundle/v1"] = FORMAT_VERSION
+    scenario: Scenario
+    database: Database
+    tool_prelude: str = Field(default="", description="Shared imports and helpers for tool code.")
+    tools: list[Tool] = Field(min_length=1)
+    verifier_prelude: str = Field(default="", description="Shared imports and helpers for verifiers.")
+    tasks: list[Task] = Field(default_factory=list)
+    limits: Limits = Field(default_factory=Limits)
+
+    @property
+    def name(self) -> str:
+        return self.scenario.name
+
+    @model_validator(mode="after")
+    def _consistent(self) -> EnvBundle:
+        tool_names = [t.name for t in self.tools]
+        _no_duplicates("tool", tool_names)
+        _no_duplicates("task", [t.id for t in self.tasks])
+        for name in tool_names:
+            if keyword.iskeyword(name):
+                raise ValueError(f"tool name {name!r} is a Python keyword")
+        known = set(tool_names)
+        for task in self.tasks:
+            for step in task.solution:
+                if step.tool not in known:
+                    raise ValueError(f"task {task.id!r}: solution calls unknown tool {step.tool!r}")
+            if not re.search(rf"\bdef\s+{re.escape(task.verifier.entrypoint)}\s*\(", task.verifier.code):
+                raise ValueError(
+                    f"task {task.id!r}: verifier code does not define {task.verifier.entrypoint}()"
+                )
+        return self
+
+    def tool(self, name: str) -> Tool:
+        for tool in self.tools:
+            if tool.name == name:
+                return tool
+        raise KeyError(name)
+
+    def task(self, task_id: str) -> Task:
+        for task in self.tasks:
+            if task.id == task_id:
+                return task
+        raise KeyError(task_id)
+
+    def database_hash(self) -> str:
+        """Content hash of the snapshot: names the template database, so a changed seed reloads."""
+        payload = json.dumps(self.database.model_dump(mode="json"), sort_keys=True, default=str)
+        return hashlib.sha256(payload.encode()).hexdigest()
+
+
+def _no_duplicates(kind: str, names: list[str]) -> None:
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            raise ValueError(f"duplicate {kind} {name!r}")
+        seen.add(name)
+
+
+def bundle_json_schema() -> dict[str, Any]:
+    schema = EnvBundle.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["$id"] = "https://awm.dev/schema/bundle-v1.json"
+    return schema

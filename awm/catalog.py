@@ -1,0 +1,106 @@
+"""Catalogs: where bundles come from.
+
+A catalog is a directory (or a ``.tar.gz``/``.tgz``/``.zip`` archive of one) holding bundles as
+``*.json`` files or as source directories (see :mod:`awm.authoring`), at most one level deep.
+The starter catalog ships inside the package; ``"starter"`` names it.
+"""
+
+from __future__ import annotations
+
+import tarfile
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from awm.authoring import compile_source_dir, is_source_dir
+from awm.bundle import EnvBundle
+
+STARTER = Path(__file__).with_name("starter")
+
+
+class CatalogError(ValueError):
+    pass
+
+
+@dataclass
+class Entry:
+    name: str
+    source: Path
+    bundle: EnvBundle | None
+    error: str | None = None
+
+
+def resolve(catalog: str | Path | None) -> Path:
+    if catalog in (None, "", "starter"):
+        return STARTER
+    path = Path(catalog).expanduser()
+    if not path.exists():
+        raise CatalogError(f"catalog {path} does not exist")
+    if path.is_file() and path.name.endswith((".tar.gz", ".tgz", ".zip")):
+        return _extract(path)
+    return path
+
+
+def _extract(archive: Path) -> Path:
+    target = Path(tempfile.mkdtemp(prefix="awm-catalog-"))
+    if archive.name.endswith(".zip"):
+        with zipfile.ZipFile(archive) as zf:
+            for member in zf.namelist():
+                if member.startswith("/") or ".." in Path(member).parts:
+                    raise CatalogError(f"{archive}: unsafe path {member!r}")
+            zf.extractall(target)
+    else:
+        with tarfile.open(archive) as tf:
+            tf.extractall(target, filter="data")
+    children = [p for p in target.iterdir() if not p.name.startswith(".")]
+    return children[0] if len(children) == 1 and children[0].is_dir() and not _is_bundle(children[0]) else target
+
+
+def _is_bundle(path: Path) -> bool:
+    return is_source_dir(path) or (path.is_file() and path.suffix == ".json")
+
+
+def load_bundle(path: Path) -> EnvBundle:
+    try:
+        if is_source_dir(path):
+            return compile_source_dir(path)
+        return EnvBundle.model_validate_json(path.read_text())
+    except ValidationError as exc:
+        raise CatalogError(f"{path.name}: invalid bundle:\n{exc}") from exc
+    except (OSError, ValueError, KeyError, SyntaxError) as exc:
+        raise CatalogError(f"{path.name}: {type(exc).__name__}: {exc}") from exc
+
+
+def entries(catalog: str | Path | None = None) -> list[Entry]:
+    """Every bundle of a catalog, loaded; a broken one is listed with its error, not skipped."""
+    root = resolve(catalog)
+    if _is_bundle(root):
+        candidates = [root]
+    else:
+        candidates = sorted(p for p in root.iterdir() if _is_bundle(p) and not p.name.startswith("."))
+    found = []
+    for path in candidates:
+        try:
+            bundle = load_bundle(path)
+            found.append(Entry(bundle.name, path, bundle))
+        except CatalogError as exc:
+            found.append(Entry(path.stem, path, None, str(exc)))
+    return found
+
+
+def load(catalog: str | Path | None = None, names: list[str] | None = None) -> list[EnvBundle]:
+    """Bundles of a catalog (optionally only ``names``); any broken bundle is an error."""
+    all_entries = entries(catalog)
+    broken = [e for e in all_entries if e.bundle is None and (not names or e.name in names)]
+    if broken:
+        raise CatalogError("\n".join(e.error or e.name for e in broken))
+    bundles = {e.name: e.bundle for e in all_entries if e.bundle is not None}
+    if names:
+        missing = [n for n in names if n not in bundles]
+        if missing:
+            raise CatalogError(f"not in the catalog: {', '.join(missing)} (have: {', '.join(sorted(bundles))})")
+        return [bundles[n] for n in names]  # type: ignore[misc]
+    return list(bundles.values())  # type: ignore[arg-type]

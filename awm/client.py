@@ -1,0 +1,171 @@
+"""Clients for one env instance: a lean MCP session and the control API.
+
+``McpSession`` speaks MCP's streamable HTTP transport directly (JSON-RPC over one persistent
+HTTP/1.1 connection and one MCP session): initialize once, then ``tools/list`` and
+``tools/call``. It exists because rollouts make millions of tool calls and a full SDK client adds
+milliseconds per call (docs/benchmarks.md measures both); any MCP client works against the server.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+PROTOCOL_VERSION = "2025-06-18"
+_ACCEPT = "application/json, text/event-stream"
+
+
+class McpError(RuntimeError):
+    """A JSON-RPC error or a transport failure (not a tool's own error result)."""
+
+
+@dataclass
+class ToolOutcome:
+    is_error: bool
+    text: str
+    structured: Any = None
+
+    @property
+    def error_kind(self) -> str | None:
+        """The server's error class (``invalid_arguments``, ``tool_error``, ...) for errors."""
+        if not self.is_error:
+            return None
+        head = self.text.split(":", 1)[0]
+        return head if head.isidentifier() else "unknown"
+
+
+class McpSession:
+    def __init__(self, url: str, timeout: float = 60.0, client: httpx.AsyncClient | None = None) -> None:
+        self.url = url
+        self._client = client or httpx.AsyncClient(timeout=timeout)
+        self._own_client = client is None
+        self._ids = itertools.count(1)
+        self._headers = {"Accept": _ACCEPT, "Content-Type": "application/json"}
+        self.server_info: dict[str, Any] = {}
+
+    async def __aenter__(self) -> McpSession:
+        await self.initialize()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def initialize(self) -> None:
+        result = await self._request("initialize", {
+            "protocolVersion": PROTOCOL_VERSION, "capabilities": {},
+            "clientInfo": {"name": "awm-lean-client", "version": "1"},
+        })
+        self.server_info = result
+        self._headers["MCP-Protocol-Version"] = result.get("protocolVersion", PROTOCOL_VERSION)
+        await self._post({"jsonrpc": "2.0", "method": "notifications/initialized"})
+
+    async def list_tools(self) -> list[dict[str, Any]]:
+        tools: list[dict[str, Any]] = []
+        cursor = None
+        while True:
+            result = await self._request("tools/list", {"cursor": cursor} if cursor else {})
+            tools += result.get("tools", [])
+            cursor = result.get("nextCursor")
+            if not cursor:
+                return tools
+
+    async def call_tool(self, name: str, arguments: dict[str, Any] | None = None) -> ToolOutcome:
+        result = await self._request("tools/call", {"name": name, "arguments": arguments or {}})
+        text = "\n".join(c.get("text", "") for c in result.get("content", []) if c.get("type") == "text")
+        return ToolOutcome(bool(result.get("isError")), text, result.get("structuredContent"))
+
+    async def close(self) -> None:
+        if "Mcp-Session-Id" in self._headers:
+            try:
+                await self._client.delete(self.url, headers=self._headers)
+            except httpx.HTTPError:
+                pass
+        if self._own_client:
+            await self._client.aclose()
+
+    async def _request(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        request_id = next(self._ids)
+        message = await self._post({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params})
+        if message is None:
+            raise McpError(f"{method}: empty response")
+        if "error" in message:
+            error = message["error"]
+            raise McpError(f"{method}: {error.get('message')} (code {error.get('code')})")
+        return message.get("result", {})
+
+    async def _post(self, payload: dict[str, Any]) -> dict[str, Any] | None:
+        try:
+            response = await self._client.post(self.url, content=json.dumps(payload), headers=self._headers)
+        except httpx.HTTPError as exc:
+            raise McpError(f"{payload.get('method')}: {type(exc).__name__}: {exc}") from exc
+        if response.status_code == 202:
+            return None
+        if response.status_code >= 400:
+            raise McpError(f"{payload.get('method')}: HTTP {response.status_code}: {response.text[:300]}")
+        session = response.headers.get("mcp-session-id")
+        if session:
+            self._headers["Mcp-Session-Id"] = session
+        if response.headers.get("content-type", "").startswith("text/event-stream"):
+            return _last_sse_message(response.text, payload.get("id"))
+        return response.json() if response.content else None
+
+
+def _last_sse_message(body: str, request_id: Any) -> dict[str, Any] | None:
+    found = None
+    for line in body.splitlines():
+        if line.startswith("data:"):
+            message = json.loads(line[5:].strip())
+            if message.get("id") == request_id:
+                found = message
+    return found
+
+
+class ControlClient:
+    """The instance's control API (reset, verify, diff, checksum, health)."""
+
+    def __init__(self, base_url: str, timeout: float = 60.0, client: httpx.AsyncClient | None = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._client = client or httpx.AsyncClient(timeout=timeout)
+        self._own_client = client is None
+
+    async def reset(self, task_id: str | None = None, verify: bool = False) -> dict[str, Any]:
+        return await self._call("POST", "/reset", {"task_id": task_id, "verify": verify})
+
+    async def verify(self, final_answer: str | None = None) -> dict[str, Any]:
+        return await self._call("POST", "/verify", {"final_answer": final_answer})
+
+    async def diff(self) -> dict[str, Any]:
+        return await self._call("GET", "/diff")
+
+    async def checksum(self) -> dict[str, Any]:
+        return await self._call("GET", "/checksum")
+
+    async def info(self) -> dict[str, Any]:
+        return await self._call("GET", "/info")
+
+    async def ready(self) -> bool:
+        try:
+            return (await self._client.get(self.base_url + "/readyz")).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    async def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        response = await self._client.request(method, self.base_url + path, json=body)
+        data = response.json()
+        if response.status_code >= 400:
+            raise ControlApiError(response.status_code, data.get("error", response.text))
+        return data
+
+    async def close(self) -> None:
+        if self._own_client:
+            await self._client.aclose()
+
+
+class ControlApiError(RuntimeError):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"HTTP {status}: {message}")
+        self.status = status

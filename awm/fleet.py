@@ -1,0 +1,194 @@
+"""The local fleet: N env-server processes on one Postgres, without Kubernetes.
+
+It provisions (template per environment, database and role per instance), starts one
+``python -m envserver`` per instance with a scrubbed environment (the child gets its own DSN and
+nothing else of ours), waits for each to announce its URLs, restarts any that die on the same
+ports, and on exit stops them and drops their databases.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from awm.bundle import EnvBundle
+from awm.postgres import provision
+from awm.postgres.server import EmbeddedPostgres
+
+log = logging.getLogger("awm.fleet")
+_INHERITED = ("PATH", "LANG", "LC_ALL", "TZ", "PYTHONPATH", "HOME")
+
+
+class FleetError(RuntimeError):
+    pass
+
+
+@dataclass
+class Database:
+    """Where instance databases live: an external server or the embedded one."""
+
+    admin_dsn: str
+    embedded: EmbeddedPostgres | None = None
+    started_here: bool = False
+
+    @classmethod
+    def open(cls, database_url: str | None = None) -> Database:
+        url = database_url or os.environ.get("AWM_DATABASE_URL")
+        if url:
+            return cls(url)
+        pg = EmbeddedPostgres.default()
+        started = pg.start()
+        db = cls(pg.admin_dsn(), pg, started)
+        provision.harden_cluster(db.admin_dsn)
+        return db
+
+    def close(self, keep_running: bool = False) -> None:
+        if self.embedded is not None and self.started_here and not keep_running:
+            self.embedded.stop()
+
+
+@dataclass
+class InstanceHandle:
+    env: str
+    name: str
+    bundle_path: Path
+    db: provision.Instance
+    mcp_url: str = ""
+    control_url: str = ""
+    pid: int = 0
+    restarts: int = 0
+    process: asyncio.subprocess.Process | None = field(default=None, repr=False)
+    mcp_port: int = 0
+    control_port: int = 0
+
+
+class LocalFleet:
+    def __init__(self, bundles: list[EnvBundle], replicas: int = 1, database: Database | None = None,
+                 verifier_workers: int = 1, host: str = "127.0.0.1", start_timeout_s: float = 120.0) -> None:
+        if replicas < 1:
+            raise FleetError("replicas must be at least 1")
+        self.bundles = bundles
+        self.replicas = replicas
+        self.database = database
+        self.verifier_workers = verifier_workers
+        self.host = host
+        self.start_timeout_s = start_timeout_s
+        self.instances: list[InstanceHandle] = []
+        self._workdir = Path(tempfile.mkdtemp(prefix="awm-fleet-"))
+        self._supervisor: asyncio.Task[None] | None = None
+        self._stopping = False
+        self.provision_s = 0.0
+
+    async def __aenter__(self) -> LocalFleet:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def start(self) -> list[InstanceHandle]:
+        if self.database is None:
+            self.database = await asyncio.to_thread(Database.open)
+        t0 = time.perf_counter()
+        self.instances = await asyncio.to_thread(self._provision)
+        self.provision_s = time.perf_counter() - t0
+        try:
+            await asyncio.gather(*(self._launch(h) for h in self.instances))
+        except BaseException:
+            await self.stop()
+            raise
+        self._supervisor = asyncio.create_task(self._supervise())
+        return self.instances
+
+    def _provision(self) -> list[InstanceHandle]:
+        assert self.database is not None
+        handles = []
+        for bundle in self.bundles:
+            template = provision.ensure_template(self.database.admin_dsn, bundle)
+            path = self._workdir / f"{bundle.name}.json"
+            path.write_text(bundle.model_dump_json())
+            path.chmod(0o644)
+            for i in range(self.replicas):
+                name = provision.instance_name(bundle.name, i)
+                db = provision.create_instance(self.database.admin_dsn, template, name)
+                handles.append(InstanceHandle(bundle.name, name, path, db))
+        return handles
+
+    async def _launch(self, handle: InstanceHandle) -> None:
+        env = {k: v for k, v in os.environ.items() if k in _INHERITED}
+        env["AWM_INSTANCE_DSN"] = handle.db.dsn
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "envserver", "--bundle", str(handle.bundle_path), "--name", handle.name,
+            "--host", self.host, "--mcp-port", str(handle.mcp_port), "--control-port", str(handle.control_port),
+            "--verifier-workers", str(self.verifier_workers),
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            env=env, start_new_session=True,
+        )
+        handle.process = proc
+        assert proc.stdout is not None
+        try:
+            line = await asyncio.wait_for(proc.stdout.readline(), self.start_timeout_s)
+        except asyncio.TimeoutError:
+            proc.kill()
+            raise FleetError(f"{handle.name}: no ready line within {self.start_timeout_s:g} s") from None
+        if not line:
+            err = (await proc.stderr.read()).decode(errors="replace") if proc.stderr else ""
+            raise FleetError(f"{handle.name} failed to start:\n{err[-3000:]}")
+        ready = json.loads(line)
+        handle.mcp_url, handle.control_url, handle.pid = ready["mcp_url"], ready["control_url"], ready["pid"]
+        handle.mcp_port = int(handle.mcp_url.rsplit(":", 1)[1].split("/")[0])
+        handle.control_port = int(handle.control_url.rsplit(":", 1)[1])
+        asyncio.create_task(_drain(proc.stderr, handle.name))
+
+    async def _supervise(self) -> None:
+        """Self-healing: an instance process that exits is started again on the same ports."""
+        while not self._stopping:
+            for handle in self.instances:
+                proc = handle.process
+                if proc is not None and proc.returncode is not None and not self._stopping:
+                    log.warning("%s exited with %s; restarting", handle.name, proc.returncode)
+                    handle.restarts += 1
+                    try:
+                        await self._launch(handle)
+                    except FleetError as exc:
+                        log.error("restart of %s failed: %s", handle.name, exc)
+                        await asyncio.sleep(1.0)
+            await asyncio.sleep(0.2)
+
+    async def stop(self, drop: bool = True) -> None:
+        self._stopping = True
+        if self._supervisor is not None:
+            self._supervisor.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._supervisor
+        for handle in self.instances:
+            if handle.process is not None and handle.process.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    handle.process.terminate()
+        for handle in self.instances:
+            if handle.process is not None:
+                try:
+                    await asyncio.wait_for(handle.process.wait(), 10)
+                except asyncio.TimeoutError:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(handle.process.pid, 9)
+        if drop and self.database is not None:
+            for handle in self.instances:
+                with contextlib.suppress(Exception):
+                    await asyncio.to_thread(provision.drop_instance, self.database.admin_dsn, handle.name)
+
+
+async def _drain(stream: asyncio.StreamReader | None, name: str) -> None:
+    """Forward an instance's stderr to our log, so a crash explains itself."""
+    if stream is None:
+        return
+    while line := await stream.readline():
+        log.warning("[%s] %s", name, line.decode(errors="replace").rstrip())

@@ -1,0 +1,261 @@
+"""Templates and instances: the privileged half of the database story.
+
+* One **template database per environment snapshot**, named after the bundle's database hash,
+  loaded once (DDL, seed rows, sequences moved past the seeded ids, snapshot copy, checksum) and
+  then closed to connections. A changed seed gets a new template; an unchanged one is reused
+  across runs. Its checksum is kept in the database comment, readable without connecting.
+* One **database per instance**, cloned from the template, and one **login role per instance**
+  that may connect to that database only. Table privileges come from two group roles granted
+  inside the template (``awm_tool``: read/write the agent's tables; ``awm_reader``: read only,
+  used by verifiers), so cloning copies them and an instance needs no per-table grants.
+
+Only this module needs the admin DSN; env servers receive their instance DSN and nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.types.json import Jsonb
+
+from awm.bundle import EnvBundle
+from awm.postgres import snapshot as snap
+
+TOOL_ROLE = "awm_tool"
+READER_ROLE = "awm_reader"
+TEMPLATE_PREFIX = "awm_tpl_"
+INSTANCE_PREFIX = "awm_i_"
+
+
+class ProvisionError(RuntimeError):
+    """A snapshot that does not load, with the statement or row that failed."""
+
+
+@dataclass(frozen=True)
+class Template:
+    dbname: str
+    env: str
+    checksum: str
+
+
+@dataclass(frozen=True)
+class Instance:
+    env: str
+    dbname: str
+    role: str
+    dsn: str
+
+
+def _admin(dsn: str, dbname: str | None = None) -> psycopg.Connection:
+    if dbname:
+        params = conninfo_to_dict(dsn)
+        params["dbname"] = dbname
+        dsn = make_conninfo(**params)
+    return psycopg.connect(dsn, autocommit=True)
+
+
+def _slug(text: str, limit: int) -> str:
+    return re.sub(r"[^a-z0-9_]", "_", text.lower())[:limit]
+
+
+def template_name(bundle: EnvBundle) -> str:
+    return f"{TEMPLATE_PREFIX}{_slug(bundle.name, 40)}_{bundle.database_hash()[:12]}"
+
+
+def ensure_group_roles(admin_dsn: str) -> None:
+    with _admin(admin_dsn) as conn:
+        for role in (TOOL_ROLE, READER_ROLE):
+            exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone()
+            if not exists:
+                try:
+                    conn.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(role)))
+                except psycopg.errors.DuplicateObject:
+                    pass  # created concurrently by another awm process
+        # The dirty-table fallback refills tables with FK triggers off; PostgreSQL >= 15 can
+        # grant just that one setting instead of superuser.
+        if conn.info.server_version >= 150000:
+            conn.execute(sql.SQL("GRANT SET ON PARAMETER session_replication_role TO {}").format(
+                sql.Identifier(TOOL_ROLE)))
+
+
+def ensure_template(admin_dsn: str, bundle: EnvBundle) -> Template:
+    """Load the bundle's snapshot into its template database, unless a complete one exists."""
+    ensure_group_roles(admin_dsn)
+    name = template_name(bundle)
+    with _admin(admin_dsn) as conn:
+        row = conn.execute(
+            "SELECT shobj_description(oid, 'pg_database') FROM pg_database WHERE datname = %s",
+            (name,),
+        ).fetchone()
+        if row and row[0]:
+            info = json.loads(row[0])
+            if info.get("complete"):
+                return Template(name, bundle.name, info["checksum"])
+        if row:  # half-loaded by an interrupted run
+            conn.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
+        conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE template0 ENCODING 'UTF8'").format(
+            sql.Identifier(name)))
+    try:
+        with _admin(admin_dsn, name) as db:
+            checksum = load_snapshot(db, bundle)
+    except Exception:
+        with _admin(admin_dsn) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        raise
+    with _admin(admin_dsn) as conn:
+        comment = json.dumps({"complete": True, "env": bundle.name, "checksum": checksum.digest})
+        ident = sql.Identifier(name)
+        conn.execute(sql.SQL("COMMENT ON DATABASE {} IS {}").format(ident, sql.Literal(comment)))
+        conn.execute(sql.SQL("REVOKE ALL ON DATABASE {} FROM PUBLIC").format(ident))
+        conn.execute(sql.SQL("ALTER DATABASE {} WITH ALLOW_CONNECTIONS false").format(ident))
+    return Template(name, bundle.name, checksum.digest)
+
+
+def load_snapshot(db: psycopg.Connection, bundle: EnvBundle) -> snap.Checksum:
+    """DDL, seed, sequences, snapshot copy, grants and checksum, into the connected database."""
+    with db.transaction():
+        try:
+            db.execute(bundle.database.ddl)
+        except psycopg.Error as exc:
+            raise ProvisionError(f"DDL failed: {exc}") from exc
+    with db.transaction():
+        for seed in bundle.database.seed:
+            insert_rows(db, seed.table, seed.rows)
+    tables = snap.public_tables(db)
+    with db.transaction():
+        _move_sequences_past_seed(db)
+        db.execute(f"CREATE SCHEMA {snap.SNAPSHOT_SCHEMA}")
+        db.execute(f"CREATE SCHEMA {snap.META_SCHEMA}")
+        for table in tables:
+            db.execute(sql.SQL("CREATE TABLE {s}.{t} AS TABLE public.{t}").format(
+                s=sql.Identifier(snap.SNAPSHOT_SCHEMA), t=sql.Identifier(table)))
+        db.execute(f"CREATE TABLE {snap.META_SCHEMA}.sequences "
+                   "(name text PRIMARY KEY, last_value bigint NOT NULL, is_called boolean NOT NULL)")
+        db.execute(f"CREATE TABLE {snap.META_SCHEMA}.checksums "
+                   "(table_name text PRIMARY KEY, row_count bigint NOT NULL, row_hash_sum numeric NOT NULL)")
+        db.execute(f"CREATE TABLE {snap.META_SCHEMA}.info (key text PRIMARY KEY, value jsonb)")
+        checksum = snap.compute_checksum(db)
+        for name, (last, called) in checksum.sequences.items():
+            db.execute(f"INSERT INTO {snap.META_SCHEMA}.sequences VALUES (%s, %s, %s)", (name, last, called))
+        for name, (count, total) in checksum.tables.items():
+            db.execute(f"INSERT INTO {snap.META_SCHEMA}.checksums VALUES (%s, %s, %s)", (name, count, total))
+        db.execute(f"INSERT INTO {snap.META_SCHEMA}.info VALUES ('env', %s), ('database_hash', %s)",
+                   (Jsonb(bundle.name), Jsonb(bundle.database_hash())))
+        _grant(db)
+    return checksum
+
+
+def insert_rows(db: psycopg.Connection, table: str, rows: list[dict[str, Any]]) -> None:
+    """Insert seed rows; the first failing row is reported with its index and values."""
+    if not rows:
+        return
+    columns = list(dict.fromkeys(col for row in rows for col in row))
+    statement = sql.SQL("INSERT INTO public.{} ({}) VALUES ({})").format(
+        sql.Identifier(table),
+        sql.SQL(", ").join(map(sql.Identifier, columns)),
+        sql.SQL(", ").join(sql.Placeholder() * len(columns)),
+    )
+    values = [tuple(_adapt(row.get(c)) for c in columns) for row in rows]
+    try:
+        with db.cursor() as cur:
+            cur.executemany(statement, values)
+    except psycopg.Error:
+        pass
+    else:
+        return
+    # Find the offending row for a precise error (the batch above already rolled back).
+    for index, value in enumerate(values):
+        try:
+            with db.transaction():
+                db.execute(statement, value)
+        except psycopg.Error as exc:
+            raise ProvisionError(f"seed row {index} of table {table!r} failed: {exc}; row={rows[index]}") from exc
+    raise ProvisionError(f"seed rows of table {table!r} failed as a batch")
+
+
+def _adapt(value: Any) -> Any:
+    return Jsonb(value) if isinstance(value, (dict, list)) else value
+
+
+def _move_sequences_past_seed(db: psycopg.Connection) -> None:
+    owned = db.execute(
+        "SELECT c.relname, a.attname, s.relname FROM pg_depend d "
+        "JOIN pg_class s ON s.oid = d.objid AND s.relkind = 'S' "
+        "JOIN pg_class c ON c.oid = d.refobjid JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = d.refobjsubid "
+        "WHERE n.nspname = 'public' AND d.deptype IN ('a', 'i')"
+    ).fetchall()
+    for table, column, seq in owned:
+        db.execute(sql.SQL(
+            "SELECT setval({seq}, coalesce((SELECT max({c}) FROM public.{t}), 1), "
+            "(SELECT max({c}) FROM public.{t}) IS NOT NULL)"
+        ).format(seq=sql.Literal(f"public.{seq}"), c=sql.Identifier(column), t=sql.Identifier(table)))
+
+
+def _grant(db: psycopg.Connection) -> None:
+    tool, reader = sql.Identifier(TOOL_ROLE), sql.Identifier(READER_ROLE)
+    for statement in (
+        "REVOKE ALL ON SCHEMA public FROM PUBLIC",
+        "GRANT USAGE ON SCHEMA public, {snapshot}, {meta} TO {tool}, {reader}",
+        "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {tool}",
+        "GRANT USAGE, SELECT, UPDATE ON ALL SEQUENCES IN SCHEMA public TO {tool}",
+        "GRANT SELECT ON ALL TABLES IN SCHEMA public, {snapshot}, {meta} TO {tool}, {reader}",
+        "GRANT SELECT ON ALL SEQUENCES IN SCHEMA public TO {reader}",
+    ):
+        db.execute(sql.SQL(statement).format(
+            tool=tool, reader=reader, snapshot=sql.Identifier(snap.SNAPSHOT_SCHEMA),
+            meta=sql.Identifier(snap.META_SCHEMA)))
+
+
+def instance_name(env: str, index: int) -> str:
+    return f"{INSTANCE_PREFIX}{_slug(env, 40)}_{index}"
+
+
+def create_instance(admin_dsn: str, template: Template, name: str) -> Instance:
+    """A fresh database cloned from the template, and a role that reaches only it."""
+    password = secrets.token_urlsafe(24)
+    db, role = sql.Identifier(name), sql.Identifier(name)
+    with _admin(admin_dsn) as conn:
+        _drop(conn, name)
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {} IN ROLE {}, {} CONNECTION LIMIT 8").format(
+            role, sql.Literal(password), sql.Identifier(TOOL_ROLE), sql.Identifier(READER_ROLE)))
+        conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(db, sql.Identifier(template.dbname)))
+        conn.execute(sql.SQL("REVOKE ALL ON DATABASE {} FROM PUBLIC").format(db))
+        conn.execute(sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(db, role))
+        conn.execute(sql.SQL("COMMENT ON DATABASE {} IS {}").format(db, sql.Literal(json.dumps(
+            {"env": template.env, "template": template.dbname}))))
+    params = conninfo_to_dict(admin_dsn)
+    params.update(dbname=name, user=name, password=password)
+    return Instance(template.env, name, name, make_conninfo(**params))
+
+
+def drop_instance(admin_dsn: str, name: str) -> None:
+    with _admin(admin_dsn) as conn:
+        _drop(conn, name)
+
+
+def _drop(conn: psycopg.Connection, name: str) -> None:
+    conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+    conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(name)))
+
+
+def list_instances(admin_dsn: str) -> list[str]:
+    with _admin(admin_dsn) as conn:
+        rows = conn.execute("SELECT datname FROM pg_database WHERE datname LIKE %s ORDER BY 1",
+                            (INSTANCE_PREFIX + "%",)).fetchall()
+    return [r[0] for r in rows]
+
+
+def harden_cluster(admin_dsn: str) -> None:
+    """On a cluster awm owns (the embedded one): no role but the admin may connect to the
+    maintenance databases, so an instance role reaches nothing but its own database."""
+    with _admin(admin_dsn) as conn:
+        for db in ("postgres", "template1"):
+            conn.execute(sql.SQL("REVOKE ALL ON DATABASE {} FROM PUBLIC").format(sql.Identifier(db)))

@@ -1,0 +1,196 @@
+"""What "pristine" means, in SQL: checksums, diffs and the restore of dirty tables.
+
+Every environment database carries two extra schemas next to ``public`` (the agent's data):
+
+* ``awm_snapshot``: a copy of every public table as seeded. Verifiers read it as ``initial``,
+  ``diff`` compares against it and the dirty-table fallback restores from it.
+* ``awm_meta``: ``sequences`` (each public sequence's snapshot ``last_value``/``is_called``) and
+  ``checksums`` (per table: row count and an order-independent 64-bit row-hash sum).
+
+The checksum covers rows *and* sequences, because ROLLBACK restores the first but not the second.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+SNAPSHOT_SCHEMA = "awm_snapshot"
+META_SCHEMA = "awm_meta"
+
+
+@dataclass(frozen=True)
+class Sequence:
+    name: str
+    last_value: int
+    is_called: bool
+
+
+@dataclass
+class Checksum:
+    tables: dict[str, tuple[int, int]] = field(default_factory=dict)
+    sequences: dict[str, tuple[int, bool]] = field(default_factory=dict)
+
+    @property
+    def digest(self) -> str:
+        payload = json.dumps({"t": self.tables, "s": self.sequences}, sort_keys=True)
+        return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+    def mismatches(self, other: Checksum) -> list[str]:
+        """Names of tables and sequences whose state differs from ``other``."""
+        names = set(self.tables) | set(other.tables)
+        bad = [t for t in sorted(names) if self.tables.get(t) != other.tables.get(t)]
+        seqs = set(self.sequences) | set(other.sequences)
+        bad += [f"sequence {s}" for s in sorted(seqs) if self.sequences.get(s) != other.sequences.get(s)]
+        return bad
+
+
+def public_tables(conn: psycopg.Connection) -> list[str]:
+    rows = conn.execute(
+        "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p') ORDER BY c.relname"
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
+def public_sequences(conn: psycopg.Connection) -> list[str]:
+    rows = conn.execute(
+        "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = 'public' AND c.relkind = 'S' ORDER BY c.relname"
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
+def primary_keys(conn: psycopg.Connection, schema: str = "public") -> dict[str, list[str]]:
+    rows = conn.execute(
+        "SELECT tc.table_name, kcu.column_name FROM information_schema.table_constraints tc "
+        "JOIN information_schema.key_column_usage kcu ON kcu.constraint_name = tc.constraint_name "
+        " AND kcu.table_schema = tc.table_schema AND kcu.table_name = tc.table_name "
+        "WHERE tc.constraint_type = 'PRIMARY KEY' AND tc.table_schema = %s "
+        "ORDER BY tc.table_name, kcu.ordinal_position",
+        (schema,),
+    ).fetchall()
+    keys: dict[str, list[str]] = {}
+    for table, column in rows:
+        keys.setdefault(table, []).append(column)
+    return keys
+
+
+def compute_checksum(conn: psycopg.Connection, schema: str = "public") -> Checksum:
+    """Row count and row-hash sum of every table, plus every sequence's state, in one query."""
+    tables = public_tables(conn)
+    sequences = public_sequences(conn)
+    parts = [
+        sql.SQL("SELECT {name}, count(*), coalesce(sum(hashtextextended(t::text, 0)), 0)::text "
+                "FROM {schema}.{table} AS t").format(
+            name=sql.Literal(t), schema=sql.Identifier(schema), table=sql.Identifier(t))
+        for t in tables
+    ]
+    checksum = Checksum()
+    if parts:
+        for name, count, total in conn.execute(sql.SQL(" UNION ALL ").join(parts)).fetchall():
+            checksum.tables[name] = (int(count), int(total))
+    if sequences and schema == "public":
+        seq_parts = [
+            sql.SQL("SELECT {name}, last_value, is_called FROM public.{seq}").format(
+                name=sql.Literal(s), seq=sql.Identifier(s))
+            for s in sequences
+        ]
+        for name, last, called in conn.execute(sql.SQL(" UNION ALL ").join(seq_parts)).fetchall():
+            checksum.sequences[name] = (int(last), bool(called))
+    return checksum
+
+
+def stored_checksum(conn: psycopg.Connection) -> Checksum:
+    checksum = Checksum()
+    for table, count, total in conn.execute(
+        f"SELECT table_name, row_count, row_hash_sum FROM {META_SCHEMA}.checksums"
+    ):
+        checksum.tables[table] = (int(count), int(total))
+    for seq in stored_sequences(conn):
+        checksum.sequences[seq.name] = (seq.last_value, seq.is_called)
+    return checksum
+
+
+def stored_sequences(conn: psycopg.Connection) -> list[Sequence]:
+    rows = conn.execute(
+        f"SELECT name, last_value, is_called FROM {META_SCHEMA}.sequences ORDER BY name"
+    ).fetchall()
+    return [Sequence(r[0], int(r[1]), bool(r[2])) for r in rows]
+
+
+def restore_sequences_sql(sequences: list[Sequence]) -> str:
+    """One statement that puts every sequence back: ROLLBACK leaves them advanced."""
+    if not sequences:
+        return "SELECT 1"
+    calls = ", ".join(
+        f"setval({_quote_literal('public.' + _quote_ident(s.name))}::regclass, {s.last_value}, "
+        f"{'true' if s.is_called else 'false'})"
+        for s in sequences
+    )
+    return f"SELECT {calls}"
+
+
+def restore_tables(conn: psycopg.Connection, tables: list[str], sequences: list[Sequence]) -> None:
+    """Dirty-table fallback: refill ``tables`` from the snapshot copy, in one transaction.
+
+    Foreign-key triggers are skipped while refilling (``session_replication_role = replica``)
+    because parents and children are rewritten in arbitrary order; the end state is the
+    snapshot, which satisfied every constraint when it was loaded.
+    """
+    with conn.transaction():
+        conn.execute("SET LOCAL session_replication_role = replica")
+        for table in tables:
+            ident = sql.Identifier(table)
+            conn.execute(sql.SQL("DELETE FROM public.{}").format(ident))
+            conn.execute(sql.SQL("INSERT INTO public.{t} SELECT * FROM {s}.{t}").format(
+                t=ident, s=sql.Identifier(SNAPSHOT_SCHEMA)))
+        conn.execute(restore_sequences_sql(sequences))
+
+
+def diff(conn: psycopg.Connection, keys: dict[str, list[str]], tables: list[str]) -> dict[str, Any]:
+    """Rows inserted, updated and deleted per table since the snapshot.
+
+    Tables with a primary key are matched by key (an update keeps its key); tables without one
+    are compared as multisets of rows (a change counts as one delete plus one insert).
+    """
+    result: dict[str, Any] = {}
+    for table in tables:
+        t = sql.Identifier(table)
+        s = sql.SQL("{}.{}").format(sql.Identifier(SNAPSHOT_SCHEMA), t)
+        pk = keys.get(table)
+        if pk:
+            on = sql.SQL(" AND ").join(
+                sql.SQL("a.{c} = b.{c}").format(c=sql.Identifier(c)) for c in pk)
+            first = sql.Identifier(pk[0])
+            query = sql.SQL(
+                "SELECT count(*) FILTER (WHERE b.{f} IS NULL), "
+                "count(*) FILTER (WHERE a.{f} IS NULL), "
+                "count(*) FILTER (WHERE a.{f} IS NOT NULL AND b.{f} IS NOT NULL AND a::text IS DISTINCT FROM b::text) "
+                "FROM public.{t} a FULL JOIN {s} b ON {on}"
+            ).format(f=first, t=t, s=s, on=on)
+            inserted, deleted, updated = conn.execute(query).fetchone()
+        else:
+            inserted = conn.execute(sql.SQL(
+                "SELECT count(*) FROM (SELECT * FROM public.{t} EXCEPT ALL SELECT * FROM {s}) x"
+            ).format(t=t, s=s)).fetchone()[0]
+            deleted = conn.execute(sql.SQL(
+                "SELECT count(*) FROM (SELECT * FROM {s} EXCEPT ALL SELECT * FROM public.{t}) x"
+            ).format(t=t, s=s)).fetchone()[0]
+            updated = 0
+        if inserted or deleted or updated:
+            result[table] = {"inserted": int(inserted), "updated": int(updated), "deleted": int(deleted)}
+    return result
+
+
+def _quote_ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _quote_literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"

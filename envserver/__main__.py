@@ -1,0 +1,99 @@
+"""``python -m envserver``: serve one environment instance.
+
+    AWM_INSTANCE_DSN=... python -m envserver --bundle env.json --name awm_i_shop_0 \
+        --mcp-port 0 --control-port 0
+
+The DSN comes from the environment, never argv (visible to every user in ``ps``). Port 0 picks a
+free port; once both servers listen the process prints one JSON line on stdout:
+``{"event": "ready", "mcp_url": ..., "control_url": ...}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+import uvicorn
+
+from awm.bundle import EnvBundle
+from envserver.control import build_control
+from envserver.instance import EnvInstance
+from envserver.mcp import build_mcp
+
+
+def _port(server: uvicorn.Server) -> int:
+    return int(server.servers[0].sockets[0].getsockname()[1])
+
+
+async def serve(args: argparse.Namespace) -> None:
+    bundle = EnvBundle.model_validate_json(Path(args.bundle).read_text())
+    dsn = os.environ.pop("AWM_INSTANCE_DSN", None) or args.dsn
+    if not dsn:
+        sys.exit("envserver: set AWM_INSTANCE_DSN to the instance's database DSN")
+    instance = EnvInstance(bundle, dsn, args.name or bundle.name, verifier_workers=args.verifier_workers)
+    await instance.start()
+    mcp_app = build_mcp(instance).http_app(path="/mcp", json_response=args.json_response,
+                                            host_origin_protection=False)
+    control_app = build_control(instance)
+    servers = [
+        uvicorn.Server(uvicorn.Config(mcp_app, host=args.host, port=args.mcp_port, log_level="warning",
+                                      access_log=False, lifespan="on", timeout_graceful_shutdown=2)),
+        uvicorn.Server(uvicorn.Config(control_app, host=args.control_host or args.host, port=args.control_port,
+                                      log_level="warning", access_log=False, lifespan="off",
+                                      timeout_graceful_shutdown=2)),
+    ]
+    for server in servers:
+        server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+    tasks = [asyncio.create_task(server.serve()) for server in servers]
+    while not all(s.started for s in servers):
+        if any(t.done() for t in tasks):
+            for t in tasks:
+                if t.done() and t.exception():
+                    raise t.exception()  # type: ignore[misc]
+            sys.exit("envserver: a listener failed to start")
+        await asyncio.sleep(0.01)
+    host = args.host if args.host not in ("0.0.0.0", "::") else "127.0.0.1"
+    print(json.dumps({
+        "event": "ready", "env": bundle.name, "instance": instance.name, "pid": os.getpid(),
+        "mcp_url": f"http://{host}:{_port(servers[0])}/mcp",
+        "control_url": f"http://{host}:{_port(servers[1])}",
+        "verifier_isolation": instance.pool.isolation,
+    }), flush=True)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await asyncio.wait([asyncio.create_task(stop.wait()), *tasks], return_when=asyncio.FIRST_COMPLETED)
+    for server in servers:
+        server.should_exit = True
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await instance.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m envserver", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--bundle", required=True, help="bundle JSON file")
+    parser.add_argument("--name", help="instance name (metrics label)")
+    parser.add_argument("--dsn", help="instance DSN (prefer AWM_INSTANCE_DSN)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--control-host", help="bind address of the control API (default: --host)")
+    parser.add_argument("--mcp-port", type=int, default=8000)
+    parser.add_argument("--control-port", type=int, default=8001)
+    parser.add_argument("--verifier-workers", type=int, default=1)
+    parser.add_argument("--sse", dest="json_response", action="store_false",
+                        help="answer MCP requests as SSE streams instead of plain JSON")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    asyncio.run(serve(args))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+"""The control API: what the trainer and the fleet see, and the agent never does.
+
+Served on its own port (a pod exposes only the MCP port to agents' network policy):
+
+    POST /reset   {"task_id": str | null, "verify": bool}  -> episode id, instruction, reset time
+    POST /verify  {"final_answer": str | null}              -> verdict, reward, reason
+    GET  /diff                                              -> rows inserted/updated/deleted per table
+    GET  /checksum                                          -> is the state the snapshot? (on demand)
+    GET  /info, /healthz, /readyz, /metrics
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from envserver.instance import ControlError, EnvInstance
+
+
+async def _body(request: Request) -> dict[str, Any]:
+    raw = await request.body()
+    if not raw.strip():
+        return {}
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ControlError(400, f"request body is not JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ControlError(400, "request body must be a JSON object")
+    return data
+
+
+def build_control(instance: EnvInstance) -> Starlette:
+    async def handle(call):  # type: ignore[no-untyped-def]
+        try:
+            return JSONResponse(await call())
+        except ControlError as exc:
+            return JSONResponse({"error": str(exc), **exc.extra}, status_code=exc.status)
+
+    async def reset(request: Request) -> Response:
+        async def call() -> dict[str, Any]:
+            body = await _body(request)
+            task_id = body.get("task_id")
+            if task_id is not None and not isinstance(task_id, str):
+                raise ControlError(400, "task_id must be a string or null")
+            return await instance.reset(task_id, verify=bool(body.get("verify", False)))
+        return await handle(call)
+
+    async def verify(request: Request) -> Response:
+        async def call() -> dict[str, Any]:
+            body = await _body(request)
+            answer = body.get("final_answer")
+            if answer is not None and not isinstance(answer, str):
+                raise ControlError(400, "final_answer must be a string or null")
+            return await instance.verify(answer)
+        return await handle(call)
+
+    async def diff(request: Request) -> Response:
+        return await handle(instance.diff)
+
+    async def checksum(request: Request) -> Response:
+        return await handle(instance.checksum)
+
+    async def info(request: Request) -> Response:
+        return JSONResponse(instance.info())
+
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def readyz(request: Request) -> Response:
+        ready = instance.ready
+        return JSONResponse({"ready": ready, "wedged": instance.wedged, "db": instance.db.connected},
+                            status_code=200 if ready else 503)
+
+    async def metrics(request: Request) -> Response:
+        return Response(generate_latest(instance.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return Starlette(routes=[
+        Route("/reset", reset, methods=["POST"]),
+        Route("/verify", verify, methods=["POST"]),
+        Route("/diff", diff, methods=["GET"]),
+        Route("/checksum", checksum, methods=["GET"]),
+        Route("/info", info, methods=["GET"]),
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/readyz", readyz, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+    ])

@@ -1,0 +1,35 @@
+"""Prometheus metrics of one env-server process (scraped from the control port's /metrics)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+# Sub-millisecond resets and a few-millisecond tool calls need fine low buckets.
+_FAST = (0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512, 1, 2, 5, 10)
+
+
+class Metrics:
+    def __init__(self, env: str, instance: str) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.info = Gauge("awm_instance_info", "Environment served by this instance.",
+                          ["env", "instance"], registry=r)
+        self.info.labels(env, instance).set(1)
+        self.tool_calls = Counter("awm_tool_calls_total", "Tool calls by tool and outcome.",
+                                  ["tool", "outcome"], registry=r)
+        self.tool_latency = Histogram("awm_tool_call_seconds", "Tool call latency inside the server.",
+                                      ["tool"], buckets=_FAST, registry=r)
+        self.resets = Histogram("awm_reset_seconds", "Episode reset latency by strategy.",
+                                ["strategy"], buckets=_FAST, registry=r)
+        self.episodes = Counter("awm_episodes_total", "Verified episodes by verdict.",
+                                ["verdict"], registry=r)
+        self.verifier_errors = Counter("awm_verifier_errors_total",
+                                       "Verifier failures by kind (timeout, memory, crash, exception).",
+                                       ["kind"], registry=r)
+        self.verifier_timeouts = Counter("awm_verifier_timeouts_total", "Verifiers stopped at their time limit.",
+                                         registry=r)
+        self.verify_latency = Histogram("awm_verify_seconds", "Verification latency.", buckets=_FAST, registry=r)
+        self.db_reconnects = Counter("awm_db_reconnects_total", "Reconnections after a lost database.",
+                                     registry=r)
+        for outcome in ("complete", "incomplete", "error"):
+            self.episodes.labels(outcome)

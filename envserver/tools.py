@@ -1,0 +1,94 @@
+"""The tool runtime: compiles a bundle's tool code once and calls it with validated arguments.
+
+Every failure has a class, so that a trainer can tell the agent's mistakes from ours (the
+reference system scores a server bug as the agent's format error):
+
+* ``invalid_arguments`` - the arguments do not match the tool's input schema (agent's fault);
+* ``tool_error``        - the tool refused the request, e.g. an unknown id (agent's fault);
+* ``tool_crashed``      - the tool's code raised something else (environment bug);
+* ``timeout``           - the tool ran past its time limit (environment bug);
+* ``unavailable``       - the database went away (infrastructure).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import jsonschema
+import psycopg
+
+from awm.bundle import EnvBundle
+from envserver.dbapi import Db, ToolError, to_json_value
+
+AGENT_FAULTS = {"invalid_arguments", "tool_error"}
+
+
+@dataclass
+class ToolFailure(Exception):
+    kind: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.message}"
+
+
+class ToolRuntime:
+    def __init__(self, bundle: EnvBundle) -> None:
+        namespace: dict[str, Any] = {"ToolError": ToolError, "__name__": f"awm_tools_{bundle.name}"}
+        exec(compile(bundle.tool_prelude or "", f"<{bundle.name} tool prelude>", "exec"), namespace)
+        self._functions: dict[str, Callable[..., Any]] = {}
+        self._validators: dict[str, jsonschema.protocols.Validator] = {}
+        for tool in bundle.tools:
+            exec(compile(tool.code, f"<tool {tool.name}>", "exec"), namespace)
+            fn = namespace.get(tool.name)
+            if not callable(fn):
+                raise ValueError(f"tool {tool.name!r}: its code does not define {tool.name}()")
+            self._functions[tool.name] = fn
+            cls = jsonschema.validators.validator_for(tool.input_schema)
+            cls.check_schema(tool.input_schema)
+            self._validators[tool.name] = cls(tool.input_schema)
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._functions)
+
+    def validate(self, name: str, arguments: Any) -> dict[str, Any]:
+        if name not in self._functions:
+            raise ToolFailure("invalid_arguments", f"unknown tool {name!r}")
+        if arguments is None:
+            arguments = {}
+        if not isinstance(arguments, dict):
+            raise ToolFailure("invalid_arguments", "arguments must be a JSON object")
+        errors = sorted(self._validators[name].iter_errors(arguments), key=lambda e: list(e.path))
+        if errors:
+            detail = "; ".join(
+                (f"{'.'.join(map(str, e.path))}: " if e.path else "") + e.message for e in errors[:5])
+            raise ToolFailure("invalid_arguments", f"{name}: {detail}")
+        return arguments
+
+    def bind(self, name: str, arguments: dict[str, Any]) -> Callable[[Db], Any]:
+        """A callable for the reset engine's ``tool_call``, translating failures into classes."""
+        fn = self._functions[name]
+
+        def call(db: Db) -> Any:
+            try:
+                return to_json_value(fn(db, **arguments))
+            except ToolError as exc:
+                raise ToolFailure("tool_error", str(exc) or type(exc).__name__) from exc
+            except psycopg.OperationalError:
+                raise  # connection trouble: the reset engine turns it into DatabaseLost
+            except psycopg.Error as exc:
+                # SQL errors caused by argument values (a constraint, a bad cast) are reported to
+                # the agent with the database's message, which names the offending constraint.
+                first = (exc.diag.message_primary or str(exc)).strip()
+                raise ToolFailure("tool_error", f"database rejected the request: {first}") from exc
+            except Exception as exc:  # noqa: BLE001 - untrusted code
+                raise ToolFailure("tool_crashed", f"{type(exc).__name__}: {exc}") from exc
+
+        return call
+
+
+def render(result: Any) -> str:
+    return json.dumps(result, ensure_ascii=False, default=str)
