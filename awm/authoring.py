@@ -101,7 +101,9 @@ def _split_module(source: str) -> tuple[str, dict[str, str]]:
 def _compile_tools(source: str, origin: Path) -> tuple[str, list[Tool]]:
     prelude, functions = _split_module(source)
     namespace: dict[str, Any] = {"ToolError": ToolError, "__name__": "awm_tools"}
-    exec(compile(source, str(origin), "exec"), namespace)  # our own, trusted source file
+    # dont_inherit: this module's "from __future__ import annotations" must not turn the
+    # tool signatures into strings that pydantic cannot resolve.
+    exec(compile(source, str(origin), "exec", dont_inherit=True), namespace)  # trusted source file
     tools = []
     for name, code in functions.items():
         fn = namespace[name]

@@ -153,31 +153,44 @@ def load_snapshot(db: psycopg.Connection, bundle: EnvBundle) -> snap.Checksum:
 
 
 def insert_rows(db: psycopg.Connection, table: str, rows: list[dict[str, Any]]) -> None:
-    """Insert seed rows; the first failing row is reported with its index and values."""
-    if not rows:
-        return
-    columns = list(dict.fromkeys(col for row in rows for col in row))
-    statement = sql.SQL("INSERT INTO public.{} ({}) VALUES ({})").format(
-        sql.Identifier(table),
-        sql.SQL(", ").join(map(sql.Identifier, columns)),
-        sql.SQL(", ").join(sql.Placeholder() * len(columns)),
-    )
-    values = [tuple(_adapt(row.get(c)) for c in columns) for row in rows]
+    """Insert seed rows in order; a column a row leaves out gets its DEFAULT, not NULL.
+
+    The first failing row is reported with its index, the database's reason and its values.
+    """
+    index = 0
+    while index < len(rows):
+        columns = list(rows[index])
+        end = index
+        while end < len(rows) and list(rows[end]) == columns:  # a run of rows with the same columns
+            end += 1
+        _insert_run(db, table, columns, rows, index, end)
+        index = end
+
+
+def _insert_run(db: psycopg.Connection, table: str, columns: list[str], rows: list[dict[str, Any]],
+                start: int, end: int) -> None:
+    target = sql.SQL("INSERT INTO public.{} ").format(sql.Identifier(table))
+    if columns:
+        statement = target + sql.SQL("({}) VALUES ({})").format(
+            sql.SQL(", ").join(map(sql.Identifier, columns)),
+            sql.SQL(", ").join(sql.Placeholder() * len(columns)))
+    else:
+        statement = target + sql.SQL("DEFAULT VALUES")
+    values = [tuple(_adapt(rows[i][c]) for c in columns) for i in range(start, end)]
     try:
-        with db.cursor() as cur:
+        with db.transaction(), db.cursor() as cur:  # a savepoint: a failure leaves the load usable
             cur.executemany(statement, values)
+        return
     except psycopg.Error:
         pass
-    else:
-        return
-    # Find the offending row for a precise error (the batch above already rolled back).
-    for index, value in enumerate(values):
+    for offset, value in enumerate(values):  # find the offending row for a precise error
         try:
             with db.transaction():
                 db.execute(statement, value)
         except psycopg.Error as exc:
-            raise ProvisionError(f"seed row {index} of table {table!r} failed: {exc}; row={rows[index]}") from exc
-    raise ProvisionError(f"seed rows of table {table!r} failed as a batch")
+            i = start + offset
+            raise ProvisionError(f"seed row {i} of table {table!r} failed: {exc}; row={rows[i]}") from exc
+    raise ProvisionError(f"seed rows {start}-{end - 1} of table {table!r} failed as a batch")
 
 
 def _adapt(value: Any) -> Any:

@@ -1,0 +1,306 @@
+"""The ``awm`` command line."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from awm import catalog as catalog_mod
+from awm.bundle import bundle_json_schema
+
+app = typer.Typer(help="Agent World Model environments: build, serve and verify tool-use environments.",
+                  no_args_is_help=True, add_completion=False, pretty_exceptions_show_locals=False)
+catalog_app = typer.Typer(help="List, inspect and validate environment catalogs.", no_args_is_help=True)
+env_app = typer.Typer(help="Talk to a running environment instance.", no_args_is_help=True)
+pg_app = typer.Typer(help="The embedded PostgreSQL server.", no_args_is_help=True)
+app.add_typer(catalog_app, name="catalog")
+app.add_typer(env_app, name="env")
+app.add_typer(pg_app, name="postgres")
+
+console = Console()
+err = Console(stderr=True)
+
+CatalogOpt = Annotated[str, typer.Option("--catalog", "-c", help="Catalog directory or archive ('starter' = built in).")]
+DbUrlOpt = Annotated[Optional[str], typer.Option("--database-url", envvar="AWM_DATABASE_URL",
+                                                 help="External Postgres admin DSN (default: embedded server).")]
+
+
+def _load(catalog: str, names: list[str] | None = None):  # type: ignore[no-untyped-def]
+    try:
+        return catalog_mod.load(catalog, names or None)
+    except catalog_mod.CatalogError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from exc
+
+
+@app.command()
+def demo(
+    catalog: CatalogOpt = "starter",
+    env: Annotated[Optional[list[str]], typer.Option("--env", "-e", help="Only these environments.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")] = False,
+    database_url: DbUrlOpt = None,
+) -> None:
+    """Serve the catalog locally and run every task's reference solution through MCP (no LLM)."""
+    from awm.demo import run_catalog
+
+    bundles = _load(catalog, env)
+    results, totals = asyncio.run(run_catalog(bundles, database_url, show_progress=not as_json))
+    envs = [r.summary() for r in results]
+    if as_json:
+        print(json.dumps({"environments": envs, "totals": totals}, indent=2))
+    else:
+        table = Table(title="awm demo: reference solutions replayed through MCP")
+        for col in ("environment", "tools", "tasks", "passed", "reset p50 ms", "tool-call p50 ms", "episodes/s"):
+            table.add_column(col, justify="left" if col == "environment" else "right")
+        for e in envs:
+            style = "green" if e["passed"] == e["tasks"] else "red"
+            table.add_row(e["name"], str(e["tools"]), str(e["tasks"]), f"[{style}]{e['passed']}[/{style}]",
+                          _fmt(e["reset_p50_ms"]), _fmt(e["tool_call_p50_ms"]), _fmt(e["episodes_per_s"]))
+        table.add_section()
+        table.add_row("total", str(totals["tools"]), str(totals["tasks"]), str(totals["passed"]),
+                      _fmt(totals["reset_p50_ms"]), _fmt(totals["tool_call_p50_ms"]), _fmt(totals["episodes_per_s"]))
+        console.print(table)
+        for e in envs:
+            for f in e["failures"]:
+                console.print(f"[red]FAILED[/red] {e['name']}/{f['task']}: {f['verdict']}: {f['reason']}")
+    if totals["passed"] != totals["tasks"]:
+        raise typer.Exit(1)
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+@app.command()
+def serve(
+    env: Annotated[Optional[list[str]], typer.Option("--env", "-e", help="Environments to serve (default: all).")] = None,
+    replicas: Annotated[int, typer.Option("--replicas", "-n", min=1, help="Instances per environment.")] = 1,
+    catalog: CatalogOpt = "starter",
+    host: Annotated[str, typer.Option(help="Bind address of every instance.")] = "127.0.0.1",
+    database_url: DbUrlOpt = None,
+    verifier_workers: Annotated[int, typer.Option(min=1, help="Warm verifier workers per instance.")] = 1,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the instances as JSON lines.")] = False,
+) -> None:
+    """Start N instances of the chosen environments as local processes on one Postgres."""
+    from awm.fleet import Database, LocalFleet
+
+    bundles = _load(catalog, env)
+
+    async def run() -> None:
+        database = await asyncio.to_thread(Database.open, database_url)
+        fleet = LocalFleet(bundles, replicas, database, verifier_workers=verifier_workers, host=host)
+        try:
+            with console.status(f"starting {len(bundles) * replicas} instances..."):
+                await fleet.start()
+            if as_json:
+                for h in fleet.instances:
+                    print(json.dumps({"env": h.env, "instance": h.name, "mcp_url": h.mcp_url,
+                                      "control_url": h.control_url, "pid": h.pid}), flush=True)
+            else:
+                table = Table(title=f"awm serve: {len(fleet.instances)} instances (Ctrl-C stops them)")
+                for col in ("environment", "instance", "MCP (agent)", "control (trainer)"):
+                    table.add_column(col)
+                for h in fleet.instances:
+                    table.add_row(h.env, h.name, h.mcp_url, h.control_url)
+                console.print(table)
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, stop.set)
+            await stop.wait()
+        finally:
+            await fleet.stop()
+            await asyncio.to_thread(database.close)
+
+    asyncio.run(run())
+
+
+@catalog_app.command("list")
+def catalog_list(catalog: CatalogOpt = "starter") -> None:
+    """List the environments of a catalog."""
+    table = Table()
+    for col in ("name", "tools", "tasks", "tables", "seed rows", "source"):
+        table.add_column(col)
+    for entry in catalog_mod.entries(catalog):
+        b = entry.bundle
+        if b is None:
+            table.add_row(entry.name, "-", "-", "-", "-", f"[red]{(entry.error or '').splitlines()[0]}[/red]")
+            continue
+        table.add_row(b.name, str(len(b.tools)), str(len(b.tasks)), str(len(b.database.seed)),
+                      str(sum(len(t.rows) for t in b.database.seed)), entry.source.name)
+    console.print(table)
+
+
+@catalog_app.command("show")
+def catalog_show(
+    name: str,
+    catalog: CatalogOpt = "starter",
+    as_json: Annotated[bool, typer.Option("--json", help="Print the whole bundle as JSON.")] = False,
+) -> None:
+    """Show one environment: scenario, tools and tasks."""
+    bundle = _load(catalog, [name])[0]
+    if as_json:
+        print(bundle.model_dump_json(indent=2))
+        return
+    console.print(f"[bold]{bundle.name}[/bold]: {bundle.scenario.description}\n")
+    tools = Table(title="tools")
+    tools.add_column("name")
+    tools.add_column("arguments")
+    tools.add_column("description")
+    for t in bundle.tools:
+        req = set(t.input_schema.get("required", []))
+        args = ", ".join(f"{k}{'' if k in req else '?'}" for k in t.input_schema.get("properties", {}))
+        tools.add_row(t.name, args, t.description.splitlines()[0])
+    console.print(tools)
+    tasks = Table(title="tasks")
+    tasks.add_column("id")
+    tasks.add_column("instruction")
+    tasks.add_column("solution steps", justify="right")
+    for task in bundle.tasks:
+        tasks.add_row(task.id, task.instruction, str(len(task.solution)))
+    console.print(tasks)
+
+
+@catalog_app.command("validate")
+def catalog_validate(
+    catalog: CatalogOpt = "starter",
+    env: Annotated[Optional[list[str]], typer.Option("--env", "-e", help="Only these environments.")] = None,
+    database_url: DbUrlOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    static_only: Annotated[bool, typer.Option("--static", help="Check the bundles without serving them.")] = False,
+) -> None:
+    """Check bundles, then serve them and run both gates for every task: the verifier must say
+    'not complete' on the untouched snapshot and 'complete' after the reference solution."""
+    from awm.demo import run_catalog
+
+    entries = [e for e in catalog_mod.entries(catalog) if not env or e.name in env]
+    broken = [e for e in entries if e.bundle is None]
+    for e in broken:
+        err.print(f"[red]invalid[/red] {e.name}: {e.error}")
+    bundles = [e.bundle for e in entries if e.bundle is not None]
+    if static_only or not bundles:
+        console.print(f"{len(bundles)} bundles parse; {len(broken)} invalid")
+        raise typer.Exit(1 if broken or not bundles else 0)
+    results, totals = asyncio.run(run_catalog(bundles, database_url, negative_gate=True, show_progress=not as_json))
+    report, failed = [], bool(broken)
+    for r, b in zip(results, bundles):
+        bad_tools = sorted(set(r.served_tools) ^ {t.name for t in b.tools})
+        failures = [{"task": e.task_id, "gate": "untouched", "verdict": e.verdict, "reason": e.reason}
+                    for e in r.negatives if not e.ok]
+        failures += [{"task": e.task_id, "gate": "solution", "verdict": e.verdict, "reason": e.reason}
+                     for e in r.episodes if not e.ok]
+        failed |= bool(failures or bad_tools)
+        report.append({"env": r.name, "tools": r.tools, "tasks": r.tasks,
+                       "untouched_gate_passed": r.negatives_passed, "solution_gate_passed": r.passed,
+                       "tool_mismatch": bad_tools, "failures": failures})
+    if as_json:
+        print(json.dumps({"environments": report, "invalid": [e.name for e in broken]}, indent=2))
+    else:
+        table = Table(title="awm catalog validate")
+        for col in ("environment", "tools", "tasks", "untouched → not complete", "solution → complete"):
+            table.add_column(col)
+        for item in report:
+            table.add_row(item["env"], str(item["tools"]), str(item["tasks"]),
+                          f"{item['untouched_gate_passed']}/{item['tasks']}", f"{item['solution_gate_passed']}/{item['tasks']}")
+        console.print(table)
+        for item in report:
+            if item["tool_mismatch"]:
+                console.print(f"[red]FAILED[/red] {item['env']}: served tools differ: {item['tool_mismatch']}")
+            for f in item["failures"]:
+                console.print(f"[red]FAILED[/red] {item['env']}/{f['task']} ({f['gate']} gate): {f['verdict']}: {f['reason']}")
+    raise typer.Exit(1 if failed else 0)
+
+
+@catalog_app.command("schema")
+def catalog_schema(output: Annotated[Optional[Path], typer.Option("--output", "-o")] = None) -> None:
+    """Print (or write) the bundle format's JSON Schema."""
+    text = json.dumps(bundle_json_schema(), indent=2) + "\n"
+    if output:
+        output.write_text(text)
+    else:
+        print(text, end="")
+
+
+@catalog_app.command("export")
+def catalog_export(
+    output: Annotated[Path, typer.Argument(help="Directory to write <env>.json bundles into.")],
+    catalog: CatalogOpt = "starter",
+) -> None:
+    """Write every bundle of a catalog as a JSON file (the form the fleet ships to pods)."""
+    output.mkdir(parents=True, exist_ok=True)
+    for bundle in _load(catalog):
+        (output / f"{bundle.name}.json").write_text(bundle.model_dump_json(indent=1))
+        console.print(f"wrote {output / (bundle.name + '.json')}")
+
+
+@env_app.command("check")
+def env_check(
+    url: Annotated[str, typer.Argument(help="MCP URL of an instance, e.g. http://127.0.0.1:8000/mcp")],
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for the server.")] = 10.0,
+) -> None:
+    """Connect over MCP and list the instance's tools."""
+    from awm.client import McpError, McpSession
+
+    async def run() -> list[dict]:
+        async with McpSession(url, timeout=timeout) as session:
+            return await session.list_tools()
+
+    try:
+        tools = asyncio.run(run())
+    except McpError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from exc
+    table = Table(title=f"{len(tools)} tools at {url}")
+    table.add_column("tool")
+    table.add_column("required arguments")
+    table.add_column("description")
+    for t in tools:
+        table.add_row(t["name"], ", ".join(t.get("inputSchema", {}).get("required", [])),
+                      (t.get("description") or "").splitlines()[0] if t.get("description") else "")
+    console.print(table)
+
+
+@pg_app.command("start")
+def pg_start() -> None:
+    """Start the embedded server (it keeps running until `awm postgres stop`)."""
+    from awm.postgres.server import EmbeddedPostgres
+
+    pg = EmbeddedPostgres.default()
+    started = pg.start()
+    console.print(f"{'started' if started else 'already running'}: PostgreSQL {pg.version()} in {pg.root}")
+
+
+@pg_app.command("stop")
+def pg_stop() -> None:
+    """Stop the embedded server."""
+    from awm.postgres.server import EmbeddedPostgres
+
+    EmbeddedPostgres.default().stop()
+    console.print("stopped")
+
+
+@pg_app.command("status")
+def pg_status() -> None:
+    """Say whether the embedded server runs, and where it keeps its data."""
+    from awm.postgres.server import EmbeddedPostgres
+
+    pg = EmbeddedPostgres.default()
+    console.print(f"{'running' if pg.is_running() else 'stopped'}: {pg.root}")
+
+
+def main() -> None:  # pragma: no cover
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

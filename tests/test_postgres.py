@@ -1,0 +1,77 @@
+"""Embedded server, templates and instance isolation, against a real PostgreSQL."""
+
+import json
+
+import psycopg
+import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from awm.bundle import EnvBundle
+from awm.postgres import provision
+from awm.postgres.server import EmbeddedPostgres
+
+
+def _dsn(dsn: str, **changes) -> str:
+    params = conninfo_to_dict(dsn)
+    params.update(changes)
+    return make_conninfo(**params)
+
+
+def test_start_is_idempotent(pg: EmbeddedPostgres):
+    assert pg.is_running()
+    assert pg.start() is False
+    assert int(pg.version().split(".")[0]) >= 15
+
+
+def test_passwords_are_required(pg: EmbeddedPostgres, admin_dsn):
+    with pytest.raises(psycopg.OperationalError, match="password"):
+        psycopg.connect(_dsn(admin_dsn, password=""))
+
+
+def test_template_is_loaded_once_and_checksummed(admin_dsn, notes_bundle):
+    first = provision.ensure_template(admin_dsn, notes_bundle)
+    second = provision.ensure_template(admin_dsn, notes_bundle)
+    assert first == second and len(first.checksum) == 16
+    with psycopg.connect(admin_dsn) as conn:
+        comment, allowed = conn.execute(
+            "SELECT shobj_description(oid, 'pg_database'), datallowconn FROM pg_database WHERE datname = %s",
+            (first.dbname,)).fetchone()
+    assert json.loads(comment)["checksum"] == first.checksum
+    assert allowed is False  # nobody works in a template by accident
+
+
+def test_changed_seed_gets_a_new_template(admin_dsn, notes_bundle):
+    changed = EnvBundle.model_validate_json(notes_bundle.model_dump_json())
+    changed.database.seed[0].rows.append({"id": 3, "name": "Linus"})
+    assert provision.template_name(changed) != provision.template_name(notes_bundle)
+
+
+def test_bad_seed_row_is_reported_precisely(admin_dsn, notes_bundle):
+    broken = EnvBundle.model_validate_json(notes_bundle.model_dump_json())
+    broken.database.seed[1].rows.append({"id": 99, "user_id": 777, "title": "orphan"})
+    with pytest.raises(provision.ProvisionError, match=r"seed row 4 of table 'notes'.*foreign key"):
+        provision.ensure_template(admin_dsn, broken)
+    with psycopg.connect(admin_dsn) as conn:  # nothing half-loaded is left behind
+        assert conn.execute("SELECT count(*) FROM pg_database WHERE datname = %s",
+                            (provision.template_name(broken),)).fetchone()[0] == 0
+
+
+def test_instance_role_reaches_only_its_own_database(admin_dsn, notes_bundle):
+    template = provision.ensure_template(admin_dsn, notes_bundle)
+    a = provision.create_instance(admin_dsn, template, "awm_i_iso_a")
+    b = provision.create_instance(admin_dsn, template, "awm_i_iso_b")
+    try:
+        with psycopg.connect(a.dsn) as conn:
+            assert conn.execute("SELECT count(*) FROM notes").fetchone()[0] == 4
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute("CREATE TABLE public.extra (x int)")
+        for other in (b.dbname, template.dbname, "postgres", "template1"):
+            with pytest.raises(psycopg.OperationalError):
+                psycopg.connect(_dsn(a.dsn, dbname=other))
+        with psycopg.connect(a.dsn, autocommit=True) as conn:
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute("SET ROLE awm")  # no way up to the admin
+    finally:
+        provision.drop_instance(admin_dsn, a.dbname)
+        provision.drop_instance(admin_dsn, b.dbname)
+    assert "awm_i_iso_a" not in provision.list_instances(admin_dsn)
