@@ -13,6 +13,7 @@ import contextlib
 import json
 import logging
 import os
+import secrets
 import sys
 import tempfile
 import time
@@ -72,7 +73,8 @@ class InstanceHandle:
 
 class LocalFleet:
     def __init__(self, bundles: list[EnvBundle], replicas: int = 1, database: Database | None = None,
-                 verifier_workers: int = 1, host: str = "127.0.0.1", start_timeout_s: float = 120.0) -> None:
+                 verifier_workers: int = 1, host: str = "127.0.0.1", start_timeout_s: float = 120.0,
+                 fleet_id: str | None = None) -> None:
         if replicas < 1:
             raise FleetError("replicas must be at least 1")
         self.bundles = bundles
@@ -82,6 +84,7 @@ class LocalFleet:
         self.host = host
         self.start_timeout_s = start_timeout_s
         self.instances: list[InstanceHandle] = []
+        self.fleet_id = fleet_id or secrets.token_hex(3)
         self._workdir = Path(tempfile.mkdtemp(prefix="awm-fleet-"))
         self._supervisor: asyncio.Task[None] | None = None
         self._stopping = False
@@ -117,7 +120,7 @@ class LocalFleet:
             path.write_text(bundle.model_dump_json())
             path.chmod(0o644)
             for i in range(self.replicas):
-                name = provision.instance_name(bundle.name, i)
+                name = provision.instance_name(bundle.name, i, self.fleet_id)
                 db = provision.create_instance(self.database.admin_dsn, template, name)
                 handles.append(InstanceHandle(bundle.name, name, path, db))
         return handles

@@ -116,8 +116,13 @@ class EpisodeDatabase:
         if not self.connected:
             self.connect()
             verify = True  # after a crash or restart, prove the state instead of assuming it
-        assert self.conn is not None
-        self._guard(lambda c: c.execute(self._reset_sql))
+        try:
+            self._guard(lambda c: c.execute(self._reset_sql))
+        except DatabaseLost:
+            # The server went away between episodes (a restart, a failover): reconnect once.
+            self.connect()
+            verify = True
+            self._guard(lambda c: c.execute(self._reset_sql))
         if self.escaped or verify:
             bad = self.mismatches()
             if bad:

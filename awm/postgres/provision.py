@@ -227,8 +227,10 @@ def _grant(db: psycopg.Connection) -> None:
             meta=sql.Identifier(snap.META_SCHEMA)))
 
 
-def instance_name(env: str, index: int) -> str:
-    return f"{INSTANCE_PREFIX}{_slug(env, 40)}_{index}"
+def instance_name(env: str, index: int, fleet: str = "") -> str:
+    """``awm_i_[<fleet>_]<env>_<index>``: the fleet id keeps two fleets on one server apart."""
+    middle = f"{_slug(fleet, 12)}_" if fleet else ""
+    return f"{INSTANCE_PREFIX}{middle}{_slug(env, 40)}_{index}"
 
 
 def create_instance(admin_dsn: str, template: Template, name: str) -> Instance:

@@ -380,11 +380,13 @@ def rows() -> list[tuple[str, list[dict]]]:
                 if hi <= lo:
                     hi = lo + dt.timedelta(hours=6)
                 resolved = lo + (hi - lo) * rng.random()
+                resolved = max(resolved.replace(hour=9 + resolved.hour % 9), created + dt.timedelta(hours=1))
             if resolved is not None:
                 updated = resolved
             else:
                 span = dt.datetime(2026, 3, 13, 18) - created
                 updated = created + span * rng.random() * 0.8
+                updated = max(updated.replace(hour=9 + updated.hour % 9), created)
             due = None
             if status not in ("done", "cancelled") and rng.random() < 0.3:
                 due = TODAY + dt.timedelta(days=rng.randrange(3, 45))
@@ -418,6 +420,8 @@ def rows() -> list[tuple[str, list[dict]]]:
         if rng.random() < 0.5:
             for _ in range(rng.randint(1, 2)):
                 when = created + (last - created) * rng.random()
+                when = when.replace(hour=9 + when.hour % 9)  # people comment during office hours
+                when = min(max(when, created + dt.timedelta(minutes=20)), max(last, created + dt.timedelta(minutes=20)))
                 comment_rows.append({
                     "id": len(comment_rows) + 1, "issue_id": issue["id"],
                     "author_id": rng.choice(members_by_project[pid]), "body": rng.choice(COMMENT_POOL),

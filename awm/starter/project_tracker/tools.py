@@ -1219,7 +1219,9 @@ def schedule_meeting(
     conflicts = _busy(db, [ME] + invited, start, end)
     if conflicts:
         lines = "; ".join(
-            f"{c['full_name']} has '{c['title']}' {c['starts_at'][11:16]}-{c['ends_at'][11:16]}" for c in conflicts
+            f"{c['full_name']} has '{c['title']}' {c['starts_at'][:16].replace('T', ' ')} - "
+            f"{c['ends_at'][:16].replace('T', ' ')}"
+            for c in conflicts
         )
         raise ToolError(f"Double booking: {lines}. Pick another time (see check_availability).")
     event = db.one(

@@ -99,8 +99,8 @@ def verify_escalate_security_bugs(final, initial, answer):
     target_ids = {r["id"] for r in targets}
     before = {r["id"]: r["priority"] for r in initial.query("SELECT id, priority FROM issues")}
     after = {r["id"]: r["priority"] for r in final.query("SELECT id, priority FROM issues")}
-    if any(before[i] != "urgent" for i in target_ids) is False:
-        return False, "nothing to escalate"
+    if not target_ids or all(before[i] == "urgent" for i in target_ids):
+        return False, "snapshot has no open API security bug to escalate"
     for issue_id in target_ids:
         if after.get(issue_id) != "urgent":
             return False, f"issue id {issue_id} (open API security bug) has priority {after.get(issue_id)}"
@@ -156,7 +156,7 @@ def verify_comment_and_watch_api_16(final, initial, answer):
     old = {r["id"] for r in initial.query("SELECT id FROM comments WHERE issue_id = %s", issue["id"])}
     new = [r for r in final.query("SELECT * FROM comments WHERE issue_id = %s", issue["id"]) if r["id"] not in old]
     wanted = "seeing the same timeout with 8k rows when the csv has 40 columns"
-    if not any(r["author_id"] == ME and _norm(r["body"]).rstrip(".") == wanted for r in new):
+    if not any(r["author_id"] == ME and _norm(r["body"]).strip("\"'“” ").rstrip(".") == wanted for r in new):
         return False, "the requested comment by you is missing on API-16"
     if not final.scalar("SELECT count(*) FROM issue_watchers WHERE issue_id = %s AND user_id = %s", issue["id"], ME):
         return False, "you do not watch API-16"
@@ -319,9 +319,6 @@ def verify_mob_top_label_open(final, initial, answer):
         return False, f"answer does not name the label {top['name']!r}"
     if not _has_number(answer, top["n"]):
         return False, f"answer does not state {top['n']} issues"
-    for other in rows[1:]:
-        if _has_word(answer, other["name"]) and not _has_word(answer, top["name"]):
-            return False, "wrong label"
     return True, f"{top['name']} on {top['n']} open issues"
 
 

@@ -1,0 +1,195 @@
+"""The env server as a user meets it: a real process, real MCP clients over HTTP, the control
+API, Prometheus metrics, and every kind of bad input."""
+
+import asyncio
+
+import httpx
+import pytest
+from fastmcp import Client
+from prometheus_client.parser import text_string_to_metric_families
+
+from awm.client import ControlApiError, ControlClient, McpSession
+
+
+@pytest.fixture
+async def control(notes):
+    client = ControlClient(notes.control_url)
+    yield client
+    await client.close()
+
+
+@pytest.fixture
+async def mcp(notes):
+    async with McpSession(notes.mcp_url) as session:
+        yield session
+
+
+async def test_official_fastmcp_client_sees_exactly_the_tools(notes, notes_bundle):
+    async with Client(notes.mcp_url) as client:
+        tools = await client.list_tools()
+        assert sorted(t.name for t in tools) == sorted(t.name for t in notes_bundle.tools)
+        add = next(t for t in tools if t.name == "add_note")
+        assert add.input_schema["required"] == ["title"]
+        result = await client.call_tool("list_notes", {}, raise_on_error=False)
+        assert not result.is_error
+        assert [n["title"] for n in result.structured_content["result"]] == ["todo", "ideas", "books"]
+
+
+async def test_episode_round_trip(control, mcp):
+    episode = await control.reset("add_note")
+    assert episode["instruction"].startswith("Add a note")
+    assert (await control.verify(None))["verdict"] == "incomplete"
+    out = await mcp.call_tool("add_note", {"title": "groceries", "body": "milk, eggs"})
+    assert not out.is_error and out.structured == {"id": 5, "title": "groceries"}
+    assert (await control.diff())["tables"] == {"notes": {"inserted": 1, "updated": 0, "deleted": 0}}
+    verdict = await control.verify(None)
+    assert verdict["verdict"] == "complete" and verdict["reward"] == 1.0
+    assert verdict["episode_id"] == episode["episode_id"] and verdict["tool_calls"] == 1
+    # The next episode starts from the snapshot again, with the same ids.
+    await control.reset("add_note")
+    assert (await control.diff())["tables"] == {}
+    out = await mcp.call_tool("add_note", {"title": "groceries", "body": "milk, eggs"})
+    assert out.structured["id"] == 5
+    assert (await control.checksum())["pristine"] is False
+    assert (await control.reset(None, verify=True))["pristine"] is True
+
+
+@pytest.mark.parametrize("arguments, fragment", [
+    ({"title": 5}, "5 is not of type 'string'"),
+    ({}, "'title' is a required property"),
+    ({"title": "x", "colour": "red"}, "Additional properties are not allowed"),
+    ({"title": "x", "tags": "not-a-list"}, "tags"),
+])
+async def test_schema_invalid_arguments_are_clear_errors(control, mcp, arguments, fragment):
+    await control.reset(None)
+    out = await mcp.call_tool("add_note", arguments)
+    assert out.is_error and out.error_kind == "invalid_arguments" and fragment in out.text
+    assert (await control.diff())["tables"] == {}
+
+
+async def test_malformed_json_rpc_and_unknown_tool(notes, mcp):
+    out = await mcp.call_tool("no_such_tool", {})
+    assert out.is_error and "no_such_tool" in out.text
+    async with httpx.AsyncClient() as client:
+        response = await client.post(notes.mcp_url, content=b"{not json",
+                                     headers={"Accept": "application/json, text/event-stream",
+                                              "Content-Type": "application/json"})
+        assert response.status_code == 400
+    assert (await mcp.call_tool("list_notes", {})).is_error is False  # session still fine
+
+
+@pytest.mark.parametrize("evil", [
+    "x'); DROP TABLE notes; --", "'; DELETE FROM notes WHERE '1'='1", "\" OR 1=1 --", "\\'; COMMIT; --",
+])
+async def test_sql_injection_strings_are_just_data(control, mcp, evil):
+    await control.reset(None)
+    out = await mcp.call_tool("add_note", {"title": evil, "body": evil})
+    assert not out.is_error
+    found = await mcp.call_tool("find_note", {"title": evil})
+    assert found.structured["body"] == evil
+    assert (await control.diff())["tables"] == {"notes": {"inserted": 1, "updated": 0, "deleted": 0}}
+
+
+async def test_raising_tool_returns_error_and_rolls_back_its_writes(control, mcp):
+    await control.reset(None)
+    await mcp.call_tool("archive_note", {"note_id": 2})
+    out = await mcp.call_tool("add_then_crash", {"title": "ghost"})
+    assert out.is_error and out.error_kind == "tool_crashed" and "ZeroDivisionError" in out.text
+    missing = await mcp.call_tool("find_note", {"title": "ghost"})
+    assert missing.is_error and missing.error_kind == "tool_error" and "no note titled" in missing.text
+    # Only the earlier successful call's write remains.
+    assert (await control.diff())["tables"] == {"notes": {"inserted": 0, "updated": 1, "deleted": 0}}
+
+
+async def test_tool_cannot_end_the_episode_transaction(control, mcp):
+    await control.reset(None)
+    for statement in ("COMMIT", "select 1; commit", "SET ROLE awm", "select set_config('role', 'awm', false)"):
+        out = await mcp.call_tool("run_sql", {"statement": statement})
+        assert out.is_error, statement
+    out = await mcp.call_tool("sneaky_commit", {"title": "escaped"})  # reaches past the handle
+    assert not out.is_error
+    reset = await control.reset(None)
+    assert reset["strategy"] == "restore" and reset["pristine"] is True and reset["repaired"] == ["notes"]
+
+
+async def test_control_api_errors(control, notes):
+    with pytest.raises(ControlApiError) as unknown:
+        await control.reset("no_such_task")
+    assert unknown.value.status == 404 and "no_such_task" in str(unknown.value)
+    async with httpx.AsyncClient() as client:
+        bad = await client.post(notes.control_url + "/reset", content=b"[1, 2")
+        assert bad.status_code == 400 and "not JSON" in bad.json()["error"]
+        wrong = await client.post(notes.control_url + "/verify", json={"final_answer": 42})
+        assert wrong.status_code in (400, 409)
+
+
+async def test_verify_before_reset_is_refused(admin_dsn, notes_bundle):
+    from awm.fleet import Database, LocalFleet
+    async with LocalFleet([notes_bundle], database=Database(admin_dsn)) as fleet:
+        control = ControlClient(fleet.instances[0].control_url)
+        with pytest.raises(ControlApiError) as exc:
+            await control.verify("anything")
+        assert exc.value.status == 409 and "reset first" in str(exc.value)
+        await control.close()
+
+
+@pytest.mark.parametrize("task, kind, fragment", [
+    ("loops_forever", "timeout", "timed out"),
+    ("eats_memory", "memory", "memory limit"),
+    ("opens_socket", "exception", "socket"),
+    ("kills_itself", "crash", "died"),
+    ("tries_to_write", "exception", "permission denied"),
+])
+async def test_misbehaving_verifiers_give_error_verdicts_and_the_server_stays_up(control, mcp, task, kind, fragment):
+    await control.reset(task)
+    verdict = await control.verify("done")
+    assert verdict["verdict"] == "error" and verdict["error_kind"] == kind and fragment in verdict["reason"]
+    assert verdict["reward"] == 0.0
+    assert (await mcp.call_tool("list_notes", {})).is_error is False
+    await control.reset("add_note")  # a fresh worker answers the next verification
+    assert (await control.verify(None))["verdict"] == "incomplete"
+
+
+async def test_no_secret_reaches_untrusted_code(control, mcp):
+    await control.reset("reads_env")
+    verdict = await control.verify(None)
+    assert verdict["reason"] == "env="  # the verifier's environment is empty
+    seen = (await mcp.call_tool("read_environment", {})).structured["keys"]
+    assert "OPENAI_API_KEY" not in seen and "AWM_INSTANCE_DSN" not in seen
+
+
+async def test_info_health_and_metrics(control, mcp, notes):
+    info = await control.info()
+    assert info["env"] == "notes" and len(info["tasks"]) == 9
+    assert info["verifier_isolation"] in ("netns,nobody", "nobody", "none")
+    await control.reset("add_note")
+    await mcp.call_tool("list_notes", {})
+    await mcp.call_tool("add_note", {"title": 1})
+    await control.verify(None)
+    async with httpx.AsyncClient() as client:
+        assert (await client.get(notes.control_url + "/healthz")).status_code == 200
+        assert (await client.get(notes.control_url + "/readyz")).json()["ready"] is True
+        text = (await client.get(notes.control_url + "/metrics")).text
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(text) for s in family.samples}
+    assert samples[("awm_tool_calls_total", (("outcome", "ok"), ("tool", "list_notes")))] >= 1
+    assert samples[("awm_tool_calls_total", (("outcome", "invalid_arguments"), ("tool", "add_note")))] >= 1
+    assert samples[("awm_reset_seconds_count", (("strategy", "rollback"),))] >= 1
+    assert samples[("awm_episodes_total", (("verdict", "incomplete"),))] >= 1
+    assert ("awm_tool_call_seconds_bucket", (("le", "0.004"), ("tool", "list_notes"))) in samples
+    assert any(name == "awm_verifier_errors_total" for name, _ in samples)
+
+
+async def test_wedged_tool_times_out_and_the_fleet_restarts_the_instance(notes_fleet, control, mcp):
+    handle = notes_fleet.instances[0]
+    pid = handle.pid
+    await control.reset(None)
+    out = await mcp.call_tool("spin", {"seconds": 30})
+    assert out.is_error and out.error_kind == "timeout"
+    for _ in range(200):  # the instance exits; the supervisor starts it again on the same ports
+        await asyncio.sleep(0.1)
+        if handle.pid != pid and await control.ready():
+            break
+    assert handle.pid != pid and handle.restarts >= 1
+    async with McpSession(handle.mcp_url) as fresh:
+        assert not (await fresh.call_tool("list_notes", {})).is_error
