@@ -25,7 +25,7 @@ from awm.postgres import provision
 from awm.postgres.server import EmbeddedPostgres
 
 log = logging.getLogger("awm.fleet")
-_INHERITED = ("PATH", "LANG", "LC_ALL", "TZ", "PYTHONPATH", "HOME")
+_INHERITED = ("PATH", "LANG", "LC_ALL", "TZ", "PYTHONPATH", "HOME", "MALLOC_ARENA_MAX")
 
 
 class FleetError(RuntimeError):

@@ -2,7 +2,6 @@
 
 import datetime
 import re
-import typing
 from typing import Literal
 
 ACTING_STAFF_ID = 2
@@ -16,14 +15,6 @@ REPAIR_TRANSITIONS = {
     "cancelled": (),
 }
 _EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[a-z]{2,}$", re.IGNORECASE)
-
-
-def _hints(fn):
-    # compile_source_dir compiles this file under `from __future__ import annotations` (inherited
-    # from awm/authoring.py), so annotations arrive as strings and pydantic cannot resolve
-    # `Literal`; evaluate them here against this module's globals. A no-op for real annotations.
-    fn.__annotations__ = typing.get_type_hints(fn)
-    return fn
 
 
 def _date(value, name):
@@ -233,7 +224,6 @@ def update_customer_contact(db, customer_id: int, email: str | None = None, phon
 # --------------------------------------------------------------------------- bikes
 
 
-@_hints
 def search_bikes(
     db,
     query: str = "",
@@ -260,7 +250,6 @@ def search_bikes(
     )
 
 
-@_hints
 def register_bike(
     db,
     customer_id: int,
@@ -429,7 +418,6 @@ def product_sales_summary(db, product_id: int, date_from: str | None = None, dat
 # --------------------------------------------------------------------------- sales
 
 
-@_hints
 def create_sale(db, payment_method: Literal["cash", "card", "gift_card"], customer_id: int | None = None) -> dict:
     """Open a new sale (cart) rung up by you (Maya Lin). Add items, then complete it.
 
@@ -585,7 +573,6 @@ def get_sale(db, sale_id: int) -> dict:
     return _sale_detail(db, sale_id)
 
 
-@_hints
 def list_sales(
     db,
     customer_id: int | None = None,
@@ -624,7 +611,6 @@ def list_service_types(db) -> list[dict]:
     return db.query("SELECT * FROM service_types ORDER BY id")
 
 
-@_hints
 def list_staff(db, role: Literal["manager", "sales", "mechanic"] | None = None, include_inactive: bool = False) -> list[dict]:
     """List shop staff.
 
@@ -682,7 +668,6 @@ def get_repair_order(db, repair_order_id: int) -> dict:
     return _repair_detail(db, repair_order_id)
 
 
-@_hints
 def list_repair_orders(
     db,
     status: Literal["received", "in_progress", "waiting_parts", "completed", "picked_up", "cancelled", "open"] | None = None,
@@ -737,7 +722,6 @@ def assign_mechanic(db, repair_order_id: int, staff_id: int) -> dict:
     return _repair_detail(db, repair_order_id)
 
 
-@_hints
 def update_repair_status(
     db, repair_order_id: int, new_status: Literal["in_progress", "waiting_parts", "completed", "picked_up"]
 ) -> dict:
@@ -823,7 +807,6 @@ def list_suppliers(db) -> list[dict]:
     )
 
 
-@_hints
 def list_purchase_orders(
     db,
     status: Literal["draft", "ordered", "received", "cancelled"] | None = None,

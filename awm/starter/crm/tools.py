@@ -301,7 +301,7 @@ def search_leads(db, query: str | None = None,
                  source: Literal["website", "referral", "trade_show", "webinar", "cold_outreach",
                                  "partner"] | None = None,
                  owner_id: int | None = None, limit: int = 20) -> list:
-    """Search leads (unqualified prospects not yet converted into accounts and contacts).
+    """Search leads: prospective buyers who are not (yet) accounts and contacts.
 
     Args:
         query: Part of the lead's name, company or email (case-insensitive).

@@ -30,6 +30,9 @@ def _first_count(answer):
     """The first count stated in an answer, ignoring dates and years ("5 tasks", "five tasks")."""
     text = re.sub(r"\b\d{4}-\d{2}-\d{2}\b", " ", str(answer or "").lower())
     text = re.sub(r"\b(19|20)\d{2}\b", " ", text)
+    month = r"(jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*\.?"
+    text = re.sub(rf"\b{month}\s+\d{{1,2}}(st|nd|rd|th)?\b", " ", text)
+    text = re.sub(rf"\b\d{{1,2}}(st|nd|rd|th)?\s+(of\s+)?{month}", " ", text)
     for token in re.findall(r"[a-z]+|\d+", text):
         if token.isdigit():
             return int(token)

@@ -2,7 +2,6 @@
 
 import datetime as _dt
 import re
-import typing
 from typing import Literal
 
 ME = 1
@@ -23,14 +22,6 @@ EDIT_ROLES = ("lead", "developer")
 MAX_MINUTES_PER_DAY = 720
 WORKDAY_START = _dt.time(7, 0)
 WORKDAY_END = _dt.time(20, 0)
-
-def _hints(fn):
-    # compile_source_dir compiles this file under `from __future__ import annotations` (inherited
-    # from awm/authoring.py), so annotations arrive as strings that pydantic cannot resolve
-    # (`Literal`); evaluate them against this module's globals. A no-op for real annotations.
-    fn.__annotations__ = typing.get_type_hints(fn)
-    return fn
-
 
 _ISSUE_SELECT = """
     SELECT i.*, p.key AS project_key, p.status AS project_status, p.workspace_id,
@@ -151,7 +142,6 @@ def _busy(db, user_ids, start, end, exclude_event_id=None):
     )
 
 
-@_hints
 def get_my_profile(db) -> dict:
     """Show who you are (the acting user), your workspaces and your role in every project.
 
@@ -173,7 +163,6 @@ def get_my_profile(db) -> dict:
     return me
 
 
-@_hints
 def search_users(
     db,
     query: str | None = None,
@@ -217,7 +206,6 @@ def search_users(
     )
 
 
-@_hints
 def list_projects(db, workspace_id: int | None = None, include_archived: bool = False) -> list[dict]:
     """List projects in the workspaces you belong to, with lead, your role and open issue count.
 
@@ -244,7 +232,6 @@ def list_projects(db, workspace_id: int | None = None, include_archived: bool = 
     )
 
 
-@_hints
 def get_project(db, project_key: str) -> dict:
     """Get a project's details: members and their roles, labels, sprints and issue counts by status.
 
@@ -268,7 +255,6 @@ def get_project(db, project_key: str) -> dict:
     return project
 
 
-@_hints
 def list_labels(db, project_key: str) -> list[dict]:
     """List a project's labels with how many issues carry each (all issues and open ones).
 
@@ -286,7 +272,6 @@ def list_labels(db, project_key: str) -> list[dict]:
     )
 
 
-@_hints
 def create_label(db, project_key: str, name: str, color: str = "#6b7280") -> dict:
     """Create a new label in a project (requires role lead or developer).
 
@@ -311,7 +296,6 @@ def create_label(db, project_key: str, name: str, color: str = "#6b7280") -> dic
     )
 
 
-@_hints
 def list_sprints(db, project_key: str, state: Literal["planned", "active", "closed"] | None = None) -> list[dict]:
     """List a project's sprints with issue counts and story points (total and done).
 
@@ -336,7 +320,6 @@ def list_sprints(db, project_key: str, state: Literal["planned", "active", "clos
     )
 
 
-@_hints
 def get_sprint(db, sprint_id: int) -> dict:
     """Get a sprint with all its issues, points per status and open points per assignee.
 
@@ -365,7 +348,6 @@ def get_sprint(db, sprint_id: int) -> dict:
     return sprint
 
 
-@_hints
 def start_sprint(db, sprint_id: int) -> dict:
     """Start a planned sprint (requires role lead or developer). A project can have only one
     active sprint and an empty sprint cannot be started.
@@ -388,7 +370,6 @@ def start_sprint(db, sprint_id: int) -> dict:
     return get_sprint(db, sprint_id)
 
 
-@_hints
 def complete_sprint(db, sprint_id: int, move_open_issues_to_sprint_id: int | None = None) -> dict:
     """Complete the active sprint. Unfinished issues (not done or cancelled) are moved to the
     given planned sprint of the same project, or to the backlog (no sprint) when none is given.
@@ -435,7 +416,6 @@ def complete_sprint(db, sprint_id: int, move_open_issues_to_sprint_id: int | Non
     }
 
 
-@_hints
 def search_issues(
     db,
     project_key: str | None = None,
@@ -528,7 +508,6 @@ def search_issues(
     return {"total": total, "returned": len(rows), "issues": [_summary(r) for r in rows]}
 
 
-@_hints
 def get_issue(db, issue_key: str) -> dict:
     """Get one issue with all fields, labels, watchers, comment count and time logged.
 
@@ -548,7 +527,6 @@ def get_issue(db, issue_key: str) -> dict:
     return row
 
 
-@_hints
 def create_issue(
     db,
     project_key: str,
@@ -636,7 +614,6 @@ def _check_sprint(db, project, sprint_id):
     return sprint
 
 
-@_hints
 def update_issue(
     db,
     issue_key: str,
@@ -699,7 +676,6 @@ def update_issue(
     return _summary(_issue(db, issue["key"]))
 
 
-@_hints
 def transition_issue(
     db,
     issue_key: str,
@@ -750,7 +726,6 @@ def transition_issue(
     return result
 
 
-@_hints
 def assign_issue(db, issue_key: str, assignee_id: int | None) -> dict:
     """Assign an open issue to a project lead or developer, or unassign it with assignee_id null.
     Issues in progress or in review cannot be left without an assignee. Requires role lead or developer.
@@ -789,7 +764,6 @@ def _label(db, issue, label):
     return lid, name
 
 
-@_hints
 def add_label_to_issue(db, issue_key: str, label: str) -> dict:
     """Attach an existing project label to an issue (requires role lead or developer).
 
@@ -807,7 +781,6 @@ def add_label_to_issue(db, issue_key: str, label: str) -> dict:
     return _summary(_issue(db, issue["key"]))
 
 
-@_hints
 def remove_label_from_issue(db, issue_key: str, label: str) -> dict:
     """Remove a label from an issue (requires role lead or developer).
 
@@ -825,7 +798,6 @@ def remove_label_from_issue(db, issue_key: str, label: str) -> dict:
     return _summary(_issue(db, issue["key"]))
 
 
-@_hints
 def move_issue_to_sprint(db, issue_key: str, sprint_id: int | None) -> dict:
     """Put an open issue into a planned or active sprint of its project, or back to the backlog
     with sprint_id null. A backlog-status issue entering a sprint becomes todo; a todo issue leaving
@@ -861,7 +833,6 @@ def move_issue_to_sprint(db, issue_key: str, sprint_id: int | None) -> dict:
     return _summary(_issue(db, issue["key"]))
 
 
-@_hints
 def add_comment(db, issue_key: str, body: str) -> dict:
     """Comment on an issue as yourself. Any project member (any role) may comment; archived
     projects are read-only.
@@ -883,7 +854,6 @@ def add_comment(db, issue_key: str, body: str) -> dict:
     return row
 
 
-@_hints
 def list_comments(db, issue_key: str, limit: int = 20) -> list[dict]:
     """List an issue's comments, oldest first.
 
@@ -901,7 +871,6 @@ def list_comments(db, issue_key: str, limit: int = 20) -> list[dict]:
     )
 
 
-@_hints
 def log_time(db, issue_key: str, minutes: int, work_date: str, note: str = "") -> dict:
     """Log time you worked on an issue. Requires role lead or developer; only issues that have
     been started (in_progress, in_review or done) take time; the date cannot be before the issue
@@ -940,7 +909,6 @@ def log_time(db, issue_key: str, minutes: int, work_date: str, note: str = "") -
     return row
 
 
-@_hints
 def list_time_logs(
     db,
     issue_key: str | None = None,
@@ -998,7 +966,6 @@ def list_time_logs(
     }
 
 
-@_hints
 def watch_issue(db, issue_key: str) -> dict:
     """Start watching an issue to get notified about changes (project members only).
 
@@ -1014,7 +981,6 @@ def watch_issue(db, issue_key: str) -> dict:
     return {"issue_key": issue["key"], "watching": True}
 
 
-@_hints
 def unwatch_issue(db, issue_key: str) -> dict:
     """Stop watching an issue.
 
@@ -1027,7 +993,6 @@ def unwatch_issue(db, issue_key: str) -> dict:
     return {"issue_key": issue["key"], "watching": False}
 
 
-@_hints
 def list_events(
     db,
     date_from: str,
@@ -1082,7 +1047,6 @@ def list_events(
     )
 
 
-@_hints
 def get_event(db, event_id: int) -> dict:
     """Get one calendar event with its attendees and their responses.
 
@@ -1104,7 +1068,6 @@ def get_event(db, event_id: int) -> dict:
     return event
 
 
-@_hints
 def check_availability(
     db,
     user_ids: list[int],
@@ -1158,7 +1121,6 @@ def check_availability(
     return {"date": day.isoformat(), "busy": {str(k): v for k, v in busy.items()}, "free_slots_for_everyone": free}
 
 
-@_hints
 def schedule_meeting(
     db,
     title: str,
@@ -1235,7 +1197,6 @@ def schedule_meeting(
     return get_event(db, event["id"])
 
 
-@_hints
 def respond_to_event(db, event_id: int, response: Literal["accepted", "declined", "tentative"]) -> dict:
     """Answer an invitation you received (not for events you organise). Accepting is refused when
     it would double-book you with another event you have not declined.
@@ -1268,7 +1229,6 @@ def respond_to_event(db, event_id: int, response: Literal["accepted", "declined"
     return {"event_id": event_id, "title": event["title"], "previous_response": current, "response": response}
 
 
-@_hints
 def cancel_event(db, event_id: int) -> dict:
     """Cancel an event you organise.
 
