@@ -51,17 +51,18 @@ class Checksum:
 
 
 def public_tables(conn: psycopg.Connection) -> list[str]:
-    rows = conn.execute(
-        "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-        "WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p') ORDER BY c.relname"
-    ).fetchall()
-    return [r[0] for r in rows]
+    return _relations(conn, ("r", "p"))
 
 
 def public_sequences(conn: psycopg.Connection) -> list[str]:
+    return _relations(conn, ("S",))
+
+
+def _relations(conn: psycopg.Connection, kinds: tuple[str, ...]) -> list[str]:
     rows = conn.execute(
         "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-        "WHERE n.nspname = 'public' AND c.relkind = 'S' ORDER BY c.relname"
+        "WHERE n.nspname = 'public' AND c.relkind = ANY(%s) ORDER BY c.relname",
+        (list(kinds),),
     ).fetchall()
     return [r[0] for r in rows]
 
