@@ -26,6 +26,15 @@ app.add_typer(catalog_app, name="catalog")
 app.add_typer(env_app, name="env")
 app.add_typer(pg_app, name="postgres")
 
+
+def _add_gen() -> None:
+    from awm.synth.cli import gen_app
+
+    app.add_typer(gen_app, name="gen")
+
+
+_add_gen()
+
 console = Console()
 err = Console(stderr=True)
 

@@ -1,0 +1,103 @@
+"""``awm gen``: run stages with progress bars, then a summary and a report.
+
+``gen all`` runs every stage in order, assembles the surviving environments into
+``<dir>/catalog/`` (which ``awm serve``/``awm demo --catalog`` load as is) and writes
+``<dir>/report.json``: per stage kept and rejected items with reasons, tokens, wall time.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from awm.synth import stages
+from awm.synth.embed import ApiEmbedder, Embedder, HashingEmbedder
+from awm.synth.llm import LLMClient
+from awm.synth.store import read_jsonl
+
+SEEDS = Path(__file__).with_name("seeds.jsonl")
+
+
+def make_embedder(kind: str, llm: LLMClient) -> Embedder:
+    if kind == "hashing":
+        return HashingEmbedder()
+    if kind == "api":
+        return ApiEmbedder(llm)
+    raise ValueError(f"unknown embedder {kind!r} (api or hashing)")
+
+
+async def run_stages(run: stages.Run, which: list[str], *, seeds: Path | None = None, target: int = 10,
+                     embedder: Embedder | None = None, threshold: float = 0.85, max_per_category: int = 80,
+                     console: Console | None = None) -> dict[str, Any]:
+    console = console or Console(stderr=True)
+    started = time.perf_counter()
+    run.dir.mkdir(parents=True, exist_ok=True)
+    with Progress(TextColumn("{task.description:<10}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=False) as progress:
+        bars: dict[str, Any] = {}
+
+        def on_progress(stage: str, done: int, total: int) -> None:
+            if stage not in bars:
+                bars[stage] = progress.add_task(stage, total=max(total, 1))
+            progress.update(bars[stage], completed=done, total=max(total, 1))
+
+        run.on_progress = on_progress
+        for stage in which:
+            if stage == "scenario":
+                seed_path = seeds or SEEDS
+                if seed_path.resolve() == run.path("scenario").resolve():
+                    raise ValueError("the seed file cannot be the stage's output file")
+                await stages.stage_scenario(run, read_jsonl(seed_path), target, embedder or HashingEmbedder(),
+                                            threshold, max_per_category)
+            else:
+                await getattr(stages, f"stage_{stage}")(run)
+    summary = summarize(run, time.perf_counter() - started)
+    if "solution" in which:
+        bundles = stages.assemble(run, run.dir / "catalog")
+        summary["catalog"] = str(run.dir / "catalog")
+        summary["environments"] = [{"name": b.name, "tools": len(b.tools), "tasks": len(b.tasks),
+                                    "tables": len(b.database.seed)} for b in bundles]
+    (run.dir / "report.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def summarize(run: stages.Run, wall_s: float) -> dict[str, Any]:
+    return {
+        "wall_s": round(wall_s, 1),
+        "stages": run.report,
+        "tokens": {stage: asdict(u) for stage, u in run.llm.usage.items()},
+        "total_tokens": sum(u.prompt_tokens + u.completion_tokens for u in run.llm.usage.values()),
+    }
+
+
+def print_summary(summary: dict[str, Any], console: Console) -> None:
+    table = Table(title="awm gen: summary")
+    for col in ("stage", "kept", "rejected", "LLM calls", "retries", "repairs", "tokens"):
+        table.add_column(col, justify="left" if col == "stage" else "right")
+    for stage in stages.STAGES:
+        r = summary["stages"].get(stage)
+        u = summary["tokens"].get(stage, {})
+        if not r and not u:
+            continue
+        r = r or {"kept": 0, "rejected": 0}
+        table.add_row(stage, str(r["kept"]), str(r["rejected"]), str(u.get("calls", 0)), str(u.get("retries", 0)),
+                      str(u.get("repairs", 0)), str(u.get("prompt_tokens", 0) + u.get("completion_tokens", 0)))
+    console.print(table)
+    for stage, r in summary["stages"].items():
+        for rej in r.get("rejections", [])[:10]:
+            console.print(f"[yellow]rejected[/yellow] {stage} {rej['item']}: {'; '.join(rej['reasons'])[:300]}")
+    if summary.get("environments") is not None:
+        envs = Table(title=f"catalog: {summary.get('catalog')}")
+        for col in ("environment", "tools", "tasks kept", "tables"):
+            envs.add_column(col)
+        for e in summary["environments"]:
+            envs.add_row(e["name"], str(e["tools"]), str(e["tasks"]), str(e["tables"]))
+        console.print(envs)
+    console.print(f"tokens: {summary['total_tokens']}, wall time: {summary['wall_s']} s")

@@ -1,0 +1,486 @@
+"""The synthesis stages: scenario → task → db → sample → spec → env → verifier → solution.
+
+Every stage reads the previous stages' JSONL files in the run directory and appends its own
+(``gen_<stage>.jsonl``; the AWM names). An item that still fails validation after its repair
+attempts goes to ``gen_<stage>.rejected.jsonl`` with its reasons, never into the stage output.
+Re-running a stage skips every item already in either file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Awaitable, Callable, TypeVar
+
+from pydantic import BaseModel, Field
+
+from awm.bundle import EnvBundle, SeedTable, Task, Tool, ToolCall, Verifier
+from awm.synth import prompts
+from awm.synth import validate as check
+from awm.synth.embed import Embedder, dedup
+from awm.synth.llm import LLMBadOutput, LLMClient
+from awm.synth.store import StageOutput, read_jsonl
+
+STAGES = ["scenario", "task", "db", "sample", "spec", "env", "verifier", "solution"]
+FILES = {"scenario": "gen_scenario.jsonl", "task": "gen_tasks.jsonl", "db": "gen_db.jsonl",
+         "sample": "gen_sample.jsonl", "spec": "gen_spec.jsonl", "env": "gen_envs.jsonl",
+         "verifier": "gen_verifier.jsonl", "solution": "gen_solution.jsonl"}
+
+M = TypeVar("M", bound=BaseModel)
+
+
+# -- what the model must return, per stage ------------------------------------------------------
+
+class _Scenario(BaseModel):
+    name: str
+    description: str
+    category: str = "other"
+
+
+class _Scenarios(BaseModel):
+    scenarios: list[_Scenario]
+
+
+class _Tasks(BaseModel):
+    tasks: list[str] = Field(min_length=1)
+
+
+class _Ddl(BaseModel):
+    ddl: str = Field(min_length=10)
+
+
+class _Seed(BaseModel):
+    tables: list[SeedTable] = Field(min_length=1)
+
+
+class _ToolSpec(BaseModel):
+    name: str = Field(pattern=r"^[a-z][a-z0-9_]{0,62}$")
+    description: str
+    input_schema: dict[str, Any]
+    example_arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+class _Spec(BaseModel):
+    tools: list[_ToolSpec] = Field(min_length=1)
+
+
+class _ToolCode(BaseModel):
+    name: str
+    code: str
+
+
+class _Env(BaseModel):
+    prelude: str = ""
+    tools: list[_ToolCode]
+
+
+class _Verifier(BaseModel):
+    code: str
+
+
+class _Solution(BaseModel):
+    steps: list[ToolCall] = Field(min_length=1)
+    final_answer: str | None = None
+
+
+# -- the run --------------------------------------------------------------------------------
+
+@dataclass
+class Run:
+    dir: Path
+    llm: LLMClient
+    admin_dsn: str
+    attempts: int = 3
+    num_tasks: int = 10
+    on_progress: Callable[[str, int, int], None] = lambda stage, done, total: None
+    report: dict[str, Any] = field(default_factory=dict)
+
+    def path(self, stage: str) -> Path:
+        return self.dir / FILES[stage]
+
+    def output(self, stage: str, key: Callable[[dict[str, Any]], str]) -> tuple[StageOutput, StageOutput]:
+        good = StageOutput(self.path(stage), key)
+        rejected = StageOutput(self.dir / FILES[stage].replace(".jsonl", ".rejected.jsonl"), key)
+        return good, rejected
+
+    def load(self, stage: str) -> dict[str, dict[str, Any]]:
+        key = "name" if stage == "scenario" else "scenario"
+        return {r[key]: r for r in read_jsonl(self.path(stage))}
+
+    def note(self, stage: str, outcome: str, item: str, reasons: list[str] | None = None) -> None:
+        entry = self.report.setdefault(stage, {"kept": 0, "rejected": 0, "rejections": []})
+        if outcome == "kept":
+            entry["kept"] += 1
+        else:
+            entry["rejected"] += 1
+            entry["rejections"].append({"item": item, "reasons": (reasons or [])[:5]})
+
+
+async def _repair_loop(run: Run, stage: str, system: str, user: str, model: type[M],
+                       validate: Callable[[M], Awaitable[list[str]]]) -> tuple[M | None, list[str]]:
+    """Generate, execute, feed the errors back; at most ``run.attempts`` generations."""
+    errors: list[str] = []
+    for _ in range(run.attempts):
+        try:
+            candidate = await run.llm.structured(stage, system, user + (prompts.feedback(errors) if errors else ""),
+                                                 model)
+        except LLMBadOutput as exc:
+            errors = [str(exc)]
+            continue
+        errors = await validate(candidate)
+        if not errors:
+            return candidate, []
+    return None, errors
+
+
+def normalise_name(name: str) -> str:
+    return re.sub(r"_+", "_", re.sub(r"[^a-z0-9_]", "_", name.lower())).strip("_")[:60] or "scenario"
+
+
+async def _each(items: list[Any], fn: Callable[[Any], Awaitable[None]], run: Run, stage: str) -> None:
+    done = 0
+
+    async def one(item: Any) -> None:
+        nonlocal done
+        await fn(item)
+        done += 1
+        run.on_progress(stage, done, len(items))
+
+    run.on_progress(stage, 0, len(items))
+    await asyncio.gather(*(one(i) for i in items))
+
+
+# -- stages -----------------------------------------------------------------------------------
+
+async def stage_scenario(run: Run, seeds: list[dict[str, Any]], target: int, embedder: Embedder,
+                         threshold: float = 0.85, max_per_category: int = 80, batch: int = 10,
+                         max_rounds: int = 50) -> None:
+    """Seeds plus generated scenarios up to ``target`` in all, deduplicated by embedding (against
+    the seeds and each other) and capped per category."""
+    out, _ = run.output("scenario", lambda r: r["name"])
+    pool = [dict(s, name=normalise_name(s["name"])) for s in seeds]
+    for seed in pool:
+        out.append({"name": seed["name"], "description": seed["description"],
+                    "category": seed.get("category", "seed"), "seed": True})
+    kept = list(out.records())
+    vectors = await embedder.embed([f"{s['name']}: {s['description']}" for s in kept])
+    rounds = 0
+    while len(kept) < target and rounds < max_rounds:
+        rounds += 1
+        try:
+            reply = await run.llm.structured("scenario", prompts.SCENARIO,
+                                             prompts.scenario_user(batch, kept[:8], [k["name"] for k in kept]),
+                                             _Scenarios)
+        except LLMBadOutput as exc:
+            run.note("scenario", "rejected", f"round {rounds}", [str(exc)])
+            continue
+        candidates = [{"name": normalise_name(s.name), "description": s.description,
+                       "category": normalise_name(s.category)} for s in reply.scenarios]
+        names = {k["name"] for k in kept}
+        fresh = [c for c in candidates if c["name"] not in names]
+        for c in candidates:
+            if c not in fresh:
+                run.note("scenario", "rejected", c["name"], ["duplicate name"])
+        new_vectors = await embedder.embed([f"{c['name']}: {c['description']}" for c in fresh]) if fresh else []
+        counts: dict[str, int] = {}
+        for k in kept:
+            counts[k.get("category", "")] = counts.get(k.get("category", ""), 0) + 1
+        accepted, reasons = dedup(fresh, new_vectors, vectors, threshold, max_per_category, counts)
+        for c, why in reasons.items():
+            run.note("scenario", "rejected", c, [why])
+        for c, v in accepted:
+            if len(kept) >= target:
+                break
+            out.append(c)
+            kept.append(c)
+            vectors.append(v)
+            run.note("scenario", "kept", c["name"])
+        run.on_progress("scenario", len(kept), target)
+
+
+async def stage_task(run: Run) -> None:
+    scenarios = list(run.load("scenario").values())
+    out, rejected = run.output("task", lambda r: r["scenario"])
+
+    async def one(s: dict[str, Any]) -> None:
+        if s["name"] in out or s["name"] in rejected:
+            return
+
+        async def validate(reply: _Tasks) -> list[str]:
+            tasks = [t.strip() for t in reply.tasks if t.strip()]
+            if len(set(tasks)) < run.num_tasks:
+                return [f"need {run.num_tasks} distinct tasks, got {len(set(tasks))}"]
+            return []
+
+        reply, errors = await _repair_loop(run, "task", prompts.TASK,
+                                           prompts.task_user(s["name"], s["description"], run.num_tasks), _Tasks,
+                                           validate)
+        if reply is None:
+            rejected.append({"scenario": s["name"], "errors": errors})
+            run.note("task", "rejected", s["name"], errors)
+            return
+        tasks = list(dict.fromkeys(t.strip() for t in reply.tasks if t.strip()))[: run.num_tasks]
+        out.append({"scenario": s["name"], "tasks": tasks})
+        run.note("task", "kept", s["name"])
+
+    await _each(scenarios, one, run, "task")
+
+
+async def stage_db(run: Run) -> None:
+    scenarios, tasks = run.load("scenario"), run.load("task")
+    out, rejected = run.output("db", lambda r: r["scenario"])
+
+    async def one(name: str) -> None:
+        if name in out or name in rejected:
+            return
+        s = scenarios[name]
+
+        async def validate(reply: _Ddl) -> list[str]:
+            return await asyncio.to_thread(check.check_ddl, run.admin_dsn, reply.ddl)
+
+        reply, errors = await _repair_loop(run, "db", prompts.DB,
+                                           prompts.db_user(name, s["description"], tasks[name]["tasks"]), _Ddl,
+                                           validate)
+        _record(run, "db", out, rejected, name, {"scenario": name, "ddl": reply.ddl} if reply else None, errors)
+
+    await _each(list(tasks), one, run, "db")
+
+
+async def stage_sample(run: Run) -> None:
+    scenarios, tasks, dbs = run.load("scenario"), run.load("task"), run.load("db")
+    out, rejected = run.output("sample", lambda r: r["scenario"])
+
+    async def one(name: str) -> None:
+        if name in out or name in rejected:
+            return
+        ddl = dbs[name]["ddl"]
+
+        async def validate(reply: _Seed) -> list[str]:
+            return await asyncio.to_thread(check.check_seed, run.admin_dsn, ddl, reply.tables)
+
+        reply, errors = await _repair_loop(
+            run, "sample", prompts.SAMPLE,
+            prompts.sample_user(name, scenarios[name]["description"], ddl, tasks[name]["tasks"]), _Seed, validate)
+        record = {"scenario": name, "seed": [t.model_dump(mode="json") for t in reply.tables]} if reply else None
+        _record(run, "sample", out, rejected, name, record, errors)
+
+    await _each(list(dbs), one, run, "sample")
+
+
+async def stage_spec(run: Run) -> None:
+    scenarios, tasks, dbs, samples = run.load("scenario"), run.load("task"), run.load("db"), run.load("sample")
+    out, rejected = run.output("spec", lambda r: r["scenario"])
+
+    async def one(name: str) -> None:
+        if name in out or name in rejected:
+            return
+
+        async def validate(reply: _Spec) -> list[str]:
+            errors = []
+            names = [t.name for t in reply.tools]
+            if len(set(names)) != len(names):
+                errors.append("tool names must be unique")
+            for t in reply.tools:
+                try:
+                    Tool(name=t.name, description=t.description, input_schema=t.input_schema, code="")
+                except ValueError as exc:
+                    errors.append(f"{t.name}: {exc}")
+            return errors
+
+        reply, errors = await _repair_loop(
+            run, "spec", prompts.SPEC,
+            prompts.spec_user(name, scenarios[name]["description"], dbs[name]["ddl"], tasks[name]["tasks"]), _Spec,
+            validate)
+        record = {"scenario": name, "tools": [t.model_dump() for t in reply.tools]} if reply else None
+        _record(run, "spec", out, rejected, name, record, errors)
+
+    await _each(list(samples), one, run, "spec")
+
+
+async def stage_env(run: Run) -> None:
+    """Tool code, loaded into the real runtime and called once per tool with example arguments."""
+    scenarios, dbs, samples, specs = run.load("scenario"), run.load("db"), run.load("sample"), run.load("spec")
+    out, rejected = run.output("env", lambda r: r["scenario"])
+
+    async def one(name: str) -> None:
+        if name in out or name in rejected:
+            return
+        tools = specs[name]["tools"]
+
+        async def validate(reply: _Env) -> list[str]:
+            code = {t.name: t.code for t in reply.tools}
+            missing = [t["name"] for t in tools if t["name"] not in code]
+            if missing:
+                return [f"missing tools: {', '.join(missing)}"]
+            try:
+                bundle = _bundle(scenarios[name], dbs[name], samples[name], tools, reply.prelude, code)
+            except ValueError as exc:
+                return [str(exc)]
+            return await check.check_tools(run.admin_dsn, bundle, {t["name"]: t["example_arguments"] for t in tools})
+
+        reply, errors = await _repair_loop(run, "env", prompts.ENV, prompts.env_user(name, dbs[name]["ddl"], tools),
+                                           _Env, validate)
+        record = ({"scenario": name, "prelude": reply.prelude, "tools": [t.model_dump() for t in reply.tools]}
+                  if reply else None)
+        _record(run, "env", out, rejected, name, record, errors)
+
+    await _each(list(specs), one, run, "env")
+
+
+async def stage_verifier(run: Run) -> None:
+    """One verifier per task, kept only if it says *not complete* on the untouched snapshot."""
+    scenarios, tasks, dbs, samples = run.load("scenario"), run.load("task"), run.load("db"), run.load("sample")
+    specs, envs = run.load("spec"), run.load("env")
+    out, rejected = run.output("verifier", lambda r: f"{r['scenario']}/{r['task_idx']}")
+
+    async def one(name: str) -> None:
+        pending = [i for i in range(len(tasks[name]["tasks"]))
+                   if f"{name}/{i}" not in out and f"{name}/{i}" not in rejected]
+        if not pending:
+            return
+        base = _bundle(scenarios[name], dbs[name], samples[name], specs[name]["tools"], envs[name]["prelude"],
+                       {t["name"]: t["code"] for t in envs[name]["tools"]})
+        excerpt = _seed_excerpt(samples[name]["seed"])
+
+        async def per_task(i: int) -> None:
+            text = tasks[name]["tasks"][i]
+
+            async def validate(reply: _Verifier) -> list[str]:
+                if not re.search(r"\bdef\s+verify\s*\(", reply.code):
+                    return ["the code must define verify(final, initial, answer)"]
+                task = Task(id=f"t{i}", instruction=text, verifier=Verifier(code=reply.code), solution=[])
+                bundle = base.model_copy(update={"tasks": [task]})
+                async with check.served_in_process(run.admin_dsn, bundle) as instance:
+                    return (await check.check_verifiers_untouched(instance, [task])).get(task.id, [])
+
+            reply, errors = await _repair_loop(run, "verifier", prompts.VERIFIER,
+                                               prompts.verifier_user(name, dbs[name]["ddl"], excerpt, text),
+                                               _Verifier, validate)
+            record = {"scenario": name, "task_idx": i, "task": text}
+            _record(run, "verifier", out, rejected, f"{name}/{i}",
+                    dict(record, verification={"code": reply.code, "entrypoint": "verify"}) if reply else None,
+                    errors, record)
+
+        for i in pending:  # one scenario's verifiers share its template: run them in order
+            await per_task(i)
+
+    await _each(list(envs), one, run, "verifier")
+
+
+async def stage_solution(run: Run) -> None:
+    """Reference solutions, kept only if replaying them through MCP makes the verifier say
+    complete. Each round serves the scenario with every pending candidate at once."""
+    scenarios, dbs, samples = run.load("scenario"), run.load("db"), run.load("sample")
+    specs, envs = run.load("spec"), run.load("env")
+    verifiers = [r for r in read_jsonl(run.path("verifier"))]
+    out, rejected = run.output("solution", lambda r: f"{r['scenario']}/{r['task_idx']}")
+    by_scenario: dict[str, list[dict[str, Any]]] = {}
+    for v in verifiers:
+        by_scenario.setdefault(v["scenario"], []).append(v)
+
+    async def one(name: str) -> None:
+        pending = {v["task_idx"]: v for v in by_scenario[name]
+                   if f"{name}/{v['task_idx']}" not in out and f"{name}/{v['task_idx']}" not in rejected}
+        if not pending:
+            return
+        base = _bundle(scenarios[name], dbs[name], samples[name], specs[name]["tools"], envs[name]["prelude"],
+                       {t["name"]: t["code"] for t in envs[name]["tools"]})
+        excerpt = _seed_excerpt(samples[name]["seed"])
+        errors: dict[int, list[str]] = {i: [] for i in pending}
+        for _ in range(run.attempts):
+            candidates: dict[int, _Solution] = {}
+            for i, v in pending.items():
+                try:
+                    candidates[i] = await run.llm.structured(
+                        "solution", prompts.SOLUTION,
+                        prompts.solution_user(name, specs[name]["tools"], excerpt, v["task"])
+                        + (prompts.feedback(errors[i]) if errors[i] else ""), _Solution)
+                except LLMBadOutput as exc:
+                    errors[i] = [str(exc)]
+            tasks = []
+            for i, sol in candidates.items():
+                unknown = [s.tool for s in sol.steps if s.tool not in {t.name for t in base.tools}]
+                if unknown:
+                    errors[i] = [f"unknown tools {unknown}"]
+                    continue
+                tasks.append(Task(id=f"t{i}", instruction=pending[i]["task"],
+                                  verifier=Verifier(**pending[i]["verification"]),
+                                  solution=sol.steps, final_answer=sol.final_answer))
+            if tasks:
+                bundle = base.model_copy(update={"tasks": tasks})
+                failures = await check.check_solutions_through_mcp(run.admin_dsn, bundle)
+                for task in tasks:
+                    i = int(task.id[1:])
+                    if task.id in failures:
+                        errors[i] = failures[task.id]
+                    else:
+                        sol = candidates[i]
+                        _record(run, "solution", out, rejected, f"{name}/{i}",
+                                {"scenario": name, "task_idx": i, "task": pending.pop(i)["task"],
+                                 "solution": [s.model_dump() for s in sol.steps], "final_answer": sol.final_answer},
+                                [])
+            if not pending:
+                return
+        for i, v in pending.items():
+            _record(run, "solution", out, rejected, f"{name}/{i}", None, errors[i],
+                    {"scenario": name, "task_idx": i, "task": v["task"]})
+
+    await _each(list(by_scenario), one, run, "solution")
+
+
+# -- assembling the catalog ------------------------------------------------------------------
+
+def assemble(run: Run, catalog_dir: Path) -> list[EnvBundle]:
+    """Bundles of every scenario that made it through; tasks without a verified solution are
+    dropped (and were reported by their stage)."""
+    scenarios, dbs, samples = run.load("scenario"), run.load("db"), run.load("sample")
+    specs, envs = run.load("spec"), run.load("env")
+    solutions: dict[str, list[dict[str, Any]]] = {}
+    for r in read_jsonl(run.path("solution")) if run.path("solution").exists() else []:
+        solutions.setdefault(r["scenario"], []).append(r)
+    verifiers = {f"{r['scenario']}/{r['task_idx']}": r for r in read_jsonl(run.path("verifier"))}
+    catalog_dir.mkdir(parents=True, exist_ok=True)
+    bundles = []
+    for name, env in envs.items():
+        base = _bundle(scenarios[name], dbs[name], samples[name], specs[name]["tools"], env["prelude"],
+                       {t["name"]: t["code"] for t in env["tools"]})
+        tasks = [Task(id=f"task_{s['task_idx']}", instruction=s["task"],
+                      verifier=Verifier(**verifiers[f"{name}/{s['task_idx']}"]["verification"]),
+                      solution=s["solution"], final_answer=s.get("final_answer"))
+                 for s in sorted(solutions.get(name, []), key=lambda s: s["task_idx"])]
+        if not tasks:
+            continue
+        bundle = base.model_copy(update={"tasks": tasks})
+        bundle = EnvBundle.model_validate_json(bundle.model_dump_json())  # re-validate the whole
+        (catalog_dir / f"{name}.json").write_text(bundle.model_dump_json(indent=1))
+        bundles.append(bundle)
+    return bundles
+
+
+def _bundle(scenario: dict[str, Any], db: dict[str, Any], sample: dict[str, Any], tools: list[dict[str, Any]],
+            prelude: str, code: dict[str, str]) -> EnvBundle:
+    return EnvBundle(
+        scenario={"name": scenario["name"], "description": scenario["description"]},
+        database={"ddl": db["ddl"], "seed": sample["seed"]},
+        tool_prelude=prelude,
+        tools=[Tool(name=t["name"], description=t["description"], input_schema=t["input_schema"],
+                    code=code.get(t["name"], "")) for t in tools],
+        tasks=[],
+    )
+
+
+def _seed_excerpt(seed: list[dict[str, Any]], rows_per_table: int = 8) -> str:
+    return "\n".join(f"{t['table']}: {json.dumps(t['rows'][:rows_per_table], default=str)}" for t in seed)
+
+
+def _record(run: Run, stage: str, out: StageOutput, rejected: StageOutput, item: str,
+            record: dict[str, Any] | None, errors: list[str], base: dict[str, Any] | None = None) -> None:
+    if record is not None:
+        out.append(record)
+        run.note(stage, "kept", item)
+    else:
+        rejected.append(dict(base or {"scenario": item}, errors=errors))
+        run.note(stage, "rejected", item, errors)

@@ -1,0 +1,519 @@
+"""A real Kubernetes control plane for tests, without Docker.
+
+etcd + kube-apiserver + kube-controller-manager + kube-scheduler run as host processes on
+127.0.0.1; kwok plays the kubelet for a few fake nodes (pods become Running, nothing is
+executed). Binaries come from ``k8s/build.sh`` (built from Go modules into a version-keyed
+cache outside the repo). Standard library only.
+
+    from k8s.harness import ControlPlane       # or load this file by path
+    cp = ControlPlane()
+    kubeconfig = cp.start("/tmp/cp")           # seconds, once the binaries exist
+    subprocess.run([cp.bin("kubectl"), "--kubeconfig", kubeconfig, "get", "nodes"])
+    cp.stop()                                  # kills every process, removes the workdir
+
+Manual use:  python k8s/harness.py up      (prints the kubeconfig path, Ctrl-C stops)
+
+See docs/k8s-harness.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kwok", "helm")
+SERVICE_CIDR = "10.96.0.0/16"
+POD_CIDR = "10.244.0.0/16"
+
+
+class ControlPlaneError(RuntimeError):
+    pass
+
+
+# --------------------------------------------------------------------------- binaries
+
+
+def read_versions(path: Path = HERE / "versions.env") -> dict[str, str]:
+    out = {}
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#") and "=" in line:
+            k, v = line.split("=", 1)
+            out[k.strip()] = v.strip().strip('"').strip("'")
+    return out
+
+
+def default_bin_dir() -> Path:
+    """The bin dir k8s/build.sh writes to ($AWM_K8S_BIN overrides). Same key as build.sh."""
+    if os.environ.get("AWM_K8S_BIN"):
+        return Path(os.environ["AWM_K8S_BIN"])
+    v = read_versions()
+    key = (
+        f"k8s-{v['K8S_VERSION']}_etcd-{v['ETCD_VERSION']}"
+        f"_kwok-{v['KWOK_VERSION']}_helm-{v['HELM_VERSION']}"
+    )
+    root = Path(os.environ.get("AWM_K8S_CACHE") or Path.home() / ".cache/awm/k8s")
+    return root / key / "bin"
+
+
+def binaries_present(bin_dir: Path | None = None) -> bool:
+    d = Path(bin_dir) if bin_dir else default_bin_dir()
+    return all(os.access(d / b, os.X_OK) for b in BINARIES)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# --------------------------------------------------------------------------- PKI
+
+
+def _run(cmd: list[str], cwd: Path) -> None:
+    r = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise ControlPlaneError(f"{' '.join(cmd)} failed: {r.stderr.strip()}")
+
+
+SERVER_SANS = [
+    "IP:127.0.0.1", "DNS:localhost", "IP:10.96.0.1", "DNS:kubernetes", "DNS:kubernetes.default",
+    "DNS:kubernetes.default.svc", "DNS:kubernetes.default.svc.cluster.local",
+]
+
+
+def make_pki_openssl(d: Path) -> None:
+    """CA, apiserver serving cert, admin client cert (system:masters), SA key pair. ECDSA P-256:
+    key generation is ~100x faster than RSA, and every component accepts it."""
+    ossl = shutil.which("openssl")
+    days = "3650"
+
+    def key(name: str) -> None:
+        _run([ossl, "genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256",
+              "-out", f"{name}.key"], d)
+
+    key("ca")
+    _run([ossl, "req", "-x509", "-new", "-key", "ca.key", "-days", days, "-subj", "/CN=awm-harness-ca",
+          "-addext", "basicConstraints=critical,CA:TRUE",
+          "-addext", "keyUsage=critical,keyCertSign,cRLSign,digitalSignature", "-out", "ca.crt"], d)
+
+    def leaf(name: str, subj: str, ext: str) -> None:
+        key(name)
+        _run([ossl, "req", "-new", "-key", f"{name}.key", "-subj", subj, "-out", f"{name}.csr"], d)
+        (d / f"{name}.ext").write_text(ext)
+        _run([ossl, "x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+              "-set_serial", str(int.from_bytes(os.urandom(8), "big")), "-days", days,
+              "-extfile", f"{name}.ext", "-out", f"{name}.crt"], d)
+
+    leaf("apiserver", "/CN=kube-apiserver",
+         f"subjectAltName={','.join(SERVER_SANS)}\nextendedKeyUsage=serverAuth\n"
+         "keyUsage=critical,digitalSignature\n")
+    leaf("admin", "/O=system:masters/CN=awm-harness-admin",
+         "extendedKeyUsage=clientAuth\nkeyUsage=critical,digitalSignature\n")
+    key("sa")
+    _run([ossl, "pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub"], d)
+
+
+def make_pki_cryptography(d: Path) -> None:
+    """Same files as make_pki_openssl, with the `cryptography` package (no openssl CLI)."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+
+    def key(name: str):
+        k = ec.generate_private_key(ec.SECP256R1())
+        (d / f"{name}.key").write_bytes(k.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+        return k
+
+    def name(cn: str, o: str | None = None) -> x509.Name:
+        attrs = ([x509.NameAttribute(NameOID.ORGANIZATION_NAME, o)] if o else [])
+        return x509.Name(attrs + [x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+    def builder(subject, issuer, pub):
+        return (x509.CertificateBuilder().subject_name(subject).issuer_name(issuer).public_key(pub)
+                .serial_number(x509.random_serial_number())
+                .not_valid_before(now - datetime.timedelta(minutes=5))
+                .not_valid_after(now + datetime.timedelta(days=3650)))
+
+    ca_key = key("ca")
+    ca_name = name("awm-harness-ca")
+    ca = (builder(ca_name, ca_name, ca_key.public_key())
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+          .add_extension(x509.KeyUsage(True, False, False, False, False, True, True, False, False), critical=True)
+          .sign(ca_key, hashes.SHA256()))
+    (d / "ca.crt").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    leaf_usage = x509.KeyUsage(True, False, False, False, False, False, False, False, False)
+
+    srv_key = key("apiserver")
+    sans = []
+    for s in SERVER_SANS:
+        kind, val = s.split(":", 1)
+        sans.append(x509.IPAddress(ipaddress.ip_address(val)) if kind == "IP" else x509.DNSName(val))
+    srv = (builder(name("kube-apiserver"), ca_name, srv_key.public_key())
+           .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+           .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+           .add_extension(leaf_usage, critical=True)
+           .sign(ca_key, hashes.SHA256()))
+    (d / "apiserver.crt").write_bytes(srv.public_bytes(serialization.Encoding.PEM))
+
+    adm_key = key("admin")
+    adm = (builder(name("awm-harness-admin", "system:masters"), ca_name, adm_key.public_key())
+           .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+           .add_extension(leaf_usage, critical=True)
+           .sign(ca_key, hashes.SHA256()))
+    (d / "admin.crt").write_bytes(adm.public_bytes(serialization.Encoding.PEM))
+
+    sa_key = key("sa")
+    (d / "sa.pub").write_bytes(sa_key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+
+
+def make_pki(d: Path) -> None:
+    d.mkdir(parents=True, exist_ok=True)
+    if shutil.which("openssl"):
+        make_pki_openssl(d)
+    else:
+        make_pki_cryptography(d)
+
+
+def write_kubeconfig(path: Path, server: str, pki: Path) -> None:
+    def b64(name: str) -> str:
+        return base64.b64encode((pki / name).read_bytes()).decode()
+
+    # JSON is valid YAML; embedded data keeps the file usable from any working directory.
+    cfg = {
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [{"name": "awm-harness", "cluster": {
+            "server": server, "certificate-authority-data": b64("ca.crt")}}],
+        "users": [{"name": "awm-harness-admin", "user": {
+            "client-certificate-data": b64("admin.crt"), "client-key-data": b64("admin.key")}}],
+        "contexts": [{"name": "awm-harness", "context": {
+            "cluster": "awm-harness", "user": "awm-harness-admin"}}],
+        "current-context": "awm-harness",
+    }
+    path.write_text(json.dumps(cfg, indent=1))
+    path.chmod(0o600)
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def _pdeathsig() -> None:  # runs in the child: die with the parent (Linux), no orphans
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+
+
+class ControlPlane:
+    """etcd + kube-apiserver + kube-controller-manager + kube-scheduler + kwok on 127.0.0.1.
+
+    nodes: fake kwok nodes named kwok-node-0..N-1, each with node_cpu/node_memory/node_pods
+    capacity (the defaults fit 1,024 small pods on 4 nodes). fast_clients raises the client QPS
+    of kcm/scheduler/kwok so bulk pod creation is not throttled at the default 20-50 QPS.
+    """
+
+    def __init__(self, bin_dir: str | os.PathLike | None = None, *, nodes: int = 4,
+                 node_cpu: str = "256", node_memory: str = "1Ti", node_pods: int = 512,
+                 fast_clients: bool = True, verbosity: int = 1,
+                 extra_apiserver_args: tuple[str, ...] = (), timeout: float = 90.0):
+        self.bin_dir = Path(bin_dir) if bin_dir else default_bin_dir()
+        self.nodes, self.node_cpu, self.node_memory, self.node_pods = nodes, node_cpu, node_memory, node_pods
+        self.fast_clients, self.verbosity = fast_clients, verbosity
+        self.extra_apiserver_args = tuple(extra_apiserver_args)
+        self.timeout = timeout
+        self.workdir: Path | None = None
+        self.kubeconfig: str | None = None
+        self.server: str | None = None
+        self.ports: dict[str, int] = {}
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.timings: dict[str, float] = {}
+        self._ssl: ssl.SSLContext | None = None
+
+    # ---- public helpers
+    def bin(self, name: str) -> str:
+        return str(self.bin_dir / name)
+
+    def env(self) -> dict[str, str]:
+        """os.environ with KUBECONFIG set and the bin dir first on PATH (kubectl, helm)."""
+        e = dict(os.environ)
+        e["KUBECONFIG"] = self.kubeconfig or ""
+        e["PATH"] = f"{self.bin_dir}{os.pathsep}{e.get('PATH', '')}"
+        return e
+
+    def kubectl(self, *args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
+        return subprocess.run([self.bin("kubectl"), "--kubeconfig", self.kubeconfig, *args],
+                              capture_output=True, text=True, check=check, input=input)
+
+    def api(self, method: str, path: str, body: dict | None = None, timeout: float = 10.0) -> dict:
+        """Minimal authenticated JSON call to the apiserver as the admin user."""
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.server + path, data=data, method=method,
+                                     headers={"Content-Type": "application/json", "Accept": "application/json"})
+        with urllib.request.urlopen(req, context=self._ssl, timeout=timeout) as r:
+            return json.loads(r.read() or b"{}")
+
+    def __enter__(self) -> "ControlPlane":
+        if self.kubeconfig is None:
+            self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # ---- lifecycle
+    def start(self, workdir: str | os.PathLike | None = None) -> str:
+        """Start everything; return the admin kubeconfig path. Raises ControlPlaneError (after
+        stopping what was started) if anything fails or times out."""
+        if self.procs:
+            raise ControlPlaneError("already started")
+        missing = [b for b in BINARIES if not os.access(self.bin_dir / b, os.X_OK)]
+        if missing:
+            raise ControlPlaneError(
+                f"missing binaries in {self.bin_dir}: {', '.join(missing)}; run k8s/build.sh")
+        self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="awm-k8s-"))
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        t0 = time.monotonic()
+        try:
+            self._start(t0)
+        except BaseException:
+            logs = self._log_tails()
+            self.stop(remove_workdir=False)
+            if isinstance(logs, str) and logs:
+                raise ControlPlaneError(f"control plane failed to start (workdir {self.workdir}):\n{logs}")
+            raise
+        self.timings["total"] = time.monotonic() - t0
+        return self.kubeconfig
+
+    def _start(self, t0: float) -> None:
+        w = self.workdir
+        pki, logs = w / "pki", w / "logs"
+        logs.mkdir(exist_ok=True)
+        make_pki(pki)
+        self.timings["pki"] = time.monotonic() - t0
+        for name in ("etcd", "etcd_peer", "apiserver", "kcm", "scheduler", "kwok"):
+            self.ports[name] = free_port()
+        p = self.ports
+        self.server = f"https://127.0.0.1:{p['apiserver']}"
+        self.kubeconfig = str(w / "kubeconfig")
+        write_kubeconfig(Path(self.kubeconfig), self.server, pki)
+        self._ssl = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+        self._ssl.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
+        v = f"--v={self.verbosity}"
+
+        etcd_url = f"http://127.0.0.1:{p['etcd']}"
+        peer_url = f"http://127.0.0.1:{p['etcd_peer']}"
+        self._spawn("etcd", [
+            "--name=harness", f"--data-dir={w / 'etcd'}",
+            f"--listen-client-urls={etcd_url}", f"--advertise-client-urls={etcd_url}",
+            f"--listen-peer-urls={peer_url}", f"--initial-advertise-peer-urls={peer_url}",
+            f"--initial-cluster=harness={peer_url}",
+            "--unsafe-no-fsync=true", f"--quota-backend-bytes={2 << 30}",
+            "--auto-compaction-retention=1", "--log-level=warn"])
+        self._wait("etcd", lambda: self._http_ok(f"{etcd_url}/health"))
+        self.timings["etcd"] = time.monotonic() - t0
+
+        self._spawn("kube-apiserver", [
+            f"--etcd-servers={etcd_url}",
+            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={p['apiserver']}",
+            f"--tls-cert-file={pki / 'apiserver.crt'}", f"--tls-private-key-file={pki / 'apiserver.key'}",
+            f"--client-ca-file={pki / 'ca.crt'}",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={pki / 'sa.pub'}",
+            f"--service-account-signing-key-file={pki / 'sa.key'}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--authorization-mode=Node,RBAC", "--allow-privileged=true", "--profiling=false", v,
+            *self.extra_apiserver_args])
+        self._wait("kube-apiserver", lambda: self._http_ok(f"{self.server}/readyz"))
+        self.timings["apiserver"] = time.monotonic() - t0
+
+        kc = f"--kubeconfig={self.kubeconfig}"
+        common = [kc, f"--authentication-kubeconfig={self.kubeconfig}",
+                  f"--authorization-kubeconfig={self.kubeconfig}", "--bind-address=127.0.0.1",
+                  "--leader-elect=false", "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics", v]
+        qps = ["--kube-api-qps=500", "--kube-api-burst=1000"] if self.fast_clients else []
+        self._spawn("kube-controller-manager", [
+            *common, f"--secure-port={p['kcm']}",
+            f"--service-account-private-key-file={pki / 'sa.key'}", f"--root-ca-file={pki / 'ca.crt'}",
+            f"--cluster-signing-cert-file={pki / 'ca.crt'}", f"--cluster-signing-key-file={pki / 'ca.key'}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            *qps])
+        self._spawn("kube-scheduler", [*common, f"--secure-port={p['scheduler']}", *qps])
+        self._spawn("kwok", [
+            kc, "--manage-all-nodes=true", f"--cidr={POD_CIDR}", "--node-ip=10.244.0.1",
+            "--node-lease-duration-seconds=40", f"--server-address=127.0.0.1:{p['kwok']}",
+            *(["--kube-api-qps=500", "--kube-api-burst=1000"] if self.fast_clients else []), v])
+
+        for i in range(self.nodes):
+            self.api("POST", "/api/v1/nodes", self._node(i))
+        self._wait("fake nodes Ready", self._nodes_ready)
+        self.timings["nodes_ready"] = time.monotonic() - t0
+        # Pods are rejected until kcm has made the namespace's default ServiceAccount.
+        self._wait("default ServiceAccount", lambda: self._exists("/api/v1/namespaces/default/serviceaccounts/default"))
+        self.timings["default_sa"] = time.monotonic() - t0
+
+    def _node(self, i: int) -> dict:
+        cap = {"cpu": self.node_cpu, "memory": self.node_memory, "pods": str(self.node_pods)}
+        name = f"kwok-node-{i}"
+        return {
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {
+                "name": name,
+                "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
+                "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
+                           "kubernetes.io/arch": "amd64", "type": "kwok"},
+            },
+            "spec": {"podCIDR": f"10.244.{4 * i}.0/22", "podCIDRs": [f"10.244.{4 * i}.0/22"]},
+            "status": {"allocatable": cap, "capacity": cap},
+        }
+
+    def stop(self, remove_workdir: bool = True) -> None:
+        """Stop every process (reverse start order: SIGTERM, then SIGKILL after 10 s) and remove
+        the workdir. Safe to call twice."""
+        for name in reversed(list(self.procs)):
+            proc = self.procs[name]
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + 10
+        for name, proc in self.procs.items():
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.wait()
+        for f in getattr(self, "_logfiles", []):
+            f.close()
+        self.procs.clear()
+        self._logfiles = []
+        if remove_workdir and self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            self.workdir = None
+
+    # ---- internals
+    def _spawn(self, name: str, args: list[str]) -> None:
+        log = open(self.workdir / "logs" / f"{name}.log", "wb")
+        if not hasattr(self, "_logfiles"):
+            self._logfiles = []
+        self._logfiles.append(log)
+        main_thread = threading.current_thread() is threading.main_thread()
+        # PDEATHSIG fires when the *thread* that forked exits, so only use it from the main thread.
+        self.procs[name] = subprocess.Popen(
+            [self.bin(name), *args], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            cwd=self.workdir, start_new_session=True, preexec_fn=_pdeathsig if main_thread else None)
+
+    def _check_alive(self) -> None:
+        for name, proc in self.procs.items():
+            if proc.poll() is not None:
+                raise ControlPlaneError(f"{name} exited with code {proc.returncode}")
+
+    def _wait(self, what: str, ok, interval: float = 0.1) -> None:
+        deadline = time.monotonic() + self.timeout
+        while time.monotonic() < deadline:
+            self._check_alive()
+            try:
+                if ok():
+                    return
+            except (OSError, urllib.error.URLError, ssl.SSLError, ValueError, KeyError):
+                pass
+            time.sleep(interval)
+        raise ControlPlaneError(f"timed out after {self.timeout:.0f}s waiting for {what}")
+
+    def _http_ok(self, url: str) -> bool:
+        try:
+            with urllib.request.urlopen(url, context=self._ssl if url.startswith("https") else None,
+                                        timeout=2) as r:
+                return r.status == 200
+        except urllib.error.HTTPError:
+            return False
+
+    def _exists(self, path: str) -> bool:
+        try:
+            self.api("GET", path)
+            return True
+        except urllib.error.HTTPError as e:
+            if e.code == 404:
+                return False
+            raise
+
+    def _nodes_ready(self) -> bool:
+        items = self.api("GET", "/api/v1/nodes")["items"]
+        ready = [n for n in items if any(c["type"] == "Ready" and c["status"] == "True"
+                                         for c in n.get("status", {}).get("conditions", []))]
+        return len(ready) >= self.nodes
+
+    def _log_tails(self, lines: int = 15) -> str:
+        if self.workdir is None or not (self.workdir / "logs").is_dir():
+            return ""
+        out = []
+        for f in sorted((self.workdir / "logs").glob("*.log")):
+            tail = f.read_text(errors="replace").splitlines()[-lines:]
+            out.append(f"--- {f.name} (last {len(tail)} lines)\n" + "\n".join(tail))
+        return "\n".join(out)
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="harness.py", description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    up = sub.add_parser("up", help="start a control plane, print the kubeconfig path, wait for Ctrl-C")
+    up.add_argument("--workdir", help="default: a new temp dir (removed on exit)")
+    up.add_argument("--nodes", type=int, default=4)
+    up.add_argument("--bin-dir", help="default: the dir k8s/build.sh builds into")
+    sub.add_parser("bin-dir", help="print the bin dir the harness uses")
+    a = ap.parse_args(argv)
+    if a.cmd == "bin-dir":
+        print(default_bin_dir())
+        return 0
+    cp = ControlPlane(a.bin_dir, nodes=a.nodes)
+    stop = threading.Event()
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, lambda *_: stop.set())
+    try:
+        kubeconfig = cp.start(a.workdir)
+        print(kubeconfig, flush=True)
+        print(f"# up in {cp.timings['total']:.1f}s; workdir {cp.workdir}\n"
+              f"# export KUBECONFIG={kubeconfig} PATH={cp.bin_dir}:$PATH\n# Ctrl-C to stop",
+              file=sys.stderr, flush=True)
+        while not stop.wait(1):
+            for name, proc in cp.procs.items():
+                if proc.poll() is not None:
+                    print(f"# {name} exited with {proc.returncode}; stopping", file=sys.stderr)
+                    stop.set()
+    finally:
+        cp.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,180 @@
+"""The synthesis pipeline against a scripted OpenAI-compatible endpoint: every repair path,
+every error path, resume, dedup, and `gen all` ending in a catalog that is served and replayed."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from awm.demo import run_catalog
+from awm.fleet import Database
+from awm.synth import stages
+from awm.synth.embed import HashingEmbedder, dedup
+from awm.synth.llm import LLMBadOutput, LLMClient, LLMSettings, LLMUnavailable, extract_json
+from awm.synth.pipeline import run_stages
+from awm.synth.store import StageOutput, read_jsonl
+from tests.llm_server import Reply, ScriptedLLM
+from tests.synth_script import Script
+
+
+def _llm(url: str) -> LLMClient:
+    settings = LLMSettings.from_env(url, "test-key", "scripted-model", 4)
+    settings.retries = 3
+    return LLMClient(settings)
+
+
+# -- LLM client ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text, value", [
+    ('{"a": 1}', {"a": 1}),
+    ('```json\n{"a": 1}\n```', {"a": 1}),
+    ('Sure! Here it is:\n{"a": {"b": [1, 2]}}\nHope that helps.', {"a": {"b": [1, 2]}}),
+])
+def test_extract_json_repairs_unambiguous_wrapping(text, value):
+    assert extract_json(text) == value
+
+
+def test_extract_json_refuses_garbage():
+    with pytest.raises(ValueError, match="not valid JSON"):
+        extract_json('{"a": ')
+
+
+async def test_retry_after_429_and_5xx_then_success():
+    replies = iter([Reply(status=429, headers={"retry-after": "0"}), Reply(status=503), Reply.json({"tasks": ["x"]})])
+    with ScriptedLLM(lambda stage, body, i: next(replies)) as server:
+        llm = _llm(server.base_url)
+        out = await llm.structured("task", "[awm-stage: task]", "go", stages._Tasks)
+        await llm.close()
+    assert out.tasks == ["x"] and llm.usage["task"].retries == 2 and llm.usage["task"].calls == 1
+
+
+async def test_malformed_json_is_retried_with_the_error_never_dropped():
+    replies = iter([Reply('{"tasks": ['), Reply.json({"wrong": 1}), Reply.json({"tasks": ["ok"]})])
+    with ScriptedLLM(lambda stage, body, i: next(replies)) as server:
+        llm = _llm(server.base_url)
+        out = await llm.structured("task", "[awm-stage: task]", "go", stages._Tasks)
+        second_prompt = server.requests[1][1]["messages"][-1]["content"]
+        await llm.close()
+    assert out.tasks == ["ok"] and llm.usage["task"].repairs == 2
+    assert "could not be used" in second_prompt and "not valid JSON" in second_prompt
+
+
+async def test_persistently_bad_output_is_an_error_not_an_empty_result():
+    with ScriptedLLM(lambda stage, body, i: Reply("no json here")) as server:
+        llm = _llm(server.base_url)
+        with pytest.raises(LLMBadOutput, match="no valid _Tasks after 3 attempts"):
+            await llm.structured("task", "[awm-stage: task]", "go", stages._Tasks)
+        await llm.close()
+
+
+async def test_unreachable_and_refusing_endpoints_are_clear_errors():
+    llm = _llm("http://127.0.0.1:9/v1")
+    with pytest.raises(LLMUnavailable, match="cannot reach"):
+        await llm.complete("task", [{"role": "user", "content": "hi"}])
+    await llm.close()
+    with ScriptedLLM(lambda stage, body, i: Reply(status=401)) as server:
+        llm = _llm(server.base_url)
+        with pytest.raises(LLMUnavailable, match="refused the request: HTTP 401"):
+            await llm.complete("task", [{"role": "user", "content": "hi"}])
+        await llm.close()
+
+
+def test_cli_exits_non_zero_when_the_endpoint_is_unreachable(tmp_path, pg):
+    (tmp_path / "gen_scenario.jsonl").write_text(json.dumps({"name": "x", "description": "y"}) + "\n")
+    env = dict(os.environ, AWM_HOME=str(pg.root.parent), AWM_LLM_BASE_URL="http://127.0.0.1:9/v1")
+    result = subprocess.run([sys.executable, "-m", "awm.cli", "gen", "task", "--dir", str(tmp_path)],
+                            capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 3
+    assert "unavailable" in result.stderr and "cannot reach" in result.stderr
+    assert not (tmp_path / "gen_tasks.jsonl").exists()
+
+
+# -- store and dedup -----------------------------------------------------------------------
+
+def test_stage_output_resumes_without_duplicates(tmp_path):
+    path = tmp_path / "gen_tasks.jsonl"
+    out = StageOutput(path, lambda r: r["scenario"])
+    out.append({"scenario": "a", "tasks": [1]})
+    out.append({"scenario": "a", "tasks": [2]})  # same key: ignored
+    with open(path, "a") as handle:
+        handle.write('{"scenario": "b", "tas')  # a write torn by a crash
+    again = StageOutput(path, lambda r: r["scenario"])
+    assert list(again.done) == ["a"] and "b" not in again
+    again.append({"scenario": "b", "tasks": [3]})
+    assert [r["scenario"] for r in read_jsonl(path)] == ["a", "b"]
+    with pytest.raises(ValueError, match="never overwrites its input"):
+        StageOutput(path, lambda r: r["scenario"], inputs=[path])
+
+
+async def test_dedup_rejects_near_duplicates_and_full_categories():
+    emb = HashingEmbedder()
+    pool = await emb.embed(["online_bookshop: an online shop selling books and e-books"])
+    candidates = [
+        {"name": "online_book_shop", "description": "an online shop selling books and ebooks", "category": "shop"},
+        {"name": "vet_clinic", "description": "a veterinary clinic booking pets' appointments", "category": "health"},
+        {"name": "dentist", "description": "a dental practice with patient appointments", "category": "health"},
+    ]
+    vectors = await emb.embed([f"{c['name']}: {c['description']}" for c in candidates])
+    accepted, reasons = dedup(candidates, vectors, pool, 0.85, max_per_category=1, counts={})
+    assert [c["name"] for c, _ in accepted] == ["vet_clinic"]
+    assert "too similar" in reasons["online_book_shop"] and "is full" in reasons["dentist"]
+
+
+# -- the whole pipeline ------------------------------------------------------------------------
+
+@pytest.mark.slow
+async def test_gen_all_repairs_every_failure_and_serves_the_result(tmp_path, admin_dsn, monkeypatch):
+    script = Script(faults=True)
+    with ScriptedLLM(script) as server:
+        llm = _llm(server.base_url)
+        run = stages.Run(tmp_path, llm, admin_dsn, attempts=3, num_tasks=2)
+        seeds = tmp_path / "seeds.jsonl"
+        seeds.write_text("")
+        summary = await run_stages(run, stages.STAGES, seeds=seeds, target=2, embedder=HashingEmbedder())
+        calls_before_resume = sum(server.counts.values())
+        # A second run resumes: nothing left to do, no request, no duplicate line.
+        again = stages.Run(tmp_path, llm, admin_dsn, attempts=3, num_tasks=2)
+        await run_stages(again, stages.STAGES, seeds=seeds, target=2, embedder=HashingEmbedder())
+        assert sum(server.counts.values()) == calls_before_resume
+        await llm.close()
+
+    for fault in ("scenario::fault", "db:library:fault", "sample:library:fault", "env:todo:fault",
+                  "verifier:library:fault", "solution:todo:fault"):
+        assert fault in script.served, fault
+    assert summary["stages"]["verifier"]["kept"] == 4 and summary["stages"]["solution"]["kept"] == 4
+    assert summary["tokens"]["task"]["retries"] >= 1 and summary["tokens"]["scenario"]["repairs"] >= 1
+    assert summary["total_tokens"] > 0
+    assert len(read_jsonl(tmp_path / "gen_verifier.jsonl")) == 4  # resume wrote nothing twice
+    assert json.loads((tmp_path / "report.json").read_text())["environments"]
+
+    # The catalog loads and serves as is: every task passes both gates through MCP.
+    monkeypatch.setattr(Database, "open", classmethod(lambda cls, url=None: Database(admin_dsn)))
+    from awm import catalog
+    bundles = catalog.load(tmp_path / "catalog")
+    assert sorted(b.name for b in bundles) == ["library", "todo"]
+    results, totals = await run_catalog(bundles, negative_gate=True, show_progress=False)
+    assert totals["passed"] == totals["tasks"] == 4
+    assert all(r.negatives_passed == r.tasks for r in results)
+
+
+async def test_items_that_never_validate_are_rejected_with_reasons(tmp_path, admin_dsn):
+    def always_broken_ddl(stage, body, index):
+        if stage == "db":
+            return Reply.json({"ddl": "CREATE TABLE broken (id BIGSERIAL PRIMARY KEY, x INT REFERENCES nowhere(id));"})
+        raise AssertionError(stage)
+
+    (tmp_path / "gen_scenario.jsonl").write_text(json.dumps({"name": "library", "description": "d"}) + "\n")
+    (tmp_path / "gen_tasks.jsonl").write_text(json.dumps({"scenario": "library", "tasks": ["a", "b"]}) + "\n")
+    with ScriptedLLM(always_broken_ddl) as server:
+        llm = _llm(server.base_url)
+        run = stages.Run(tmp_path, llm, admin_dsn, attempts=2, num_tasks=2)
+        await stages.stage_db(run)
+        await llm.close()
+        assert server.counts["db"] == 2
+    assert not (tmp_path / "gen_db.jsonl").exists()
+    rejected = read_jsonl(tmp_path / "gen_db.rejected.jsonl")
+    assert rejected[0]["scenario"] == "library" and 'relation "nowhere" does not exist' in rejected[0]["errors"][0]
+    assert run.report["db"]["rejected"] == 1
