@@ -47,3 +47,36 @@ def test_demo_json_on_a_fixture_catalog(home, tmp_path):
 def test_env_check_against_a_dead_url_is_a_clear_error(home):
     result = awm("env", "check", "http://127.0.0.1:9/mcp", "--timeout", "2", home=home)
     assert result.returncode == 1 and "error" in result.stderr.lower()
+
+
+def test_serve_prints_urls_serves_and_cleans_up(home, admin_dsn):
+    import signal
+
+    from awm.postgres import provision
+
+    env = dict(os.environ, AWM_HOME=str(home))
+    env.pop("AWM_DATABASE_URL", None)
+    proc = subprocess.Popen([sys.executable, "-m", "awm.cli", "serve", "--json", "-n", "2",
+                             "--catalog", str(FIXTURES / "notes")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+    try:
+        lines = [json.loads(proc.stdout.readline()) for _ in range(2)]
+        assert {line["env"] for line in lines} == {"notes"} and len({line["mcp_url"] for line in lines}) == 2
+        check = awm("env", "check", lines[0]["mcp_url"], home=home)
+        assert check.returncode == 0 and "add_note" in check.stdout and "9 tools" in check.stdout
+        assert {line["instance"] for line in lines} <= set(provision.list_instances(admin_dsn))
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(60)
+    assert proc.returncode == 0, proc.stderr.read()
+    assert not {line["instance"] for line in lines} & set(provision.list_instances(admin_dsn))
+
+
+def test_external_database_url_is_used_instead_of_the_embedded_server(admin_dsn, tmp_path):
+    """With AWM_DATABASE_URL set, nothing is started under AWM_HOME."""
+    empty_home = tmp_path / "home"
+    env = dict(os.environ, AWM_HOME=str(empty_home), AWM_DATABASE_URL=admin_dsn)
+    result = subprocess.run([sys.executable, "-m", "awm.cli", "demo", "--json", "--catalog", str(FIXTURES / "notes")],
+                            capture_output=True, text=True, env=env, timeout=300)
+    assert json.loads(result.stdout)["totals"]["passed"] == 3
+    assert not (empty_home / "postgres").exists()
