@@ -15,6 +15,15 @@ Code contracts (all code in a bundle is untrusted and runs sandboxed):
   views (``query/one/scalar``) of the database after the episode and of the snapshot; ``answer``
   is the agent's final message or ``None``. Returns ``bool``, ``(bool, reason)`` or
   ``{"complete": bool, "reason": str}``.
+
+Imported environments (``awm catalog import``, AWM-1K format) use three optional additions:
+
+* ``EnvBundle.app``: a FastAPI + SQLAlchemy application; a tool with a ``route`` is an HTTP
+  route of it (``envserver/asgi_runtime.py`` serves it in-process, inside the episode
+  transaction) instead of a Python function.
+* ``Verifier.inputs = "sqlite"``: the AWM verifier convention,
+  ``<entrypoint>(initial_db_path, final_db_path, final_answer)``, given read-only SQLite files of
+  the snapshot and of the final state, built from ``Database.sqlite_ddl``.
 """
 
 from __future__ import annotations
@@ -55,6 +64,24 @@ class Database(_Model):
 
     ddl: str = Field(min_length=1, description="PostgreSQL DDL, executed as one script.")
     seed: list[SeedTable] = Field(default_factory=list)
+    sqlite_ddl: str | None = Field(
+        default=None, description="SQLite DDL of the same tables, for verifiers that read SQLite files.")
+
+
+class Route(_Model):
+    """Where a tool lives in the bundle's app: one HTTP route, and where each argument goes."""
+
+    method: Literal["GET", "POST", "PUT", "PATCH", "DELETE"]
+    path: str = Field(pattern=r"^/", description="Path template, e.g. /api/books/{book_id}.")
+    params: dict[str, Literal["path", "query", "body"]] = Field(
+        default_factory=dict, description="Argument name -> where it is sent.")
+
+
+class App(_Model):
+    """An HTTP application whose routes are tools (AWM-1K environments)."""
+
+    kind: Literal["fastapi"] = "fastapi"
+    code: str = Field(min_length=1, description="Python source of one FastAPI + SQLAlchemy module.")
 
 
 class Tool(_Model):
@@ -63,7 +90,9 @@ class Tool(_Model):
     name: Identifier
     description: str = Field(min_length=1)
     input_schema: dict[str, Any] = Field(description="JSON Schema (type object) of the arguments.")
-    code: str = Field(description="Python source defining `def <name>(db, **arguments)`.")
+    code: str = Field(default="", description="Python source defining `def <name>(db, **arguments)`.")
+    route: Route | None = Field(default=None, description="Set for a route of the bundle's app; then "
+                                                          "`code` is unused.")
 
     @field_validator("input_schema")
     @classmethod
@@ -83,6 +112,9 @@ class ToolCall(_Model):
 class Verifier(_Model):
     code: str = Field(description="Python source defining the entrypoint function.")
     entrypoint: str = "verify"
+    inputs: Literal["db", "sqlite"] = Field(
+        default="db", description="'db': entrypoint(final, initial, answer) with query views; "
+                                  "'sqlite': entrypoint(initial_db_path, final_db_path, final_answer).")
 
 
 class Task(_Model):
@@ -111,6 +143,7 @@ class EnvBundle(_Model):
     database: Database
     tool_prelude: str = Field(default="", description="Shared imports and helpers for tool code.")
     tools: list[Tool] = Field(min_length=1)
+    app: App | None = Field(default=None, description="Application serving the tools that have a route.")
     verifier_prelude: str = Field(default="", description="Shared imports and helpers for verifiers.")
     tasks: list[Task] = Field(default_factory=list)
     limits: Limits = Field(default_factory=Limits)
@@ -127,6 +160,13 @@ class EnvBundle(_Model):
         for name in tool_names:
             if keyword.iskeyword(name):
                 raise ValueError(f"tool name {name!r} is a Python keyword")
+        for tool in self.tools:
+            if tool.route is None and not tool.code:
+                raise ValueError(f"tool {tool.name!r} has neither code nor a route")
+            if tool.route is not None and self.app is None:
+                raise ValueError(f"tool {tool.name!r} has a route but the bundle has no app")
+        if self.database.sqlite_ddl is None and any(t.verifier.inputs == "sqlite" for t in self.tasks):
+            raise ValueError("verifiers with inputs 'sqlite' need database.sqlite_ddl")
         known = set(tool_names)
         for task in self.tasks:
             for step in task.solution:
@@ -152,7 +192,9 @@ class EnvBundle(_Model):
 
     def database_hash(self) -> str:
         """Content hash of the snapshot: names the template database, so a changed seed reloads."""
-        payload = json.dumps(self.database.model_dump(mode="json"), sort_keys=True, default=str)
+        # sqlite_ddl does not shape the Postgres template, so it does not name it either.
+        payload = json.dumps(self.database.model_dump(mode="json", exclude={"sqlite_ddl"}), sort_keys=True,
+                             default=str)
         return hashlib.sha256(payload.encode()).hexdigest()
 
 

@@ -139,6 +139,9 @@ class EnvInstance:
                 result = await self._db(lambda: self.db.reset(verify=verify))
             except DatabaseLost as exc:
                 raise ControlError(503, f"database unavailable: {exc}") from exc
+            except Exception as exc:  # noqa: BLE001 - e.g. NotPristine: never serve a wrong state
+                self._wedge(f"reset failed: {exc}")
+                raise ControlError(500, f"reset failed, instance is being replaced: {exc}") from exc
             if not was_connected:
                 self.metrics.db_reconnects.inc()
             self.metrics.resets.labels(result.strategy).observe(result.ms / 1000)

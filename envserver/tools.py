@@ -40,22 +40,35 @@ class ToolRuntime:
         exec(compile(bundle.tool_prelude or "", f"<{bundle.name} tool prelude>", "exec"), namespace)
         self._functions: dict[str, Callable[..., Any]] = {}
         self._validators: dict[str, jsonschema.protocols.Validator] = {}
+        self._routes = {t.name: t.route for t in bundle.tools if t.route is not None}
+        self._app = None
+        if self._routes and bundle.app is not None:
+            # Tools that are routes of the bundle's app (imported AWM environments).
+            from envserver.asgi_runtime import AppRuntime  # imports FastAPI/SQLAlchemy only if needed
+
+            self._app = AppRuntime(bundle.app, bundle.name)
         for tool in bundle.tools:
+            if tool.route is not None:
+                self._add_validator(tool.name, tool.input_schema)
+                continue
             exec(compile(tool.code, f"<tool {tool.name}>", "exec"), namespace)
             fn = namespace.get(tool.name)
             if not callable(fn):
                 raise ValueError(f"tool {tool.name!r}: its code does not define {tool.name}()")
             self._functions[tool.name] = fn
-            cls = jsonschema.validators.validator_for(tool.input_schema)
-            cls.check_schema(tool.input_schema)
-            self._validators[tool.name] = cls(tool.input_schema)
+            self._add_validator(tool.name, tool.input_schema)
+
+    def _add_validator(self, name: str, schema: dict[str, Any]) -> None:
+        cls = jsonschema.validators.validator_for(schema)
+        cls.check_schema(schema)
+        self._validators[name] = cls(schema)
 
     @property
     def names(self) -> list[str]:
-        return list(self._functions)
+        return list(self._validators)
 
     def validate(self, name: str, arguments: Any) -> dict[str, Any]:
-        if name not in self._functions:
+        if name not in self._validators:
             raise ToolFailure("invalid_arguments", f"unknown tool {name!r}")
         if arguments is None:
             arguments = {}
@@ -70,6 +83,9 @@ class ToolRuntime:
 
     def bind(self, name: str, arguments: dict[str, Any]) -> Callable[[Db], Any]:
         """A callable for the reset engine's ``tool_call``, translating failures into classes."""
+        route = self._routes.get(name)
+        if route is not None and self._app is not None:
+            return self._app.bind(name, route, arguments)  # classifies its own failures
         fn = self._functions[name]
 
         def call(db: Db) -> Any:

@@ -364,8 +364,9 @@ class ControlPlane:
         self._spawn("kube-scheduler", [*common, f"--secure-port={p['scheduler']}", *qps])
         self._spawn("kwok", [
             kc, "--manage-all-nodes=true", f"--cidr={POD_CIDR}", "--node-ip=10.244.0.1",
-            "--node-lease-duration-seconds=40", f"--server-address=127.0.0.1:{p['kwok']}",
-            *(["--kube-api-qps=500", "--kube-api-burst=1000"] if self.fast_clients else []), v])
+            "--node-lease-duration-seconds=40", f"--server-address=127.0.0.1:{p['kwok']}"],
+            # kwok reads $KWOK_WORKDIR/kwok.yaml (default ~/.kwok) if it exists: isolate it.
+            env={"KWOK_WORKDIR": str(w / "kwok")})
 
         for i in range(self.nodes):
             self.api("POST", "/api/v1/nodes", self._node(i))
@@ -419,7 +420,7 @@ class ControlPlane:
             self.workdir = None
 
     # ---- internals
-    def _spawn(self, name: str, args: list[str]) -> None:
+    def _spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> None:
         log = open(self.workdir / "logs" / f"{name}.log", "wb")
         if not hasattr(self, "_logfiles"):
             self._logfiles = []
@@ -428,7 +429,7 @@ class ControlPlane:
         # PDEATHSIG fires when the *thread* that forked exits, so only use it from the main thread.
         self.procs[name] = subprocess.Popen(
             [self.bin(name), *args], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            cwd=self.workdir, start_new_session=True, preexec_fn=_pdeathsig if main_thread else None)
+            cwd=self.workdir, env={**os.environ, **(env or {})}, start_new_session=True, preexec_fn=_pdeathsig if main_thread else None)
 
     def _check_alive(self) -> None:
         for name, proc in self.procs.items():

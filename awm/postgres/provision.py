@@ -15,6 +15,7 @@ Only this module needs the admin DSN; env servers receive their instance DSN and
 from __future__ import annotations
 
 import json
+import logging
 import re
 import secrets
 from dataclasses import dataclass
@@ -27,6 +28,8 @@ from psycopg.types.json import Jsonb
 
 from awm.bundle import EnvBundle
 from awm.postgres import snapshot as snap
+
+log = logging.getLogger("awm.provision")
 
 TOOL_ROLE = "awm_tool"
 READER_ROLE = "awm_reader"
@@ -81,14 +84,29 @@ def ensure_group_roles(admin_dsn: str) -> None:
         # The dirty-table fallback refills tables with FK triggers off; PostgreSQL >= 15 can
         # grant just that one setting instead of superuser.
         if conn.info.server_version >= 150000:
-            conn.execute(sql.SQL("GRANT SET ON PARAMETER session_replication_role TO {}").format(
-                sql.Identifier(TOOL_ROLE)))
+            try:
+                conn.execute(sql.SQL("GRANT SET ON PARAMETER session_replication_role TO {}").format(
+                    sql.Identifier(TOOL_ROLE)))
+            except psycopg.errors.InsufficientPrivilege:
+                # A non-superuser admin cannot grant it: the fast reset path is unaffected; an
+                # instance whose state escaped its transaction then refuses to reset (and is
+                # replaced by its supervisor) instead of repairing itself in place.
+                log.warning("cannot grant SET session_replication_role to %s: the dirty-table "
+                            "fallback is unavailable on this server", TOOL_ROLE)
 
 
 def ensure_template(admin_dsn: str, bundle: EnvBundle) -> Template:
     """Load the bundle's snapshot into its template database, unless a complete one exists."""
     ensure_group_roles(admin_dsn)
     name = template_name(bundle)
+    with _admin(admin_dsn) as lock_conn:
+        # Many processes (pods' init containers, parallel fleets) may load the same template at
+        # once: one loads it, the others wait and then find it complete.
+        lock_conn.execute("SELECT pg_advisory_lock(hashtext(%s))", (name,))
+        return _ensure_template_locked(admin_dsn, bundle, name)
+
+
+def _ensure_template_locked(admin_dsn: str, bundle: EnvBundle, name: str) -> Template:
     with _admin(admin_dsn) as conn:
         row = conn.execute(
             "SELECT shobj_description(oid, 'pg_database') FROM pg_database WHERE datname = %s",

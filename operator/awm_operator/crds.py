@@ -1,0 +1,193 @@
+"""The custom resources' types: pydantic models are the single source of their schemas.
+
+``awm operator crds`` renders them as CustomResourceDefinitions (structural OpenAPI v3 schemas,
+printer columns, status and scale subresources) into ``charts/awm/crds/``; a test keeps the
+files in sync with these models.
+
+API group ``awm.dev``, version ``v1alpha1``:
+
+* ``EnvFleet`` keeps N env-server pods (one instance each) of chosen environments, a warm buffer
+  of ready-unallocated instances, and scales between min and max from demand.
+* ``EnvClaim`` binds N ready instances (optionally a GRPO group of G instances of one
+  environment) and reports their endpoints; deleting it resets them and returns them to the pool.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+GROUP = "awm.dev"
+VERSION = "v1alpha1"
+MAX_REPLICAS = 4096
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(populate_by_name=True, extra="forbid")
+
+
+class CatalogSource(_Spec):
+    """Where pods get their environment bundles: an image holding ``<path>/<env>.json`` for
+    every environment (pulled once per node, shared by all its pods), or an HTTP base URL."""
+
+    image: str | None = Field(None, description="OCI image with the catalog's bundle files.")
+    path: str = Field("/catalog", description="Directory of the bundles inside the image.")
+    url: str | None = Field(None, description="Base URL serving <env>.json (instead of an image).")
+
+
+class DatabaseRef(_Spec):
+    secret_name: str = Field(alias="secretName", description=(
+        "Secret with key `dsn`: a Postgres role with CREATEDB and CREATEROLE. Only the pods' "
+        "provisioning init container and the operator read it; the env server never sees it."))
+
+
+class PodOverrides(_Spec):
+    image: str | None = Field(None, description="Env-server image (default: the chart's).")
+    resources: dict[str, Any] | None = Field(None, description="Container resources (requests/limits).")
+    node_selector: dict[str, str] | None = Field(None, alias="nodeSelector")
+    tolerations: list[dict[str, Any]] | None = None
+    labels: dict[str, str] | None = None
+    annotations: dict[str, str] | None = None
+
+
+class EnvFleetSpec(_Spec):
+    environments: list[str] = Field(min_length=1, description="Environment names in the catalog; "
+                                    "instances are spread evenly across them.")
+    replicas: int = Field(1, ge=0, le=MAX_REPLICAS, description="Desired instances (set by the autoscaler "
+                          "when autoscaling is on).")
+    buffer: int = Field(0, ge=0, le=MAX_REPLICAS, description="Ready, unallocated instances to keep warm.")
+    min_replicas: int = Field(0, alias="minReplicas", ge=0, le=MAX_REPLICAS)
+    max_replicas: int = Field(MAX_REPLICAS, alias="maxReplicas", ge=0, le=MAX_REPLICAS)
+    autoscale: bool = Field(False, description="Replicas = allocated + pending claims + buffer, "
+                            "within [minReplicas, maxReplicas].")
+    catalog: CatalogSource
+    database: DatabaseRef
+    template: PodOverrides = Field(default_factory=PodOverrides)
+
+
+class Condition(_Spec):
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str = ""
+    message: str = ""
+    last_transition_time: str | None = Field(None, alias="lastTransitionTime")
+
+
+class EnvFleetStatus(_Spec):
+    replicas: int = 0
+    ready: int = 0
+    allocated: int = 0
+    selector: str = Field("", description="Label selector of the fleet's pods (scale subresource).")
+    conditions: list[Condition] = Field(default_factory=list)
+    observed_generation: int = Field(0, alias="observedGeneration")
+
+
+class EnvClaimSpec(_Spec):
+    fleet: str = Field(description="EnvFleet to claim from (same namespace).")
+    count: int = Field(1, ge=1, le=MAX_REPLICAS, description="Instances to bind.")
+    environment: str | None = Field(None, description="Only instances of this environment.")
+    group_size: int | None = Field(None, alias="groupSize", ge=1, le=MAX_REPLICAS, description=(
+        "GRPO: bind count/groupSize groups, each of groupSize instances of one environment."))
+
+
+class ClaimedInstance(_Spec):
+    pod: str
+    environment: str
+    group: int = 0
+    mcp_url: str = Field(alias="mcpUrl")
+    control_url: str = Field(alias="controlUrl")
+
+
+class EnvClaimStatus(_Spec):
+    phase: Literal["Pending", "Bound", "Failed"] = "Pending"
+    message: str = ""
+    instances: list[ClaimedInstance] = Field(default_factory=list)
+    bound_at: str | None = Field(None, alias="boundAt")
+    latency_ms: float | None = Field(None, alias="latencyMs", description="Creation to Bound.")
+
+
+def _structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+    """Turn a pydantic JSON Schema into a Kubernetes structural schema: refs inlined, nullable
+    instead of anyOf-null, no titles, free-form objects marked as such."""
+    if "$ref" in schema:
+        target = defs[schema["$ref"].split("/")[-1]]
+        merged = {**target, **{k: v for k, v in schema.items() if k != "$ref"}}
+        return _structural(merged, defs)
+    out: dict[str, Any] = {}
+    any_of = schema.get("anyOf")
+    if any_of:
+        options = [o for o in any_of if o.get("type") != "null"]
+        if len(options) == 1:
+            inner = _structural(options[0], defs)
+            inner["nullable"] = True
+            for key in ("description", "default"):
+                if key in schema and schema[key] is not None:
+                    inner[key] = schema[key]
+            return inner
+    for key, value in schema.items():
+        if key in ("title", "$defs", "anyOf"):
+            continue
+        if key == "properties":
+            out[key] = {name: _structural(prop, defs) for name, prop in value.items()}
+        elif key == "items":
+            out[key] = _structural(value, defs)
+        elif key == "additionalProperties":
+            if value is False:
+                continue
+            if value is True or value == {}:
+                out["x-kubernetes-preserve-unknown-fields"] = True
+            else:
+                out[key] = _structural(value, defs)
+        elif key == "const":
+            out["enum"] = [value]
+        else:
+            out[key] = value
+    if out.get("type") == "object" and "properties" not in out and "additionalProperties" not in out:
+        out["x-kubernetes-preserve-unknown-fields"] = True
+    if "default" in out and out["default"] is None:
+        del out["default"]
+    return out
+
+
+def openapi(model: type[BaseModel]) -> dict[str, Any]:
+    schema = model.model_json_schema(by_alias=True)
+    return _structural(schema, schema.get("$defs", {}))
+
+
+def _crd(kind: str, plural: str, short: str, spec: type[BaseModel], status: type[BaseModel],
+         columns: list[dict[str, Any]], scale: bool) -> dict[str, Any]:
+    subresources: dict[str, Any] = {"status": {}}
+    if scale:
+        subresources["scale"] = {"specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas",
+                                 "labelSelectorPath": ".status.selector"}
+    root = {"type": "object", "properties": {
+        "apiVersion": {"type": "string"}, "kind": {"type": "string"}, "metadata": {"type": "object"},
+        "spec": openapi(spec), "status": openapi(status)}, "required": ["spec"]}
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.{GROUP}"},
+        "spec": {"group": GROUP, "scope": "Namespaced",
+                 "names": {"kind": kind, "plural": plural, "singular": kind.lower(), "shortNames": [short],
+                           "listKind": f"{kind}List", "categories": ["awm"]},
+                 "versions": [{"name": VERSION, "served": True, "storage": True, "schema": {"openAPIV3Schema": root},
+                               "subresources": subresources, "additionalPrinterColumns": columns}]},
+    }
+
+
+def definitions() -> list[dict[str, Any]]:
+    age = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
+    return [
+        _crd("EnvFleet", "envfleets", "ef", EnvFleetSpec, EnvFleetStatus, [
+            {"name": "Desired", "type": "integer", "jsonPath": ".spec.replicas"},
+            {"name": "Ready", "type": "integer", "jsonPath": ".status.ready"},
+            {"name": "Allocated", "type": "integer", "jsonPath": ".status.allocated"},
+            {"name": "Environments", "type": "string", "jsonPath": ".spec.environments", "priority": 1},
+            age], scale=True),
+        _crd("EnvClaim", "envclaims", "ec", EnvClaimSpec, EnvClaimStatus, [
+            {"name": "Fleet", "type": "string", "jsonPath": ".spec.fleet"},
+            {"name": "Count", "type": "integer", "jsonPath": ".spec.count"},
+            {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+            {"name": "Latency-ms", "type": "number", "jsonPath": ".status.latencyMs", "priority": 1},
+            age], scale=False),
+    ]
