@@ -97,6 +97,12 @@ class Run:
     num_tasks: int = 10
     on_progress: Callable[[str, int, int], None] = lambda stage, done, total: None
     report: dict[str, Any] = field(default_factory=dict)
+    validation_slots: int = 4
+
+    def __post_init__(self) -> None:
+        # LLM calls are bounded by the client; validations start databases and processes, so
+        # they get their own, smaller bound.
+        self.slots = asyncio.Semaphore(self.validation_slots)
 
     def path(self, stage: str) -> Path:
         return self.dir / FILES[stage]
@@ -239,7 +245,8 @@ async def stage_db(run: Run) -> None:
         s = scenarios[name]
 
         async def validate(reply: _Ddl) -> list[str]:
-            return await asyncio.to_thread(check.check_ddl, run.admin_dsn, reply.ddl)
+            async with run.slots:
+                return await asyncio.to_thread(check.check_ddl, run.admin_dsn, reply.ddl)
 
         reply, errors = await _repair_loop(run, "db", prompts.DB,
                                            prompts.db_user(name, s["description"], tasks[name]["tasks"]), _Ddl,
@@ -259,7 +266,8 @@ async def stage_sample(run: Run) -> None:
         ddl = dbs[name]["ddl"]
 
         async def validate(reply: _Seed) -> list[str]:
-            return await asyncio.to_thread(check.check_seed, run.admin_dsn, ddl, reply.tables)
+            async with run.slots:
+                return await asyncio.to_thread(check.check_seed, run.admin_dsn, ddl, reply.tables)
 
         reply, errors = await _repair_loop(
             run, "sample", prompts.SAMPLE,
@@ -319,7 +327,9 @@ async def stage_env(run: Run) -> None:
                 bundle = _bundle(scenarios[name], dbs[name], samples[name], tools, reply.prelude, code)
             except ValueError as exc:
                 return [str(exc)]
-            return await check.check_tools(run.admin_dsn, bundle, {t["name"]: t["example_arguments"] for t in tools})
+            async with run.slots:
+                return await check.check_tools(run.admin_dsn, bundle,
+                                               {t["name"]: t["example_arguments"] for t in tools})
 
         reply, errors = await _repair_loop(run, "env", prompts.ENV, prompts.env_user(name, dbs[name]["ddl"], tools),
                                            _Env, validate)
@@ -353,7 +363,7 @@ async def stage_verifier(run: Run) -> None:
                     return ["the code must define verify(final, initial, answer)"]
                 task = Task(id=f"t{i}", instruction=text, verifier=Verifier(code=reply.code), solution=[])
                 bundle = base.model_copy(update={"tasks": [task]})
-                async with check.served_in_process(run.admin_dsn, bundle) as instance:
+                async with run.slots, check.served_in_process(run.admin_dsn, bundle) as instance:
                     return (await check.check_verifiers_untouched(instance, [task])).get(task.id, [])
 
             reply, errors = await _repair_loop(run, "verifier", prompts.VERIFIER,
@@ -411,7 +421,8 @@ async def stage_solution(run: Run) -> None:
                                   solution=sol.steps, final_answer=sol.final_answer))
             if tasks:
                 bundle = base.model_copy(update={"tasks": tasks})
-                failures = await check.check_solutions_through_mcp(run.admin_dsn, bundle)
+                async with run.slots:
+                    failures = await check.check_solutions_through_mcp(run.admin_dsn, bundle)
                 for task in tasks:
                     i = int(task.id[1:])
                     if task.id in failures:

@@ -1,0 +1,1 @@
+"""Importers: turn environments published in other formats into awm bundles."""
