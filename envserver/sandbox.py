@@ -38,6 +38,9 @@ def _limit(memory_mb: int) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    # No new processes at all, even through C paths the audit hook cannot see
+    # (_posixsubprocess.fork_exec). Applied after dropping root, which would ignore it.
+    resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))
 
 
 def _isolate() -> str:
