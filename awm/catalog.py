@@ -59,8 +59,11 @@ def _extract(archive: Path) -> Path:
     return children[0] if len(children) == 1 and children[0].is_dir() and not _is_bundle(children[0]) else target
 
 
+REPORT = "report.json"  # written next to the bundles by `awm catalog import`; not a bundle
+
+
 def _is_bundle(path: Path) -> bool:
-    return is_source_dir(path) or (path.is_file() and path.suffix == ".json")
+    return is_source_dir(path) or (path.is_file() and path.suffix == ".json" and path.name != REPORT)
 
 
 def load_bundle(path: Path) -> EnvBundle:

@@ -354,6 +354,12 @@ class AppRuntime:
         except Exception as exc:  # noqa: BLE001 - untrusted code; classified below
             raise _classify_exception(tool, exc) from exc
         finally:
+            if scope.stack and not conn.broken:
+                # A session the app never committed nor closed: SQLite would have rolled it back
+                # when the connection went back to the pool, so must we (the tool's savepoint
+                # would otherwise keep its writes).
+                with contextlib.suppress(psycopg.Error):
+                    scope.end(scope.stack[0], commit=False)
             scope.open = False
             self._scope = None
         return _result(tool, response)

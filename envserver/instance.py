@@ -57,6 +57,7 @@ class EnvInstance:
         self.exit_when_wedged = exit_when_wedged
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="awm-db")
         self._lock = asyncio.Lock()  # one control operation or tool call at a time
+        self._initial_sqlite: bytes | None = None  # the snapshot as SQLite, for AWM verifiers
 
     async def _db(self, fn: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
@@ -178,8 +179,11 @@ class EnvInstance:
                     raise
 
             async with self._lock:
-                verdict = await self.pool.verify(code, task.verifier.entrypoint, final_answer,
-                                                 self.bundle.limits.verifier_timeout_s, answer_query)
+                if task.verifier.inputs == "sqlite":
+                    verdict = await self._verify_with_files(code, task.verifier.entrypoint, final_answer)
+                else:
+                    verdict = await self.pool.verify(code, task.verifier.entrypoint, final_answer,
+                                                     self.bundle.limits.verifier_timeout_s, answer_query)
             if episode.lost:  # lost while the verifier was reading
                 verdict = Verdict("error", f"episode lost: {episode.lost}", "infra", verdict.ms)
         self.metrics.episodes.labels(verdict.verdict).inc()
@@ -198,6 +202,25 @@ class EnvInstance:
             "verify_ms": round(verdict.ms, 3),
             "tool_calls": episode.tool_calls,
         }
+
+    async def _verify_with_files(self, code: str, entrypoint: str, final_answer: str | None) -> Verdict:
+        """AWM convention: the verifier reads SQLite files of the snapshot and of the final state,
+        written for this verification only (``envserver/sqlite_export.py``)."""
+        from envserver.sqlite_export import VerifierFiles, build_sqlite
+
+        ddl = self.bundle.database.sqlite_ddl or ""
+        try:
+            if self._initial_sqlite is None:
+                self._initial_sqlite = await self._db(lambda: build_sqlite(ddl, self.db.read_tables(True)))
+            final = await self._db(lambda: build_sqlite(ddl, self.db.read_tables(False)))
+        except DatabaseLost as exc:
+            self._lose(str(exc))
+            return Verdict("error", f"episode lost: {exc}", "infra")
+        except Exception as exc:  # noqa: BLE001 - reported as the verdict
+            return Verdict("error", f"could not write the verifier's SQLite files: {exc}", "infra")
+        with VerifierFiles(self._initial_sqlite, final) as files:
+            return await self.pool.verify(code, entrypoint, final_answer, self.bundle.limits.verifier_timeout_s,
+                                          _no_queries, files=files)
 
     async def diff(self) -> dict[str, Any]:
         async with self._lock:
@@ -222,6 +245,10 @@ class EnvInstance:
             "tasks": [{"id": t.id, "instruction": t.instruction} for t in self.bundle.tasks],
             "verifier_isolation": self.pool.isolation,
         }
+
+
+async def _no_queries(initial: bool, sql: str, params: list[Any]) -> list[dict[str, Any]]:
+    raise RuntimeError("a verifier that reads SQLite files has no query views")
 
 
 def is_agent_fault(kind: str) -> bool:

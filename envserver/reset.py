@@ -200,6 +200,19 @@ class EpisodeDatabase:
 
         return self._guard(run)
 
+    def read_tables(self, initial: bool) -> dict[str, tuple[list[str], list[tuple[Any, ...]]]]:
+        """Every row of every table, read-only (the snapshot copy if ``initial``): the input of
+        the SQLite files that AWM-style verifiers read (``envserver/sqlite_export.py``)."""
+        from envserver.sqlite_export import read_tables
+
+        schema = snap.SNAPSHOT_SCHEMA if initial else "public"
+
+        def run(conn: psycopg.Connection) -> dict[str, tuple[list[str], list[tuple[Any, ...]]]]:
+            with self._read_only(schema):
+                return read_tables(conn, schema, self._tables)
+
+        return self._guard(run)
+
     def diff(self) -> dict[str, Any]:
         return self._guard(lambda c: snap.diff(c, self._keys, self._tables))
 

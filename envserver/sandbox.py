@@ -10,6 +10,13 @@ environment, so it imports nothing but the standard library. Before it reads any
 
 It holds no database connection and no credentials. A verifier's ``final.query(...)`` becomes a
 request on the pipe; the env server runs it read-only inside the episode and sends rows back.
+
+AWM-style verifiers (``inputs: sqlite``) instead get two SQLite file paths that the server wrote
+for this verification (``envserver/sqlite_export.py``). ``sqlite3.connect`` is wrapped so that
+those two paths, in any form the verifier writes them (plain, ``file:...?mode=ro`` URI), open
+read-only and immutable, with ATTACH refused; the audit hook refuses every other database
+(``sqlite3.connect`` raises an audit event with the exact string the C library will open) and
+loading SQLite extensions. Only ``:memory:`` databases are allowed besides.
 Protocol: one JSON object per line, on file descriptors that verifier code cannot print to.
 """
 
@@ -24,6 +31,9 @@ import traceback
 # Modules a verifier may want, imported before the audit hook so that their files can be read.
 import collections, datetime, decimal, fractions, functools, itertools, math, re, statistics, string  # noqa: E401,F401
 import unicodedata  # noqa: F401
+import inspect
+import sqlite3
+import urllib.parse
 
 CLONE_NEWNET = 0x40000000
 NOBODY = 65534
@@ -68,7 +78,20 @@ _BLOCKED = (
 )
 
 
+# The SQLite files of the verification in progress: real path -> the only URI that opens it.
+_SQLITE_FILES: dict[str, str] = {}
+_REAL_SQLITE_CONNECT = sqlite3.connect
+
+
 def _audit(event: str, args: tuple) -> None:
+    if event == "sqlite3.connect":
+        database = args[0]
+        name = os.fsdecode(database) if isinstance(database, (str, bytes, os.PathLike)) else ""
+        if name == ":memory:" or name in _SQLITE_FILES.values():
+            return
+        raise PermissionError(f"sandbox: opening the database {name!r} is not allowed")
+    if event in ("sqlite3.enable_load_extension", "sqlite3.load_extension"):
+        raise PermissionError("sandbox: loading SQLite extensions is not allowed")
     if event == "open":
         path, mode = args[0], args[1]
         if isinstance(path, int):
@@ -80,6 +103,46 @@ def _audit(event: str, args: tuple) -> None:
         return
     if event.startswith(_BLOCKED):
         raise PermissionError(f"sandbox: {event} is not allowed in a verifier")
+
+
+def _sqlite_connect(database, *args, **kwargs):
+    """``sqlite3.connect`` for verifiers: the episode's files open read-only and immutable."""
+    uri = bool(kwargs.pop("uri", False))
+    name = os.fsdecode(database) if isinstance(database, (str, bytes, os.PathLike)) else None
+    if name is not None and name != ":memory:":
+        target = urllib.parse.unquote(urllib.parse.urlsplit(name).path) if uri and name.startswith("file:") else name
+        safe = _SQLITE_FILES.get(os.path.realpath(target))
+        if safe is not None:
+            conn = _REAL_SQLITE_CONNECT(safe, *args, uri=True, **kwargs)
+            conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
+            conn.set_authorizer(_sqlite_authorizer)
+            return conn
+    return _REAL_SQLITE_CONNECT(database, *args, uri=uri, **kwargs)
+
+
+def _sqlite_authorizer(action, *args):
+    return sqlite3.SQLITE_DENY if action in (sqlite3.SQLITE_ATTACH, sqlite3.SQLITE_DETACH) else sqlite3.SQLITE_OK
+
+
+sqlite3.connect = _sqlite_connect
+sqlite3.dbapi2.connect = _sqlite_connect
+
+
+def _call_awm(fn, files: dict, answer):
+    """Call an AWM verifier the way the reference does: by parameter name when it uses the
+    conventional names, else positionally (initial, final, answer)."""
+    values = {"initial_db_path": files["initial"], "final_db_path": files["final"], "final_answer": answer}
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        params = {}
+    named = {k: v for k, v in values.items() if k in params}
+    if named:
+        return fn(**named)
+    kinds = [p.kind for p in params.values()]
+    count = 3 if not kinds or inspect.Parameter.VAR_POSITIONAL in kinds else sum(
+        k in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD) for k in kinds)
+    return fn(*[files["initial"], files["final"], answer][:count])
 
 
 class ReadOnlyDb:
@@ -147,13 +210,20 @@ def serve(channel: Channel) -> None:
         try:
             key = message["code"]
             if key not in compiled:
-                namespace: dict = {"__name__": "verifier"}
+                namespace: dict = {"__name__": "verifier", "sqlite3": sqlite3, "json": json}
                 exec(compile(message["code"], "<verifier>", "exec"), namespace)
                 compiled[key] = namespace
             fn = compiled[key][message["entrypoint"]]
-            final = ReadOnlyDb("final", channel)
-            initial = ReadOnlyDb("initial", channel)
-            complete, reason = _normalise(fn(final, initial, message.get("answer")))
+            files = message.get("files")
+            if files:
+                for path in files.values():
+                    real = os.path.realpath(path)
+                    _SQLITE_FILES[real] = f"file:{urllib.parse.quote(real)}?mode=ro&immutable=1"
+                complete, reason = _normalise(_call_awm(fn, files, message.get("answer")))
+            else:
+                final = ReadOnlyDb("final", channel)
+                initial = ReadOnlyDb("initial", channel)
+                complete, reason = _normalise(fn(final, initial, message.get("answer")))
             channel.send({"op": "done", "complete": complete, "reason": reason[:2000]})
         except MemoryError:
             channel.send({"op": "failed", "kind": "memory", "reason": "verifier exceeded its memory limit"})
@@ -162,6 +232,8 @@ def serve(channel: Channel) -> None:
                 return
             tb = traceback.format_exception_only(type(exc), exc)[-1].strip()
             channel.send({"op": "failed", "kind": "exception", "reason": tb[:2000]})
+        finally:
+            _SQLITE_FILES.clear()  # the next verification may open only its own files
 
 
 def main() -> None:

@@ -95,12 +95,14 @@ class VerifierPool:
         task.add_done_callback(self._spawning.discard)
 
     async def verify(self, code: str, entrypoint: str, answer: str | None, timeout_s: float,
-                     answer_query: QueryFn) -> Verdict:
+                     answer_query: QueryFn, files: dict[str, str] | None = None) -> Verdict:
+        """``files`` (``{"initial": path, "final": path}``) switches to the AWM convention:
+        the verifier gets those SQLite files instead of query views."""
         start = time.perf_counter()
         worker = await self._idle.get()
         try:
             verdict = await asyncio.wait_for(
-                self._exchange(worker, code, entrypoint, answer, answer_query), timeout_s)
+                self._exchange(worker, code, entrypoint, answer, answer_query, files), timeout_s)
         except asyncio.TimeoutError:
             verdict = Verdict("error", f"verifier timed out after {timeout_s:g} s", "timeout")
         except Exception as exc:  # noqa: BLE001 - reported as the verdict, server keeps serving
@@ -113,8 +115,11 @@ class VerifierPool:
         return verdict
 
     async def _exchange(self, worker: _Worker, code: str, entrypoint: str, answer: str | None,
-                        answer_query: QueryFn) -> Verdict:
-        await worker.send({"op": "verify", "code": code, "entrypoint": entrypoint, "answer": answer})
+                        answer_query: QueryFn, files: dict[str, str] | None = None) -> Verdict:
+        message = {"op": "verify", "code": code, "entrypoint": entrypoint, "answer": answer}
+        if files:
+            message["files"] = files
+        await worker.send(message)
         while True:
             message = await worker.receive()
             if message is None:
