@@ -251,6 +251,38 @@ def catalog_export(
         console.print(f"wrote {output / (bundle.name + '.json')}")
 
 
+@catalog_app.command("import")
+def catalog_import(
+    src: Annotated[Path, typer.Argument(help="Directory in the AWM-1K release format (gen_*.jsonl).")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Directory to write <env>.json bundles and report.json into.")],
+    env: Annotated[Optional[list[str]], typer.Option("--env", "-e", help="Only these scenarios.")] = None,
+    now: Annotated[Optional[str], typer.Option(help="Reference instant for datetime('now') in seed rows "
+                                                    "(ISO; default: today 00:00 UTC).")] = None,
+    no_check: Annotated[bool, typer.Option("--no-check", help="Skip running verifiers on the untouched snapshot.")] = False,
+    database_url: DbUrlOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+) -> None:
+    """Import AWM-1K environments (FastAPI apps, SQLite data, code verifiers) into a catalog."""
+    import datetime as dt
+
+    from awm.importers.awm1k import SourceError, import_awm_dir, print_report
+
+    try:
+        reference = dt.datetime.fromisoformat(now) if now else None
+        with console.status("importing...") as status:
+            report = import_awm_dir(src, out, admin_dsn=database_url, now=reference, envs=env or None,
+                                    check=not no_check, progress=lambda s: status.update(f"importing {s}..."))
+    except (SourceError, ValueError) as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from exc
+    if as_json:
+        print(json.dumps(report.to_json(), indent=2, default=str))
+    else:
+        print_report(report, console)
+        console.print(f"wrote {report.totals['imported']} bundles and {out / 'report.json'}")
+    raise typer.Exit(0 if report.totals["imported"] else 1)
+
+
 @env_app.command("check")
 def env_check(
     url: Annotated[str, typer.Argument(help="MCP URL of an instance, e.g. http://127.0.0.1:8000/mcp")],
