@@ -25,8 +25,10 @@ BIN="$ROOT/bin"
 SRC="$ROOT/src"
 BINARIES=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok helm)
 
+STAGES=kwok-stages.yaml   # kwok >= 0.8 has no built-in stages: config written below
 missing() {
   local b; for b in "${BINARIES[@]}"; do [ -x "$BIN/$b" ] || echo "$b"; done
+  [ -s "$BIN/$STAGES" ] || echo "$STAGES"
 }
 
 case "${1:-}" in
@@ -142,6 +144,24 @@ if [ ! -x "$BIN/kwok" ]; then
   mv -f "$t/kwok" "$BIN/.kwok.tmp"; rm -rf "$t"
   install_tmp kwok --version
   finish kwok
+fi
+
+# kwok v0.8.0 exits with "no stages found" unless its config holds Stage objects (kwokctl writes
+# them into the config it generates). Take the same defaults kwokctl uses (node-initialize,
+# node-heartbeat-with-lease, pod-ready/complete/delete) from the pinned kwok module.
+if [ ! -s "$BIN/$STAGES" ]; then
+  kdir="$(go mod download -json "sigs.k8s.io/kwok@$KWOK_VERSION" |
+          python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')"
+  {
+    echo "# Default kwok stages from sigs.k8s.io/kwok@$KWOK_VERSION kustomize/stage (written by k8s/build.sh)"
+    first=1
+    for f in node/fast/node-initialize.yaml node/heartbeat-with-lease/node-heartbeat-with-lease.yaml \
+             pod/fast/pod-ready.yaml pod/fast/pod-complete.yaml pod/fast/pod-delete.yaml; do
+      [ "$first" = 1 ] || echo "---"; first=0
+      cat "$kdir/kustomize/stage/$f"
+    done
+  } >"$BIN/.$STAGES.tmp"
+  mv -f "$BIN/.$STAGES.tmp" "$BIN/$STAGES"
 fi
 
 # ---------------------------------------------------------------- helm (no replaces: go install)
