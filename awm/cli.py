@@ -35,6 +35,24 @@ def _add_gen() -> None:
 
 _add_gen()
 
+
+def _add_trainer() -> None:  # `awm agent`, `awm train`, `awm eval` (trainer/cli.py; torch loads lazily)
+    from trainer.cli import trainer_app
+
+    app.add_typer(trainer_app)
+
+
+_add_trainer()
+
+
+def _add_operator() -> None:  # `awm operator crds|run` (operator/awm_operator; kopf loads lazily)
+    from awm_operator.cli import operator_app
+
+    app.add_typer(operator_app, name="operator")
+
+
+_add_operator()
+
 console = Console()
 err = Console(stderr=True)
 
@@ -336,6 +354,38 @@ def pg_status() -> None:
 
     pg = EmbeddedPostgres.default()
     console.print(f"{'running' if pg.is_running() else 'stopped'}: {pg.root}")
+
+
+@pg_app.command("provision-instance")
+def pg_provision_instance(
+    bundle: Annotated[Path, typer.Option("--bundle", help="The environment's bundle (JSON).")],
+    name: Annotated[str, typer.Option("--name", help="Pod name: the database is awm_i_<name>.")],
+    dsn_file: Annotated[Path, typer.Option("--dsn-file", help="Where to write the instance DSN (mode 0600).")],
+    admin_dsn: Annotated[str, typer.Option("--admin-dsn", envvar="AWM_ADMIN_DSN", show_envvar=True,
+                                           help="Admin DSN (CREATEDB, CREATEROLE); set it via the environment.")],
+    fleet: Annotated[str, typer.Option("--fleet", envvar="AWM_FLEET", help="Recorded with the database.")] = "",
+    namespace: Annotated[str, typer.Option("--namespace", envvar="POD_NAMESPACE", help="Recorded with the database.")] = "",
+) -> None:
+    """A pod's init container: ensure the environment's template, clone the instance database
+    and its role from it, and write the instance DSN to a file only the env server reads."""
+    import os
+
+    from awm.bundle import EnvBundle
+    from awm.postgres import provision
+
+    env_bundle = EnvBundle.model_validate_json(bundle.read_text())
+    template = provision.ensure_template(admin_dsn, env_bundle)
+    dbname = provision.pod_instance_name(name)
+    instance = provision.create_instance(admin_dsn, template, dbname,
+                                         meta={"pod": name, "fleet": fleet, "namespace": namespace})
+    dsn_file.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dsn_file.with_name(dsn_file.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(instance.dsn)
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, dsn_file)  # the env server never sees a half-written file
+    err.print(f"provisioned {dbname} from {template.dbname} for {env_bundle.name}")
 
 
 def main() -> None:  # pragma: no cover

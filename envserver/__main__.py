@@ -3,7 +3,8 @@
     AWM_INSTANCE_DSN=... python -m envserver --bundle env.json --name awm_i_shop_0 \
         --mcp-port 0 --control-port 0
 
-The DSN comes from the environment, never argv (visible to every user in ``ps``). Port 0 picks a
+The DSN comes from the environment, never argv (visible to every user in ``ps``), or from the
+file named by ``AWM_INSTANCE_DSN_FILE`` (a Kubernetes pod's init container writes it there). Port 0 picks a
 free port; once both servers listen the process prints one JSON line on stdout:
 ``{"event": "ready", "mcp_url": ..., "control_url": ...}``.
 """
@@ -34,8 +35,11 @@ def _port(server: uvicorn.Server) -> int:
 async def serve(args: argparse.Namespace) -> None:
     bundle = EnvBundle.model_validate_json(Path(args.bundle).read_text())
     dsn = os.environ.pop("AWM_INSTANCE_DSN", None) or args.dsn
+    dsn_file = os.environ.pop("AWM_INSTANCE_DSN_FILE", None)
+    if not dsn and dsn_file:  # Kubernetes: written by the pod's provisioning init container
+        dsn = Path(dsn_file).read_text().strip()
     if not dsn:
-        sys.exit("envserver: set AWM_INSTANCE_DSN to the instance's database DSN")
+        sys.exit("envserver: set AWM_INSTANCE_DSN (or AWM_INSTANCE_DSN_FILE) to the instance's database DSN")
     instance = EnvInstance(bundle, dsn, args.name or bundle.name, verifier_workers=args.verifier_workers)
     await instance.start()
     mcp_app = build_mcp(instance).http_app(path="/mcp", json_response=args.json_response,

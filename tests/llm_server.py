@@ -29,6 +29,7 @@ class Reply:
     content: str = ""
     status: int = 200
     headers: dict[str, str] = field(default_factory=dict)
+    tool_calls: list[dict[str, Any]] | None = None  # native OpenAI tool calls (agent tests)
 
     @classmethod
     def json(cls, value: Any) -> Reply:
@@ -76,11 +77,14 @@ class ScriptedLLM:
         if reply.status != 200:
             return JSONResponse({"error": {"message": "scripted failure"}}, status_code=reply.status,
                                 headers=reply.headers)
+        message: dict[str, Any] = {"role": "assistant", "content": reply.content}
+        if reply.tool_calls is not None:
+            message["tool_calls"] = reply.tool_calls
         return JSONResponse({
             "id": f"cmpl-{index}", "object": "chat.completion", "model": body.get("model"),
-            "choices": [{"index": 0, "finish_reason": "stop",
-                         "message": {"role": "assistant", "content": reply.content}}],
-            "usage": {"prompt_tokens": sum(len(m["content"]) // 4 for m in body["messages"]),
+            "choices": [{"index": 0, "finish_reason": "tool_calls" if reply.tool_calls else "stop",
+                         "message": message}],
+            "usage": {"prompt_tokens": sum(len(m.get("content") or "") // 4 for m in body["messages"]),
                       "completion_tokens": len(reply.content) // 4},
         })
 

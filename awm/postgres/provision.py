@@ -251,8 +251,24 @@ def instance_name(env: str, index: int, fleet: str = "") -> str:
     return f"{INSTANCE_PREFIX}{middle}{_slug(env, 40)}_{index}"
 
 
-def create_instance(admin_dsn: str, template: Template, name: str) -> Instance:
-    """A fresh database cloned from the template, and a role that reaches only it."""
+def pod_instance_name(pod: str) -> str:
+    """``awm_i_<pod name>`` for a Kubernetes env pod (``-`` becomes ``_``). PostgreSQL cuts
+    identifiers at 63 bytes, which would silently merge two long pod names, so a longer name
+    keeps its head and gets a hash of the whole name instead."""
+    name = INSTANCE_PREFIX + _slug(pod, 200)
+    if len(name) <= 63:
+        return name
+    import hashlib
+
+    return f"{name[:50]}_{hashlib.sha256(pod.encode()).hexdigest()[:12]}"
+
+
+def create_instance(admin_dsn: str, template: Template, name: str,
+                    meta: dict[str, str] | None = None) -> Instance:
+    """A fresh database cloned from the template, and a role that reaches only it.
+
+    ``meta`` goes into the database comment next to the environment and template (the
+    Kubernetes operator records pod, fleet and namespace there, to find a fleet's databases)."""
     password = secrets.token_urlsafe(24)
     db, role = sql.Identifier(name), sql.Identifier(name)
     with _admin(admin_dsn) as conn:
@@ -263,7 +279,7 @@ def create_instance(admin_dsn: str, template: Template, name: str) -> Instance:
         conn.execute(sql.SQL("REVOKE ALL ON DATABASE {} FROM PUBLIC").format(db))
         conn.execute(sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(db, role))
         conn.execute(sql.SQL("COMMENT ON DATABASE {} IS {}").format(db, sql.Literal(json.dumps(
-            {"env": template.env, "template": template.dbname}))))
+            {**(meta or {}), "env": template.env, "template": template.dbname}))))
     params = conninfo_to_dict(admin_dsn)
     params.update(dbname=name, user=name, password=password)
     return Instance(template.env, name, name, make_conninfo(**params))
@@ -284,6 +300,21 @@ def list_instances(admin_dsn: str) -> list[str]:
         rows = conn.execute("SELECT datname FROM pg_database WHERE datname LIKE %s ORDER BY 1",
                             (INSTANCE_PREFIX + "%",)).fetchall()
     return [r[0] for r in rows]
+
+
+def instances_with_meta(admin_dsn: str) -> dict[str, dict[str, Any]]:
+    """Every instance database with the metadata in its comment (``{}`` if it has none)."""
+    with _admin(admin_dsn) as conn:
+        rows = conn.execute("SELECT datname, shobj_description(oid, 'pg_database') FROM pg_database "
+                            "WHERE datname LIKE %s ORDER BY 1", (INSTANCE_PREFIX + "%",)).fetchall()
+    out: dict[str, dict[str, Any]] = {}
+    for name, comment in rows:
+        try:
+            meta = json.loads(comment) if comment else {}
+        except ValueError:
+            meta = {}
+        out[name] = meta if isinstance(meta, dict) else {}
+    return out
 
 
 def harden_cluster(admin_dsn: str) -> None:

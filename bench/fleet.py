@@ -1,0 +1,286 @@
+"""Fleet benchmark: the operator on a real control plane (k8s/harness.py; kwok fakes the pods).
+
+    .venv/bin/python bench/fleet.py --json            # 1,024 instances (about 3-4 minutes)
+    .venv/bin/python bench/fleet.py --instances 256   # smaller
+
+What it measures (the operator runs as its own process, ``python -m awm_operator``, as in a
+cluster; the clients run in this process):
+
+* ``time_to_ready_s``: EnvFleet created until its status says ``ready == instances``.
+* ``claim_p50_ms`` / ``claim_p99_ms``: one-instance claims through the allocation API, one at a
+  time from a warm pool (each released again between claims; the release is not timed).
+* ``claims_per_s``: sustained: 16 clients claiming and releasing one instance in a loop.
+* ``grpo_claim_p50_ms``: 8 groups of 8 instances in one claim.
+* ``envclaim_p50_ms`` / ``envclaim_p99_ms``: the EnvClaim resource: POST until a watch sees it Bound.
+* ``recover_s``: 100 ready pods deleted until the fleet is back at ``ready == instances``.
+
+Releases reset each instance through its control API: every pod points (``awm.dev/control-url``)
+at a stub control API in this process that answers ``/reset`` at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import json
+import os
+import platform
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from aiohttp import web
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "operator"))
+
+from awm_operator.cli import render  # noqa: E402
+from awm_operator.client import AllocationClient  # noqa: E402
+from awm_operator.crds import definitions  # noqa: E402
+
+NS = "awm-bench"
+API = f"/apis/awm.dev/v1alpha1/namespaces/{NS}"
+
+
+def load_harness() -> Any:
+    spec = importlib.util.spec_from_file_location("awm_k8s_harness", ROOT / "k8s" / "harness.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+def pct(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return round(s[min(len(s) - 1, int(q * len(s)))], 2)
+
+
+def machine() -> dict[str, Any]:
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    mem = int(Path("/proc/meminfo").read_text().split()[1]) / 1024 / 1024
+    return {"cpu": cpu, "cores": os.cpu_count(), "memory_gb": round(mem, 1), "python": platform.python_version(),
+            "kernel": platform.release()}
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def stub_control_api() -> tuple[web.AppRunner, str]:
+    async def reset(_: web.Request) -> web.Response:
+        return web.json_response({"episode_id": "bench", "pristine": True, "reset_ms": 0.0})
+
+    app = web.Application()
+    app.router.add_post("/reset", reset)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    return runner, f"http://127.0.0.1:{port}"
+
+
+class Bench:
+    def __init__(self, cp: Any, instances: int, log: Any) -> None:
+        self.cp, self.n, self.log = cp, instances, log
+        pki = Path(cp.workdir) / "pki"
+        tls = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+        tls.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
+        self.k8s = httpx.AsyncClient(base_url=cp.server, verify=tls, timeout=60,
+                                     limits=httpx.Limits(max_connections=64))
+
+    def cpu(self) -> dict[str, float]:
+        """CPU seconds used so far by each control-plane process, the operator and this client."""
+        out = {name: cpu_seconds(p.pid) for name, p in self.cp.procs.items()}
+        out["operator"], out["clients"] = cpu_seconds(self.operator_pid), cpu_seconds(os.getpid())
+        return out
+
+    async def fleet_status(self) -> dict[str, Any]:
+        r = await self.k8s.get(f"{API}/envfleets/bench")
+        return r.json().get("status") or {}
+
+    async def wait_ready(self, timeout: float = 600) -> float:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            s = await self.fleet_status()
+            if s.get("ready") == self.n and s.get("replicas") == self.n:
+                return time.monotonic() - t0
+            await asyncio.sleep(0.25)
+        raise TimeoutError(f"fleet not ready after {timeout}s: {await self.fleet_status()}")
+
+    async def envclaim_latencies(self, count: int) -> list[float]:
+        """POST an EnvClaim, wait on a watch until it is Bound, delete it; one at a time."""
+        out = []
+        for i in range(count):
+            name = f"ec-{i}"
+            bound = asyncio.get_running_loop().create_future()
+
+            async def watch(name: str = name, bound: asyncio.Future = bound) -> None:
+                params = {"watch": "true", "fieldSelector": f"metadata.name={name}"}
+                async with self.k8s.stream("GET", f"{API}/envclaims", params=params, timeout=None) as r:
+                    async for line in r.aiter_lines():
+                        if not line:
+                            continue
+                        obj = json.loads(line).get("object") or {}
+                        if (obj.get("status") or {}).get("phase") == "Bound" and not bound.done():
+                            bound.set_result(time.perf_counter())
+                            return
+
+            watcher = asyncio.create_task(watch())
+            await asyncio.sleep(0.05)  # the watch is established
+            t0 = time.perf_counter()
+            r = await self.k8s.post(f"{API}/envclaims", json={
+                "apiVersion": "awm.dev/v1alpha1", "kind": "EnvClaim", "metadata": {"name": name},
+                "spec": {"fleet": "bench", "count": 1}})
+            r.raise_for_status()
+            t1 = await asyncio.wait_for(bound, 30)
+            out.append((t1 - t0) * 1000)
+            watcher.cancel()
+            await self.k8s.delete(f"{API}/envclaims/{name}")
+        return out
+
+    async def run(self) -> dict[str, Any]:
+        stub, control_url = await stub_control_api()
+        cp, result = self.cp, {}
+        try:
+            fleet = {"apiVersion": "awm.dev/v1alpha1", "kind": "EnvFleet", "metadata": {"name": "bench"},
+                     "spec": {"environments": [f"env{i}" for i in range(8)], "replicas": self.n, "catalog": {},
+                              "database": {"secretName": "awm-db"},
+                              "template": {"annotations": {"awm.dev/control-url": control_url}}}}
+            cpu0 = self.cpu()
+            t0 = time.monotonic()
+            (await self.k8s.post(f"{API}/envfleets", json=fleet)).raise_for_status()
+            result["time_to_ready_s"] = round(await self.wait_ready(), 1)
+            self.log(f"{self.n} ready in {result['time_to_ready_s']} s")
+            cpu1 = self.cpu()
+            result["cpu_s_during_ramp"] = {k: round(cpu1[k] - cpu0[k], 1) for k in cpu0}
+            await asyncio.sleep(max(0.0, 3 - (time.monotonic() - t0)))
+
+            async with AllocationClient(self.api, NS, "bench") as alloc:
+                for _ in range(20):  # warm-up: connections, first allocations
+                    await alloc.release((await alloc.claim(1))["id"])
+                lat = []
+                for _ in range(300):
+                    t = time.perf_counter()
+                    got = await alloc.claim(1)
+                    lat.append((time.perf_counter() - t) * 1000)
+                    await alloc.release(got["id"])
+                result["claim_p50_ms"], result["claim_p99_ms"] = pct(lat, 0.5), pct(lat, 0.99)
+                self.log(f"claim p50 {result['claim_p50_ms']} ms, p99 {result['claim_p99_ms']} ms")
+
+                grpo = []
+                for _ in range(10):
+                    t = time.perf_counter()
+                    got = await alloc.claim(64, group_size=8)
+                    grpo.append((time.perf_counter() - t) * 1000)
+                    await alloc.release(got["id"])
+                result["grpo_claim_p50_ms"] = pct(grpo, 0.5)
+
+                done, stop_at = [], time.monotonic() + 10.0
+                claim_lat: list[float] = []
+
+                async def worker() -> None:
+                    while time.monotonic() < stop_at:
+                        t = time.perf_counter()
+                        got = await alloc.claim(1)
+                        claim_lat.append((time.perf_counter() - t) * 1000)
+                        done.append(1)
+                        await alloc.release(got["id"])
+                cpu1 = self.cpu()
+                t = time.monotonic()
+                await asyncio.gather(*(worker() for _ in range(16)))
+                elapsed = time.monotonic() - t
+                cpu2 = self.cpu()
+                result["cpu_s_during_sustained"] = {k: round(cpu2[k] - cpu1[k], 1) for k in cpu1}
+                result["claims_per_s"] = round(len(done) / elapsed, 1)
+                result["sustained_claim_p50_ms"] = pct(claim_lat, 0.5)
+                result["sustained_claim_p99_ms"] = pct(claim_lat, 0.99)
+                self.log(f"{result['claims_per_s']} claims/s sustained (16 clients, claim+release)")
+
+            ec = await self.envclaim_latencies(40)
+            result["envclaim_p50_ms"], result["envclaim_p99_ms"] = pct(ec, 0.5), pct(ec, 0.99)
+            self.log(f"EnvClaim p50 {result['envclaim_p50_ms']} ms, p99 {result['envclaim_p99_ms']} ms")
+
+            await self.wait_ready(120)
+            r = await self.k8s.get(f"/api/v1/namespaces/{NS}/pods",
+                                   params={"labelSelector": "awm.dev/fleet=bench", "limit": "100"})
+            victims = [p["metadata"]["name"] for p in r.json()["items"]]
+            t0 = time.monotonic()
+            await asyncio.gather(*(self.k8s.delete(f"/api/v1/namespaces/{NS}/pods/{v}") for v in victims))
+            await asyncio.sleep(0.5)
+            result["recover_s"] = round(time.monotonic() - t0 + await self.wait_ready(300), 1)
+            self.log(f"{len(victims)} pods deleted: back to {self.n} ready in {result['recover_s']} s")
+        finally:
+            await stub.cleanup()
+            await self.k8s.aclose()
+        return result
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--instances", type=int, default=1024)
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    args = ap.parse_args()
+    log = (lambda msg: print(f"# {msg}", file=sys.stderr, flush=True))
+    harness = load_harness()
+    if not harness.binaries_present():
+        sys.exit(f"missing Kubernetes binaries in {harness.default_bin_dir()}: run k8s/build.sh")
+    load0 = os.getloadavg()
+    cp = harness.ControlPlane()
+    kubeconfig = cp.start()
+    operator = None
+    try:
+        with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+            f.write("---\n".join(render(c) for c in definitions()))
+        cp.kubectl("apply", "--server-side", "-f", f.name)
+        cp.kubectl("wait", "--for=condition=Established", "crd/envfleets.awm.dev", "crd/envclaims.awm.dev")
+        cp.kubectl("create", "namespace", NS)
+        cp.kubectl("-n", NS, "create", "secret", "generic", "awm-db", "--from-literal=dsn=postgresql://unused")
+        while cp.kubectl("-n", NS, "get", "serviceaccount", "default", check=False).returncode:
+            time.sleep(0.2)
+        port, metrics = harness.free_port(), harness.free_port()
+        env = {**os.environ, "KUBECONFIG": kubeconfig, "AWM_NAMESPACES": NS, "AWM_HEALTH_PORT": str(port),
+               "AWM_METRICS_PORT": str(metrics), "AWM_LOG_LEVEL": "warning", "AWM_DB_SWEEP_INTERVAL": "3600",
+               "PYTHONPATH": str(ROOT / "operator")}
+        operator = subprocess.Popen([sys.executable, "-m", "awm_operator"], env=env, stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline or operator.poll() is not None:
+                sys.exit("the operator did not start")
+            time.sleep(0.2)
+        bench = Bench(cp, args.instances, log)
+        bench.api, bench.operator_pid = f"http://127.0.0.1:{port}", operator.pid
+        result = asyncio.run(bench.run())
+    finally:
+        if operator is not None:
+            operator.terminate()
+            try:
+                operator.wait(30)
+            except subprocess.TimeoutExpired:
+                operator.kill()
+        cp.stop()
+    versions = harness.read_versions()
+    out = {"instances": args.instances, **result,
+           "targets": {"time_to_ready_s": 60, "claim_p50_ms": 50, "claim_p99_ms": 200, "claims_per_s": 100},
+           "machine": {**machine(), "loadavg_before": [round(x, 2) for x in load0],
+                       "loadavg_after": [round(x, 2) for x in os.getloadavg()]},
+           "control_plane": {"kubernetes": versions["K8S_VERSION"], "etcd": versions["ETCD_VERSION"],
+                             "kwok": versions["KWOK_VERSION"], "nodes": 4}}
+    print(json.dumps(out, indent=None if args.json else 2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

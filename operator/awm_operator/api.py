@@ -1,0 +1,134 @@
+"""The operator's HTTP side: health, the allocation API (port 8080) and metrics (port 9090).
+
+The allocation API is the fast path for trainers: one HTTP round trip binds instances straight
+from the operator's in-memory pool (the EnvClaim resource costs a create, a watch event, a status
+patch and a watch event back). Both paths share the allocator, so they never hand out the same
+instance. Claims made here are recorded on the pods only (annotation ``awm.dev/claim`` =
+``api_<hex>``; an underscore never occurs in an EnvClaim's name); they end with DELETE.
+
+    POST   /v1/namespaces/{ns}/envfleets/{fleet}/claims       {"count": 16, "groupSize": 8,
+                                                               "environment": null, "waitSeconds": 30}
+        201 {"id", "namespace", "fleet", "instances": [{"pod", "environment", "group", "mcpUrl",
+             "controlUrl"}], "latencyMs"}
+        400 bad request, 404 unknown fleet, 409 not enough ready instances within waitSeconds,
+        503 this replica is a standby (kopf peering)
+    DELETE /v1/namespaces/{ns}/envfleets/{fleet}/claims/{id}  -> 200 {"returned", "replaced"}
+    GET    /v1/namespaces/{ns}/envfleets/{fleet}              -> sizes, demand, whether this replica acts
+    GET    /healthz (process alive), /readyz (this replica acts on its fleets)
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from awm_operator.allocator import ClaimError, NotActive, Unavailable
+from awm_operator.reconcile import Context
+from awm_operator.state import ClaimRequest, Fleets
+
+MAX_WAIT = 600.0
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message}, status=status)
+
+
+def build_api(ctx: Context, fleets: Fleets) -> web.Application:
+    routes = web.RouteTableDef()
+
+    @routes.get("/healthz")
+    async def healthz(_: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    @routes.get("/readyz")
+    async def readyz(_: web.Request) -> web.Response:
+        return web.Response(text="ok") if fleets.acting() else web.Response(status=503, text="standby")
+
+    def fleet_of(request: web.Request):  # type: ignore[no-untyped-def]
+        fleet = fleets.get(request.match_info["ns"], request.match_info["fleet"])
+        if fleet is None or fleet.spec is None or fleet.deleted:
+            raise web.HTTPNotFound(text='{"error": "no such fleet"}', content_type="application/json")
+        return fleet
+
+    @routes.get("/v1/namespaces/{ns}/envfleets/{fleet}")
+    async def show(request: web.Request) -> web.Response:
+        fleet = fleet_of(request)
+        c = fleet.counts()
+        return web.json_response({"namespace": fleet.namespace, "fleet": fleet.name, "active": fleet.active,
+                                  "replicas": c.replicas, "ready": c.ready, "allocated": c.allocated,
+                                  "starting": c.starting, "demand": fleet.demand()})
+
+    @routes.post("/v1/namespaces/{ns}/envfleets/{fleet}/claims")
+    async def claim(request: web.Request) -> web.Response:
+        t0 = time.monotonic()
+        fleet = fleet_of(request)
+        try:
+            body: dict[str, Any] = await request.json() if request.can_read_body else {}
+            req = ClaimRequest(count=int(body.get("count", 1)), environment=body.get("environment"),
+                               group_size=int(body["groupSize"]) if body.get("groupSize") else None)
+            wait = min(float(body.get("waitSeconds", ctx.config.claim_wait_default)), MAX_WAIT)
+        except (ValueError, TypeError, AttributeError) as exc:
+            return _error(400, f"bad request: {exc}")
+        claim_id = f"api_{secrets.token_hex(8)}"
+        ctx.api_claims.add(claim_id)
+        try:
+            bound = await ctx.allocator.claim(fleet, claim_id, req, wait, source="api")
+        except ClaimError as exc:
+            ctx.api_claims.discard(claim_id)
+            return _error(400, str(exc))
+        except NotActive as exc:
+            ctx.api_claims.discard(claim_id)
+            return _error(503, str(exc))
+        except Unavailable as exc:
+            ctx.api_claims.discard(claim_id)
+            return _error(409, str(exc))
+        except BaseException:
+            ctx.api_claims.discard(claim_id)
+            raise
+        return web.json_response({"id": claim_id, "namespace": fleet.namespace, "fleet": fleet.name,
+                                  "instances": [b.as_status() for b in bound],
+                                  "latencyMs": round((time.monotonic() - t0) * 1000, 3)}, status=201)
+
+    @routes.delete("/v1/namespaces/{ns}/envfleets/{fleet}/claims/{id}")
+    async def release(request: web.Request) -> web.Response:
+        fleet = fleet_of(request)
+        claim_id = request.match_info["id"]
+        if not claim_id.startswith("api_"):
+            return _error(400, "only allocation-API claims (api_...) are released here; delete the EnvClaim")
+        returned, replaced = await ctx.allocator.release(fleet, claim_id)
+        ctx.api_claims.discard(claim_id)
+        return web.json_response({"id": claim_id, "returned": returned, "replaced": replaced})
+
+    app = web.Application()
+    app.add_routes(routes)
+    return app
+
+
+def build_metrics(ctx: Context) -> web.Application:
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(ctx.metrics.registry),
+                            headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    return app
+
+
+async def serve(app: web.Application, host: str, port: int) -> web.AppRunner:
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    return runner
+
+
+def bound_port(runner: web.AppRunner) -> int:
+    """The port a site listens on (tests bind port 0)."""
+    for site in runner.sites:
+        server = getattr(site, "_server", None)
+        if server is not None and server.sockets:
+            return int(server.sockets[0].getsockname()[1])
+    raise RuntimeError("not listening")

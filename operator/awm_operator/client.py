@@ -1,0 +1,58 @@
+"""A trainer's client of the operator's allocation API (httpx only: no kopf, no Kubernetes client).
+
+    async with AllocationClient("http://awm-operator:8080", namespace="rl", fleet="train") as alloc:
+        claim = await alloc.claim(count=64, group_size=8)     # 8 GRPO groups of 8
+        for inst in claim["instances"]: ...                   # mcpUrl, controlUrl, group
+        await alloc.release(claim["id"])                      # reset and back to the pool
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+
+class AllocationError(RuntimeError):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"HTTP {status}: {message}")
+        self.status = status
+
+
+class AllocationClient:
+    def __init__(self, base_url: str, namespace: str, fleet: str, timeout: float = 660.0,
+                 client: httpx.AsyncClient | None = None) -> None:
+        self.base = f"{base_url.rstrip('/')}/v1/namespaces/{namespace}/envfleets/{fleet}"
+        self._client = client or httpx.AsyncClient(timeout=timeout)
+        self._own = client is None
+
+    async def __aenter__(self) -> "AllocationClient":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._own:
+            await self._client.aclose()
+
+    async def claim(self, count: int = 1, group_size: int | None = None, environment: str | None = None,
+                    wait_seconds: float = 30.0) -> dict[str, Any]:
+        body = {"count": count, "groupSize": group_size, "environment": environment, "waitSeconds": wait_seconds}
+        return await self._call("POST", "/claims", body)
+
+    async def release(self, claim_id: str) -> dict[str, Any]:
+        return await self._call("DELETE", f"/claims/{claim_id}")
+
+    async def fleet(self) -> dict[str, Any]:
+        return await self._call("GET", "")
+
+    async def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        r = await self._client.request(method, self.base + path, json=body)
+        try:
+            data = r.json()
+        except ValueError:
+            data = {"error": r.text}
+        if r.status_code >= 400:
+            raise AllocationError(r.status_code, data.get("error", r.text))
+        return data

@@ -1,0 +1,235 @@
+"""kopf handlers: EnvFleet, EnvClaim and env pods (imported by ``kopf run -m awm_operator.handlers``
+or by ``awm_operator.main.run``).
+
+* EnvFleet: ``on.event`` keeps the fleet's cached spec current and wakes its reconciler; a
+  ``daemon`` per fleet *is* the reconciler (kopf stops it when the fleet goes away or when this
+  replica is paused by peering, which is what makes a standby replica passive); ``on.delete``
+  (the finalizer) deletes the pods and drops the fleet's databases.
+* Pods of env servers are not watched through kopf but by ``watch.PodWatcher`` (started here on
+  start-up), which feeds each fleet's in-memory pool; see watch.py for why.
+* EnvClaim: ``on.event``, not ``on.create``: binding needs one status patch, and kopf's
+  progress annotations would add a second write (and a second watch event) to every claim.
+  A claim that cannot be bound at once waits in a task; its demand drives the autoscaler.
+  Deleting a claim releases its instances (reset through the control API, back to the pool).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import time
+from typing import Any
+
+import kopf
+
+from awm_operator import databases
+from awm_operator.allocator import Allocator, ClaimError, NotActive, Unavailable
+from awm_operator.api import bound_port, build_api, build_metrics, serve
+from awm_operator.config import OperatorConfig
+from awm_operator.crds import GROUP, VERSION, EnvClaimSpec
+from awm_operator.kube import ApiError, Kube, load_configuration
+from awm_operator.metrics import Metrics
+from awm_operator.pods import selector
+from awm_operator.reconcile import Context, Reconciler, admin_dsn
+from awm_operator.state import ClaimRequest, Fleets
+from awm_operator.watch import PodWatcher, owner_fleet
+
+log = logging.getLogger("awm.operator")
+
+FINALIZER = "awm.dev/finalizer"
+
+
+def claim_id(name: str, uid: str) -> str:
+    """The pods' ``awm.dev/claim`` value: name and uid, so a claim deleted and re-created under
+    the same name never releases its successor's instances."""
+    return f"{name}.{uid[:8]}"
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+# --------------------------------------------------------------------------- operator lifecycle
+
+
+@kopf.on.login()
+async def login(memo: kopf.Memo, **kwargs: Any) -> kopf.ConnectionInfo | None:
+    """The operator's own kubeconfig when it was given one (tests), else kopf's usual ways."""
+    if not memo.get("kubeconfig"):
+        return await kopf.login_via_async_client(**kwargs)
+    c = await load_configuration(memo.kubeconfig)
+    return kopf.ConnectionInfo(server=c.host, ca_path=c.ssl_ca_cert, insecure=not c.verify_ssl,
+                               certificate_path=c.cert_file, private_key_path=c.key_file)
+
+
+@kopf.on.startup()
+async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    cfg: OperatorConfig = memo.get("config") or OperatorConfig.from_env()
+    settings.persistence.finalizer = FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="awm.dev")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="awm.dev", key="last-handled-configuration")
+    settings.posting.level = logging.WARNING  # no Kubernetes Event per handled claim or pod
+    settings.watching.server_timeout = 300
+    settings.networking.connect_timeout = 10
+    kube = await Kube.connect(memo.get("kubeconfig"))
+    metrics = Metrics()
+    ctx = Context(kube=kube, allocator=Allocator(kube, metrics, cfg.reset_timeout), metrics=metrics, config=cfg)
+    memo.config, memo.ctx, memo.fleets = cfg, ctx, Fleets()
+    memo.claim_tasks = {}
+    memo.claims_done = set()  # uids bound or failed here: late watch events must not rebind them
+    memo.runners = [await serve(build_api(ctx, memo.fleets), cfg.api_host, cfg.api_port),
+                    await serve(build_metrics(ctx), cfg.api_host, cfg.metrics_port)]
+    cfg.api_port, cfg.metrics_port = (bound_port(r) for r in memo.runners)  # port 0: the one picked
+    watchers = [PodWatcher(kube, memo.fleets, ns) for ns in (cfg.namespaces or [None])]
+    memo.watch_tasks = [asyncio.create_task(w.run(), name=f"awm pod watch {w.namespace}") for w in watchers]
+
+
+@kopf.on.cleanup()
+async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    for task in [*memo.get("claim_tasks", {}).values(), *memo.get("watch_tasks", [])]:
+        task.cancel()
+    for runner in memo.get("runners", []):
+        await runner.cleanup()
+    if "ctx" in memo:
+        await memo.ctx.allocator.close()
+        await memo.ctx.kube.close()
+
+
+# --------------------------------------------------------------------------- fleets
+
+
+@kopf.on.event(GROUP, VERSION, "envfleets")
+async def fleet_event(event: kopf.RawEvent, namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
+    if event["type"] == "DELETED":
+        memo.fleets.drop(namespace, name)
+        memo.ctx.metrics.forget_fleet(namespace, name)
+        return
+    memo.fleets.ensure(namespace, name).set_body(event["object"])
+
+
+@kopf.daemon(GROUP, VERSION, "envfleets", cancellation_timeout=10.0)
+async def fleet_daemon(stopped: kopf.DaemonStopped, namespace: str, name: str, body: kopf.Body,
+                       memo: kopf.Memo, **_: Any) -> None:
+    fleet = memo.fleets.ensure(namespace, name)
+    if fleet.spec is None:
+        fleet.set_body(_plain(body))
+    await Reconciler(fleet, memo.ctx).run(stopped)
+
+
+@kopf.on.delete(GROUP, VERSION, "envfleets", retries=12, backoff=5)
+async def fleet_deleted(namespace: str, name: str, body: kopf.Body, memo: kopf.Memo,
+                        logger: kopf.Logger, retry: int, **_: Any) -> None:
+    """Delete the pods, wait until they are gone (an init container could still create a
+    database), then drop every database of the fleet."""
+    ctx: Context = memo.ctx
+    fleet = memo.fleets.ensure(namespace, name)
+    if fleet.spec is None:
+        fleet.set_body(_plain(body))
+    fleet.deleted = True
+    fleet.poke()
+    deadline = time.monotonic() + 30
+    while True:
+        pods = await ctx.kube.list_pods(namespace, selector(name))
+        pods = [p for p in pods if _owned_by(p, name)]
+        if not pods:
+            break
+        if time.monotonic() > deadline:
+            raise kopf.TemporaryError(f"{len(pods)} pods still terminating", delay=5)
+        await asyncio.gather(*(ctx.kube.delete_pod(namespace, p["metadata"]["name"])
+                               for p in pods if not p["metadata"].get("deletionTimestamp")))
+        await asyncio.sleep(0.5)
+    try:
+        dsn = await admin_dsn(ctx.kube, fleet)
+        dropped = await asyncio.to_thread(databases.fleet_databases, dsn, namespace, name)
+        await asyncio.to_thread(databases.drop, dsn, list(dropped))
+    except Exception as exc:
+        if retry < 3:
+            raise kopf.TemporaryError(f"cannot drop the fleet's databases yet: {exc}", delay=5) from exc
+        logger.error(f"giving up on dropping the databases of {namespace}/{name}: {exc}")
+        return
+    logger.info(f"deleted fleet {namespace}/{name}: pods gone, {len(dropped)} databases dropped")
+
+
+def _plain(body: Any) -> dict[str, Any]:
+    return {"metadata": dict(body.get("metadata", {})), "spec": dict(body.get("spec", {}))}
+
+
+def _owned_by(pod: dict[str, Any], fleet: str) -> bool:
+    return owner_fleet(pod) == fleet
+
+
+# --------------------------------------------------------------------------- claims
+
+
+@kopf.on.event(GROUP, VERSION, "envclaims")
+async def claim_event(event: kopf.RawEvent, namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
+    obj = event["object"]
+    uid = obj["metadata"]["uid"]
+    cid = claim_id(name, uid)
+    ctx: Context = memo.ctx
+    tasks: dict[str, asyncio.Task[None]] = memo.claim_tasks
+    if event["type"] == "DELETED":
+        ctx.known_claims.discard((namespace, cid))
+        memo.claims_done.discard(uid)
+        task = tasks.pop(uid, None)
+        if task is not None:
+            task.cancel()
+        fleet_name = (obj.get("spec") or {}).get("fleet")
+        fleet = memo.fleets.get(namespace, fleet_name) if fleet_name else None
+        if fleet is not None and fleet.claim_pods(cid):
+            returned, replaced = await ctx.allocator.release(fleet, cid)
+            log.info("claim %s/%s released: %d returned, %d replaced", namespace, name, returned, replaced)
+        return
+    ctx.known_claims.add((namespace, cid))
+    phase = (obj.get("status") or {}).get("phase")
+    if phase in ("Bound", "Failed") or uid in tasks or uid in memo.claims_done:
+        return
+    tasks[uid] = asyncio.create_task(_bind(memo, namespace, name, uid, obj.get("spec") or {}))
+
+
+async def _bind(memo: kopf.Memo, namespace: str, name: str, uid: str, raw_spec: dict[str, Any]) -> None:
+    """Bind at once if the pool allows, else mark the claim Pending and wait for capacity."""
+    ctx: Context = memo.ctx
+    t0 = time.monotonic()
+    cancelled = False
+    try:
+        try:
+            spec = EnvClaimSpec.model_validate(raw_spec)
+        except ValueError as exc:
+            await _status(ctx, namespace, name, {"phase": "Failed", "message": f"invalid spec: {exc}"})
+            return
+        fleet = memo.fleets.ensure(namespace, spec.fleet)
+        req = ClaimRequest(spec.count, spec.environment, spec.group_size)
+        cid = claim_id(name, uid)
+        try:
+            try:
+                bound = await ctx.allocator.claim(fleet, cid, req, wait=0, source="envclaim")
+            except (Unavailable, NotActive) as exc:
+                await _status(ctx, namespace, name, {"phase": "Pending", "message": str(exc)})
+                bound = await ctx.allocator.claim(fleet, cid, req, wait=None, source="envclaim")
+        except ClaimError as exc:
+            await _status(ctx, namespace, name, {"phase": "Failed", "message": str(exc)})
+            return
+        latency = round((time.monotonic() - t0) * 1000, 3)
+        try:
+            await _status(ctx, namespace, name, {
+                "phase": "Bound", "message": f"{len(bound)} instances bound",
+                "instances": [b.as_status() for b in bound], "boundAt": _now(), "latencyMs": latency})
+        except ApiError as exc:
+            if exc.status == 404:  # deleted while binding: give the instances back
+                await ctx.allocator.release(fleet, cid)
+                return
+            raise
+    except asyncio.CancelledError:  # the claim was deleted while it waited
+        cancelled = True
+        raise
+    finally:
+        memo.claim_tasks.pop(uid, None)
+        if not cancelled:
+            memo.claims_done.add(uid)
+
+
+async def _status(ctx: Context, namespace: str, name: str, status: dict[str, Any]) -> None:
+    await ctx.kube.patch_status("envclaims", namespace, name, status)

@@ -1,0 +1,133 @@
+"""The few Kubernetes API calls the operator makes itself (kopf does the watching).
+
+A thin layer over ``kubernetes_asyncio``'s ``ApiClient`` (its authentication, TLS and token
+refresh) that sends and returns plain dicts: the generated model classes cost more CPU than the
+whole allocation on a 1,024-pod fleet, and the operator only ever needs a few fields.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from typing import Any
+
+from kubernetes_asyncio import client as k8s
+from kubernetes_asyncio import config as k8s_config
+
+from awm_operator.crds import GROUP, VERSION
+
+MERGE = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+
+
+class ApiError(RuntimeError):
+    def __init__(self, status: int, body: str) -> None:
+        try:
+            message = json.loads(body).get("message", body)
+        except ValueError:
+            message = body
+        super().__init__(f"HTTP {status}: {message}")
+        self.status = status
+
+    @property
+    def lost_race(self) -> bool:
+        """A precondition failed (JSON-patch ``test``, resourceVersion) or the object is gone."""
+        return self.status in (404, 409, 422)
+
+
+def escape(key: str) -> str:
+    """A label or annotation key as a JSON-pointer segment (``awm.dev/state`` -> ``awm.dev~1state``)."""
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+async def load_configuration(kubeconfig: str | None = None) -> k8s.Configuration:
+    """The service account in a pod; else ``kubeconfig``, $KUBECONFIG or ~/.kube/config."""
+    configuration = k8s.Configuration()
+    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        k8s_config.load_incluster_config(client_configuration=configuration)
+    else:
+        path = kubeconfig or os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
+        await k8s_config.load_kube_config(config_file=path, client_configuration=configuration,
+                                          persist_config=False)
+    return configuration
+
+
+class Kube:
+    def __init__(self, api: k8s.ApiClient) -> None:
+        self.api = api
+
+    @classmethod
+    async def connect(cls, kubeconfig: str | None = None) -> "Kube":
+        configuration = await load_configuration(kubeconfig)
+        configuration.connection_pool_maxsize = 256
+        return cls(k8s.ApiClient(configuration))
+
+    async def close(self) -> None:
+        await self.api.close()
+
+    async def request(self, method: str, path: str, body: Any = None, content_type: str = "application/json",
+                      query: list[tuple[str, str]] | None = None, timeout: float = 30.0) -> dict[str, Any]:
+        response = await self.api.call_api(
+            path, method, query_params=query or [], body=body,
+            header_params={"Accept": "application/json", "Content-Type": content_type},
+            auth_settings=["BearerToken"], _preload_content=False, _request_timeout=timeout)
+        try:
+            data = await response.read()
+        finally:
+            response.release()
+        if not 200 <= response.status < 300:
+            raise ApiError(response.status, data.decode(errors="replace"))
+        return json.loads(data) if data else {}
+
+    # ---- pods
+    async def create_pod(self, namespace: str, pod: dict[str, Any]) -> dict[str, Any]:
+        return await self.request("POST", f"/api/v1/namespaces/{namespace}/pods", pod)
+
+    async def delete_pod(self, namespace: str, name: str, resource_version: int | None = None) -> bool:
+        """False if it was already gone; HTTP 409 if ``resource_version`` is not the current one."""
+        body: dict[str, Any] = {"propagationPolicy": "Background"}
+        if resource_version:
+            body["preconditions"] = {"resourceVersion": str(resource_version)}
+        try:
+            await self.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}", body)
+            return True
+        except ApiError as exc:
+            if exc.status == 404:
+                return False
+            raise
+
+    async def patch_pod(self, namespace: str, name: str, ops: list[dict[str, Any]]) -> dict[str, Any]:
+        """A JSON patch: atomic on the server, and its ``test`` ops are compare-and-swap."""
+        return await self.request("PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}", ops, JSON_PATCH)
+
+    async def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        data = await self.request("GET", f"/api/v1/namespaces/{namespace}/pods",
+                                  query=[("labelSelector", label_selector)])
+        return list(data.get("items") or [])
+
+    async def read_secret_key(self, namespace: str, name: str, key: str) -> str:
+        data = await self.request("GET", f"/api/v1/namespaces/{namespace}/secrets/{name}")
+        value = (data.get("data") or {}).get(key)
+        if value is None:
+            raise KeyError(f"secret {namespace}/{name} has no key {key!r}")
+        return base64.b64decode(value).decode()
+
+    # ---- our resources
+    def _path(self, plural: str, namespace: str, name: str) -> str:
+        return f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{plural}/{name}"
+
+    async def patch_status(self, plural: str, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
+        return await self.request("PATCH", self._path(plural, namespace, name) + "/status",
+                                  {"status": status}, MERGE)
+
+    async def patch_spec(self, plural: str, namespace: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+        return await self.request("PATCH", self._path(plural, namespace, name), {"spec": spec}, MERGE)
+
+    async def get_object(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return await self.request("GET", self._path(plural, namespace, name))
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise

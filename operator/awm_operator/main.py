@@ -1,0 +1,76 @@
+"""Running the operator: ``python -m awm_operator`` (the operator image's entrypoint) and
+``awm operator run``. Configuration comes from the environment (``OperatorConfig.from_env``).
+
+Namespaced when ``AWM_NAMESPACES`` lists namespaces (the chart's default), cluster-wide
+otherwise. With ``AWM_PEERING`` set, replicas coordinate through that KopfPeering object: only
+the highest-priority live replica acts; without it the operator runs standalone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from typing import Any
+
+import kopf
+
+from awm_operator.config import OperatorConfig
+
+
+def configure_logging(level: str) -> None:
+    kopf.configure(verbose=level.lower() == "debug", debug=False, quiet=level.lower() in ("warning", "error"))
+    logging.getLogger("awm").setLevel(level.upper())
+
+
+async def operate(cfg: OperatorConfig, *, kubeconfig: str | None = None,
+                  stop_flag: Any = None, ready_flag: Any = None) -> None:
+    """The operator as a coroutine (tests run it in a thread with their own stop flag)."""
+    import awm_operator.handlers  # noqa: F401  (registers the handlers with kopf's default registry)
+
+    await kopf.operator(
+        namespaces=cfg.namespaces, clusterwide=not cfg.namespaces,
+        peering_name=cfg.peering, standalone=cfg.peering is None, priority=cfg.priority,
+        memo=kopf.Memo(config=cfg, kubeconfig=kubeconfig),
+        stop_flag=stop_flag, ready_flag=ready_flag)
+
+
+def run(cfg: OperatorConfig | None = None) -> None:
+    cfg = cfg or OperatorConfig.from_env()
+    configure_logging(cfg.log_level)
+    asyncio.run(operate(cfg))
+
+
+class InThread:
+    """The operator in a background thread with its own event loop: for tests and benchmarks.
+
+        with InThread(cfg, kubeconfig) as op: ...   # returns once kopf is ready
+    """
+
+    def __init__(self, cfg: OperatorConfig, kubeconfig: str | None = None, timeout: float = 30.0) -> None:
+        self.cfg, self.kubeconfig, self.timeout = cfg, kubeconfig, timeout
+        self.stop_flag, self.ready_flag = threading.Event(), threading.Event()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._main, name="awm-operator", daemon=True)
+
+    def _main(self) -> None:
+        try:
+            asyncio.run(operate(self.cfg, kubeconfig=self.kubeconfig, stop_flag=self.stop_flag,
+                                ready_flag=self.ready_flag))
+        except BaseException as exc:  # reported by __enter__/__exit__
+            self.error = exc
+            self.ready_flag.set()
+
+    def __enter__(self) -> "InThread":
+        self.thread.start()
+        if not self.ready_flag.wait(self.timeout) or self.error is not None:
+            self.stop()
+            raise RuntimeError(f"operator did not start: {self.error!r}")
+        return self
+
+    def stop(self) -> None:
+        self.stop_flag.set()
+        self.thread.join(30)
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

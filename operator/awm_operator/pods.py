@@ -1,0 +1,222 @@
+"""Env pods: the manifest of one instance's pod, and what the operator reads back from pods.
+
+Pure functions (no API calls), so the pod contract of docs/kubernetes.md is unit-tested here:
+names, labels, owner reference, init containers (bundle, provision), the env-server container
+with its probes, and the non-root, read-only-root security context.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from awm_operator.config import OperatorConfig
+from awm_operator.crds import GROUP, VERSION, EnvFleetSpec
+
+APP_NAME = "awm-envserver"
+L_NAME = "app.kubernetes.io/name"
+L_INSTANCE = "app.kubernetes.io/instance"
+L_FLEET = "awm.dev/fleet"
+L_ENV = "awm.dev/environment"
+L_STATE = "awm.dev/state"
+A_CLAIM = "awm.dev/claim"
+A_ENV = "awm.dev/environment"          # the full environment name (labels are limited to 63 chars)
+A_CONTROL_URL = "awm.dev/control-url"
+A_MCP_URL = "awm.dev/mcp-url"
+
+STARTING, READY, ALLOCATED = "starting", "ready", "allocated"
+MCP_PORT, CONTROL_PORT = 8000, 8001
+DSN_FILE = "/run/awm/instance.dsn"
+BUNDLE_FILE = "/bundle/env.json"
+UID = 10001  # the env-server image's user
+
+_LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?$")
+
+
+def label_value(text: str) -> str:
+    """``text`` if it is a valid label value, else a readable, unique stand-in."""
+    if _LABEL_VALUE.match(text):
+        return text
+    head = re.sub(r"[^A-Za-z0-9_.-]", "-", text)[:48].strip("-_.") or "x"
+    return f"{head}-{hashlib.sha256(text.encode()).hexdigest()[:10]}"
+
+
+def dns_part(text: str, limit: int) -> str:
+    """A DNS-1123 label fragment: lowercase alphanumerics and dashes."""
+    return re.sub(r"-+", "-", re.sub(r"[^a-z0-9-]", "-", text.lower())).strip("-")[:limit].strip("-") or "env"
+
+
+def pod_prefix(fleet: str, env: str) -> str:
+    """``<fleet>-<env>-``: generateName; the API server appends 5 random characters."""
+    head = dns_part(fleet, 30)
+    return f"{head}-{dns_part(env, 56 - len(head))}-"
+
+
+def selector(fleet: str) -> str:
+    return f"{L_NAME}={APP_NAME},{L_FLEET}={label_value(fleet)}"
+
+
+def spread(replicas: int, environments: list[str]) -> dict[str, int]:
+    """Instances per environment: as even as possible, the first ones get the remainder."""
+    n = len(environments)
+    base, extra = divmod(replicas, n) if n else (0, 0)
+    return {env: base + (1 if i < extra else 0) for i, env in enumerate(environments)}
+
+
+def pod_manifest(fleet: str, namespace: str, fleet_uid: str, spec: EnvFleetSpec, env: str,
+                 cfg: OperatorConfig) -> dict[str, Any]:
+    """One instance's pod: init containers fetch the bundle and provision the database, then the
+    env server runs from /bundle/env.json with its DSN in a file it alone reads."""
+    t = spec.template
+    image = t.image or cfg.envserver_image
+    labels = {**(t.labels or {}), L_NAME: APP_NAME, L_INSTANCE: cfg.release,
+              L_FLEET: label_value(fleet), L_ENV: label_value(env), L_STATE: STARTING}
+    annotations = {**(t.annotations or {}), A_ENV: env}
+    pod_name = {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
+    container_security = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                          "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}}
+    bundle_mount = {"name": "bundle", "mountPath": "/bundle"}
+    run_mount = {"name": "run", "mountPath": "/run/awm"}
+    tmp_mount = {"name": "tmp", "mountPath": "/tmp"}
+    small = {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"cpu": "1", "memory": "512Mi"}}
+    pod: dict[str, Any] = {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {
+            "generateName": pod_prefix(fleet, env), "namespace": namespace,
+            "labels": labels, "annotations": annotations,
+            "ownerReferences": [{"apiVersion": f"{GROUP}/{VERSION}", "kind": "EnvFleet", "name": fleet,
+                                 "uid": fleet_uid, "controller": True, "blockOwnerDeletion": True}],
+        },
+        "spec": {
+            "automountServiceAccountToken": False,
+            "enableServiceLinks": False,  # thousands of Service env vars are of no use to tools
+            "restartPolicy": "Always",
+            "terminationGracePeriodSeconds": 10,
+            "securityContext": {"runAsNonRoot": True, "runAsUser": UID, "runAsGroup": UID, "fsGroup": UID,
+                                "seccompProfile": {"type": "RuntimeDefault"}},
+            "initContainers": [
+                _bundle_container(spec, env, cfg, image, container_security, bundle_mount, small),
+                {
+                    "name": "provision", "image": image, "imagePullPolicy": cfg.envserver_pull_policy,
+                    "command": ["awm", "postgres", "provision-instance", "--bundle", BUNDLE_FILE,
+                                "--name", "$(POD_NAME)", "--dsn-file", DSN_FILE],
+                    "env": [
+                        {"name": "AWM_ADMIN_DSN", "valueFrom": {"secretKeyRef": {
+                            "name": spec.database.secret_name, "key": "dsn"}}},
+                        pod_name,
+                        {"name": "AWM_FLEET", "value": fleet},
+                        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+                    ],
+                    "volumeMounts": [{**bundle_mount, "readOnly": True}, run_mount, tmp_mount],
+                    "securityContext": container_security, "resources": small,
+                },
+            ],
+            "containers": [{
+                "name": "envserver", "image": image, "imagePullPolicy": cfg.envserver_pull_policy,
+                "command": ["python", "-m", "envserver", "--bundle", BUNDLE_FILE, "--name", "$(POD_NAME)",
+                            "--host", "0.0.0.0", "--mcp-port", str(MCP_PORT), "--control-port", str(CONTROL_PORT)],
+                "env": [pod_name, {"name": "AWM_INSTANCE_DSN_FILE", "value": DSN_FILE}],
+                "ports": [{"name": "mcp", "containerPort": MCP_PORT, "protocol": "TCP"},
+                          {"name": "control", "containerPort": CONTROL_PORT, "protocol": "TCP"}],
+                "readinessProbe": {"httpGet": {"path": "/readyz", "port": "control"},
+                                   "periodSeconds": 2, "timeoutSeconds": 2, "failureThreshold": 2},
+                "livenessProbe": {"httpGet": {"path": "/healthz", "port": "control"},
+                                  "initialDelaySeconds": 10, "periodSeconds": 10, "timeoutSeconds": 5,
+                                  "failureThreshold": 3},
+                "resources": t.resources or cfg.envserver_resources,
+                "securityContext": container_security,
+                "volumeMounts": [{**bundle_mount, "readOnly": True}, {**run_mount, "readOnly": True}, tmp_mount],
+            }],
+            "volumes": [
+                {"name": "bundle", "emptyDir": {"sizeLimit": "64Mi"}},
+                {"name": "run", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
+                {"name": "tmp", "emptyDir": {"sizeLimit": "256Mi"}},
+            ],
+        },
+    }
+    if t.node_selector:
+        pod["spec"]["nodeSelector"] = t.node_selector
+    if t.tolerations:
+        pod["spec"]["tolerations"] = t.tolerations
+    if cfg.image_pull_secrets:
+        pod["spec"]["imagePullSecrets"] = cfg.image_pull_secrets
+    return pod
+
+
+def _bundle_container(spec: EnvFleetSpec, env: str, cfg: OperatorConfig, envserver_image: str,
+                      security: dict[str, Any], mount: dict[str, str], resources: dict[str, Any]) -> dict[str, Any]:
+    """Copy ``<path>/<env>.json`` out of the catalog image (shared by every pod on the node), or
+    download ``<url>/<env>.json`` with the env-server image's Python."""
+    c = spec.catalog
+    if c.url:
+        script = ("import shutil, sys, urllib.parse, urllib.request\n"
+                  "url = sys.argv[1].rstrip('/') + '/' + urllib.parse.quote(sys.argv[2]) + '.json'\n"
+                  "with urllib.request.urlopen(url, timeout=60) as r, open(sys.argv[3], 'wb') as f:\n"
+                  "    shutil.copyfileobj(r, f)\n")
+        image, command = envserver_image, ["python", "-c", script, c.url, env, BUNDLE_FILE]
+    else:
+        image = c.image or cfg.catalog_image
+        path = (c.path if c.image else cfg.catalog_path).rstrip("/")
+        command = ["cp", f"{path}/{env}.json", BUNDLE_FILE]
+    return {"name": "bundle", "image": image, "imagePullPolicy": "IfNotPresent", "command": command,
+            "volumeMounts": [mount], "securityContext": security, "resources": resources}
+
+
+def _int_rv(value: str | None) -> int:
+    try:
+        return int(value or 0)
+    except ValueError:
+        return 0
+
+
+@dataclass
+class PodInfo:
+    """What the operator needs of a pod, parsed once per watch event."""
+
+    name: str
+    env: str
+    state: str                 # the awm.dev/state label
+    ready: bool                # the pod's Ready condition
+    phase: str
+    ip: str | None
+    deleting: bool
+    claim: str | None
+    rv: int
+    mcp_url: str | None
+    control_url: str | None
+
+    @classmethod
+    def from_pod(cls, pod: dict[str, Any]) -> "PodInfo":
+        meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+        labels, ann = meta.get("labels") or {}, meta.get("annotations") or {}
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+        ip = status.get("podIP")
+        return cls(
+            name=meta["name"], env=ann.get(A_ENV) or labels.get(L_ENV, ""), state=labels.get(L_STATE, STARTING),
+            ready=ready, phase=status.get("phase", "Pending"), ip=ip,
+            deleting=bool(meta.get("deletionTimestamp")), claim=ann.get(A_CLAIM), rv=_int_rv(meta.get("resourceVersion")),
+            mcp_url=ann.get(A_MCP_URL) or (f"http://{ip}:{MCP_PORT}/mcp" if ip else None),
+            control_url=ann.get(A_CONTROL_URL) or (f"http://{ip}:{CONTROL_PORT}" if ip else None),
+        )
+
+    @property
+    def failed(self) -> bool:
+        """Exited for good (restartPolicy Always makes this rare: evictions, node loss)."""
+        return self.phase in ("Failed", "Succeeded")
+
+    @property
+    def allocatable(self) -> bool:
+        """Ready and free. The label may still say ``starting``: it follows readiness a moment
+        later (one more write per pod, done after the creations), and allocation compares and
+        swaps whatever value it has, so a claim never waits for the relabelling."""
+        return (self.state in (STARTING, READY) and self.ready and not self.deleting and not self.failed
+                and self.claim is None and self.control_url is not None)
+
+    @property
+    def wanted_state(self) -> str:
+        """The state label this pod should carry (allocation is the allocator's to change)."""
+        if self.state == ALLOCATED:
+            return ALLOCATED
+        return READY if self.ready and self.ip else STARTING

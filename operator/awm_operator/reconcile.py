@@ -1,0 +1,308 @@
+"""Keeping one fleet at its desired size: the body of the fleet's kopf daemon.
+
+Level-triggered, like a controller-runtime reconciler: every pass looks at the whole cached
+state (pods from the watch, the live EnvFleet body) and converges it, so missed or coalesced
+events cost nothing but a little latency. Pod events, spec changes and waiting claims wake the
+loop (``Fleet.poke``); bursts of events are coalesced into one pass every
+``reconcile_min_interval`` seconds.
+
+One pass: delete failed pods; move ``awm.dev/state`` between starting and ready from pod
+readiness; create or delete pods to match ``replicas`` spread over the environments (never
+deleting allocated ones); autoscale; patch the EnvFleet status; now and then drop the
+databases of pods that are gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
+
+from awm_operator import databases
+from awm_operator.allocator import Allocator
+from awm_operator.autoscale import ScaleDownGate, desired_replicas
+from awm_operator.config import OperatorConfig
+from awm_operator.kube import ApiError, Kube, escape
+from awm_operator.metrics import Metrics
+from awm_operator.pods import ALLOCATED, L_STATE, PodInfo, pod_manifest, selector, spread
+from awm_operator.state import Fleet
+
+log = logging.getLogger("awm.operator.reconcile")
+
+ORPHAN_GRACE = 10.0  # seconds a claim must stay unknown before its pods are released
+_background: set[asyncio.Task[Any]] = set()
+
+
+@dataclass
+class Context:
+    """What every fleet's reconciler shares (built once by the startup handler)."""
+
+    kube: Kube
+    allocator: Allocator
+    metrics: Metrics
+    config: OperatorConfig
+    known_claims: set[tuple[str, str]] = field(default_factory=set)   # (namespace, name) of EnvClaims
+    api_claims: set[str] = field(default_factory=set)                 # ids of live allocation-API claims
+    started: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class Reconciler:
+    fleet: Fleet
+    ctx: Context
+    gate: ScaleDownGate = field(default_factory=lambda: ScaleDownGate(30.0))
+    last_status: dict[str, Any] = field(default_factory=dict)
+    last_status_at: float = 0.0
+    last_sweep: float = field(default_factory=time.monotonic)
+    orphans: dict[str, float] = field(default_factory=dict)
+    conditions: dict[str, dict[str, Any]] = field(default_factory=dict)
+    relabel_tokens: float = 0.0
+    relabel_at: float = field(default_factory=time.monotonic)
+
+    def __post_init__(self) -> None:
+        self.gate = ScaleDownGate(self.ctx.config.scale_down_delay)
+
+    async def run(self, stopped: Any) -> None:
+        """Until kopf stops the daemon (fleet deleted, operator paused or exiting)."""
+        cfg, fleet = self.ctx.config, self.fleet
+        fleet.active = True
+        fleet.poke()
+        fleet._grew()  # claims that waited while no replica acted may proceed
+        halt = asyncio.ensure_future(stopped.wait())
+        try:
+            last = 0.0
+            while not stopped:
+                woken = asyncio.ensure_future(fleet.wake.wait())
+                await asyncio.wait([woken, halt], timeout=cfg.resync_interval, return_when=asyncio.FIRST_COMPLETED)
+                woken.cancel()
+                fleet.wake.clear()
+                pause = last + cfg.reconcile_min_interval - time.monotonic()
+                if pause > 0:
+                    await asyncio.sleep(pause)
+                if stopped or fleet.deleted:
+                    break
+                last = time.monotonic()
+                with self.ctx.metrics.reconcile.time():
+                    again = await self.reconcile()
+                if again:
+                    fleet.poke()
+        finally:
+            halt.cancel()
+            fleet.active = False
+
+    async def reconcile(self) -> bool:
+        """One pass; True if there is more to do right away."""
+        fleet, cfg = self.fleet, self.ctx.config
+        spec = fleet.spec
+        if spec is None:
+            await self.patch_status(force=False)
+            return False
+        now = time.monotonic()
+        sem = asyncio.Semaphore(cfg.create_concurrency)
+        jobs: list[Awaitable[Any]] = []
+
+        def job(fn: Callable[[], Awaitable[Any]]) -> None:
+            async def limited() -> None:
+                async with sem:
+                    try:
+                        await fn()
+                    except ApiError as exc:
+                        if not exc.lost_race:
+                            log.warning("fleet %s/%s: %s", fleet.namespace, fleet.name, exc)
+            jobs.append(limited())
+
+        pods = [p for p in fleet.pods.values() if not p.deleting]
+        # 1. failed pods are deleted (and so replaced below, on the next pass)
+        for p in pods:
+            if p.failed:
+                fleet.doom(p)
+                job(lambda p=p: self.delete(p, guarded=False))
+        live = [p for p in pods if not p.failed]
+        # 2. count per environment
+        desired = spread(spec.replicas, spec.environments)
+        more = False
+        by_env: dict[str, list[PodInfo]] = {}
+        for p in live:
+            by_env.setdefault(p.env, []).append(p)
+        batch = budget = max(cfg.create_concurrency * 4, 64)  # writes per pass: passes stay short
+        for env in list(by_env) + [e for e in desired if e not in by_env]:
+            have, want = by_env.get(env, []), desired.get(env, 0)
+            if len(have) < want:
+                n = min(want - len(have), budget)
+                budget -= n
+                more |= n < want - len(have)
+                for _ in range(n):
+                    job(lambda env=env: self.create(env))
+            elif len(have) > want:
+                for p in self.victims(have, len(have) - want):
+                    fleet.doom(p)  # now, so no claim picks it while the deletion is in flight
+                    job(lambda p=p: self.delete(p, guarded=True))
+        # 3. the state label follows readiness (allocation is the allocator's business). Not
+        # while pods are still being created: those writes come first (the label is for people
+        # and selectors; allocation does not wait for it), and then a bounded batch per pass.
+        if budget == batch and cfg.relabel_rate > 0:
+            stale = [p for p in live if p.wanted_state != p.state and p.name not in fleet.reserved
+                     and p.state != "unknown"]
+            self.relabel_tokens = min(batch, self.relabel_tokens + (now - self.relabel_at) * cfg.relabel_rate)
+            self.relabel_at = now
+            n = min(len(stale), int(self.relabel_tokens))
+            self.relabel_tokens -= n
+            for p in stale[:n]:
+                job(lambda p=p, w=p.wanted_state: self.relabel(p, w))
+            if len(stale) > n:
+                asyncio.get_running_loop().call_later(max(0.05, 1.0 / cfg.relabel_rate), fleet.poke)
+        # 4. orphaned claims (an EnvClaim deleted while no operator watched): release
+        self.release_orphans(now)
+        if jobs:
+            await asyncio.gather(*jobs)
+        # 5. autoscale, status, databases
+        await self.autoscale(now)
+        await self.patch_status(force=False)
+        await self.sweep_databases(now)
+        return more
+
+    def victims(self, pods: list[PodInfo], n: int) -> list[PodInfo]:
+        """Scale down: never allocated or reserved pods; not-ready ones first, then the newest."""
+        free = [p for p in pods if p.state != ALLOCATED and p.claim is None and p.name not in self.fleet.reserved]
+        free.sort(key=lambda p: (p.ready, -p.rv))
+        return free[:n]
+
+    async def create(self, env: str) -> None:
+        fleet = self.fleet
+        assert fleet.spec is not None
+        pod = pod_manifest(fleet.name, fleet.namespace, fleet.uid, fleet.spec, env, self.ctx.config)
+        created = await self.ctx.kube.create_pod(fleet.namespace, pod)
+        fleet.update_pod(PodInfo.from_pod(created))
+        self.ctx.metrics.pod_operations.labels(fleet.namespace, fleet.name, "create").inc()
+
+    async def delete(self, pod: PodInfo, guarded: bool) -> None:
+        """``guarded``: only the version we looked at (a resourceVersion precondition), so a pod
+        that another operator replica allocated meanwhile survives the scale-down."""
+        try:
+            await self.ctx.kube.delete_pod(self.fleet.namespace, pod.name, pod.rv if guarded else None)
+        except ApiError as exc:
+            if exc.status == 409:
+                self.fleet.spare(pod)
+                return
+            raise
+        self.ctx.metrics.pod_operations.labels(self.fleet.namespace, self.fleet.name, "delete").inc()
+
+    async def relabel(self, pod: PodInfo, state: str) -> None:
+        path = f"/metadata/labels/{escape(L_STATE)}"
+        ops = [{"op": "test", "path": path, "value": pod.state}, {"op": "replace", "path": path, "value": state}]
+        updated = await self.ctx.kube.patch_pod(self.fleet.namespace, pod.name, ops)
+        self.fleet.update_pod(PodInfo.from_pod(updated))
+        self.ctx.metrics.pod_operations.labels(self.fleet.namespace, self.fleet.name, "relabel").inc()
+
+    def release_orphans(self, now: float) -> None:
+        fleet, ctx = self.fleet, self.ctx
+        claims = {p.claim for p in fleet.pods.values() if p.claim}
+        for claim in claims:
+            known = claim in ctx.api_claims if claim.startswith("api_") else (fleet.namespace, claim) in ctx.known_claims
+            if known:
+                self.orphans.pop(claim, None)
+                continue
+            first = self.orphans.setdefault(claim, now)
+            if now - first >= ORPHAN_GRACE and now - ctx.started >= ORPHAN_GRACE:
+                del self.orphans[claim]
+                log.info("fleet %s/%s: releasing instances of vanished claim %s", fleet.namespace, fleet.name, claim)
+                task = asyncio.create_task(ctx.allocator.release(fleet, claim))
+                _background.add(task)  # keep a reference until it is done
+                task.add_done_callback(_background.discard)
+        for claim in set(self.orphans) - claims:
+            del self.orphans[claim]
+
+    async def autoscale(self, now: float) -> None:
+        fleet, spec = self.fleet, self.fleet.spec
+        assert spec is not None
+        if not spec.autoscale:
+            return
+        counts = fleet.counts()
+        target = desired_replicas(counts.allocated, fleet.demand(), spec.buffer, spec.min_replicas, spec.max_replicas)
+        decision = self.gate.decide(spec.replicas, target, now)
+        if decision is not None and decision != spec.replicas:
+            log.info("fleet %s/%s: autoscaling %d -> %d (allocated %d, demand %d, buffer %d)", fleet.namespace,
+                     fleet.name, spec.replicas, decision, counts.allocated, fleet.demand(), spec.buffer)
+            await self.ctx.kube.patch_spec("envfleets", fleet.namespace, fleet.name, {"replicas": decision})
+            fleet.spec = spec.model_copy(update={"replicas": decision})  # act now; the event confirms it
+            fleet.poke()
+        due = self.gate.due_in(now)
+        if due is not None:
+            asyncio.get_running_loop().call_later(due + 0.01, fleet.poke)
+
+    def _condition(self, kind: str, ok: bool, reason: str, message: str) -> dict[str, Any]:
+        status = "True" if ok else "False"
+        old = self.conditions.get(kind)
+        when = old["lastTransitionTime"] if old and old["status"] == status else \
+            dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        cond = {"type": kind, "status": status, "reason": reason, "message": message, "lastTransitionTime": when}
+        self.conditions[kind] = cond
+        return cond
+
+    async def patch_status(self, force: bool) -> None:
+        fleet, m = self.fleet, self.ctx.metrics
+        c = fleet.counts()
+        for state, n in (("starting", c.starting), ("ready", c.ready), ("allocated", c.allocated)):
+            m.instances.labels(fleet.namespace, fleet.name, state).set(n)
+        m.demand.labels(fleet.namespace, fleet.name).set(fleet.demand())
+        if fleet.spec is None:
+            cond = self._condition("Ready", False, "InvalidSpec", fleet.spec_error or "no spec")
+            status: dict[str, Any] = {"conditions": [cond]}
+        else:
+            want = fleet.spec.replicas
+            m.desired.labels(fleet.namespace, fleet.name).set(want)
+            ready = c.ready + c.allocated >= want and c.replicas == want
+            cond = self._condition("Ready", ready, "AllReady" if ready else "Reconciling",
+                                   f"{c.ready} ready, {c.allocated} allocated, {c.starting} starting of {want}")
+            status = {"replicas": c.replicas, "ready": c.ready, "allocated": c.allocated,
+                      "selector": selector(fleet.name), "conditions": [cond],
+                      "observedGeneration": fleet.generation}
+        comparable = {k: v for k, v in status.items() if k != "conditions"} | {"cond": (cond["status"], cond["message"])}
+        if comparable == self.last_status:
+            return
+        now = time.monotonic()
+        wait = self.last_status_at + self.ctx.config.status_min_interval - now
+        if wait > 0 and not force:
+            asyncio.get_running_loop().call_later(wait + 0.01, fleet.poke)
+            return
+        try:
+            await self.ctx.kube.patch_status("envfleets", fleet.namespace, fleet.name, status)
+        except ApiError as exc:
+            if exc.status != 404:
+                log.warning("fleet %s/%s: status: %s", fleet.namespace, fleet.name, exc)
+            return
+        self.last_status, self.last_status_at = comparable, now
+
+    async def sweep_databases(self, now: float) -> None:
+        """Drop the databases of pods that are gone: every ``db_sweep_interval`` seconds, and
+        soon after pods disappeared (never right after start-up, when the pod cache may still be
+        filling)."""
+        fleet, cfg = self.fleet, self.ctx.config
+        due = now - self.last_sweep >= cfg.db_sweep_interval
+        recent = fleet.pods_gone_at > self.last_sweep and now - fleet.pods_gone_at >= 2.0
+        if not (due or recent) or now - self.ctx.started < 10.0:
+            if fleet.pods_gone_at > self.last_sweep:
+                asyncio.get_running_loop().call_later(2.1, fleet.poke)
+            return
+        self.last_sweep = now
+        try:
+            dsn = await admin_dsn(self.ctx.kube, fleet)
+            live = set(fleet.pods)
+            dropped = await asyncio.to_thread(databases.drop_orphans, dsn, fleet.namespace, fleet.name, live)
+        except Exception as exc:  # the database being unreachable must not stop the fleet
+            log.warning("fleet %s/%s: database sweep failed: %s", fleet.namespace, fleet.name, exc)
+            return
+        if dropped:
+            log.info("fleet %s/%s: dropped %d databases of deleted pods", fleet.namespace, fleet.name, len(dropped))
+
+
+async def admin_dsn(kube: Kube, fleet: Fleet) -> str:
+    """The admin DSN from the fleet's Secret (key ``dsn``), cached on the fleet."""
+    if fleet.admin_dsn is None:
+        if fleet.spec is None:
+            raise RuntimeError("fleet has no valid spec")
+        fleet.admin_dsn = await kube.read_secret_key(fleet.namespace, fleet.spec.database.secret_name, "dsn")
+    return fleet.admin_dsn

@@ -1,0 +1,361 @@
+"""The container images (images/<component>/Dockerfile), without a Docker engine.
+
+Fast: each Dockerfile parses, is multi-stage, pins every base image by tag (or digest), runs as a
+non-root user, has an exec-form ENTRYPOINT, copies only files that exist, and keeps pip out of the
+final stage.
+
+Slow: each image's build stage is replayed on the host: the files its COPY lines name are copied
+into an empty directory, a clean virtualenv gets exactly the `pip install` of its RUN line, and the
+image's commands run from that virtualenv: the entrypoint, and for the env-server image also the
+commands the operator puts in env pods (operator/awm_operator/pods.py). That catches a missing
+COPY, a missing extra or a broken entrypoint before anyone builds the image.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+IMAGES = ROOT / "images"
+NAMES = ["envserver", "operator", "trainer", "catalog"]
+
+
+@dataclass
+class Stage:
+    base: str
+    name: str | None
+    instructions: list[tuple[str, str]] = field(default_factory=list)
+
+    def all(self, instr: str) -> list[str]:
+        return [args for i, args in self.instructions if i == instr]
+
+
+def parse(path: Path) -> tuple[dict[str, str], list[Stage]]:
+    """(ARG defaults, stages) of a Dockerfile: continuation lines joined, comments dropped."""
+    logical, buf = [], ""
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
+        if not buf and (not line or line.startswith("#")):
+            continue
+        if buf and line.startswith("#"):
+            continue
+        if line.endswith("\\"):
+            buf += line[:-1] + " "
+            continue
+        logical.append(buf + line)
+        buf = ""
+    args: dict[str, str] = {}
+    stages: list[Stage] = []
+    for line in logical:
+        instr, _, rest = line.partition(" ")
+        instr, rest = instr.upper(), rest.strip()
+        if instr == "FROM":
+            words = rest.split()
+            stages.append(Stage(words[0], words[2] if len(words) >= 3 and words[1].upper() == "AS" else None))
+        elif instr == "ARG" and "=" in rest:
+            k, v = rest.split("=", 1)
+            args[k] = v
+        elif stages:
+            stages[-1].instructions.append((instr, rest))
+    return args, stages
+
+
+def dockerfile(name: str) -> tuple[dict[str, str], list[Stage]]:
+    return parse(IMAGES / name / "Dockerfile")
+
+
+def test_every_component_has_an_image() -> None:
+    assert sorted(p.name for p in IMAGES.iterdir() if (p / "Dockerfile").is_file()) == sorted(NAMES)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_dockerfile_rules(name: str) -> None:
+    args, stages = dockerfile(name)
+    assert len(stages) >= 2, "multi-stage: build tools stay out of the final image"
+    seen: set[str] = set()
+    for stage in stages:
+        if stage.base in seen:
+            continue
+        ref = stage.base
+        assert "$" not in ref, f"FROM {ref}: pin the base, not a variable"
+        if "@sha256:" not in ref:
+            image, _, tag = ref.rpartition(":")
+            assert image and "/" not in tag, f"FROM {ref}: no tag"
+            assert tag != "latest" and re.search(r"\d", tag), f"FROM {ref}: pin a version tag"
+        if stage.name:
+            seen.add(stage.name)
+    final = stages[-1]
+    users = final.all("USER")
+    assert users, "the final stage must set USER"
+    user = users[-1].split(":")[0]
+    assert user not in ("root", "0") and (not user.isdigit() or int(user) > 0), users[-1]
+    entry = final.all("ENTRYPOINT")
+    assert entry, "ENTRYPOINT missing"
+    assert isinstance(json.loads(entry[-1]), list), "ENTRYPOINT must be exec form (a JSON array)"
+    assert not any("pip install" in r for r in final.all("RUN")), "pip belongs in the build stage"
+    for stage in stages:
+        for copy in stage.all("COPY"):
+            if copy.startswith("--from"):
+                continue
+            for src in copy.split()[:-1]:
+                src = re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], src)
+                assert (ROOT / src).exists(), f"COPY {src}: not in the repository"
+    if "python" in final.base:
+        env = " ".join(final.all("ENV"))
+        assert "PYTHONDONTWRITEBYTECODE=1" in env, "read-only root: no .pyc writes at run time"
+        assert any("compileall" in r for s in stages for r in s.all("RUN")), "precompile bytecode"
+
+
+# --------------------------------------------------------------------------- replaying builds
+
+
+@dataclass
+class Built:
+    src: Path
+    venv: Path
+
+    def bin(self, name: str) -> str:
+        return str(self.venv / "bin" / name)
+
+    def run(self, *argv: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+        """argv as the image would run it: `python`/`awm` resolve to the virtualenv's."""
+        argv_l = list(argv)
+        if (self.venv / "bin" / argv_l[0]).exists():
+            argv_l[0] = self.bin(argv_l[0])
+        clean = {k: v for k, v in os.environ.items() if not k.startswith(("AWM_", "VIRTUAL_ENV", "PYTHON"))}
+        clean["PATH"] = f"{self.venv / 'bin'}:{clean.get('PATH', '')}"
+        return subprocess.run(argv_l, capture_output=True, text=True, cwd=self.src, timeout=timeout,
+                              env={**clean, **(env or {})})
+
+
+def pip_install_args(stage: Stage) -> list[str]:
+    for run in stage.all("RUN"):
+        m = re.search(r"pip install ((?:\"[^\"]+\"|'[^']+'|[^&\s]+)(?: (?:\"[^\"]+\"|'[^']+'|[^&\s]+))*)", run)
+        if m:
+            return shlex.split(m.group(1))
+    raise AssertionError("no pip install in the build stage")
+
+
+def replay(name: str, tmp: Path, preinstall=None) -> Built:
+    """Copy what the build stage COPYs into tmp/src, then `pip install` as its RUN line does into
+    a fresh virtualenv (preinstall(venv) may seed it first)."""
+    args, stages = dockerfile(name)
+    build = stages[0]
+    src = tmp / "src"
+    src.mkdir()
+    for copy in build.all("COPY"):
+        *sources, dest = copy.split()
+        for s in sources:
+            s = re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], s)
+            target = src / dest.lstrip("/")  # WORKDIR /src: relative and absolute land in src
+            origin = ROOT / s
+            if origin.is_dir():
+                shutil.copytree(origin, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+            else:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(origin, target if not dest.endswith("/") else target / origin.name)
+    venv = tmp / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    if preinstall:
+        preinstall(venv)
+    pip = [str(venv / "bin" / "pip"), "install", "--quiet", "--disable-pip-version-check", *pip_install_args(build)]
+    r = subprocess.run(pip, cwd=src, capture_output=True, text=True, timeout=1500)
+    assert r.returncode == 0, f"{' '.join(pip)}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    return Built(src, venv)
+
+
+def entrypoint(name: str) -> list[str]:
+    return json.loads(dockerfile(name)[1][-1].all("ENTRYPOINT")[-1])
+
+
+def command_head(argv: list[str]) -> list[str]:
+    """The program part of a command line: `python -m mod` or the words before the first option."""
+    if argv[:2] == ["python", "-m"]:
+        return argv[:3]
+    head = []
+    for word in argv:
+        if word.startswith("-"):
+            break
+        head.append(word)
+    return head
+
+
+def pod_commands() -> dict[str, list[str]]:
+    """container name -> command, from the operator's env-pod manifest (catalog from an image)."""
+    sys.path.insert(0, str(ROOT / "operator"))
+    try:
+        from awm_operator.config import OperatorConfig
+        from awm_operator.crds import EnvFleetSpec
+        from awm_operator.pods import pod_manifest
+    finally:
+        sys.path.remove(str(ROOT / "operator"))
+    spec = EnvFleetSpec.model_validate({"environments": ["crm"], "catalog": {"image": "awm-catalog:0.1.0"},
+                                        "database": {"secretName": "awm-database"}})
+    pod = pod_manifest("demo", "default", "uid", spec, "crm", OperatorConfig())
+    containers = pod["spec"]["initContainers"] + pod["spec"]["containers"]
+    return {c["name"]: c["command"] for c in containers}
+
+
+@pytest.mark.slow
+def test_envserver_image_commands(tmp_path: Path) -> None:
+    built = replay("envserver", tmp_path)
+    commands = {"entrypoint": entrypoint("envserver")}
+    commands.update({k: v for k, v in pod_commands().items() if k in ("provision", "envserver")})
+    assert set(commands) == {"entrypoint", "provision", "envserver"}
+    for what, argv in commands.items():
+        r = built.run(*command_head(argv), "--help")
+        assert r.returncode == 0 and "usage" in (r.stdout + r.stderr).lower(), f"{what}: {argv}\n{r.stdout}\n{r.stderr}"
+        # Every option the pod passes is one the program accepts.
+        for option in (w for w in argv if w.startswith("--")):
+            assert option in r.stdout, f"{what}: {option} not in `{' '.join(command_head(argv))} --help`"
+    # No torch in the env server (it is the trainer's), and AWM-1K apps can run.
+    r = built.run("python", "-c", "import importlib.util as u; print(u.find_spec('torch') is None); "
+                  "import fastapi, sqlalchemy, fastmcp, envserver.asgi_runtime")
+    assert r.returncode == 0 and r.stdout.strip() == "True", r.stderr
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_operator_image_entrypoint(tmp_path: Path) -> None:
+    """`python -m awm_operator` from the replayed image serves /healthz against a real API server
+    (k8s/harness.py; skipped without its binaries unless CI=true)."""
+    built = replay("operator", tmp_path)
+    argv = entrypoint("operator")
+    r = built.run("awm", "operator", "run", "--help")
+    assert r.returncode == 0 and "AWM_" in r.stdout, r.stdout + r.stderr
+    r = built.run("python", "-c", "import awm_operator.main, awm_operator.handlers")
+    assert r.returncode == 0, r.stderr
+
+    from tests.test_chart import harness
+
+    if not harness.binaries_present():
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"Kubernetes test binaries missing in {harness.default_bin_dir()} (CI=true)")
+        pytest.skip(f"Kubernetes test binaries missing in {harness.default_bin_dir()}: run k8s/build.sh "
+                    "(the entrypoint's imports were checked)")
+    cp = harness.ControlPlane(nodes=1)
+    cp.start(tmp_path / "k8s")
+    proc = None
+    try:
+        cp.kubectl("apply", "-f", str(ROOT / "charts" / "awm" / "crds"))
+        cp.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/envfleets.awm.dev", "crd/envclaims.awm.dev")
+        api, metrics = _free_port(), _free_port()
+        env = {"KUBECONFIG": cp.kubeconfig, "AWM_NAMESPACES": "default", "AWM_API_PORT": str(api),
+               "AWM_METRICS_PORT": str(metrics), "HOME": str(tmp_path)}
+        clean = {k: v for k, v in os.environ.items() if not k.startswith(("AWM_", "VIRTUAL_ENV", "PYTHON", "KUBERNETES_"))}
+        argv = [built.bin(argv[0]), *argv[1:]] if (built.venv / "bin" / argv[0]).exists() else argv
+        proc = subprocess.Popen(argv, cwd=tmp_path, env={**clean, **env}, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        deadline, body = time.monotonic() + 60, None
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{api}/healthz", timeout=2) as resp:
+                    body = resp.read().decode()
+                    break
+            except OSError:
+                time.sleep(0.5)
+        assert body == "ok", f"no /healthz (exit {proc.poll()})"
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=5) as resp:
+            assert "awm_" in resp.read().decode()
+    finally:
+        if proc is not None:
+            proc.terminate()
+            try:
+                out, _ = proc.communicate(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, _ = proc.communicate()
+        cp.stop()
+
+
+def _seed_torch(venv: Path) -> None:
+    """Link the test environment's torch (and what it requires) into a fresh virtualenv, so the
+    Dockerfile's `pip install .[trainer]` finds it satisfied instead of downloading ~3 GB of CUDA
+    wheels; every other package is installed by that pip command as in the image."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    todo, done = ["torch"], set()
+    while todo:
+        name = canonicalize_name(todo.pop())
+        if name in done:
+            continue
+        done.add(name)
+        dist = metadata.distribution(name)
+        for req in dist.requires or []:
+            r = Requirement(req)
+            if r.marker is None or r.marker.evaluate({"extra": ""}):
+                todo.append(r.name)
+        for f in dist.files or []:
+            if str(f).startswith(".."):
+                continue  # scripts outside site-packages (torchrun...): not needed here
+            origin, target = Path(dist.locate_file(f)), site / f
+            if origin.is_file():
+                target.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    os.link(origin, target)
+                except OSError:
+                    shutil.copy2(origin, target)
+
+
+@pytest.mark.slow
+def test_trainer_image_entrypoint(tmp_path: Path) -> None:
+    try:
+        torch_version = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        pytest.skip("torch is not installed in the test environment, and the trainer image's "
+                    "`pip install .[trainer]` would download ~3 GB of torch + CUDA wheels")
+    built = replay("trainer", tmp_path, preinstall=_seed_torch)
+    argv = entrypoint("trainer")
+    for sub in ("train", "eval", "agent"):
+        r = built.run(*argv, sub, "--help")
+        assert r.returncode == 0 and "Usage" in r.stdout, f"{sub}: {r.stdout}\n{r.stderr}"
+    r = built.run("python", "-c", "import importlib.metadata as m, torch, transformers, trainer.grpo; "
+                  "print(m.version('torch'), int(torch.ones(3).sum()))")
+    assert r.returncode == 0 and r.stdout.split() == [torch_version, "3"], r.stdout + r.stderr
+
+
+@pytest.mark.slow
+def test_catalog_image_build(tmp_path: Path) -> None:
+    """The catalog image's build step (`awm catalog export`) yields <env>.json files that load as
+    bundles, at the path the operator's `bundle` init container copies from."""
+    built = replay("catalog", tmp_path)
+    _, stages = dockerfile("catalog")
+    export = next(r for r in stages[0].all("RUN") if "catalog export" in r)
+    m = re.search(r"awm catalog export (\S+) --catalog (\S+)", export)
+    assert m, export
+    out, src = tmp_path / m.group(1).lstrip("/"), built.src / m.group(2).lstrip("/")
+    r = built.run("awm", "catalog", "export", str(out), "--catalog", str(src))
+    assert r.returncode == 0, r.stdout + r.stderr
+    files = sorted(p.name for p in out.glob("*.json"))
+    assert files == ["bike_shop.json", "crm.json", "project_tracker.json"]
+    from awm.bundle import EnvBundle
+
+    for f in files:
+        assert EnvBundle.model_validate_json((out / f).read_text()).name == f.removesuffix(".json")
+    # The final stage holds them where the chart's default says (catalog.path: /catalog), and the
+    # operator's init container copies <path>/<env>.json.
+    final = stages[-1]
+    assert any(c.split()[-1] == "/catalog" for c in final.all("COPY"))
+    bundle_cmd = pod_commands()["bundle"]
+    assert bundle_cmd[:2] == ["cp", "/catalog/crm.json"], bundle_cmd

@@ -1,0 +1,290 @@
+"""The Kubernetes operator's pure parts (pod builder, allocation planning, autoscaling math,
+configuration, CRDs) and the pod-side provisioning command against the real PostgreSQL.
+
+End-to-end tests on a real control plane are in test_operator_e2e.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from awm.cli import app
+from awm.postgres import provision
+from awm_operator import databases
+from awm_operator.autoscale import ScaleDownGate, desired_replicas
+from awm_operator.config import OperatorConfig
+from awm_operator.crds import EnvFleetSpec
+from awm_operator.pods import (A_CLAIM, A_CONTROL_URL, A_ENV, ALLOCATED, READY, STARTING, PodInfo, label_value,
+                               pod_manifest, pod_prefix, spread)
+from awm_operator.state import ClaimRequest, Fleet, plan
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def fleet_spec(**extra) -> EnvFleetSpec:
+    return EnvFleetSpec.model_validate({"environments": ["crm", "bike_shop"], "replicas": 4, "catalog": {},
+                                        "database": {"secretName": "awm-database"}, **extra})
+
+
+# --------------------------------------------------------------------------- pods
+
+
+def test_pod_manifest_follows_the_contract() -> None:
+    cfg = OperatorConfig(release="rel", envserver_image="reg/awm-envserver:1", catalog_image="reg/awm-catalog:1")
+    spec = fleet_spec(template={"labels": {"team": "rl"}, "annotations": {"note": "x"},
+                                "nodeSelector": {"pool": "envs"}, "tolerations": [{"key": "k", "operator": "Exists"}]})
+    pod = pod_manifest("train", "ns", "uid-1", spec, "bike_shop", cfg)
+    meta, ps = pod["metadata"], pod["spec"]
+    assert meta["generateName"] == "train-bike-shop-"
+    assert meta["labels"] == {"team": "rl", "app.kubernetes.io/name": "awm-envserver", "app.kubernetes.io/instance": "rel",
+                              "awm.dev/fleet": "train", "awm.dev/environment": "bike_shop", "awm.dev/state": STARTING}
+    assert meta["annotations"] == {"note": "x", A_ENV: "bike_shop"}
+    assert meta["ownerReferences"] == [{"apiVersion": "awm.dev/v1alpha1", "kind": "EnvFleet", "name": "train",
+                                        "uid": "uid-1", "controller": True, "blockOwnerDeletion": True}]
+    assert ps["nodeSelector"] == {"pool": "envs"} and ps["tolerations"][0]["key"] == "k"
+    assert ps["securityContext"]["runAsNonRoot"] and ps["securityContext"]["runAsUser"] == 10001
+    assert ps["automountServiceAccountToken"] is False
+    bundle, prov = ps["initContainers"]
+    assert bundle["image"] == "reg/awm-catalog:1"
+    assert bundle["command"] == ["cp", "/catalog/bike_shop.json", "/bundle/env.json"]
+    assert prov["command"][:3] == ["awm", "postgres", "provision-instance"]
+    assert "--dsn-file" in prov["command"] and "/run/awm/instance.dsn" in prov["command"]
+    env = {e["name"]: e for e in prov["env"]}
+    assert env["AWM_ADMIN_DSN"]["valueFrom"]["secretKeyRef"] == {"name": "awm-database", "key": "dsn"}
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    (server,) = ps["containers"]
+    assert server["name"] == "envserver" and server["image"] == "reg/awm-envserver:1"
+    assert {p["name"]: p["containerPort"] for p in server["ports"]} == {"mcp": 8000, "control": 8001}
+    assert server["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "control"}
+    assert server["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "control"}
+    # The env server reads its DSN from a file and never sees the admin Secret.
+    assert {e["name"] for e in server["env"]} == {"POD_NAME", "AWM_INSTANCE_DSN_FILE"}
+    assert "secretKeyRef" not in json.dumps(server)
+    for c in (bundle, prov, server):
+        sc = c["securityContext"]
+        assert sc["readOnlyRootFilesystem"] and sc["runAsNonRoot"] and sc["allowPrivilegeEscalation"] is False
+        assert sc["capabilities"] == {"drop": ["ALL"]}
+    mounts = {m["mountPath"]: m.get("readOnly", False) for m in server["volumeMounts"]}
+    assert mounts == {"/bundle": True, "/run/awm": True, "/tmp": False}
+    assert server["resources"] == cfg.envserver_resources
+
+
+def test_pod_manifest_catalog_sources() -> None:
+    cfg = OperatorConfig()
+    by_image = pod_manifest("f", "ns", "u", fleet_spec(catalog={"image": "my/cat:2", "path": "/data/"}), "crm", cfg)
+    assert by_image["spec"]["initContainers"][0]["image"] == "my/cat:2"
+    assert by_image["spec"]["initContainers"][0]["command"] == ["cp", "/data/crm.json", "/bundle/env.json"]
+    by_url = pod_manifest("f", "ns", "u", fleet_spec(catalog={"url": "http://store/cat"}, template={"image": "e:3"}), "crm", cfg)
+    init = by_url["spec"]["initContainers"][0]
+    assert init["image"] == "e:3" and init["command"][:2] == ["python", "-c"]
+    assert init["command"][3:] == ["http://store/cat", "crm", "/bundle/env.json"]
+
+
+def test_names_stay_within_kubernetes_limits() -> None:
+    prefix = pod_prefix("a-very-long-fleet-name-that-goes-on-and-on", "Some_Environment.With.Odd_Chars" * 3)
+    assert len(prefix) + 5 <= 63 and prefix.endswith("-") and prefix == prefix.lower()
+    assert label_value("bike_shop") == "bike_shop"
+    odd = label_value("x" * 80)
+    assert len(odd) <= 63 and odd != label_value("x" * 81)
+    assert len(provision.pod_instance_name("p" * 63)) <= 63
+    assert provision.pod_instance_name("train-crm-abcde") == "awm_i_train_crm_abcde"
+
+
+def test_spread() -> None:
+    assert spread(10, ["a", "b", "c"]) == {"a": 4, "b": 3, "c": 3}
+    assert spread(0, ["a"]) == {"a": 0}
+    assert sum(spread(1024, [f"e{i}" for i in range(7)]).values()) == 1024
+
+
+def pod(name: str, env: str = "crm", state: str = READY, ready: bool = True, rv: int = 1, claim: str | None = None,
+        **annotations: str) -> dict:
+    ann = {A_ENV: env, **annotations}
+    if claim:
+        ann[A_CLAIM] = claim
+    return {"metadata": {"name": name, "resourceVersion": str(rv), "labels": {"awm.dev/state": state},
+                         "annotations": ann},
+            "status": {"phase": "Running", "podIP": "10.0.0.1",
+                       "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
+
+
+def test_pod_info() -> None:
+    info = PodInfo.from_pod(pod("a", ready=True))
+    assert info.allocatable and info.mcp_url == "http://10.0.0.1:8000/mcp" and info.control_url == "http://10.0.0.1:8001"
+    assert info.wanted_state == READY
+    assert PodInfo.from_pod(pod("b", state=STARTING, ready=False)).wanted_state == STARTING
+    assert PodInfo.from_pod(pod("c", state=STARTING)).allocatable  # ready; the label follows later
+    assert not PodInfo.from_pod(pod("c", state=STARTING, ready=False)).allocatable
+    assert not PodInfo.from_pod(pod("c", claim="x")).allocatable
+    assert PodInfo.from_pod(pod("d", state=ALLOCATED, ready=False)).wanted_state == ALLOCATED
+    override = PodInfo.from_pod(pod("e", **{A_CONTROL_URL: "http://127.0.0.1:9"}))
+    assert override.control_url == "http://127.0.0.1:9"
+
+
+# --------------------------------------------------------------------------- allocation
+
+
+def test_plan_single_instances_balances_environments() -> None:
+    available = {"a": ["a1", "a2", "a3", "a4"], "b": ["b1", "b2"], "c": []}
+    (group,) = plan(available, ClaimRequest(4))
+    assert len(group) == 4 and len(set(group)) == 4
+    assert sum(n.startswith("a") for n in group) == 3  # the fullest environment gives most
+    assert plan(available, ClaimRequest(7)) is None     # all or nothing
+    assert plan(available, ClaimRequest(2, environment="b")) == [["b1", "b2"]]
+    assert plan(available, ClaimRequest(3, environment="b")) is None
+
+
+def test_plan_grpo_groups_come_from_one_environment() -> None:
+    available = {"a": [f"a{i}" for i in range(5)], "b": [f"b{i}" for i in range(4)], "c": ["c0"]}
+    groups = plan(available, ClaimRequest(8, group_size=4))
+    assert groups is not None and len(groups) == 2
+    for g in groups:
+        assert len(g) == 4 and len({n[0] for n in g}) == 1
+    assert {g[0][0] for g in groups} == {"a", "b"}
+    assert plan(available, ClaimRequest(12, group_size=4)) is None  # c cannot hold a group
+    assert plan(available, ClaimRequest(4, group_size=2, environment="a")) == [["a0", "a1"], ["a2", "a3"]]
+
+
+def test_claim_request_problems() -> None:
+    spec = fleet_spec(autoscale=True, maxReplicas=10)
+    assert ClaimRequest(6, group_size=4).problem(spec) is not None
+    assert ClaimRequest(2, environment="nope").problem(spec) is not None
+    assert ClaimRequest(11).problem(spec) is not None
+    assert ClaimRequest(8, group_size=4, environment="crm").problem(spec) is None
+
+
+async def test_fleet_cache_reservations_and_stale_events() -> None:
+    fleet = Fleet("ns", "f")
+    fleet.update_pod(PodInfo.from_pod(pod("a", rv=5)))
+    fleet.update_pod(PodInfo.from_pod(pod("b", env="bike_shop", rv=6)))
+    assert fleet.available_lists() == {"crm": ["a"], "bike_shop": ["b"]}
+    fleet.reserve(["a"])
+    assert fleet.available_lists() == {"bike_shop": ["b"]}
+    fleet.update_pod(PodInfo.from_pod(pod("a", state=ALLOCATED, rv=7, claim="c1")))
+    fleet.unreserve(["a"])
+    assert fleet.available_lists() == {"bike_shop": ["b"]}
+    fleet.update_pod(PodInfo.from_pod(pod("a", rv=6)))  # an older event arriving late is ignored
+    assert fleet.pods["a"].state == ALLOCATED and [p.name for p in fleet.claim_pods("c1")] == ["a"]
+    c = fleet.counts()
+    assert (c.replicas, c.ready, c.allocated, c.starting) == (2, 1, 1, 0)
+    waiter = asyncio.ensure_future(fleet.wait_capacity(5))
+    await asyncio.sleep(0)
+    fleet.update_pod(PodInfo.from_pod(pod("c", rv=8)))
+    await asyncio.wait_for(waiter, 1)  # new capacity wakes waiting claims
+    fleet.doom(fleet.pods["c"])
+    fleet.update_pod(PodInfo.from_pod(pod("c", rv=9)))  # still being deleted, whatever the event says
+    assert fleet.counts().replicas == 2 and "c" not in fleet.available_lists().get("crm", [])
+    fleet.remove_pod("c")
+    assert "c" not in fleet.doomed
+
+
+# --------------------------------------------------------------------------- autoscaling
+
+
+def test_desired_replicas() -> None:
+    assert desired_replicas(allocated=10, pending=6, buffer=4, minimum=0, maximum=100) == 20
+    assert desired_replicas(0, 0, 0, minimum=2, maximum=100) == 2
+    assert desired_replicas(90, 40, 8, minimum=0, maximum=100) == 100
+
+
+def test_scale_down_waits_scale_up_does_not() -> None:
+    gate = ScaleDownGate(delay=30)
+    assert gate.decide(current=10, target=20, now=0) == 20
+    assert gate.decide(current=20, target=12, now=1) is None
+    assert gate.due_in(now=11) == pytest.approx(20)
+    assert gate.decide(current=20, target=14, now=20) is None
+    assert gate.decide(current=20, target=14, now=31) == 14
+    assert gate.decide(current=14, target=18, now=32) == 18
+    assert gate.decide(current=18, target=10, now=33) is None
+    assert gate.decide(current=18, target=18, now=34) is None  # demand came back: the timer resets
+    assert gate.decide(current=18, target=10, now=35) is None
+
+
+# --------------------------------------------------------------------------- configuration and CRDs
+
+
+def test_config_from_env() -> None:
+    cfg = OperatorConfig.from_env({"AWM_NAMESPACES": "a, b", "AWM_PEERING": "awm", "AWM_HEALTH_PORT": "8081",
+                                   "AWM_ENVSERVER_RESOURCES": '{"limits": {"cpu": "2"}}', "AWM_SCALE_DOWN_DELAY": "5",
+                                   "AWM_IMAGE_PULL_SECRETS": '[{"name": "regcred"}]'})
+    assert cfg.namespaces == ["a", "b"] and cfg.peering == "awm" and cfg.api_port == 8081
+    assert cfg.envserver_resources == {"limits": {"cpu": "2"}} and cfg.scale_down_delay == 5.0
+    assert cfg.image_pull_secrets == [{"name": "regcred"}]
+    assert OperatorConfig.from_env({}).peering is None and OperatorConfig.from_env({}).namespaces == []
+
+
+def test_crds_in_chart_match_the_models(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["operator", "crds", "-o", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    written = sorted(p.name for p in tmp_path.iterdir())
+    assert written == ["envclaims.awm.dev.yaml", "envfleets.awm.dev.yaml"]
+    for name in written:
+        chart = ROOT / "charts" / "awm" / "crds" / name
+        assert chart.read_text() == (tmp_path / name).read_text(), (
+            f"{chart} is out of date: run `awm operator crds -o charts/awm/crds`")
+    stream = CliRunner().invoke(app, ["operator", "crds"])
+    assert [d["kind"] for d in yaml.safe_load_all(stream.stdout)] == ["CustomResourceDefinition"] * 2
+
+
+# --------------------------------------------------------------------------- pod-side provisioning
+
+
+def test_provision_instance_command(admin_dsn: str, notes_bundle, tmp_path: Path) -> None:
+    bundle = tmp_path / "env.json"
+    bundle.write_text(notes_bundle.model_dump_json())
+    dsn_file = tmp_path / "run" / "instance.dsn"
+    pod_name = "unit-notes-abcde"
+    env = {**os.environ, "AWM_ADMIN_DSN": admin_dsn, "AWM_FLEET": "unit", "POD_NAMESPACE": "ns1"}
+    command = [str(Path(sys.executable).with_name("awm")), "postgres", "provision-instance", "--bundle", str(bundle),
+               "--name", pod_name, "--dsn-file", str(dsn_file)]  # exactly what the init container runs
+    r = subprocess.run(command, env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert stat.S_IMODE(dsn_file.stat().st_mode) == 0o600
+    dbname = provision.pod_instance_name(pod_name)
+    dsn = dsn_file.read_text()
+    assert admin_dsn not in dsn and f"dbname={dbname}" in dsn.replace("'", "")
+    with psycopg.connect(dsn) as conn:  # the instance role reaches its own database
+        assert conn.execute("SELECT current_database()").fetchone()[0] == dbname
+    assert databases.fleet_databases(admin_dsn, "ns1", "unit") == {dbname: pod_name}
+    # Run twice (an init container restarted): a fresh database again, no error.
+    r = subprocess.run(command, env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert databases.drop_orphans(admin_dsn, "ns1", "unit", live_pods={pod_name}) == []
+    assert databases.drop_orphans(admin_dsn, "ns1", "unit", live_pods=set()) == [dbname]
+    assert dbname not in provision.list_instances(admin_dsn)
+
+
+def test_envserver_reads_its_dsn_from_a_file(admin_dsn: str, notes_bundle, tmp_path: Path) -> None:
+    bundle = tmp_path / "env.json"
+    bundle.write_text(notes_bundle.model_dump_json())
+    template = provision.ensure_template(admin_dsn, notes_bundle)
+    inst = provision.create_instance(admin_dsn, template, provision.pod_instance_name("dsnfile-notes-x1"))
+    dsn_file = tmp_path / "instance.dsn"
+    dsn_file.write_text(inst.dsn + "\n")
+    dsn_file.chmod(0o600)
+    env = {k: v for k, v in os.environ.items() if k != "AWM_INSTANCE_DSN"}
+    env["AWM_INSTANCE_DSN_FILE"] = str(dsn_file)
+    proc = subprocess.Popen([sys.executable, "-m", "envserver", "--bundle", str(bundle), "--mcp-port", "0",
+                             "--control-port", "0"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line, proc.stderr.read()
+        ready = json.loads(line)
+        import httpx
+
+        assert httpx.get(ready["control_url"] + "/readyz", timeout=10).status_code == 200
+        assert httpx.post(ready["control_url"] + "/reset", json={"task_id": None}, timeout=10).status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        provision.drop_instance(admin_dsn, inst.dbname)

@@ -1,0 +1,408 @@
+"""The operator end to end, on a real control plane (k8s/harness.py: etcd, kube-apiserver,
+controller-manager, scheduler; kwok fakes the kubelet, so pods get an IP and turn Ready but run
+nothing). The operator runs in-process (kopf in a thread) against the harness kubeconfig.
+
+Releases reset instances through their control API: the fleets here point every pod at a real
+env server (``awm.dev/control-url`` from the fleet's pod template), served locally on the real
+PostgreSQL. Databases: kwok runs no init containers, so the tests create instance databases the
+way the provisioning init container does, then check the operator drops them.
+
+Skipped without the harness binaries (k8s/build.sh), except under CI=true.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import time
+import urllib.error
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+
+import httpx
+import pytest
+
+from awm.postgres import provision
+from awm_operator.client import AllocationClient, AllocationError
+from awm_operator.config import OperatorConfig
+from awm_operator.main import InThread
+from awm_operator.pods import A_CLAIM, A_CONTROL_URL
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parent.parent
+CRDS = ROOT / "charts" / "awm" / "crds"
+NS = "awm-e2e"
+API = "/apis/awm.dev/v1alpha1"
+
+
+def wait_for(what: str, ok: Callable[[], Any], timeout: float = 60.0, interval: float = 0.2) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = ok()
+        except (urllib.error.HTTPError, KeyError):
+            last = None
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+
+
+class Cluster:
+    """The few calls the tests make, as the admin user."""
+
+    def __init__(self, cp: Any, namespace: str) -> None:
+        self.cp, self.ns = cp, namespace
+
+    def create(self, plural: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+        kind = {"envfleets": "EnvFleet", "envclaims": "EnvClaim"}[plural]
+        body = {"apiVersion": "awm.dev/v1alpha1", "kind": kind, "metadata": {"name": name}, "spec": spec}
+        return self.cp.api("POST", f"{API}/namespaces/{self.ns}/{plural}", body)
+
+    def get(self, plural: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self.cp.api("GET", f"{API}/namespaces/{self.ns}/{plural}/{name}")
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                return None
+            raise
+
+    def status(self, plural: str, name: str) -> dict[str, Any]:
+        return (self.get(plural, name) or {}).get("status") or {}
+
+    def delete(self, plural: str, name: str) -> None:
+        self.cp.api("DELETE", f"{API}/namespaces/{self.ns}/{plural}/{name}")
+
+    def scale(self, fleet: str, replicas: int) -> None:
+        self.cp.kubectl("-n", self.ns, "scale", f"envfleet/{fleet}", f"--replicas={replicas}")
+
+    def pods(self, fleet: str, state: str | None = None) -> list[dict[str, Any]]:
+        sel = f"awm.dev/fleet={fleet}" + (f",awm.dev/state={state}" if state else "")
+        items = self.cp.api("GET", f"/api/v1/namespaces/{self.ns}/pods?labelSelector={sel}")["items"]
+        return [p for p in items if not p["metadata"].get("deletionTimestamp")]
+
+    def delete_pods(self, names: list[str]) -> None:
+        for i in range(0, len(names), 50):
+            self.cp.kubectl("-n", self.ns, "delete", "pod", "--wait=false", *names[i:i + 50])
+
+    def annotate(self, pod: str, key: str, value: str) -> None:
+        self.cp.kubectl("-n", self.ns, "annotate", "--overwrite", "pod", pod, f"{key}={value}")
+
+    def ready(self, fleet: str, n: int) -> bool:
+        s = self.status("envfleets", fleet)
+        return s.get("ready") == n and s.get("replicas") == n
+
+
+def fleet_spec(replicas: int, control_url: str | None, environments: list[str] | None = None,
+               **extra: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {"environments": environments or ["crm", "bike_shop", "notes"], "replicas": replicas,
+                            "catalog": {}, "database": {"secretName": "awm-db"}, **extra}
+    if control_url:
+        spec["template"] = {"annotations": {A_CONTROL_URL: control_url}}
+    return spec
+
+
+def setup_namespace(cp: Any, namespace: str, admin_dsn: str) -> None:
+    cp.kubectl("create", "namespace", namespace)
+    cp.kubectl("-n", namespace, "create", "secret", "generic", "awm-db", f"--from-literal=dsn={admin_dsn}")
+    wait_for("the namespace's default ServiceAccount",
+             lambda: cp.api("GET", f"/api/v1/namespaces/{namespace}/serviceaccounts/default"))
+
+
+@pytest.fixture(scope="module")
+def cluster(control_plane: Any, admin_dsn: str) -> Cluster:
+    cp = control_plane
+    r = cp.kubectl("apply", "--server-side", "-f", str(CRDS), check=False)
+    assert r.returncode == 0, r.stderr
+    cp.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/envfleets.awm.dev", "crd/envclaims.awm.dev")
+    setup_namespace(cp, NS, admin_dsn)
+    return Cluster(cp, NS)
+
+
+@pytest.fixture(scope="module")
+def operator(cluster: Cluster) -> Any:
+    cfg = OperatorConfig(namespaces=[NS], api_host="127.0.0.1", api_port=0, metrics_port=0, scale_down_delay=1.0,
+                         resync_interval=5.0, db_sweep_interval=3.0, reset_timeout=5.0, claim_wait_default=10.0)
+    with InThread(cfg, cluster.cp.kubeconfig) as op:
+        yield op
+
+
+@pytest.fixture(scope="module")
+def env_server(notes_fleet: Any) -> str:
+    """The control URL of a real env server (the notes environment on the real PostgreSQL)."""
+    return notes_fleet.instances[0].control_url
+
+
+def api_url(op: InThread) -> str:
+    return f"http://127.0.0.1:{op.cfg.api_port}"
+
+
+def metric(op: InThread, name: str, **labels: str) -> float:
+    text = httpx.get(f"http://127.0.0.1:{op.cfg.metrics_port}/metrics").text
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+# --------------------------------------------------------------------------- fleets
+
+
+@pytest.mark.timeout(900)  # 40-80 s to Ready on 2 shared cores; more on a loaded machine
+def test_fleet_of_1024_gets_ready_and_recovers(cluster: Cluster, operator: InThread) -> None:
+    t0 = time.monotonic()
+    cluster.create("envfleets", "big", fleet_spec(1024, None, [f"env{i}" for i in range(8)]))
+    wait_for("1,024 ready instances", lambda: cluster.ready("big", 1024), timeout=300, interval=0.5)
+    ready_s = time.monotonic() - t0
+    pods = cluster.pods("big", "ready")
+    assert len(pods) == 1024
+    per_env: dict[str, int] = {}
+    for p in pods:
+        per_env[p["metadata"]["labels"]["awm.dev/environment"]] = per_env.get(p["metadata"]["labels"]["awm.dev/environment"], 0) + 1
+        assert p["metadata"]["ownerReferences"][0]["kind"] == "EnvFleet"
+    assert per_env == {f"env{i}": 128 for i in range(8)}
+    status = cluster.status("envfleets", "big")
+    assert status["conditions"][0]["type"] == "Ready" and status["conditions"][0]["status"] == "True"
+    assert status["selector"] == "app.kubernetes.io/name=awm-envserver,awm.dev/fleet=big"
+    assert metric(operator, "awm_fleet_instances", fleet="big", state="ready") == 1024
+
+    t1 = time.monotonic()
+    cluster.delete_pods([p["metadata"]["name"] for p in pods[:100]])
+    wait_for("the fleet back at 1,024 ready", lambda: cluster.ready("big", 1024) and len(cluster.pods("big")) == 1024,
+             timeout=240, interval=0.5)
+    print(f"1,024 ready in {ready_s:.1f}s; 100 deleted pods replaced in {time.monotonic() - t1:.1f}s")
+
+    cluster.delete("envfleets", "big")
+    wait_for("the fleet gone", lambda: cluster.get("envfleets", "big") is None and not cluster.pods("big"), timeout=120)
+
+
+def test_failed_pods_are_replaced_and_scale_down_spares_allocated(cluster: Cluster, operator: InThread) -> None:
+    cluster.create("envfleets", "repl", fleet_spec(4, "http://127.0.0.1:9", ["crm"]))
+    wait_for("4 ready", lambda: cluster.ready("repl", 4))
+    victim = cluster.pods("repl")[0]["metadata"]["name"]
+    # A pod that exits for good (evicted, node lost) is replaced.
+    subprocess.run([cluster.cp.bin("kubectl"), "--kubeconfig", cluster.cp.kubeconfig, "-n", NS, "patch", "pod", victim,
+                    "--subresource=status", "--type=merge", "-p", json.dumps({"status": {"phase": "Failed"}})],
+                   check=True, capture_output=True)
+    wait_for("the failed pod replaced", lambda: victim not in {p["metadata"]["name"] for p in cluster.pods("repl")}
+             and cluster.ready("repl", 4))
+
+    async def claim() -> dict[str, Any]:
+        async with AllocationClient(api_url(operator), NS, "repl") as alloc:
+            return await alloc.claim(count=2)
+
+    bound = asyncio.run(claim())
+    cluster.scale("repl", 1)
+    wait_for("scaled down to the 2 allocated", lambda: len(cluster.pods("repl")) == 2, timeout=30)
+    assert {p["metadata"]["name"] for p in cluster.pods("repl")} == {i["pod"] for i in bound["instances"]}
+    cluster.delete("envfleets", "repl")
+    wait_for("the fleet gone", lambda: cluster.get("envfleets", "repl") is None)
+
+
+# --------------------------------------------------------------------------- claims
+
+
+def claim_of(cluster: Cluster, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    cluster.create("envclaims", name, spec)
+    return wait_for(f"claim {name} to settle",
+                    lambda: (s := cluster.status("envclaims", name)).get("phase") in ("Bound", "Failed") and s)
+
+
+def test_claims_bind_and_release(cluster: Cluster, operator: InThread, env_server: str) -> None:
+    cluster.create("envfleets", "pool", fleet_spec(12, env_server))
+    wait_for("12 ready", lambda: cluster.ready("pool", 12))
+
+    single = claim_of(cluster, "one", {"fleet": "pool", "count": 3})
+    assert single["phase"] == "Bound" and len(single["instances"]) == 3 and single["latencyMs"] >= 0
+    assert all(i["controlUrl"] == env_server and i["mcpUrl"].endswith(":8000/mcp") for i in single["instances"])
+    grpo = claim_of(cluster, "grpo", {"fleet": "pool", "count": 6, "groupSize": 3})
+    assert grpo["phase"] == "Bound"
+    groups: dict[int, set[str]] = {}
+    for i in grpo["instances"]:
+        groups.setdefault(i["group"], set()).add(i["environment"])
+    assert sorted(groups) == [0, 1] and all(len(envs) == 1 for envs in groups.values())
+    taken = {i["pod"] for i in single["instances"]} | {i["pod"] for i in grpo["instances"]}
+    assert len(taken) == 9
+    allocated = {p["metadata"]["name"]: p for p in cluster.pods("pool", "allocated")}
+    assert set(allocated) == taken
+    assert allocated[single["instances"][0]["pod"]]["metadata"]["annotations"][A_CLAIM].startswith("one.")
+    wait_for("status counts", lambda: cluster.status("envfleets", "pool").get("allocated") == 9)
+
+    bad = claim_of(cluster, "bad", {"fleet": "pool", "count": 3, "groupSize": 2})
+    assert bad["phase"] == "Failed" and "multiple" in bad["message"]
+
+    # The allocation API draws from the same pool; a claim larger than what is left waits.
+    async def api_claims() -> None:
+        async with AllocationClient(api_url(operator), NS, "pool") as alloc:
+            got = await alloc.claim(count=2)
+            assert len({i["pod"] for i in got["instances"]} | taken) == 11
+            with pytest.raises(AllocationError) as exc:
+                await alloc.claim(count=2, wait_seconds=0.5)
+            assert exc.value.status == 409
+            released = await alloc.release(got["id"])
+            assert released["returned"] == 2 and released["replaced"] == 0
+    asyncio.run(api_claims())
+
+    # Deleting claims resets their instances through the control API and returns them.
+    resets_before = metric(operator, "awm_instances_released_total", fleet="pool", result="returned")
+    cluster.delete("envclaims", "one")
+    cluster.delete("envclaims", "grpo")
+    cluster.delete("envclaims", "bad")
+    wait_for("all 12 back in the pool", lambda: cluster.ready("pool", 12) and len(cluster.pods("pool", "ready")) == 12)
+    assert metric(operator, "awm_instances_released_total", fleet="pool", result="returned") - resets_before == 9
+
+
+def test_concurrent_claims_never_share_an_instance(cluster: Cluster, operator: InThread) -> None:
+    wait_for("12 ready", lambda: cluster.ready("pool", 12))
+    run_id = uuid.uuid4().hex[:6]
+
+    async def api_claim(alloc: AllocationClient) -> list[str]:
+        got = await alloc.claim(count=1, wait_seconds=5)
+        return [i["pod"] for i in got["instances"]]
+
+    async def race() -> list[str]:
+        async with AllocationClient(api_url(operator), NS, "pool") as alloc:
+            loop = asyncio.get_running_loop()
+            creations = [loop.run_in_executor(None, cluster.create, "envclaims", f"c{run_id}-{i}",
+                                              {"fleet": "pool", "count": 1}) for i in range(6)]
+            results = await asyncio.gather(*(api_claim(alloc) for _ in range(6)), *creations)
+            return [p for r in results[:6] for p in r]
+
+    api_pods = asyncio.run(race())
+    bound = [wait_for(f"claim {i}", lambda i=i: cluster.status("envclaims", f"c{run_id}-{i}").get("phase") == "Bound"
+                      and cluster.status("envclaims", f"c{run_id}-{i}")) for i in range(6)]
+    claim_pods = [i["pod"] for b in bound for i in b["instances"]]
+    everything = api_pods + claim_pods
+    assert len(everything) == 12 and len(set(everything)) == 12
+
+    # The pool is empty now: a claim waits (Pending), and binds once instances come back.
+    cluster.create("envclaims", f"w{run_id}", {"fleet": "pool", "count": 2, "environment": "crm"})
+    wait_for("a pending claim", lambda: cluster.status("envclaims", f"w{run_id}").get("phase") == "Pending")
+    for i in range(6):
+        cluster.delete("envclaims", f"c{run_id}-{i}")
+    waited = wait_for("the waiting claim bound",
+                      lambda: (s := cluster.status("envclaims", f"w{run_id}")).get("phase") == "Bound" and s)
+    assert {i["environment"] for i in waited["instances"]} == {"crm"}
+    cluster.delete("envclaims", f"w{run_id}")
+
+    async def release_api() -> None:  # the API claims: find their ids on the pods
+        ids = {p["metadata"]["annotations"][A_CLAIM] for p in cluster.pods("pool", "allocated")
+               if p["metadata"]["annotations"][A_CLAIM].startswith("api_")}
+        async with AllocationClient(api_url(operator), NS, "pool") as alloc:
+            for claim_id in ids:
+                await alloc.release(claim_id)
+    asyncio.run(release_api())
+    wait_for("all 12 back in the pool", lambda: cluster.ready("pool", 12))
+
+
+def test_failed_reset_replaces_the_instance(cluster: Cluster, operator: InThread) -> None:
+    wait_for("12 ready", lambda: cluster.ready("pool", 12))
+
+    async def go() -> None:
+        async with AllocationClient(api_url(operator), NS, "pool") as alloc:
+            got = await alloc.claim(count=2)
+            broken = got["instances"][0]["pod"]
+            cluster.annotate(broken, A_CONTROL_URL, "http://127.0.0.1:9")  # nothing listens there
+            await asyncio.sleep(0.5)  # the operator sees the new annotation through its watch
+            released = await alloc.release(got["id"])
+            assert (released["returned"], released["replaced"]) == (1, 1)
+            wait_for("the broken pod gone and replaced",
+                     lambda: broken not in {p["metadata"]["name"] for p in cluster.pods("pool")}
+                     and cluster.ready("pool", 12))
+    asyncio.run(go())
+    assert metric(operator, "awm_instances_released_total", fleet="pool", result="replaced") >= 1
+    cluster.delete("envfleets", "pool")
+    wait_for("the fleet gone", lambda: cluster.get("envfleets", "pool") is None)
+
+
+def test_autoscaling_follows_demand(cluster: Cluster, operator: InThread, env_server: str) -> None:
+    cluster.create("envfleets", "auto", fleet_spec(1, env_server, ["crm"], autoscale=True, buffer=2,
+                                                   minReplicas=1, maxReplicas=12))
+    wait_for("the buffer of 2", lambda: cluster.ready("auto", 2))
+    assert cluster.get("envfleets", "auto")["spec"]["replicas"] == 2
+    cluster.create("envclaims", "burst", {"fleet": "auto", "count": 6})
+    bound = wait_for("the burst bound after scaling up",
+                     lambda: (s := cluster.status("envclaims", "burst")).get("phase") == "Bound" and s, timeout=60)
+    assert len(bound["instances"]) == 6
+    wait_for("allocated + buffer", lambda: cluster.get("envfleets", "auto")["spec"]["replicas"] == 8
+             and cluster.status("envfleets", "auto").get("ready") == 2)
+    huge = claim_of(cluster, "huge", {"fleet": "auto", "count": 13})
+    assert huge["phase"] == "Failed" and "maxReplicas" in huge["message"]
+    cluster.delete("envclaims", "huge")
+    cluster.delete("envclaims", "burst")
+    wait_for("scaled back down to the buffer", lambda: cluster.get("envfleets", "auto")["spec"]["replicas"] == 2
+             and cluster.ready("auto", 2), timeout=60)
+    cluster.delete("envfleets", "auto")
+    wait_for("the fleet gone", lambda: cluster.get("envfleets", "auto") is None)
+
+
+# --------------------------------------------------------------------------- databases
+
+
+def test_fleet_deletion_drops_its_databases(cluster: Cluster, operator: InThread, admin_dsn: str,
+                                            notes_bundle: Any) -> None:
+    cluster.create("envfleets", "dbs", fleet_spec(3, None, ["notes"]))
+    wait_for("3 ready", lambda: cluster.ready("dbs", 3))
+    template = provision.ensure_template(admin_dsn, notes_bundle)
+
+    def provision_for(pod: str) -> str:  # what the pod's init container does
+        name = provision.pod_instance_name(pod)
+        provision.create_instance(admin_dsn, template, name, meta={"pod": pod, "fleet": "dbs", "namespace": NS})
+        return name
+
+    pods = [p["metadata"]["name"] for p in cluster.pods("dbs")]
+    dbs = {pod: provision_for(pod) for pod in pods}
+    stray = provision_for("dbs-notes-neverexisted")
+    other = provision.pod_instance_name("other-notes-keepme")
+    provision.create_instance(admin_dsn, template, other, meta={"pod": "other-notes-keepme", "fleet": "other",
+                                                                 "namespace": NS})
+    # Deleted pods' databases are swept on reconcile.
+    cluster.delete_pods([pods[0]])
+    wait_for("the deleted pod's and the stray database dropped",
+             lambda: not {dbs[pods[0]], stray} & set(provision.list_instances(admin_dsn)), timeout=30)
+    assert {dbs[pods[1]], dbs[pods[2]]} <= set(provision.list_instances(admin_dsn))
+    # Deleting the fleet deletes its pods, then drops every database it has.
+    cluster.delete("envfleets", "dbs")
+    wait_for("the fleet gone (its finalizer done)", lambda: cluster.get("envfleets", "dbs") is None, timeout=60)
+    assert not cluster.pods("dbs")
+    left = set(provision.list_instances(admin_dsn))
+    assert not set(dbs.values()) & left and other in left
+    provision.drop_instance(admin_dsn, other)
+
+
+# --------------------------------------------------------------------------- more than one replica
+
+
+def test_peering_one_replica_acts_and_a_standby_takes_over(control_plane: Any, cluster: Cluster, admin_dsn: str) -> None:
+    ns = "awm-peer"
+    setup_namespace(control_plane, ns, admin_dsn)
+    control_plane.kubectl("apply", "-f", "-", input=json.dumps(
+        {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": "awm", "namespace": ns}}))
+    peer = Cluster(control_plane, ns)
+
+    def config(priority: int) -> OperatorConfig:
+        return OperatorConfig(namespaces=[ns], peering="awm", priority=priority, api_host="127.0.0.1", api_port=0,
+                              metrics_port=0, resync_interval=5.0)
+
+    with InThread(config(10), control_plane.kubeconfig) as standby:
+        active = InThread(config(20), control_plane.kubeconfig).__enter__()
+        try:
+            time.sleep(2)  # both announce themselves; the lower priority pauses
+            peer.create("envfleets", "ha", fleet_spec(5, None, ["crm"]))
+            wait_for("5 ready", lambda: peer.ready("ha", 5), timeout=60)
+            time.sleep(1)
+            assert metric(active, "awm_pod_operations_total", fleet="ha", operation="create") == 5
+            assert metric(standby, "awm_pod_operations_total", fleet="ha", operation="create") == 0
+            assert len(peer.pods("ha")) == 5
+        finally:
+            active.stop()
+        peer.scale("ha", 7)
+        wait_for("the standby took over", lambda: peer.ready("ha", 7), timeout=90)
+        assert metric(standby, "awm_pod_operations_total", fleet="ha", operation="create") == 2
+        peer.delete("envfleets", "ha")
+        wait_for("the fleet gone", lambda: peer.get("envfleets", "ha") is None, timeout=60)

@@ -1,0 +1,68 @@
+"""``awm eval``: k samples per task from a scripted endpoint on a served catalog; pass@1 / pass@k."""
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.llm_server import Reply, ScriptedLLM
+from trainer.eval import pass_at_k
+
+NOTES = Path(__file__).parent / "fixtures" / "notes"
+
+
+def test_pass_at_k_by_hand():
+    assert pass_at_k(4, 2, 1) == pytest.approx(0.5)
+    assert pass_at_k(4, 2, 2) == pytest.approx(1 - 1 / 6)  # 1 - C(2,2) / C(4,2)
+    assert pass_at_k(4, 0, 4) == 0.0 and pass_at_k(4, 1, 4) == 1.0
+    assert pass_at_k(5, 1, 2) == pytest.approx(1 - 6 / 10)  # 1 - C(4,2) / C(5,2)
+    assert pass_at_k(0, 0, 4) == 0.0
+
+
+def test_awm_eval_reports_pass_at_k_per_environment(pg, tmp_path):
+    """add_note always solved, count_notes never, archive_first in every other episode."""
+    archive_attempts = itertools.count()
+
+    def answer(stage, body, index):
+        instruction = next(m["content"] for m in body["messages"] if m["role"] == "user")
+        turn = sum(1 for m in body["messages"] if m["role"] == "assistant")
+        if instruction.startswith("Add a note"):
+            if turn == 0:
+                return Reply('<tool_call>{"name": "add_note", "arguments": {"title": "groceries", "body": "milk, eggs"}}'
+                             '</tool_call>')
+            return Reply("Added.")
+        if instruction.startswith("How many"):
+            return Reply("You have 7 notes.")
+        if turn == 0:
+            attempt = next(archive_attempts)
+            return Reply('<tool_call>{"name": "archive_note", "arguments": {"note_id": %d}}</tool_call>'
+                         % (1 if attempt % 2 == 0 else 2))
+        return Reply("Archived.")
+
+    out = tmp_path / "eval"
+    with ScriptedLLM(answer) as llm:
+        environ = dict(os.environ, AWM_HOME=str(pg.root.parent))
+        environ.pop("AWM_DATABASE_URL", None)
+        result = subprocess.run(
+            [sys.executable, "-m", "awm.cli", "eval", "--base-url", llm.base_url, "--model", "scripted",
+             "--catalog", str(NOTES), "--task", "add_note", "--task", "count_notes", "--task", "archive_first",
+             "-k", "4", "--replicas", "2", "--max-turns", "3", "--out", str(out)],
+            capture_output=True, text=True, env=environ, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "pass@1" in result.stdout and "pass@4" in result.stdout and "notes" in result.stdout
+    report = json.loads((out / "eval.json").read_text())
+    (env,) = report["environments"]
+    assert env["env"] == "notes" and env["tasks"] == 3 and env["episodes"] == 12 and env["masked"] == 0
+    tasks = {t["task_id"]: t for t in report["tasks"]}
+    assert (tasks["add_note"]["pass_at_1"], tasks["add_note"]["pass_at_k"]) == (1.0, 1.0)
+    assert (tasks["count_notes"]["pass_at_1"], tasks["count_notes"]["pass_at_k"]) == (0.0, 0.0)
+    assert (tasks["archive_first"]["complete"], tasks["archive_first"]["pass_at_1"]) == (2, 0.5)
+    assert tasks["archive_first"]["pass_at_k"] == 1.0
+    assert env["pass@1"] == pytest.approx(0.5) and env["pass@4"] == pytest.approx(0.6667, abs=1e-4)
+    assert (out / "eval.png").stat().st_size > 5_000
+    lines = (out / "trajectories.jsonl").read_text().splitlines()
+    assert sum(json.loads(line)["event"] == "end" for line in lines) == 12

@@ -1,0 +1,219 @@
+"""GRPO math against hand-computed values, and the pure parts of the trainer (no server)."""
+
+import math
+
+import pytest
+import torch
+
+from trainer.grpo import grpo_loss, group_advantages
+from trainer.history import window
+from trainer.reward import RewardConfig, score
+from trainer.samples import build_batch, episode_sequences
+from trainer.toolcalls import MalformedCall, ToolCall, parse_native, parse_text, strip_calls
+from trainer.trajectory import Trajectory, Turn
+
+
+# -- advantages ---------------------------------------------------------------------------------
+
+def test_group_advantages_by_hand():
+    # mean 0.5, sample std sqrt((4 * 0.25) / 3) = 0.57735 -> +-0.5 / 0.57735 = +-0.866025
+    adv = group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0]), eps=0.0)
+    assert adv.tolist() == pytest.approx([0.866025, -0.866025, -0.866025, 0.866025], abs=1e-6)
+    # Dr. GRPO (no std scaling): r - mean
+    adv = group_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0]), scale=False)
+    assert adv.tolist() == pytest.approx([0.75, -0.25, -0.25, -0.25])
+
+
+def test_masked_members_take_no_part():
+    # the masked 5.0 (our failure) is neither in the mean nor given an advantage
+    adv = group_advantages(torch.tensor([1.0, 0.0, 5.0]), torch.tensor([True, True, False]), eps=0.0)
+    assert adv.tolist() == pytest.approx([0.707107, -0.707107, 0.0], abs=1e-6)
+    assert group_advantages(torch.tensor([1.0, 0.0]), torch.tensor([True, False])).tolist() == [0.0, 0.0]
+    assert group_advantages(torch.tensor([0.5, 0.5, 0.5])).tolist() == [0.0, 0.0, 0.0]
+
+
+# -- the clipped loss ---------------------------------------------------------------------------
+
+def _case():
+    # old log-probs 0, so ratio = exp(logp): sequence 1 has A=+1, sequence 2 has A=-1
+    ratios = torch.tensor([[1.0, 1.5, 0.5], [0.7, 1.1, 1.0]])
+    logp = ratios.log().requires_grad_(True)
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+    return logp, torch.zeros(2, 3), torch.tensor([1.0, -1.0]), mask
+
+
+def test_clipped_surrogate_by_hand():
+    logp, old, adv, mask = _case()
+    loss, stats = grpo_loss(logp, old, adv, mask, clip_eps=0.2)
+    # per-token -min(r A, clip(r, 0.8, 1.2) A): seq 1 -> -1, -1.2 (1.5 clipped); seq 2 -> 0.8 (0.7 clipped), 1.1, 1.0
+    # token_mean = (-1 - 1.2 + 0.8 + 1.1 + 1.0) / 5 = 0.14
+    assert loss.item() == pytest.approx(0.14, abs=1e-6)
+    assert stats.clip_fraction == pytest.approx(2 / 5) and stats.tokens == 5
+    loss.backward()
+    # gradient of -r A / 5 w.r.t. logp is -r A / 5 where unclipped, 0 where clipped or masked
+    assert logp.grad.flatten().tolist() == pytest.approx([-0.2, 0.0, 0.0, 0.0, 0.22, 0.2], abs=1e-6)
+
+
+def test_seq_mean_and_asymmetric_clip():
+    logp, old, adv, mask = _case()
+    loss, _ = grpo_loss(logp, old, adv, mask, clip_eps=0.2, agg="seq_mean")
+    assert loss.item() == pytest.approx((-2.2 / 2 + 2.9 / 3) / 2, abs=1e-6)  # -0.0666667
+    loss, _ = grpo_loss(logp, old, adv, mask, clip_eps=0.2, clip_eps_high=0.6)
+    # with 1 + 0.6 the ratio 1.5 is no longer clipped: (-1 - 1.5 + 2.9) / 5 = 0.08
+    assert loss.item() == pytest.approx(0.08, abs=1e-6)
+
+
+def test_kl_penalty_k3_by_hand():
+    logp = torch.zeros(1, 2)
+    ref = torch.tensor([[-0.5, 0.0]])
+    loss, stats = grpo_loss(logp, torch.zeros(1, 2), torch.tensor([0.0]), torch.ones(1, 2), ref_logp=ref, kl_coef=0.1)
+    k3 = math.exp(-0.5) + 0.5 - 1  # 0.1065307
+    assert stats.kl == pytest.approx(k3 / 2, abs=1e-6)
+    assert loss.item() == pytest.approx(0.1 * k3 / 2, abs=1e-7)
+
+
+def test_accumulating_micro_batches_equals_one_batch():
+    logp, old, adv, mask = _case()
+    full, _ = grpo_loss(logp, old, adv, mask)
+    part1, _ = grpo_loss(logp[:1], old[:1], adv[:1], mask[:1], normalizer=5.0)
+    part2, _ = grpo_loss(logp[1:], old[1:], adv[1:], mask[1:], normalizer=5.0)
+    assert (part1 + part2).item() == pytest.approx(full.item(), abs=1e-7)
+
+
+def test_learner_gradient_accumulation_matches_full_batch():
+    from trainer.config import GRPOConfig
+    from trainer.learner import Learner
+    from trainer.local_policy import SamplingSpec
+    from trainer.samples import Sequence
+    from trainer.tiny import TinySpec, build_model
+
+    seqs = [Sequence([3, 5, 7, 9], [0, 0, 1, 1], [0, 0, -2.0, -1.5], 1.0),
+            Sequence([3, 5, 8], [0, 1, 1], [0, -2.2, -2.0], -0.5),
+            Sequence([3, 4, 6, 7, 2], [0, 0, 1, 0, 1], [0, 0, -2.1, 0, float("nan")], 0.25)]
+    grads = []
+    for micro in (3, 1):
+        model = build_model(16, TinySpec(hidden_size=16, layers=1, heads=2), seed=1)
+        learner = Learner(model, GRPOConfig(lr=0.0, micro_batch_size=micro, max_grad_norm=1e9), SamplingSpec())
+        stats = learner.step(seqs)
+        assert stats["trained_tokens"] == 6 and learner.version == 1
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
+    assert torch.allclose(grads[0], grads[1], atol=1e-6)
+
+
+# -- what becomes a training sequence ----------------------------------------------------------
+
+def _turn(i, prompt, completion, lps=None):
+    return Turn(i, {"role": "assistant", "content": ""}, [], [], "text", 0.0, 0.0, 0,
+                prompt_ids=prompt, completion_ids=completion, logprobs=lps or [-1.0] * len(completion))
+
+
+def test_turns_pack_into_one_sequence_until_the_window_cuts():
+    traj = Trajectory("e1", "lamps", "t", "", "p", turns=[
+        _turn(0, [1, 2, 3], [4, 5]),
+        _turn(1, [1, 2, 3, 4, 5, 6, 7], [8]),  # context grew by a tool result (6, 7): packed
+        _turn(2, [1, 2, 6, 7, 8, 9], [10]),  # the window dropped turn 0: a new sequence
+    ])
+    first, second = episode_sequences(traj)
+    assert first.input_ids == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert first.loss_mask == [0, 0, 0, 1, 1, 0, 0, 1]  # prompt and tool-result tokens never count
+    assert first.old_logprobs == [0, 0, 0, -1.0, -1.0, 0, 0, -1.0]
+    assert second.input_ids == [1, 2, 6, 7, 8, 9, 10] and second.loss_mask == [0] * 6 + [1]
+
+
+def test_masked_episodes_are_left_out_of_the_batch():
+    def traj(name, reward, masked=False):
+        return Trajectory(name, "lamps", "t", "", "p", reward=reward, masked=masked, turns=[_turn(0, [1], [2])])
+
+    batch = build_batch([[traj("a", 1.0), traj("b", 0.0), traj("c", 0.0, masked=True)],
+                         [traj("d", 0.0), traj("e", 0.0)]])  # second group: no signal
+    assert batch.episodes == 5 and batch.masked == 1 and batch.zero_advantage_groups == 1
+    assert [(s.episode_id, round(s.advantage, 4)) for s in batch.sequences] == [("a", 0.7070), ("b", -0.7070)]
+
+
+def test_history_window_keeps_head_and_whole_turns():
+    head = [{"role": "system", "content": "s"}, {"role": "user", "content": "task"}]
+    turn = lambda i: [{"role": "assistant", "content": f"a{i}", "tool_calls": [{"id": f"c{i}"}]},
+                      {"role": "tool", "tool_call_id": f"c{i}", "content": f"r{i}"}]
+    messages = head + turn(0) + turn(1) + turn(2)
+    assert window(messages, None) == messages and window(messages, 3) == messages
+    assert window(messages, 2) == head + turn(1) + turn(2)
+    assert window(messages, 1) == head + turn(2)
+
+
+# -- tool calls and rewards --------------------------------------------------------------------
+
+def test_text_tool_calls():
+    text = ('I will look. <tool_call>{"name": "find_note", "arguments": {"title": "todo"}}</tool_call>'
+            '<tool_call>[{"name": "list_notes", "arguments": "{}"}]</tool_call>')
+    assert parse_text(text) == [ToolCall("call_0", "find_note", {"title": "todo"}), ToolCall("call_1", "list_notes", {})]
+    assert strip_calls(text) == "I will look."
+    bad = parse_text('<tool_call>{"name": "x", "arguments": {oops}}</tool_call> <tool_call>{"arguments": {}}</tool_call>'
+                     '<tool_call>{"name": "y"')
+    assert [type(c) for c in bad] == [MalformedCall] * 3
+    assert "not JSON" in bad[0].error and "name" in bad[1].error and "closing" in bad[2].error
+    assert parse_text("The answer is 3.") == []
+
+
+def test_native_tool_calls():
+    calls = parse_native([
+        {"id": "a", "type": "function", "function": {"name": "add_note", "arguments": '{"title": "x"}'}},
+        {"id": "b", "type": "function", "function": {"name": "add_note", "arguments": "{title: x}"}},
+        {"id": "c", "type": "function", "function": {"arguments": "{}"}},
+    ])
+    assert calls[0] == ToolCall("a", "add_note", {"title": "x"})
+    assert isinstance(calls[1], MalformedCall) and isinstance(calls[2], MalformedCall)
+
+
+@pytest.mark.parametrize("verdict, kinds, malformed, infra, expected", [
+    ({"verdict": "complete"}, [], 0, None, (1.0, False)),
+    ({"verdict": "incomplete"}, [], 0, None, (0.0, False)),
+    ({"verdict": "complete"}, ["invalid_arguments"], 2, None, (0.75, False)),  # 2 x 0.1 format + 0.05 tool
+    ({"verdict": "incomplete"}, ["tool_error"] * 20, 20, None, (-0.5, False)),  # penalties capped at 0.5
+    ({"verdict": "complete"}, ["tool_crashed"], 0, None, (0.0, True)),  # environment's fault: masked
+    ({"verdict": "incomplete"}, ["timeout"], 0, None, (0.0, True)),
+    ({"verdict": "incomplete"}, ["unavailable"], 0, None, (0.0, True)),
+    ({"verdict": "error", "error_kind": "infra"}, [], 0, None, (0.0, True)),
+    ({"verdict": "error", "error_kind": "crash"}, [], 0, None, (0.0, True)),
+    ({"verdict": "error", "error_kind": "timeout"}, [], 0, None, (0.0, True)),
+    (None, [], 0, "instance lost", (0.0, True)),
+])
+def test_reward_and_masking(verdict, kinds, malformed, infra, expected):
+    cfg = RewardConfig(format_penalty=0.1, tool_error_penalty=0.05, max_penalty=0.5)
+    result = score(verdict, kinds, malformed, infra, cfg)
+    assert (round(result.reward, 6), result.masked) == expected
+
+
+# -- policy replies and metrics ------------------------------------------------------------------
+
+def test_token_ids_and_logprobs_from_a_vllm_style_reply():
+    from trainer.policy import _token_data
+
+    data = {"prompt_token_ids": [1, 2, 3]}
+    choice = {"token_ids": [7, 8], "logprobs": {"content": [{"token": "a", "logprob": -0.5},
+                                                            {"token": "b", "logprob": -1.25}]}}
+    assert _token_data(data, choice) == ([1, 2, 3], [7, 8], [-0.5, -1.25])
+    assert _token_data({}, {"message": {}}) == (None, None, None)  # an endpoint that returns no ids
+
+
+def test_prometheus_metrics_are_served():
+    import socket
+
+    import httpx
+
+    from trainer.metrics import TrainMetrics
+
+    metrics = TrainMetrics()
+    traj = Trajectory("e", "lamps", "t", "", "p", reward=1.0, turns=[_turn(0, [1], [2, 3])],
+                      verdict={"verdict": "complete"})
+    metrics.observe_trajectory(traj)
+    metrics.observe_step({"step_s": 0.5, "rollouts_per_s": 32.0, "tokens_per_s": 64.0, "reward_mean": 1.0,
+                          "env_wait_fraction": 0.25, "version": 1, "dropped_stale": 0, "staleness": [0, 1]})
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    metrics.serve(port)
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+    for line in ('awm_train_rollouts_total{env="lamps"} 1.0', "awm_train_generated_tokens_total 2.0",
+                 "awm_train_rollouts_per_second 32.0", "awm_train_env_wait_fraction 0.25",
+                 "awm_train_staleness_count 2.0", "awm_train_reward_count 1.0", "awm_train_step_seconds_count 1.0"):
+        assert line in text

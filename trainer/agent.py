@@ -1,0 +1,251 @@
+"""The agent loop: one episode of a policy acting on one env instance through MCP.
+
+    reset(task) -> [policy -> tool calls over MCP -> results]* -> verify -> diff -> reward
+
+* Native OpenAI tool calls (``tools`` in the request, ``tool_calls`` in the reply); when a reply
+  carries none, calls written as text (``<tool_call>{...}</tool_call>``) are used instead. A reply
+  with no call at all is the final answer and ends the episode.
+* Malformed calls are answered with an error message (the episode goes on) and counted for the
+  format penalty. Tool errors keep the server's class (agent's vs environment's).
+* The prompt of every turn is the sliding window of :mod:`trainer.history`, the same one the
+  learner uses.
+* Every turn is appended to the trajectory log as it finishes (:mod:`trainer.trajectory`).
+* Infrastructure failures (instance gone, control API down) end the episode as masked, never as
+  the agent's failure; a policy outage raises :class:`~trainer.policy.PolicyUnavailable`.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import httpx
+
+from awm.client import ControlApiError, ControlClient, McpError, McpSession
+from trainer import toolcalls
+from trainer.history import window
+from trainer.policy import Policy, PolicyReply, PolicyUnavailable
+from trainer.reward import RewardConfig, score
+from trainer.trajectory import Trajectory, TrajectoryLog, Turn
+
+DEFAULT_SYSTEM = ("You are an agent that completes tasks by calling tools. You are already logged in "
+                  "as the user the task is about. Call tools to look things up and make changes; "
+                  "when the task is done, reply with a short final answer and no tool call.")
+
+
+@dataclass
+class AgentConfig:
+    max_turns: int = 30
+    history_window: int | None = None  # assistant turns kept in the prompt (None: all)
+    tool_format: str = "native"  # native: `tools` parameter (text calls still accepted) | text: prompt only
+    max_calls_per_turn: int = 8  # further calls in one reply are answered with an error
+    tool_result_chars: int = 8000  # longer tool results are cut in the history
+    system_prompt: str = DEFAULT_SYSTEM
+    verify_reset: bool = False  # checksum (and repair) the snapshot at every reset: slower, certain
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> AgentConfig:
+        return cls(**(data or {}))
+
+
+@dataclass
+class EnvHandle:
+    """The two clients of one instance (MCP for the agent, control for us) and its tool list."""
+
+    mcp: McpSession
+    control: ControlClient
+    env: str = ""
+    instance: str = ""
+    scenario: str = ""  # environment description for the system prompt, when known
+    tools: list[dict[str, Any]] = field(default_factory=list)
+
+    @classmethod
+    async def connect(cls, mcp_url: str, control_url: str, env: str = "", instance: str = "",
+                      scenario: str = "", timeout: float = 60.0) -> EnvHandle:
+        mcp = McpSession(mcp_url, timeout=timeout)
+        control = ControlClient(control_url, timeout=timeout)
+        try:
+            await mcp.initialize()
+            tools = await mcp.list_tools()
+            if not env:
+                info = await control.info()
+                env, instance = info.get("env", ""), info.get("instance", "")
+        except BaseException:
+            await mcp.close()
+            await control.close()
+            raise
+        return cls(mcp, control, env, instance, scenario, tools)
+
+    async def close(self) -> None:
+        await self.mcp.close()
+        await self.control.close()
+
+
+class InfraError(RuntimeError):
+    """The instance failed us (transport, control API): the episode is masked."""
+
+
+TurnHook = Callable[[Trajectory, Turn], None]
+_ENV_ERRORS = (McpError, ControlApiError, httpx.HTTPError, ValueError)
+
+
+async def run_episode(policy: Policy, env: EnvHandle, task_id: str, cfg: AgentConfig | None = None,
+                      reward_cfg: RewardConfig | None = None, log: TrajectoryLog | None = None,
+                      group_id: str | None = None, sample_index: int = 0,
+                      on_turn: TurnHook | None = None) -> Trajectory:
+    """Run one episode of ``task_id`` and return its scored trajectory (also written to ``log``)."""
+    cfg = cfg or AgentConfig()
+    start = time.perf_counter()
+    traj = Trajectory(uuid.uuid4().hex[:16], env.env, task_id, "", policy.name, env.instance, group_id,
+                      sample_index, policy.version, history_window=cfg.history_window, started_at=time.time())
+    timings = {"reset_ms": 0.0, "policy_ms": 0.0, "tools_ms": 0.0, "verify_ms": 0.0}
+    try:
+        t0 = time.perf_counter()
+        reset = await env.control.reset(task_id, verify=cfg.verify_reset)
+        timings["reset_ms"] = (time.perf_counter() - t0) * 1000
+        traj.instruction, traj.pristine = reset.get("instruction") or "", reset.get("pristine")
+        traj.episode_id = reset.get("episode_id") or traj.episode_id
+    except _ENV_ERRORS as exc:
+        return _finish(traj, None, f"reset failed: {exc}", timings, start, reward_cfg, log)
+    if log:
+        log.start(traj)
+    traj.messages = _opening(cfg, env, traj.instruction)
+    native_tools = toolcalls.openai_tools(env.tools) if cfg.tool_format == "native" else None
+    traj.stop_reason = "max_turns"
+    for index in range(cfg.max_turns):
+        context = window(traj.messages, cfg.history_window)
+        t0 = time.perf_counter()
+        try:
+            reply = await policy.chat(context, native_tools)
+        except PolicyUnavailable as exc:
+            traj.stop_reason = "policy_error"
+            _finish(traj, None, f"policy unavailable: {exc}", timings, start, reward_cfg, log)
+            raise
+        policy_ms = (time.perf_counter() - t0) * 1000
+        timings["policy_ms"] += policy_ms
+        traj.policy_version = min(traj.policy_version, reply.version)
+        calls, source, assistant = _interpret(reply, index)
+        traj.messages.append(assistant)
+        turn = Turn(index, assistant, [c.to_dict() for c in calls], [], source, round(policy_ms, 3), 0.0,
+                    reply.version, reply.prompt_tokens, reply.completion_tokens, reply.prompt_ids,
+                    reply.completion_ids, reply.logprobs, len(context))
+        if not calls:
+            traj.final_answer = toolcalls.strip_calls(reply.content)
+            traj.stop_reason = "answer"
+            _record_turn(traj, turn, log, on_turn)
+            break
+        try:
+            await _execute(env, calls, turn, cfg)
+        except InfraError as exc:
+            _record_turn(traj, turn, log, on_turn)
+            return _finish(traj, None, str(exc), timings, start, reward_cfg, log)
+        timings["tools_ms"] += turn.tools_ms
+        traj.messages += _result_messages(turn, source, cfg)
+        _record_turn(traj, turn, log, on_turn)
+    try:
+        t0 = time.perf_counter()
+        verdict = await env.control.verify(traj.final_answer)
+        timings["verify_ms"] = (time.perf_counter() - t0) * 1000
+        traj.diff = (await env.control.diff()).get("tables", {})
+    except _ENV_ERRORS as exc:
+        return _finish(traj, None, f"verify failed: {exc}", timings, start, reward_cfg, log)
+    return _finish(traj, verdict, None, timings, start, reward_cfg, log)
+
+
+def _opening(cfg: AgentConfig, env: EnvHandle, instruction: str) -> list[dict[str, Any]]:
+    system = cfg.system_prompt
+    if env.scenario:
+        system += "\n\nEnvironment: " + env.scenario.strip()
+    if cfg.tool_format == "text":
+        system += "\n\n" + toolcalls.text_tools_prompt(env.tools)
+    return [{"role": "system", "content": system}, {"role": "user", "content": instruction}]
+
+
+def _interpret(reply: PolicyReply, index: int) -> tuple[list[toolcalls.Parsed], str, dict[str, Any]]:
+    """The calls in a reply, where they were found, and the assistant message for the history."""
+    prefix = f"call_{index}"
+    if reply.tool_calls:
+        calls = toolcalls.parse_native(reply.tool_calls, prefix)
+        # Keep ids consistent between the assistant message and the tool results.
+        raw = []
+        for call, original in zip(calls, reply.tool_calls):
+            entry = dict(original) if isinstance(original, dict) else {}
+            entry["id"] = call.id
+            entry.setdefault("type", "function")
+            if isinstance(call, toolcalls.MalformedCall):
+                # Servers re-parse arguments from the history and refuse invalid JSON there; the
+                # raw text stays in the turn record and the tool message names the error.
+                function = entry.get("function") if isinstance(entry.get("function"), dict) else {}
+                entry["function"] = {"name": str(function.get("name") or "invalid"), "arguments": "{}"}
+            raw.append(entry)
+        return calls, "native", {"role": "assistant", "content": reply.content, "tool_calls": raw}
+    calls = toolcalls.parse_text(reply.content, prefix)
+    return calls, "text" if calls else "none", {"role": "assistant", "content": reply.content or ""}
+
+
+async def _execute(env: EnvHandle, calls: list[toolcalls.Parsed], turn: Turn, cfg: AgentConfig) -> None:
+    for n, call in enumerate(calls):
+        if isinstance(call, toolcalls.MalformedCall):
+            turn.results.append({"tool_call_id": call.id, "name": None, "is_error": True,
+                                 "error_kind": "malformed", "text": f"malformed tool call: {call.error}", "ms": 0.0})
+            continue
+        if n >= cfg.max_calls_per_turn:
+            turn.results.append({"tool_call_id": call.id, "name": call.name, "is_error": True,
+                                 "error_kind": "too_many_calls",
+                                 "text": f"not executed: at most {cfg.max_calls_per_turn} calls per turn", "ms": 0.0})
+            continue
+        t0 = time.perf_counter()
+        try:
+            outcome = await env.mcp.call_tool(call.name, call.arguments)
+        except McpError as exc:
+            if "(code -32602)" in str(exc) or "(code -32601)" in str(exc):  # invalid params / unknown method
+                turn.results.append({"tool_call_id": call.id, "name": call.name, "is_error": True,
+                                     "error_kind": "invalid_arguments", "text": str(exc), "ms": 0.0})
+                continue
+            raise InfraError(f"tool call {call.name} failed: {exc}") from exc
+        ms = (time.perf_counter() - t0) * 1000
+        turn.tools_ms += ms
+        turn.results.append({"tool_call_id": call.id, "name": call.name, "is_error": outcome.is_error,
+                             "error_kind": outcome.error_kind, "text": outcome.text, "ms": round(ms, 3)})
+    turn.tools_ms = round(turn.tools_ms, 3)
+
+
+def _result_messages(turn: Turn, source: str, cfg: AgentConfig) -> list[dict[str, Any]]:
+    """Tool results for the history: role ``tool`` for native calls, one user message otherwise."""
+    def body(result: dict[str, Any]) -> str:
+        text = result["text"] if len(result["text"]) <= cfg.tool_result_chars else (
+            result["text"][:cfg.tool_result_chars] + f"... [{len(result['text']) - cfg.tool_result_chars} chars cut]")
+        return f"Error: {text}" if result["is_error"] else text
+
+    if source == "native":
+        return [{"role": "tool", "tool_call_id": r["tool_call_id"], "content": body(r)} for r in turn.results]
+    blocks = "\n".join(f"<tool_response>\n{body(r)}\n</tool_response>" for r in turn.results)
+    return [{"role": "user", "content": blocks}]
+
+
+def _record_turn(traj: Trajectory, turn: Turn, log: TrajectoryLog | None, hook: TurnHook | None) -> None:
+    traj.turns.append(turn)
+    if log:
+        log.turn(traj, turn)
+    if hook:
+        hook(traj, turn)
+
+
+def _finish(traj: Trajectory, verdict: dict[str, Any] | None, infra_error: str | None, timings: dict[str, float],
+            start: float, reward_cfg: RewardConfig | None, log: TrajectoryLog | None) -> Trajectory:
+    if infra_error and traj.stop_reason != "policy_error":
+        traj.stop_reason = "infra_error"
+    traj.infra_error = infra_error
+    traj.verdict = verdict or {"verdict": "error", "error_kind": "infra", "reason": infra_error or ""}
+    kinds = [r["error_kind"] for t in traj.turns for r in t.results if r["is_error"] and r["error_kind"]]
+    malformed = sum(1 for t in traj.turns for c in t.tool_calls if c.get("malformed"))
+    result = score(verdict, kinds, malformed, infra_error, reward_cfg)
+    traj.reward, traj.masked, traj.mask_reason, traj.reward_components = (
+        result.reward, result.masked, result.mask_reason, result.components)
+    timings["wall_ms"] = (time.perf_counter() - start) * 1000
+    traj.timings = {k: round(v, 3) for k, v in timings.items()}
+    if log:
+        log.end(traj)
+    return traj

@@ -1,0 +1,302 @@
+"""``awm agent``, ``awm train`` and ``awm eval`` (merged into the ``awm`` command by awm/cli.py).
+
+Imports stay inside the commands, so ``awm`` without the trainer extra (no torch) still starts.
+Exit codes: 0 success, 1 failed episode / run, 2 bad input, 3 policy endpoint unavailable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.console import Console
+from rich.panel import Panel
+from rich.table import Table
+
+trainer_app = typer.Typer()
+console = Console()
+err = Console(stderr=True)
+
+BaseUrlOpt = Annotated[Optional[str], typer.Option(
+    "--base-url", help="OpenAI-compatible endpoint of the policy (AWM_POLICY_BASE_URL, AWM_LLM_BASE_URL).")]
+ModelOpt = Annotated[Optional[str], typer.Option("--model", help="Model name (AWM_POLICY_MODEL, AWM_LLM_MODEL).")]
+ApiKeyOpt = Annotated[Optional[str], typer.Option("--api-key", envvar="AWM_POLICY_API_KEY", show_default=False,
+                                                   help="API key (AWM_POLICY_API_KEY, else OPENAI_API_KEY).")]
+MaxTurnsOpt = Annotated[int, typer.Option("--max-turns", min=1, help="Turns before the episode is cut.")]
+WindowOpt = Annotated[Optional[int], typer.Option("--history-window", min=1,
+                                                  help="Assistant turns kept in the prompt (default: all).")]
+FormatOpt = Annotated[str, typer.Option("--tool-format", help="native (tools parameter) or text (<tool_call> in prompt).")]
+TempOpt = Annotated[float, typer.Option("--temperature", help="Sampling temperature.")]
+MaxTokOpt = Annotated[int, typer.Option("--max-tokens", help="Max tokens per reply.")]
+
+
+def _endpoint(base_url: str | None, model: str | None) -> tuple[str, str]:
+    url = base_url or os.environ.get("AWM_POLICY_BASE_URL") or os.environ.get("AWM_LLM_BASE_URL")
+    name = model or os.environ.get("AWM_POLICY_MODEL") or os.environ.get("AWM_LLM_MODEL")
+    if not url or not name:
+        err.print("[red]error:[/red] give the policy endpoint: --base-url and --model "
+                  "(or AWM_POLICY_BASE_URL / AWM_POLICY_MODEL)")
+        raise typer.Exit(2)
+    return url, name
+
+
+def _short(text: str | None, limit: int = 400) -> str:
+    text = (text or "").strip()
+    return text if len(text) <= limit else text[:limit] + f" ... [{len(text) - limit} more chars]"
+
+
+@trainer_app.command()
+def agent(
+    mcp_url: Annotated[str, typer.Option("--mcp-url", help="MCP URL of the instance (…/mcp).")],
+    control_url: Annotated[str, typer.Option("--control-url", help="Control URL of the same instance.")],
+    task: Annotated[str, typer.Option("--task", help="Task id to run.")],
+    base_url: BaseUrlOpt = None,
+    model: ModelOpt = None,
+    api_key: ApiKeyOpt = None,
+    max_turns: MaxTurnsOpt = 30,
+    history_window: WindowOpt = None,
+    tool_format: FormatOpt = "native",
+    temperature: TempOpt = 1.0,
+    max_tokens: MaxTokOpt = 2048,
+    out: Annotated[Path, typer.Option("--out", help="Trajectory JSONL (appended, one line per turn).")] = Path(
+        "runs/agent/trajectories.jsonl"),
+    as_json: Annotated[bool, typer.Option("--json", help="Print the finished trajectory as JSON.")] = False,
+) -> None:
+    """Run one task with a model endpoint on a running instance, turn by turn, for a human to watch."""
+    from awm.client import ControlApiError, McpError
+    from trainer.agent import AgentConfig, EnvHandle, run_episode
+    from trainer.policy import OpenAIPolicy, PolicyUnavailable
+    from trainer.trajectory import TrajectoryLog
+
+    url, name = _endpoint(base_url, model)
+    cfg = AgentConfig(max_turns=max_turns, history_window=history_window, tool_format=tool_format)
+
+    def show(traj: Any, turn: Any) -> None:
+        if as_json:
+            return
+        if turn.index == 0:
+            console.print(f"[bold]instruction:[/bold] {traj.instruction}")
+        head = f"turn {turn.index + 1} · policy {turn.policy_ms:.0f} ms · tools {turn.tools_ms:.0f} ms"
+        body = []
+        text = turn.assistant.get("content")
+        if text:
+            body.append(f"[bold]assistant:[/bold] {_short(text)}")
+        for call, result in zip(turn.tool_calls, turn.results):
+            label = call.get("name") or "(malformed)"
+            args = json.dumps(call.get("arguments")) if not call.get("malformed") else call.get("raw", "")
+            style = "red" if result["is_error"] else "green"
+            body.append(f"[cyan]→ {label}[/cyan] {_short(args, 200)}")
+            body.append(f"[{style}]← {_short(result['text'], 300)}[/{style}]")
+        console.print(Panel("\n".join(body) or "(empty reply)", title=head, title_align="left"))
+
+    async def run() -> Any:
+        policy = OpenAIPolicy(url, name, api_key or "", temperature=temperature, max_tokens=max_tokens)
+        log = TrajectoryLog(out)
+        try:
+            env = await EnvHandle.connect(mcp_url, control_url)
+        except (McpError, ControlApiError, OSError) as exc:
+            await policy.close()
+            raise _EnvUnreachable(str(exc)) from exc
+        try:
+            if not as_json:
+                console.print(f"[bold]{env.env}[/bold] · task [bold]{task}[/bold] · {len(env.tools)} tools · "
+                              f"model {name} at {url}")
+            return await run_episode(policy, env, task, cfg, log=log, on_turn=show)
+        finally:
+            await env.close()
+            await policy.close()
+            log.close()
+
+    try:
+        traj = asyncio.run(run())
+    except PolicyUnavailable as exc:
+        err.print(f"[red]error: the policy endpoint is unavailable:[/red] {exc}")
+        raise typer.Exit(3) from exc
+    except _EnvUnreachable as exc:
+        err.print(f"[red]error: cannot reach the instance:[/red] {exc}")
+        raise typer.Exit(1) from exc
+    if as_json:
+        print(json.dumps(traj.to_dict(), default=str))
+    else:
+        verdict = traj.verdict
+        style = "green" if verdict.get("verdict") == "complete" else "red"
+        console.print(f"verdict: [{style}]{verdict.get('verdict')}[/{style}] ({verdict.get('reason', '')}) · "
+                      f"reward {traj.reward:g}{' (masked: ' + str(traj.mask_reason) + ')' if traj.masked else ''} · "
+                      f"{len(traj.turns)} turns · stop: {traj.stop_reason} · {traj.timings.get('wall_ms', 0):.0f} ms")
+        if traj.diff:
+            console.print("db diff: " + ", ".join(f"{t}: +{d['inserted']} ~{d['updated']} -{d['deleted']}"
+                                                   for t, d in traj.diff.items()))
+        console.print(f"trajectory: {out}")
+    if traj.stop_reason == "infra_error":
+        raise typer.Exit(1)
+
+
+class _EnvUnreachable(RuntimeError):
+    pass
+
+
+@trainer_app.command()
+def train(
+    config: Annotated[Path, typer.Option("--config", "-c", exists=True, dir_okay=False, help="Training YAML.")],
+    steps: Annotated[Optional[int], typer.Option("--steps", min=1, help="Override the number of steps.")] = None,
+    run_dir: Annotated[Optional[str], typer.Option("--run-dir", help="Override the run directory.")] = None,
+    mode: Annotated[Optional[str], typer.Option("--mode", help="async | sync")] = None,
+    metrics_port: Annotated[Optional[int], typer.Option("--metrics-port", help="Serve Prometheus metrics here.")] = None,
+    seed: Annotated[Optional[int], typer.Option("--seed")] = None,
+    database_url: Annotated[Optional[str], typer.Option("--database-url", envvar="AWM_DATABASE_URL",
+                                                       help="External Postgres admin DSN (default: embedded).")] = None,
+) -> None:
+    """GRPO on a local fleet: rollouts, learner, checkpoints, metrics JSONL and a reward curve."""
+    from trainer.config import TrainConfig
+
+    try:
+        cfg = TrainConfig.load(config, {"steps": steps, "run_dir": run_dir, "mode": mode,
+                                        "metrics_port": metrics_port, "seed": seed, "database_url": database_url})
+    except (ValueError, TypeError) as exc:
+        err.print(f"[red]error in {config}:[/red] {exc}")
+        raise typer.Exit(2) from exc
+    from trainer.learner import train as run_training
+    from trainer.policy import PolicyUnavailable
+
+    console.print(f"awm train: {cfg.catalog} · {cfg.steps} steps × {cfg.groups_per_step} groups × "
+                  f"{cfg.rollout.group_size} episodes · {cfg.mode} · run dir {cfg.run_dir}")
+
+    def show(r: dict[str, Any]) -> None:
+        console.print(f"step {r['step']:>4}  reward {r['reward_mean'] if r['reward_mean'] is not None else '-':>7}  "
+                      f"success {r['success_rate'] if r['success_rate'] is not None else '-':>6}  "
+                      f"masked {r['masked']}  rollouts/s {r['rollouts_per_s']:.2f}  "
+                      f"env wait {r['env_wait_fraction']:.2f}  staleness {max(r['staleness'], default=0)}  "
+                      f"loss {r['loss'] if r['loss'] is not None else '-'}")
+
+    try:
+        result = asyncio.run(run_training(cfg, on_step=show))
+    except PolicyUnavailable as exc:
+        err.print(f"[red]error: the policy is unavailable:[/red] {exc}")
+        raise typer.Exit(3) from exc
+    except ValueError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from exc
+    console.print(f"reward: first step {result.first_reward} → last step {result.last_reward} "
+                  f"({result.steps} steps)")
+    console.print(f"wrote {result.run_dir / 'metrics.jsonl'}, {result.run_dir / 'reward_curve.png'}, "
+                  f"{result.run_dir / 'trajectories.jsonl'}, {result.run_dir / 'checkpoints'}")
+
+
+@trainer_app.command("eval")
+def eval_command(
+    base_url: BaseUrlOpt = None,
+    model: ModelOpt = None,
+    api_key: ApiKeyOpt = None,
+    checkpoint: Annotated[Optional[Path], typer.Option(
+        "--checkpoint", help="Evaluate a local checkpoint of `awm train` instead of an endpoint.")] = None,
+    catalog: Annotated[str, typer.Option("--catalog", "-c", help="Catalog directory or archive.")] = "starter",
+    env: Annotated[Optional[list[str]], typer.Option("--env", "-e", help="Only these environments.")] = None,
+    task: Annotated[Optional[list[str]], typer.Option("--task", help="Only these task ids.")] = None,
+    k: Annotated[int, typer.Option("-k", min=1, help="Samples per task.")] = 4,
+    replicas: Annotated[int, typer.Option("--replicas", "-n", min=1, help="Instances per environment.")] = 2,
+    max_turns: MaxTurnsOpt = 30,
+    history_window: WindowOpt = None,
+    tool_format: FormatOpt = "native",
+    temperature: TempOpt = 1.0,
+    max_tokens: MaxTokOpt = 2048,
+    out: Annotated[Path, typer.Option("--out", help="Directory for eval.json, eval.png, trajectories.jsonl.")] = Path(
+        "runs/eval"),
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    database_url: Annotated[Optional[str], typer.Option("--database-url", envvar="AWM_DATABASE_URL",
+                                                       help="External Postgres admin DSN (default: embedded).")] = None,
+) -> None:
+    """pass@1 and pass@k per environment for a model endpoint (k samples of every task)."""
+    from awm import catalog as catalog_mod
+    from awm.fleet import Database
+    from trainer import eval as ev
+    from trainer.agent import AgentConfig
+    from trainer.policy import OpenAIPolicy, PolicyUnavailable
+    from trainer.reward import RewardConfig
+    from trainer.rollout import LocalFleetSource
+    from trainer.trajectory import TrajectoryLog
+
+    try:
+        bundles = catalog_mod.load(catalog, env or None)
+    except catalog_mod.CatalogError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from exc
+    tasks = ev.select_tasks(bundles, task)
+    if not tasks:
+        err.print("[red]error:[/red] no tasks selected")
+        raise typer.Exit(2)
+    if checkpoint is not None:
+        policy, name = _checkpoint_policy(checkpoint, temperature), str(checkpoint)
+    else:
+        url, name = _endpoint(base_url, model)
+        policy = OpenAIPolicy(url, name, api_key or "", temperature=temperature, max_tokens=max_tokens)
+    cfg = AgentConfig(max_turns=max_turns, history_window=history_window, tool_format=tool_format)
+    out.mkdir(parents=True, exist_ok=True)
+
+    def progress(score: Any) -> None:
+        if not as_json:
+            console.print(f"  {score.env}/{score.task_id}: {score.complete}/{score.samples} complete"
+                          f"{f', {score.masked} masked' if score.masked else ''}")
+
+    async def run() -> list[Any]:
+        database = await asyncio.to_thread(Database.open, database_url)
+        log = TrajectoryLog(out / "trajectories.jsonl")
+        try:
+            async with LocalFleetSource(bundles, replicas, database) as source:
+                return await ev.evaluate(source, policy, tasks, k, cfg, RewardConfig(), log, progress)
+        finally:
+            await policy.close()
+            log.close()
+            await asyncio.to_thread(database.close)
+
+    if not as_json:
+        console.print(f"awm eval: {name} · {len(tasks)} tasks × k={k} · {len(bundles)} environments")
+    try:
+        scores = asyncio.run(run())
+    except PolicyUnavailable as exc:
+        err.print(f"[red]error: the policy endpoint is unavailable:[/red] {exc}")
+        raise typer.Exit(3) from exc
+    data = ev.report(scores, k, name)
+    (out / "eval.json").write_text(json.dumps(data, indent=2))
+    ev.plot(data, out / "eval.png")
+    if as_json:
+        print(json.dumps(data, indent=2))
+        return
+    table = Table(title=f"awm eval: {name}, k={k}")
+    for col in ("environment", "tasks", "episodes", "masked", "pass@1", f"pass@{k}", "mean reward"):
+        table.add_column(col, justify="left" if col == "environment" else "right")
+    for e in data["environments"]:
+        table.add_row(e["env"], str(e["tasks"]), str(e["episodes"]), str(e["masked"]), _pct(e["pass@1"]),
+                      _pct(e[f"pass@{k}"]), "-" if e["mean_reward"] is None else f"{e['mean_reward']:.3f}")
+    o = data["overall"]
+    table.add_section()
+    table.add_row("all", str(o["tasks"]), str(o["episodes"]), str(o["masked"]), _pct(o["pass@1"]),
+                  _pct(o[f"pass@{k}"]), "")
+    console.print(table)
+    console.print(f"wrote {out / 'eval.json'}, {out / 'eval.png'}, {out / 'trajectories.jsonl'}")
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def _checkpoint_policy(path: Path, temperature: float) -> Any:
+    """A LocalPolicy from an `awm train` checkpoint, with the run's sampling settings."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trainer import tiny
+    from trainer.local_policy import LocalPolicy, SamplingSpec
+
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
+    config_file = path.parent.parent / "config.json"
+    max_new, actions = 256, []
+    if config_file.exists():
+        policy_cfg = json.loads(config_file.read_text()).get("policy", {})
+        max_new = policy_cfg.get("max_new_tokens", max_new)
+        actions = (policy_cfg.get("tiny") or {}).get("actions", []) if policy_cfg.get("kind") == "tiny" else []
+    return LocalPolicy(model, tokenizer, SamplingSpec(temperature, max_new, tiny.allowed_ids(tokenizer, actions)),
+                       name=path.name)

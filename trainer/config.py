@@ -1,0 +1,114 @@
+"""``awm train`` configuration: one YAML file, every section a small dataclass.
+
+Relative paths in the file (``catalog``, ``policy.path``) are resolved against the file's own
+directory when they exist there, so ``examples/train-tiny.yaml`` works from any directory;
+``run_dir`` is relative to the current directory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from trainer.agent import AgentConfig
+from trainer.reward import RewardConfig
+from trainer.rollout import RolloutConfig
+from trainer.tiny import TinySpec
+
+
+@dataclass
+class PolicyConfig:
+    kind: str = "tiny"  # tiny: built here from `tiny` | hf: a local transformers checkpoint at `path`
+    path: str | None = None
+    temperature: float = 1.0
+    max_new_tokens: int = 256
+    tiny: TinySpec = field(default_factory=TinySpec)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> PolicyConfig:
+        data = dict(data or {})
+        data["tiny"] = TinySpec.from_dict(data.get("tiny"))
+        return cls(**data)
+
+
+@dataclass
+class GRPOConfig:
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    clip_eps: float = 0.2
+    clip_eps_high: float | None = None  # DAPO's "clip higher"; None: symmetric
+    kl_coef: float = 0.0  # > 0 keeps a frozen reference copy of the initial policy
+    loss_agg: str = "token_mean"  # token_mean | seq_mean
+    scale_rewards: bool = True  # divide by the group's std (False: Dr. GRPO)
+    micro_batch_size: int = 8  # sequences per forward/backward; the step accumulates over the batch
+    max_grad_norm: float = 1.0
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> GRPOConfig:
+        data = dict(data or {})
+        for key in ("lr", "weight_decay", "clip_eps", "kl_coef", "max_grad_norm"):
+            if key in data:
+                data[key] = float(data[key])  # YAML reads 3e-3 as a string
+        return cls(**data)
+
+
+@dataclass
+class TrainConfig:
+    catalog: str = "starter"
+    envs: list[str] | None = None
+    tasks: list[str] | None = None  # task ids to train on (default: all tasks of the chosen envs)
+    replicas: int = 2  # instances per environment
+    database_url: str | None = None
+    run_dir: str = "runs/train"
+    seed: int = 0
+    steps: int = 20
+    groups_per_step: int = 2
+    mode: str = "async"  # async: rollouts overlap training (bounded staleness) | sync
+    checkpoint_every: int = 10
+    resume: bool = True
+    metrics_port: int = 0  # > 0: serve Prometheus metrics on this port
+    torch_threads: int = 1
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], base_dir: Path | None = None) -> TrainConfig:
+        data = dict(data)
+        sections = {"rollout": RolloutConfig, "agent": AgentConfig, "reward": RewardConfig,
+                    "policy": PolicyConfig, "grpo": GRPOConfig}
+        for key, kind in sections.items():
+            data[key] = kind.from_dict(data.get(key))  # type: ignore[attr-defined]
+        unknown = set(data) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"unknown settings: {', '.join(sorted(unknown))}")
+        cfg = cls(**data)
+        if base_dir is not None:
+            cfg.catalog = _resolve(cfg.catalog, base_dir)
+            if cfg.policy.path:
+                cfg.policy.path = _resolve(cfg.policy.path, base_dir)
+        if cfg.mode not in ("async", "sync"):
+            raise ValueError("mode must be async or sync")
+        return cfg
+
+    @classmethod
+    def load(cls, path: Path | str, overrides: dict[str, Any] | None = None) -> TrainConfig:
+        path = Path(path)
+        data = yaml.safe_load(path.read_text()) or {}
+        data.update({k: v for k, v in (overrides or {}).items() if v is not None})
+        return cls.from_dict(data, path.resolve().parent)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _resolve(value: str, base_dir: Path) -> str:
+    if value == "starter" or Path(value).is_absolute():
+        return value
+    candidate = base_dir / value
+    return str(candidate.resolve()) if candidate.exists() else value

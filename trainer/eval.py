@@ -1,0 +1,134 @@
+"""``awm eval``: a policy over environments and tasks, k samples each, pass@1 and pass@k.
+
+Every task runs k episodes on instances reset to its snapshot (a GRPO group, without training).
+pass@k uses the unbiased estimator of Chen et al. (2021), ``1 - C(n-c, k) / C(n, k)`` for n
+scored samples of which c are complete; masked episodes (our failures) are not samples. The
+report is a table, a JSON document and a PNG bar chart, and every episode is in the
+trajectory JSONL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from awm.bundle import EnvBundle
+from trainer.agent import AgentConfig
+from trainer.policy import Policy
+from trainer.reward import RewardConfig
+from trainer.rollout import InstanceSource, RolloutConfig, RolloutService, TaskRef
+from trainer.trajectory import Trajectory, TrajectoryLog
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Probability that at least one of k samples drawn from the n (c correct) is correct."""
+    if n <= 0:
+        return 0.0
+    k = min(k, n)
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+@dataclass
+class TaskScore:
+    env: str
+    task_id: str
+    samples: int
+    complete: int
+    masked: int
+    mean_reward: float | None
+    pass_at_1: float
+    pass_at_k: float
+
+
+@dataclass
+class EnvScore:
+    env: str
+    tasks: list[TaskScore] = field(default_factory=list)
+
+    def summary(self, k: int) -> dict[str, Any]:
+        scored = [t for t in self.tasks if t.samples]
+        rewards = [t.mean_reward for t in scored if t.mean_reward is not None]
+        return {"env": self.env, "tasks": len(self.tasks), "episodes": sum(t.samples + t.masked for t in self.tasks),
+                "masked": sum(t.masked for t in self.tasks),
+                "pass@1": round(sum(t.pass_at_1 for t in scored) / len(scored), 4) if scored else None,
+                f"pass@{k}": round(sum(t.pass_at_k for t in scored) / len(scored), 4) if scored else None,
+                "mean_reward": round(sum(rewards) / len(rewards), 4) if rewards else None}
+
+
+def score_task(env: str, task_id: str, trajectories: list[Trajectory], k: int) -> TaskScore:
+    scored = [t for t in trajectories if not t.masked]
+    complete = sum(t.verdict.get("verdict") == "complete" for t in scored)
+    mean = sum(t.reward for t in scored) / len(scored) if scored else None
+    return TaskScore(env, task_id, len(scored), complete, len(trajectories) - len(scored),
+                     None if mean is None else round(mean, 4),
+                     round(pass_at_k(len(scored), complete, 1), 4), round(pass_at_k(len(scored), complete, k), 4))
+
+
+async def evaluate(source: InstanceSource, policy: Policy, tasks: list[TaskRef], k: int, agent: AgentConfig,
+                   reward: RewardConfig, log: TrajectoryLog | None = None,
+                   on_task: Callable[[TaskScore], None] | None = None) -> list[EnvScore]:
+    """k episodes of every task, all tasks concurrently (instances bound the concurrency)."""
+    service = RolloutService(source, policy, tasks, agent, reward, RolloutConfig(group_size=k), log)
+
+    async def one(task: TaskRef) -> TaskScore:
+        group = await service.run_group(task)
+        result = score_task(task.env, task.task_id, group.trajectories, k)
+        if on_task:
+            on_task(result)
+        return result
+
+    results = await asyncio.gather(*(one(t) for t in tasks))
+    by_env: dict[str, EnvScore] = {}
+    for result in results:
+        by_env.setdefault(result.env, EnvScore(result.env)).tasks.append(result)
+    return list(by_env.values())
+
+
+def report(scores: list[EnvScore], k: int, model: str) -> dict[str, Any]:
+    envs = [s.summary(k) for s in scores]
+    tasks = [t for s in scores for t in s.tasks if t.samples]
+    overall = {"tasks": sum(e["tasks"] for e in envs), "episodes": sum(e["episodes"] for e in envs),
+               "masked": sum(e["masked"] for e in envs),
+               "pass@1": round(sum(t.pass_at_1 for t in tasks) / len(tasks), 4) if tasks else None,
+               f"pass@{k}": round(sum(t.pass_at_k for t in tasks) / len(tasks), 4) if tasks else None}
+    return {"model": model, "k": k, "environments": envs, "overall": overall,
+            "tasks": [asdict(t) for s in scores for t in s.tasks]}
+
+
+def plot(data: dict[str, Any], path: Path | str) -> Path:
+    """Grouped bars: pass@1 and pass@k per environment."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    k = data["k"]
+    envs = data["environments"]
+    names = [e["env"] for e in envs]
+    x = range(len(names))
+    width = 0.38
+    fig, ax = plt.subplots(figsize=(max(4.5, 1.4 * len(names) + 2), 4), dpi=110)
+    ax.bar([i - width / 2 for i in x], [e["pass@1"] or 0 for e in envs], width, label="pass@1")
+    ax.bar([i + width / 2 for i in x], [e[f"pass@{k}"] or 0 for e in envs], width, label=f"pass@{k}")
+    ax.set_xticks(list(x))
+    ax.set_xticklabels(names)
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel("fraction of tasks")
+    ax.set_title(f"awm eval: {data['model']} (k={k})")
+    ax.legend()
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def select_tasks(bundles: list[EnvBundle], task_ids: list[str] | None = None) -> list[TaskRef]:
+    return [TaskRef(b.name, t.id) for b in bundles for t in b.tasks if not task_ids or t.id in task_ids]

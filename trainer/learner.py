@@ -1,0 +1,289 @@
+"""The GRPO learner and the ``awm train`` loop (in the spirit of nanoGPT/TRL: one readable file).
+
+One training step:
+
+1. take ``groups_per_step`` finished groups from the rollout service (async: produced while the
+   previous step trained, at most ``max_staleness`` versions old; sync: collected now);
+2. group-normalised advantages, sequences with the loss mask over generated tokens only
+   (:mod:`trainer.samples`);
+3. micro-batches: forward, token log-probs under the *sampling* distribution (same temperature
+   and allowed tokens as generation), clipped GRPO loss (+ KL to the frozen initial policy),
+   backward - gradients accumulate over the whole batch;
+4. clip, optimiser step, version + 1, push the weights to the rollout policy;
+5. metrics (JSONL, Prometheus), checkpoint every ``checkpoint_every`` steps.
+
+A run directory holds ``config.json``, ``trajectories.jsonl``, ``metrics.jsonl``,
+``reward_curve.png`` and ``checkpoints/step-NNNNNN/`` (model, tokenizer, optimiser and RNG
+state). Running again with the same ``run_dir`` resumes from the latest checkpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from trainer.config import GRPOConfig, TrainConfig
+from trainer.grpo import grpo_loss, token_logprobs
+from trainer.local_policy import SamplingSpec
+from trainer.samples import Sequence
+
+log = logging.getLogger("trainer.learner")
+
+
+class Learner:
+    def __init__(self, model: Any, cfg: GRPOConfig, sampling: SamplingSpec, ref_model: Any = None,
+                 pad_id: int = 0) -> None:
+        self.model = model.train()
+        self.cfg = cfg
+        self.sampling = sampling
+        self.ref_model = ref_model.eval() if ref_model is not None else None
+        self.pad_id = pad_id
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.version = 0
+        self.step_count = 0
+
+    def sequence_logprobs(self, model: Any, ids: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
+        """Log-prob of token t given tokens < t, for t = 1..T-1 (shape ``[B, T-1]``)."""
+        logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1]
+        return token_logprobs(self.sampling.logits_to_logprobs(logits), ids[:, 1:])
+
+    def _pad(self, seqs: list[Sequence]) -> tuple[torch.Tensor, ...]:
+        width = max(len(s.input_ids) for s in seqs)
+        ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((len(seqs), width), dtype=torch.long)
+        mask = torch.zeros((len(seqs), width), dtype=torch.float32)
+        old = torch.zeros((len(seqs), width), dtype=torch.float32)
+        for i, s in enumerate(seqs):
+            n = len(s.input_ids)
+            ids[i, :n] = torch.tensor(s.input_ids)
+            attention[i, :n] = 1
+            mask[i, :n] = torch.tensor(s.loss_mask, dtype=torch.float32)
+            old[i, :n] = torch.tensor(s.old_logprobs, dtype=torch.float32)
+        advantages = torch.tensor([s.advantage for s in seqs], dtype=torch.float32)
+        # Position 0 is never predicted; shift everything to align with the log-probs of tokens 1..T-1.
+        return ids, attention, mask[:, 1:], old[:, 1:], advantages
+
+    def step(self, seqs: list[Sequence]) -> dict[str, Any]:
+        """One optimiser step over all sequences (gradient accumulation over micro-batches)."""
+        start = time.perf_counter()
+        if not seqs:
+            return {"learner_s": 0.0, "sequences": 0, "trained_tokens": 0, "loss": None, "kl": None,
+                    "clip_fraction": None, "ratio_mean": None, "grad_norm": None}
+        cfg = self.cfg
+        normalizer = float(sum(s.generated for s in seqs)) if cfg.loss_agg == "token_mean" else float(len(seqs))
+        self.optimizer.zero_grad(set_to_none=True)
+        totals = {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "ratio_mean": 0.0, "tokens": 0}
+        for i in range(0, len(seqs), cfg.micro_batch_size):
+            ids, attention, mask, old, advantages = self._pad(seqs[i:i + cfg.micro_batch_size])
+            logp = self.sequence_logprobs(self.model, ids, attention)
+            # Unknown sampling log-probs (an endpoint that returns none): on-policy, ratio 1.
+            old = torch.where(torch.isnan(old), logp.detach(), old)
+            ref = None
+            if self.ref_model is not None and cfg.kl_coef:
+                with torch.no_grad():
+                    ref = self.sequence_logprobs(self.ref_model, ids, attention)
+            loss, stats = grpo_loss(logp, old, advantages, mask, cfg.clip_eps, cfg.clip_eps_high, ref,
+                                    cfg.kl_coef, cfg.loss_agg, normalizer)
+            loss.backward()
+            totals["loss"] += stats.loss
+            for key in ("kl", "clip_fraction", "ratio_mean"):
+                totals[key] += getattr(stats, key) * stats.tokens
+            totals["tokens"] += stats.tokens
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+        self.optimizer.step()
+        self.version += 1
+        self.step_count += 1
+        n = max(totals["tokens"], 1)
+        return {"learner_s": round(time.perf_counter() - start, 4), "sequences": len(seqs),
+                "trained_tokens": totals["tokens"], "loss": round(totals["loss"], 6),
+                "kl": round(totals["kl"] / n, 6), "clip_fraction": round(totals["clip_fraction"] / n, 4),
+                "ratio_mean": round(totals["ratio_mean"] / n, 6), "grad_norm": round(float(grad_norm), 6)}
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """A copy of the weights for the rollout policy (weight sync)."""
+        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+    # -- checkpoints ---------------------------------------------------------------------------
+
+    def save(self, directory: Path, tokenizer: Any, step: int) -> Path:
+        path = directory / f"step-{step:06d}"
+        path.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(path)
+        tokenizer.save_pretrained(path)
+        torch.save({"optimizer": self.optimizer.state_dict(), "step": step, "version": self.version,
+                    "torch_rng": torch.get_rng_state(), "python_rng": random.getstate()}, path / "trainer_state.pt")
+        (directory / "latest").write_text(path.name)
+        return path
+
+    def load_state(self, path: Path) -> int:
+        state = torch.load(path / "trainer_state.pt", weights_only=False)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.version = state["version"]
+        self.step_count = state["step"]
+        torch.set_rng_state(state["torch_rng"])
+        random.setstate(state["python_rng"])
+        return int(state["step"])
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    pointer = run_dir / "checkpoints" / "latest"
+    if not pointer.exists():
+        return None
+    path = run_dir / "checkpoints" / pointer.read_text().strip()
+    return path if (path / "trainer_state.pt").exists() else None
+
+
+# -- the policy model -------------------------------------------------------------------------
+
+def build_policy(cfg: TrainConfig, corpus: list[str], resume_from: Path | None) -> tuple[Any, Any, Any, SamplingSpec]:
+    """(model, reference model or None, tokenizer, sampling) for a run; nothing is downloaded."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trainer import tiny
+
+    pc = cfg.policy
+    if pc.kind == "tiny":
+        if resume_from is not None:
+            tokenizer = AutoTokenizer.from_pretrained(resume_from, local_files_only=True)
+            model = AutoModelForCausalLM.from_pretrained(resume_from, local_files_only=True)
+        else:
+            tokenizer = tiny.build_tokenizer(corpus, pc.tiny.actions, pc.tiny.max_vocab_words)
+            model = tiny.build_model(len(tokenizer), pc.tiny, cfg.seed)
+        allowed = tiny.allowed_ids(tokenizer, pc.tiny.actions)
+        reference = None
+        if cfg.grpo.kl_coef:
+            reference = tiny.build_model(len(tokenizer), pc.tiny, cfg.seed)  # the same initial weights
+    elif pc.kind == "hf":
+        if not pc.path:
+            raise ValueError("policy.kind hf needs policy.path (a local model directory)")
+        source = resume_from or pc.path
+        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(source, local_files_only=True)
+        allowed = None
+        reference = AutoModelForCausalLM.from_pretrained(pc.path, local_files_only=True) if cfg.grpo.kl_coef else None
+    else:
+        raise ValueError(f"unknown policy kind {pc.kind!r} (tiny | hf)")
+    if reference is not None:
+        for p in reference.parameters():
+            p.requires_grad_(False)
+    return model, reference, tokenizer, SamplingSpec(pc.temperature, pc.max_new_tokens, allowed)
+
+
+# -- the loop ---------------------------------------------------------------------------------
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    steps: int
+    first_reward: float | None
+    last_reward: float | None
+    records: list[dict[str, Any]]
+
+
+StepHook = Callable[[dict[str, Any]], None]
+
+
+async def train(cfg: TrainConfig, on_step: StepHook | None = None) -> TrainResult:
+    """Run (or resume) a GRPO run on a local fleet; returns the per-step records."""
+    from awm import catalog as catalog_mod
+    from awm.fleet import Database
+    from trainer.agent import DEFAULT_SYSTEM
+    from trainer.local_policy import LocalPolicy
+    from trainer.metrics import JsonlLog, TrainMetrics, plot_reward_curve
+    from trainer.rollout import LocalFleetSource, RolloutService, TaskRef
+    from trainer.trajectory import TrajectoryLog
+
+    random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    torch.set_num_threads(max(1, cfg.torch_threads))
+    run_dir = Path(cfg.run_dir)
+    (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+    bundles = catalog_mod.load(cfg.catalog, cfg.envs or None)
+    tasks = [TaskRef(b.name, t.id) for b in bundles for t in b.tasks if not cfg.tasks or t.id in cfg.tasks]
+    if not tasks:
+        raise ValueError("no tasks selected")
+    corpus = [cfg.agent.system_prompt, *(b.scenario.description for b in bundles),
+              *(t.instruction for b in bundles for t in b.tasks), *(tool.name for b in bundles for tool in b.tools)]
+    corpus.append(DEFAULT_SYSTEM)
+    resume_from = latest_checkpoint(run_dir) if cfg.resume else None
+    model, reference, tokenizer, sampling = build_policy(cfg, corpus, resume_from)
+    learner = Learner(model, cfg.grpo, sampling, reference, pad_id=tokenizer.pad_token_id or 0)
+    start_step = learner.load_state(resume_from) if resume_from is not None else 0
+    (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2, default=str))
+    policy = LocalPolicy(learner.model, tokenizer, sampling, name=f"{cfg.policy.kind}-policy",
+                         seed=cfg.seed + start_step, version=learner.version)
+    metrics = TrainMetrics()
+    if cfg.metrics_port:
+        metrics.serve(cfg.metrics_port)
+    metrics_log = JsonlLog(run_dir / "metrics.jsonl")
+    traj_log = TrajectoryLog(run_dir / "trajectories.jsonl")
+    database = await asyncio.to_thread(Database.open, cfg.database_url)
+    source = LocalFleetSource(bundles, cfg.replicas, database)
+    service = RolloutService(source, policy, tasks, cfg.agent, cfg.reward, cfg.rollout, traj_log,
+                             metrics.observe_trajectory)
+    began = time.perf_counter()
+    try:
+        async with source:
+            try:
+                if cfg.mode == "async":
+                    service.start()
+                for step in range(start_step, cfg.steps):
+                    record = await _train_step(cfg, step, service, learner, policy, began)
+                    metrics_log.write(record)
+                    metrics.observe_step(record)
+                    if on_step:
+                        on_step(record)
+                    if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.steps:
+                        await asyncio.to_thread(learner.save, run_dir / "checkpoints", tokenizer, step + 1)
+            finally:
+                await service.stop()  # before the fleet goes away
+            if cfg.steps > start_step:
+                await asyncio.to_thread(learner.save, run_dir / "checkpoints", tokenizer, cfg.steps)
+    finally:
+        traj_log.close()
+        await asyncio.to_thread(database.close)
+    records = metrics_log.read()
+    if records:
+        plot_reward_curve(records, run_dir / "reward_curve.png")
+    rewards = [r["reward_mean"] for r in records if r.get("reward_mean") is not None]
+    return TrainResult(run_dir, len(records), rewards[0] if rewards else None,
+                       rewards[-1] if rewards else None, records)
+
+
+async def _train_step(cfg: TrainConfig, step: int, service: Any, learner: Learner, policy: Any,
+                      began: float) -> dict[str, Any]:
+    """Rollouts in, one optimiser step, weights out; returns the step's metrics record."""
+    from trainer.metrics import reward_summary
+    from trainer.samples import build_batch
+
+    t0 = time.perf_counter()
+    wait0 = service.wait_s
+    if cfg.mode == "async":
+        groups = await service.next_groups(cfg.groups_per_step)
+    else:
+        groups = await service.collect(cfg.groups_per_step)
+    wait_s = service.wait_s - wait0
+    batch = build_batch([g.trajectories for g in groups], policy.format, cfg.grpo.scale_rewards,
+                        keep_zero_advantage=bool(cfg.grpo.kl_coef))
+    staleness = [learner.version - g.policy_version for g in groups]
+    stats = await asyncio.to_thread(learner.step, batch.sequences)
+    if batch.sequences:
+        await asyncio.to_thread(policy.load_weights, learner.weights(), learner.version)
+    step_s = time.perf_counter() - t0
+    trajectories = [t for g in groups for t in g.trajectories]
+    tokens = sum(t.generated_tokens for t in trajectories)
+    return {"step": step + 1, "version": learner.version, **reward_summary(trajectories),
+            "zero_advantage_groups": batch.zero_advantage_groups,
+            "tool_calls": sum(t.tool_calls for t in trajectories), "generated_tokens": tokens,
+            "rollouts_per_s": round(len(trajectories) / step_s, 3), "tokens_per_s": round(tokens / step_s, 3),
+            "staleness": staleness, "dropped_stale": service.dropped_stale, "step_s": round(step_s, 4),
+            "wait_s": round(wait_s, 4), "env_wait_fraction": round(wait_s / step_s, 4) if step_s else 0.0,
+            "elapsed_s": round(time.perf_counter() - began, 3), **stats}

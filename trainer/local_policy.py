@@ -1,0 +1,98 @@
+"""A transformers causal LM as an in-process policy (CPU demo, tests).
+
+It renders the history with :class:`~trainer.chatformat.ChatFormat`, samples a completion token by
+token with a KV cache, and returns the prompt ids, completion ids and the log-probability of
+every sampled token under the sampling distribution (temperature, allowed tokens). The learner
+computes log-probabilities the same way (:class:`SamplingSpec`), so the importance ratio starts
+at 1 for fresh samples.
+
+This is a *copy* of the learner's weights: the learner pushes new weights with
+:meth:`LocalPolicy.load_weights` after each optimiser step and the version goes up. That is the
+production shape too (vLLM + weight sync), only in one process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from trainer.chatformat import ChatFormat
+from trainer.policy import PolicyReply
+
+
+@dataclass
+class SamplingSpec:
+    temperature: float = 1.0
+    max_new_tokens: int = 256
+    allowed_token_ids: list[int] | None = None  # restrict generation (the tiny demo's action space)
+
+    def logits_to_logprobs(self, logits: torch.Tensor) -> torch.Tensor:
+        """Log-probabilities of the sampling distribution; the learner must use exactly this."""
+        logits = logits.float() / max(self.temperature, 1e-5)
+        if self.allowed_token_ids is not None:
+            mask = torch.full((logits.shape[-1],), float("-inf"), device=logits.device)
+            mask[torch.tensor(self.allowed_token_ids, device=logits.device)] = 0.0
+            logits = logits + mask
+        return torch.log_softmax(logits, dim=-1)
+
+
+class LocalPolicy:
+    def __init__(self, model: Any, tokenizer: Any, sampling: SamplingSpec, name: str = "local",
+                 seed: int = 0, version: int = 0) -> None:
+        self.model = copy.deepcopy(model).eval()
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+        self.tokenizer = tokenizer
+        self.format = ChatFormat(tokenizer)
+        self.sampling = sampling
+        self.name = name
+        self.version = version
+        self.eos_id = tokenizer.eos_token_id
+        self._lock = threading.Lock()
+        self._generator = torch.Generator().manual_seed(seed)
+
+    async def chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> PolicyReply:
+        prompt = self.format.encode_prompt(messages, tools)
+        return await asyncio.to_thread(self._reply, prompt)
+
+    def _reply(self, prompt: list[int]) -> PolicyReply:
+        with self._lock:
+            version = self.version
+            ids, logprobs = self.generate(prompt)
+        text_ids = ids[:-1] if ids and ids[-1] == self.eos_id else ids
+        content = self.tokenizer.decode(text_ids, skip_special_tokens=True)
+        finish = "stop" if ids and ids[-1] == self.eos_id else "length"
+        return PolicyReply(content, None, finish, len(prompt), len(ids), list(prompt), ids, logprobs, version)
+
+    @torch.no_grad()
+    def generate(self, prompt: list[int]) -> tuple[list[int], list[float]]:
+        """Sample until end-of-turn or ``max_new_tokens``; returns ids and their log-probabilities."""
+        past = None
+        inputs = torch.tensor([prompt], dtype=torch.long)
+        ids: list[int] = []
+        logprobs: list[float] = []
+        for _ in range(self.sampling.max_new_tokens):
+            out = self.model(input_ids=inputs, past_key_values=past, use_cache=True)
+            past = out.past_key_values
+            dist = self.sampling.logits_to_logprobs(out.logits[0, -1])
+            token = int(torch.multinomial(dist.exp(), 1, generator=self._generator))
+            ids.append(token)
+            logprobs.append(float(dist[token]))
+            if token == self.eos_id:
+                break
+            inputs = torch.tensor([[token]], dtype=torch.long)
+        return ids, logprobs
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        """Weight sync from the learner (between generations, never during one)."""
+        with self._lock:
+            self.model.load_state_dict(state_dict)
+            self.version = version
+
+    async def close(self) -> None:
+        return None

@@ -1,0 +1,170 @@
+"""Policies: what produces the agent's next message.
+
+A policy takes the (windowed) chat history and the tool list and returns one assistant reply.
+Three kinds exist:
+
+* :class:`OpenAIPolicy` - any OpenAI-compatible ``/chat/completions`` endpoint (vLLM, SGLang,
+  OpenAI, Ollama). This is the production path: a vLLM server generates and the learner pushes
+  new weights to it (docs/training.md).
+* :class:`trainer.local_policy.LocalPolicy` - a transformers model in this process (the CPU
+  demo and tests); it returns token ids and log-probabilities for the learner.
+* :class:`ReplayPolicy` - answers instantly with a task's reference solution (benchmarks, tests).
+
+An endpoint that cannot be reached raises :class:`PolicyUnavailable` after bounded retries:
+an outage of the policy is neither the agent's fault nor the environment's, and a run must stop
+loudly instead of training on empty episodes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import httpx
+
+from awm.bundle import EnvBundle
+
+
+class PolicyUnavailable(RuntimeError):
+    """The policy endpoint cannot be reached, or keeps failing, or refuses the request."""
+
+
+@dataclass
+class PolicyReply:
+    content: str | None
+    tool_calls: list[dict[str, Any]] | None = None  # OpenAI format, when the server parsed calls
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    # Present when the policy runs in process (or the server returns them): what the learner needs.
+    prompt_ids: list[int] | None = None
+    completion_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+    version: int = 0  # the policy (weights) version that generated this reply
+
+
+class Policy(Protocol):
+    """The one method the agent loop needs; ``version`` tags every turn for staleness control."""
+
+    version: int
+    name: str
+
+    async def chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> PolicyReply: ...
+
+    async def close(self) -> None: ...
+
+
+@dataclass
+class OpenAIPolicy:
+    base_url: str
+    model: str
+    api_key: str = ""
+    temperature: float = 1.0
+    max_tokens: int = 2048
+    timeout_s: float = 300.0
+    retries: int = 3
+    extra_body: dict[str, Any] = field(default_factory=dict)
+    version: int = 0
+
+    def __post_init__(self) -> None:
+        self.base_url = self.base_url.rstrip("/")
+        self.api_key = self.api_key or os.environ.get("AWM_POLICY_API_KEY") or os.environ.get("OPENAI_API_KEY", "")
+        self._http = httpx.AsyncClient(timeout=self.timeout_s)
+
+    @property
+    def name(self) -> str:
+        return self.model
+
+    async def chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> PolicyReply:
+        body: dict[str, Any] = {"model": self.model, "messages": messages, "temperature": self.temperature,
+                                "max_tokens": self.max_tokens, **self.extra_body}
+        if tools:
+            body["tools"] = tools
+        data = await self._post(body)
+        try:
+            choice = data["choices"][0]
+            message = choice["message"]
+        except (KeyError, IndexError, TypeError) as exc:
+            raise PolicyUnavailable(f"{self.base_url} answered without a message: {str(data)[:300]}") from exc
+        usage = data.get("usage") or {}
+        prompt_ids, completion_ids, logprobs = _token_data(data, choice)
+        return PolicyReply(message.get("content"), message.get("tool_calls") or None, choice.get("finish_reason"),
+                           int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0),
+                           prompt_ids, completion_ids, logprobs, version=self.version)
+
+    async def _post(self, body: dict[str, Any]) -> dict[str, Any]:
+        url = self.base_url + "/chat/completions"
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        last = ""
+        for attempt in range(max(1, self.retries)):
+            if attempt:
+                await asyncio.sleep(min(0.5 * 2 ** (attempt - 1), 10))
+            try:
+                response = await self._http.post(url, content=json.dumps(body), headers={
+                    **headers, "Content-Type": "application/json"})
+            except httpx.HTTPError as exc:
+                last = f"cannot reach {url}: {type(exc).__name__}: {exc}"
+                continue
+            if response.status_code == 429 or response.status_code >= 500:
+                last = f"{url} answered HTTP {response.status_code}: {response.text[:300]}"
+                continue
+            if response.status_code >= 400:
+                raise PolicyUnavailable(f"{url} refused the request: HTTP {response.status_code}: {response.text[:500]}")
+            try:
+                return response.json()
+            except json.JSONDecodeError:
+                last = f"{url} answered with non-JSON: {response.text[:200]}"
+        raise PolicyUnavailable(f"{last} (gave up after {max(1, self.retries)} attempts)")
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+
+def _token_data(data: dict[str, Any], choice: dict[str, Any]) -> tuple[list[int] | None, list[int] | None,
+                                                                      list[float] | None]:
+    """Token ids and sampling log-probs, where the server returns them (vLLM: request
+    ``"return_token_ids": true`` and ``"logprobs": true`` through ``extra_body``)."""
+    prompt_ids = data.get("prompt_token_ids") or choice.get("prompt_token_ids")
+    completion_ids = choice.get("token_ids")
+    content = (choice.get("logprobs") or {}).get("content") if isinstance(choice.get("logprobs"), dict) else None
+    logprobs = [float(t["logprob"]) for t in content] if content else None
+    if completion_ids is None or prompt_ids is None:
+        return None, None, None
+    if logprobs is not None and len(logprobs) != len(completion_ids):
+        logprobs = None
+    return list(prompt_ids), list(completion_ids), logprobs
+
+
+@dataclass
+class ReplayPolicy:
+    """Replays each task's reference solution as native tool calls, one per turn, then answers.
+
+    It answers instantly, so a benchmark built on it measures the environments and the rollout
+    machinery, not a model. Tasks are recognised by their instruction (the first user message);
+    progress is counted from the history it is shown, so use it without a history window.
+    """
+
+    bundles: list[EnvBundle]
+    version: int = 0
+    name: str = "replay"
+
+    def __post_init__(self) -> None:
+        self._tasks = {t.instruction: t for b in self.bundles for t in b.tasks}
+
+    async def chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> PolicyReply:
+        instruction = next((m["content"] for m in messages if m.get("role") == "user"), "")
+        task = self._tasks.get(instruction)
+        done = sum(1 for m in messages if m.get("role") == "assistant" and m.get("tool_calls"))
+        if task is None or done >= len(task.solution):
+            answer = (task.final_answer if task else None) or "Done."
+            return PolicyReply(answer, None, "stop", version=self.version)
+        step = task.solution[done]
+        call = {"id": f"replay_{done}", "type": "function",
+                "function": {"name": step.tool, "arguments": json.dumps(step.arguments)}}
+        return PolicyReply(None, [call], "tool_calls", version=self.version)
+
+    async def close(self) -> None:
+        return None

@@ -1,0 +1,83 @@
+"""The hybrid reward, and which episodes must not be trained on at all.
+
+reward = outcome reward (from the verifier's verdict: complete / incomplete)
+         - format penalty per malformed tool call (capped)
+         - optional penalty per agent-fault tool error (``invalid_arguments``, ``tool_error``)
+
+Our own failures are never charged to the agent. An episode is *masked* (kept in the logs,
+excluded from advantages and from the loss) when
+
+* the verifier's verdict is ``error`` (its ``error_kind`` says why: ``infra``, ``timeout``,
+  ``crash``, ``memory``, ``exception``, ``query`` - a verifier that fails is an environment bug,
+  whatever the agent did), or
+* a tool failed for a reason that is the environment's (``tool_crashed``, ``timeout``,
+  ``unavailable``): the agent then acted on a broken world, so its outcome says nothing, or
+* the episode could not be completed for infrastructure reasons (instance lost, control API down).
+
+The reference system's keyword matching scores a server 500 as the agent's format error (-1);
+that bias is what this module exists to avoid.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+INFRA_TOOL_ERRORS = ("tool_crashed", "timeout", "unavailable")
+AGENT_TOOL_ERRORS = ("invalid_arguments", "tool_error")
+VERDICT_ERROR_KINDS = ("infra", "timeout", "crash", "memory", "exception", "query")
+
+
+@dataclass
+class RewardConfig:
+    complete: float = 1.0
+    incomplete: float = 0.0
+    format_penalty: float = 0.1  # per malformed tool call (step-level)
+    tool_error_penalty: float = 0.0  # per invalid_arguments / tool_error result
+    max_penalty: float = 0.5  # the penalties together never exceed this
+    # Which verdict-error kinds are ours (masked). Anything else is scored as `incomplete`.
+    masked_verdict_kinds: tuple[str, ...] = VERDICT_ERROR_KINDS
+    masked_tool_errors: tuple[str, ...] = INFRA_TOOL_ERRORS
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> RewardConfig:
+        data = dict(data or {})
+        for key in ("masked_verdict_kinds", "masked_tool_errors"):
+            if key in data:
+                data[key] = tuple(data[key])
+        return cls(**data)
+
+
+@dataclass
+class RewardResult:
+    reward: float
+    masked: bool
+    mask_reason: str | None = None
+    components: dict[str, float] = field(default_factory=dict)
+
+
+def score(verdict: dict[str, Any] | None, tool_error_kinds: list[str], malformed_calls: int,
+          infra_error: str | None = None, cfg: RewardConfig | None = None) -> RewardResult:
+    """Reward of one episode from its verdict (control API ``/verify``) and per-step events.
+
+    ``tool_error_kinds`` holds the error class of every failed tool call of the episode.
+    """
+    cfg = cfg or RewardConfig()
+    if infra_error:
+        return RewardResult(0.0, True, f"infrastructure: {infra_error}")
+    ours = [k for k in tool_error_kinds if k in cfg.masked_tool_errors]
+    if ours:
+        return RewardResult(0.0, True, f"environment tool failure: {', '.join(sorted(set(ours)))}")
+    verdict = verdict or {}
+    outcome = verdict.get("verdict")
+    if outcome == "error":
+        kind = verdict.get("error_kind") or "unknown"
+        if kind in cfg.masked_verdict_kinds or kind == "unknown":
+            return RewardResult(0.0, True, f"verifier error ({kind}): {verdict.get('reason', '')}"[:300])
+    base = cfg.complete if outcome == "complete" else cfg.incomplete
+    fmt = cfg.format_penalty * malformed_calls
+    tool = cfg.tool_error_penalty * sum(1 for k in tool_error_kinds if k in AGENT_TOOL_ERRORS)
+    penalty = min(fmt + tool, cfg.max_penalty)
+    return RewardResult(base - penalty, False, None,
+                        {"outcome": base, "format_penalty": -fmt, "tool_error_penalty": -tool,
+                         "penalty_applied": -penalty})

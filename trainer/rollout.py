@@ -1,0 +1,299 @@
+"""The rollout service: workers claim env instances, run episodes concurrently, and stream
+finished GRPO groups to the learner with bounded staleness.
+
+* :class:`InstanceSource` is where instances come from. :class:`LocalFleetSource` serves them
+  with :class:`awm.fleet.LocalFleet`; :class:`PoolSource` takes instances already running
+  (URLs). A Kubernetes source implements the same three calls on top of the operator's claims.
+* A *group* is G episodes of one task, each on an instance reset to the task's snapshot (the
+  reset engine makes every reset identical; ``verify_reset`` checksums it too). GRPO compares
+  the G rewards, so they must differ only by the policy's sampling.
+* Asynchronous mode (:meth:`RolloutService.start` + :meth:`next_groups`): a producer keeps at
+  most ``max_inflight_groups`` groups running or waiting, so environments work while the
+  learner trains. Every turn carries the policy version that generated it; a group whose oldest
+  turn is more than ``max_staleness`` versions behind the learner is dropped, not trained on.
+  Synchronous mode (:meth:`collect`) runs a batch and returns it, for comparison and evaluation.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import contextlib
+import logging
+import random
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from awm.bundle import EnvBundle
+from trainer.agent import AgentConfig, EnvHandle, run_episode
+from trainer.policy import Policy, PolicyUnavailable
+from trainer.reward import RewardConfig
+from trainer.trajectory import Trajectory, TrajectoryLog
+
+log = logging.getLogger("trainer.rollout")
+
+
+@dataclass
+class Lease:
+    """One claimed instance; the source keeps its connected clients between claims."""
+
+    env: str
+    name: str
+    mcp_url: str
+    control_url: str
+    scenario: str = ""
+    handle: EnvHandle | None = field(default=None, repr=False)
+
+
+class InstanceSource(abc.ABC):
+    """Where episodes get instances: claim one of an environment, give it back after the episode."""
+
+    @abc.abstractmethod
+    def envs(self) -> list[str]: ...
+
+    @abc.abstractmethod
+    async def claim(self, env: str) -> Lease:
+        """An instance of ``env`` that nobody else uses until :meth:`release` (waits if none is free)."""
+
+    @abc.abstractmethod
+    async def release(self, lease: Lease, healthy: bool = True) -> None:
+        """Give the instance back; ``healthy=False`` means it failed us and must be checked first."""
+
+    async def close(self) -> None:
+        return None
+
+
+class PoolSource(InstanceSource):
+    """A fixed set of running instances (e.g. from ``awm serve --json``)."""
+
+    def __init__(self, leases: list[Lease], ready_timeout_s: float = 120.0) -> None:
+        self._queues: dict[str, asyncio.Queue[Lease]] = {}
+        self._all = list(leases)
+        self._checks: set[asyncio.Task[None]] = set()
+        self.ready_timeout_s = ready_timeout_s
+        for lease in leases:
+            self._queues.setdefault(lease.env, asyncio.Queue()).put_nowait(lease)
+
+    def envs(self) -> list[str]:
+        return list(self._queues)
+
+    def capacity(self, env: str) -> int:
+        return sum(1 for lease in self._all if lease.env == env)
+
+    async def claim(self, env: str) -> Lease:
+        if env not in self._queues:
+            raise KeyError(f"no instances of environment {env!r}")
+        lease = await self._queues[env].get()
+        if lease.handle is None:
+            try:
+                lease.handle = await EnvHandle.connect(lease.mcp_url, lease.control_url, lease.env, lease.name,
+                                                       lease.scenario)
+            except BaseException:
+                self._recheck(lease)
+                raise
+        return lease
+
+    async def release(self, lease: Lease, healthy: bool = True) -> None:
+        if healthy:
+            self._queues[lease.env].put_nowait(lease)
+        else:
+            self._recheck(lease)
+
+    def _recheck(self, lease: Lease) -> None:
+        """Drop the connection; return the instance once it answers /readyz again (it may be restarting)."""
+        async def check() -> None:
+            handle, lease.handle = lease.handle, None
+            if handle is not None:
+                with contextlib.suppress(Exception):
+                    await handle.close()
+            from awm.client import ControlClient
+
+            control = ControlClient(lease.control_url, timeout=5)
+            deadline = time.monotonic() + self.ready_timeout_s
+            try:
+                while time.monotonic() < deadline and not await control.ready():
+                    await asyncio.sleep(0.2)
+            finally:
+                await control.close()
+            self._queues[lease.env].put_nowait(lease)
+
+        task = asyncio.get_running_loop().create_task(check())
+        self._checks.add(task)
+        task.add_done_callback(self._checks.discard)
+
+    async def close(self) -> None:
+        for task in list(self._checks):
+            task.cancel()
+        for lease in self._all:
+            if lease.handle is not None:
+                with contextlib.suppress(Exception):
+                    await lease.handle.close()
+                lease.handle = None
+
+
+class LocalFleetSource(PoolSource):
+    """Instances served on this machine by a :class:`~awm.fleet.LocalFleet` (started here)."""
+
+    def __init__(self, bundles: list[EnvBundle], replicas: int, database: Any = None, verifier_workers: int = 1) -> None:
+        super().__init__([])
+        from awm.fleet import LocalFleet
+
+        self.fleet = LocalFleet(bundles, replicas=replicas, database=database, verifier_workers=verifier_workers)
+        self._scenarios = {b.name: b.scenario.description for b in bundles}
+
+    async def start(self) -> LocalFleetSource:
+        await self.fleet.start()
+        leases = [Lease(h.env, h.name, h.mcp_url, h.control_url, self._scenarios.get(h.env, ""))
+                  for h in self.fleet.instances]
+        PoolSource.__init__(self, leases)
+        return self
+
+    async def __aenter__(self) -> LocalFleetSource:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await super().close()
+        await self.fleet.stop()
+
+
+@dataclass(frozen=True)
+class TaskRef:
+    env: str
+    task_id: str
+
+
+@dataclass
+class Group:
+    group_id: str
+    task: TaskRef
+    trajectories: list[Trajectory]
+
+    @property
+    def policy_version(self) -> int:
+        return min((t.policy_version for t in self.trajectories), default=0)
+
+
+@dataclass
+class RolloutConfig:
+    group_size: int = 4
+    max_staleness: int = 1
+    max_inflight_groups: int = 4
+    seed: int = 0
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> RolloutConfig:
+        return cls(**(data or {}))
+
+
+class RolloutService:
+    def __init__(self, source: InstanceSource, policy: Policy, tasks: list[TaskRef], agent: AgentConfig,
+                 reward: RewardConfig, cfg: RolloutConfig, log: TrajectoryLog | None = None,
+                 on_trajectory: Callable[[Trajectory], None] | None = None) -> None:
+        if not tasks:
+            raise ValueError("no tasks to roll out")
+        self.source, self.policy, self.tasks = source, policy, list(tasks)
+        self.agent, self.reward, self.cfg, self.log = agent, reward, cfg, log
+        self.on_trajectory = on_trajectory
+        self._rng = random.Random(cfg.seed)
+        self._order: list[TaskRef] = []
+        self._queue: asyncio.Queue[Group | BaseException] = asyncio.Queue()
+        self._slots = asyncio.Semaphore(cfg.max_inflight_groups)
+        self._producer: asyncio.Task[None] | None = None
+        self._running: set[asyncio.Task[None]] = set()
+        self.dropped_stale = 0
+        self.wait_s = 0.0  # time the learner spent waiting in next_groups()
+
+    def next_task(self) -> TaskRef:
+        """Tasks in a fresh shuffled order each pass, so every task is seen equally often."""
+        if not self._order:
+            self._order = list(self.tasks)
+            self._rng.shuffle(self._order)
+        return self._order.pop()
+
+    async def run_group(self, task: TaskRef) -> Group:
+        group_id = uuid.uuid4().hex[:12]
+        trajectories = await asyncio.gather(*(self._episode(task, group_id, i) for i in range(self.cfg.group_size)))
+        return Group(group_id, task, list(trajectories))
+
+    async def _episode(self, task: TaskRef, group_id: str, index: int) -> Trajectory:
+        lease = await self.source.claim(task.env)
+        healthy = True
+        try:
+            assert lease.handle is not None
+            traj = await run_episode(self.policy, lease.handle, task.task_id, self.agent, self.reward, self.log,
+                                     group_id, index)
+            healthy = traj.infra_error is None
+        except PolicyUnavailable:
+            raise  # the instance is fine; the next episode resets it anyway
+        except BaseException:
+            healthy = False
+            raise
+        finally:
+            await self.source.release(lease, healthy)
+        if self.on_trajectory:
+            self.on_trajectory(traj)
+        return traj
+
+    # -- synchronous -------------------------------------------------------------------------
+
+    async def collect(self, n_groups: int) -> list[Group]:
+        """Run ``n_groups`` groups now (concurrently) and return them: the synchronous baseline."""
+        t0 = time.perf_counter()
+        groups = await asyncio.gather(*(self.run_group(self.next_task()) for _ in range(n_groups)))
+        self.wait_s += time.perf_counter() - t0
+        return list(groups)
+
+    # -- asynchronous ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._producer is None:
+            self._producer = asyncio.get_running_loop().create_task(self._produce())
+
+    async def _produce(self) -> None:
+        while True:
+            await self._slots.acquire()
+            task = asyncio.get_running_loop().create_task(self._produce_one(self.next_task()))
+            self._running.add(task)
+            task.add_done_callback(self._running.discard)
+
+    async def _produce_one(self, task: TaskRef) -> None:
+        try:
+            group = await self.run_group(task)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - e.g. PolicyUnavailable: hand it to the learner
+            await self._queue.put(exc)
+            return
+        await self._queue.put(group)
+
+    async def next_groups(self, n: int) -> list[Group]:
+        """The next ``n`` finished groups that are fresh enough for the learner's current version."""
+        t0 = time.perf_counter()
+        out: list[Group] = []
+        try:
+            while len(out) < n:
+                item = await self._queue.get()
+                self._slots.release()
+                if isinstance(item, BaseException):
+                    raise item
+                if self.policy.version - item.policy_version > self.cfg.max_staleness:
+                    self.dropped_stale += 1
+                    continue
+                out.append(item)
+        finally:
+            self.wait_s += time.perf_counter() - t0
+        return out
+
+    async def stop(self) -> None:
+        tasks = [t for t in [self._producer, *self._running] if t is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._producer = None
