@@ -25,9 +25,11 @@ from awm_operator import databases
 from awm_operator.autoscale import ScaleDownGate, desired_replicas
 from awm_operator.config import OperatorConfig
 from awm_operator.crds import EnvFleetSpec
-from awm_operator.pods import (A_CLAIM, A_CONTROL_URL, A_ENV, ALLOCATED, READY, STARTING, PodInfo, label_value,
-                               pod_manifest, pod_prefix, spread)
-from awm_operator.state import ClaimRequest, Fleet, plan
+from awm_operator.kube import ApiError
+from awm_operator.ledger import Ledger, LostRace, ledger_name
+from awm_operator.metrics import Metrics
+from awm_operator.pods import A_CONTROL_URL, A_ENV, PodInfo, label_value, pod_manifest, pod_prefix, spread
+from awm_operator.state import ClaimRecord, ClaimRequest, Fleet, plan
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -48,7 +50,7 @@ def test_pod_manifest_follows_the_contract() -> None:
     meta, ps = pod["metadata"], pod["spec"]
     assert meta["generateName"] == "train-bike-shop-"
     assert meta["labels"] == {"team": "rl", "app.kubernetes.io/name": "awm-envserver", "app.kubernetes.io/instance": "rel",
-                              "awm.dev/fleet": "train", "awm.dev/environment": "bike_shop", "awm.dev/state": STARTING}
+                              "awm.dev/fleet": "train", "awm.dev/environment": "bike_shop"}
     assert meta["annotations"] == {"note": "x", A_ENV: "bike_shop"}
     assert meta["ownerReferences"] == [{"apiVersion": "awm.dev/v1alpha1", "kind": "EnvFleet", "name": "train",
                                         "uid": "uid-1", "controller": True, "blockOwnerDeletion": True}]
@@ -107,13 +109,9 @@ def test_spread() -> None:
     assert sum(spread(1024, [f"e{i}" for i in range(7)]).values()) == 1024
 
 
-def pod(name: str, env: str = "crm", state: str = READY, ready: bool = True, rv: int = 1, claim: str | None = None,
-        **annotations: str) -> dict:
+def pod(name: str, env: str = "crm", ready: bool = True, rv: int = 1, **annotations: str) -> dict:
     ann = {A_ENV: env, **annotations}
-    if claim:
-        ann[A_CLAIM] = claim
-    return {"metadata": {"name": name, "resourceVersion": str(rv), "labels": {"awm.dev/state": state},
-                         "annotations": ann},
+    return {"metadata": {"name": name, "resourceVersion": str(rv), "labels": {}, "annotations": ann},
             "status": {"phase": "Running", "podIP": "10.0.0.1",
                        "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
 
@@ -121,12 +119,7 @@ def pod(name: str, env: str = "crm", state: str = READY, ready: bool = True, rv:
 def test_pod_info() -> None:
     info = PodInfo.from_pod(pod("a", ready=True))
     assert info.allocatable and info.mcp_url == "http://10.0.0.1:8000/mcp" and info.control_url == "http://10.0.0.1:8001"
-    assert info.wanted_state == READY
-    assert PodInfo.from_pod(pod("b", state=STARTING, ready=False)).wanted_state == STARTING
-    assert PodInfo.from_pod(pod("c", state=STARTING)).allocatable  # ready; the label follows later
-    assert not PodInfo.from_pod(pod("c", state=STARTING, ready=False)).allocatable
-    assert not PodInfo.from_pod(pod("c", claim="x")).allocatable
-    assert PodInfo.from_pod(pod("d", state=ALLOCATED, ready=False)).wanted_state == ALLOCATED
+    assert not PodInfo.from_pod(pod("c", ready=False)).allocatable
     override = PodInfo.from_pod(pod("e", **{A_CONTROL_URL: "http://127.0.0.1:9"}))
     assert override.control_url == "http://127.0.0.1:9"
 
@@ -170,11 +163,12 @@ async def test_fleet_cache_reservations_and_stale_events() -> None:
     assert fleet.available_lists() == {"crm": ["a"], "bike_shop": ["b"]}
     fleet.reserve(["a"])
     assert fleet.available_lists() == {"bike_shop": ["b"]}
-    fleet.update_pod(PodInfo.from_pod(pod("a", state=ALLOCATED, rv=7, claim="c1")))
+    fleet.assign("c1", ClaimRecord([["a"]]))
     fleet.unreserve(["a"])
-    assert fleet.available_lists() == {"bike_shop": ["b"]}
-    fleet.update_pod(PodInfo.from_pod(pod("a", rv=6)))  # an older event arriving late is ignored
-    assert fleet.pods["a"].state == ALLOCATED and [p.name for p in fleet.claim_pods("c1")] == ["a"]
+    assert fleet.available_lists() == {"bike_shop": ["b"]}  # held by c1, whatever pod events say
+    fleet.update_pod(PodInfo.from_pod(pod("a", rv=7)))
+    fleet.update_pod(PodInfo.from_pod(pod("a", rv=6, ready=False)))  # an older event arriving late is ignored
+    assert fleet.pods["a"].ready and [p.name for p in fleet.claim_pods("c1")] == ["a"]
     c = fleet.counts()
     assert (c.replicas, c.ready, c.allocated, c.starting) == (2, 1, 1, 0)
     waiter = asyncio.ensure_future(fleet.wait_capacity(5))
@@ -186,6 +180,99 @@ async def test_fleet_cache_reservations_and_stale_events() -> None:
     assert fleet.counts().replicas == 2 and "c" not in fleet.available_lists().get("crm", [])
     fleet.remove_pod("c")
     assert "c" not in fleet.doomed
+    # Released: the pod is allocatable again; a claim whose pod vanished reports it lost.
+    fleet.unassign("c1")
+    assert fleet.available_lists()["crm"] == ["a"]
+    fleet.assign("c2", ClaimRecord([["a"], ["b"]]))
+    assert fleet.counts().allocated == 2 and fleet.available_lists() == {}
+    fleet.remove_pod("b")
+    assert fleet.lost_pods("c2") == ["b"] and [p.name for p in fleet.claim_pods("c2")] == ["a"]
+
+
+def test_claim_record_round_trip() -> None:
+    record = ClaimRecord([["p1", "p2"], ["p3", "p4"]], created=100.0, expires=160.5)
+    again = ClaimRecord.parse(record.dump())
+    assert again == record and again.pods == ["p1", "p2", "p3", "p4"] and again.group_of("p3") == 1
+    assert ClaimRecord.parse(ClaimRecord([["x"]]).dump()).expires is None
+    assert ledger_name("train") == "train-claims" and len(ledger_name("f" * 253)) <= 253
+
+
+class ConfigMapServer:
+    """The API server's ConfigMap semantics that the ledger relies on (get, create, JSON merge
+    patch with a resourceVersion precondition), for fast unit tests; test_operator_e2e.py runs the
+    same ledger against the real API server."""
+
+    def __init__(self) -> None:
+        self.obj: dict | None = None
+        self.version = 0
+        self.writes = 0
+        self.gate: asyncio.Event | None = None  # hold writes while set (to pile up a batch)
+
+    async def request(self, method: str, path: str, body=None, content_type: str = "", query=None, timeout=0.0):
+        await asyncio.sleep(0)
+        if method == "GET":
+            if self.obj is None:
+                raise ApiError(404, "{}")
+            return json.loads(json.dumps(self.obj))
+        if method == "POST":
+            if self.obj is not None:
+                raise ApiError(409, "{}")
+            self.version += 1
+            self.obj = {**body, "metadata": {**body["metadata"], "resourceVersion": str(self.version)}}
+            return self.obj
+        assert method == "PATCH"
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.obj is None:
+            raise ApiError(404, "{}")
+        if body["metadata"]["resourceVersion"] != self.obj["metadata"]["resourceVersion"]:
+            raise ApiError(409, '{"message": "the object has been modified"}')
+        data = self.obj.setdefault("data", {})
+        for key, value in body["data"].items():
+            if value is None:
+                data.pop(key, None)
+            else:
+                data[key] = value
+        self.version += 1
+        self.writes += 1
+        self.obj["metadata"]["resourceVersion"] = str(self.version)
+        return self.obj
+
+
+async def test_ledger_group_commit_and_conflicts() -> None:
+    server = ConfigMapServer()
+    fleet = Fleet("ns", "f", uid="u1")
+    for name in ("a", "b", "c", "d"):
+        fleet.update_pod(PodInfo.from_pod(pod(name)))
+    ledger = Ledger(server, fleet, Metrics())  # type: ignore[arg-type]
+    await ledger.load()
+    assert server.obj["metadata"]["ownerReferences"][0]["uid"] == "u1" and fleet.claims == {}
+    # Claims arriving while a write is in flight go together in the next one.
+    server.gate = asyncio.Event()
+    first = asyncio.ensure_future(ledger.commit({"c1": ClaimRecord([["a"]])}))
+    await asyncio.sleep(0.01)
+    rest = [asyncio.ensure_future(ledger.commit({f"c{i}": ClaimRecord([[n]])})) for i, n in ((2, "b"), (3, "c"))]
+    await asyncio.sleep(0.01)
+    server.gate.set()
+    await asyncio.gather(first, *rest)
+    assert server.writes == 2 and set(fleet.claims) == {"c1", "c2", "c3"} and fleet.owner["c"] == "c3"
+    assert fleet.available_lists() == {"crm": ["d"]}
+    # Another replica writes behind our back: our next write gets 409, rereads, and a claim of a
+    # pod the other one took loses the race while the rest still commits.
+    server.gate = None
+    server.obj["data"]["other"] = ClaimRecord([["d"]]).dump()
+    server.obj["metadata"]["resourceVersion"] = str(server.version + 1)
+    server.version += 1
+    with pytest.raises(LostRace):
+        await ledger.commit({"c4": ClaimRecord([["d"]])})
+    await ledger.commit({"c1": None})
+    assert "other" in fleet.claims and "c1" not in fleet.claims and fleet.available_lists() == {"crm": ["a"]}
+    # A restarted operator (or a standby taking over) reads the same allocation back.
+    fresh = Fleet("ns", "f", uid="u1")
+    for name in ("a", "b", "c", "d"):
+        fresh.update_pod(PodInfo.from_pod(pod(name)))
+    await Ledger(server, fresh, Metrics()).load()  # type: ignore[arg-type]
+    assert fresh.owner == {"b": "c2", "c": "c3", "d": "other"} and fresh.available_lists() == {"crm": ["a"]}
 
 
 # --------------------------------------------------------------------------- autoscaling

@@ -28,7 +28,7 @@ from awm.postgres import provision
 from awm_operator.client import AllocationClient, AllocationError
 from awm_operator.config import OperatorConfig
 from awm_operator.main import InThread
-from awm_operator.pods import A_CLAIM, A_CONTROL_URL
+from awm_operator.pods import A_CONTROL_URL
 
 pytestmark = pytest.mark.slow
 
@@ -80,10 +80,23 @@ class Cluster:
     def scale(self, fleet: str, replicas: int) -> None:
         self.cp.kubectl("-n", self.ns, "scale", f"envfleet/{fleet}", f"--replicas={replicas}")
 
-    def pods(self, fleet: str, state: str | None = None) -> list[dict[str, Any]]:
-        sel = f"awm.dev/fleet={fleet}" + (f",awm.dev/state={state}" if state else "")
-        items = self.cp.api("GET", f"/api/v1/namespaces/{self.ns}/pods?labelSelector={sel}")["items"]
+    def pods(self, fleet: str) -> list[dict[str, Any]]:
+        items = self.cp.api("GET", f"/api/v1/namespaces/{self.ns}/pods?labelSelector=awm.dev/fleet={fleet}")["items"]
         return [p for p in items if not p["metadata"].get("deletionTimestamp")]
+
+    def ledger(self, fleet: str) -> dict[str, list[list[str]]]:
+        """The fleet's allocation ledger as stored in the API server: claim id -> groups of pods."""
+        try:
+            cm = self.cp.api("GET", f"/api/v1/namespaces/{self.ns}/configmaps/{fleet}-claims")
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                return {}
+            raise
+        return {cid: json.loads(v)["groups"] for cid, v in (cm.get("data") or {}).items()}
+
+    def allocated(self, fleet: str) -> dict[str, str]:
+        """pod -> claim id, from the ledger."""
+        return {pod: cid for cid, groups in self.ledger(fleet).items() for g in groups for pod in g}
 
     def delete_pods(self, names: list[str]) -> None:
         for i in range(0, len(names), 50):
@@ -159,7 +172,7 @@ def test_fleet_of_1024_gets_ready_and_recovers(cluster: Cluster, operator: InThr
     cluster.create("envfleets", "big", fleet_spec(1024, None, [f"env{i}" for i in range(8)]))
     wait_for("1,024 ready instances", lambda: cluster.ready("big", 1024), timeout=300, interval=0.5)
     ready_s = time.monotonic() - t0
-    pods = cluster.pods("big", "ready")
+    pods = cluster.pods("big")
     assert len(pods) == 1024
     per_env: dict[str, int] = {}
     for p in pods:
@@ -228,9 +241,9 @@ def test_claims_bind_and_release(cluster: Cluster, operator: InThread, env_serve
     assert sorted(groups) == [0, 1] and all(len(envs) == 1 for envs in groups.values())
     taken = {i["pod"] for i in single["instances"]} | {i["pod"] for i in grpo["instances"]}
     assert len(taken) == 9
-    allocated = {p["metadata"]["name"]: p for p in cluster.pods("pool", "allocated")}
+    allocated = cluster.allocated("pool")  # the ledger in the API server, not the operator's memory
     assert set(allocated) == taken
-    assert allocated[single["instances"][0]["pod"]]["metadata"]["annotations"][A_CLAIM].startswith("one.")
+    assert allocated[single["instances"][0]["pod"]].startswith("one.")
     wait_for("status counts", lambda: cluster.status("envfleets", "pool").get("allocated") == 9)
 
     bad = claim_of(cluster, "bad", {"fleet": "pool", "count": 3, "groupSize": 2})
@@ -253,7 +266,7 @@ def test_claims_bind_and_release(cluster: Cluster, operator: InThread, env_serve
     cluster.delete("envclaims", "one")
     cluster.delete("envclaims", "grpo")
     cluster.delete("envclaims", "bad")
-    wait_for("all 12 back in the pool", lambda: cluster.ready("pool", 12) and len(cluster.pods("pool", "ready")) == 12)
+    wait_for("all 12 back in the pool", lambda: cluster.ready("pool", 12) and not cluster.ledger("pool"))
     assert metric(operator, "awm_instances_released_total", fleet="pool", result="returned") - resets_before == 9
 
 
@@ -290,9 +303,9 @@ def test_concurrent_claims_never_share_an_instance(cluster: Cluster, operator: I
     assert {i["environment"] for i in waited["instances"]} == {"crm"}
     cluster.delete("envclaims", f"w{run_id}")
 
-    async def release_api() -> None:  # the API claims: find their ids on the pods
-        ids = {p["metadata"]["annotations"][A_CLAIM] for p in cluster.pods("pool", "allocated")
-               if p["metadata"]["annotations"][A_CLAIM].startswith("api_")}
+    async def release_api() -> None:  # the API claims: find their ids in the ledger
+        ids = {cid for cid in cluster.ledger("pool") if cid.startswith("api_")}
+        assert len(ids) == 6
         async with AllocationClient(api_url(operator), NS, "pool") as alloc:
             for claim_id in ids:
                 await alloc.release(claim_id)
@@ -318,6 +331,62 @@ def test_failed_reset_replaces_the_instance(cluster: Cluster, operator: InThread
     assert metric(operator, "awm_instances_released_total", fleet="pool", result="replaced") >= 1
     cluster.delete("envfleets", "pool")
     wait_for("the fleet gone", lambda: cluster.get("envfleets", "pool") is None)
+
+
+def test_claim_ttl_renewal_and_lost_instances(cluster: Cluster, operator: InThread, env_server: str) -> None:
+    cluster.create("envfleets", "ttl", fleet_spec(6, env_server, ["crm"]))
+    wait_for("6 ready", lambda: cluster.ready("ttl", 6))
+
+    async def api() -> None:
+        async with AllocationClient(api_url(operator), NS, "ttl") as alloc:
+            with pytest.raises(AllocationError) as exc:
+                await alloc.claim(count=1, ttl_seconds=-1)
+            assert exc.value.status == 400
+            short = await alloc.claim(count=2, ttl_seconds=1.5)
+            kept = await alloc.claim(count=2, ttl_seconds=1.5)
+            renewed = await alloc.renew(kept["id"], ttl_seconds=300)
+            assert renewed["expiresAt"] > kept["expiresAt"]
+            # Not renewed: the operator releases it by itself (reset, back to the pool).
+            wait_for("the short claim expired", lambda: short["id"] not in cluster.ledger("ttl"), timeout=30)
+            with pytest.raises(AllocationError) as exc:
+                await alloc.get(short["id"])
+            assert exc.value.status == 404
+            assert metric(operator, "awm_claims_expired_total", fleet="ttl") == 1
+            # An allocated pod deleted: the claim shows the instance lost, the fleet replaces the pod.
+            lost = kept["instances"][0]["pod"]
+            cluster.delete_pods([lost])
+            wait_for("the replacement", lambda: len(cluster.pods("ttl")) == 6 and lost not in
+                     {p["metadata"]["name"] for p in cluster.pods("ttl")})
+            shown = await alloc.get(kept["id"])
+            assert shown["lost"] == 1 and [i["pod"] for i in shown["instances"] if i["lost"]] == [lost]
+            released = await alloc.release(kept["id"])
+            assert (released["returned"], released["replaced"]) == (1, 0)
+            with pytest.raises(AllocationError) as exc:
+                await alloc.release(kept["id"])
+            assert exc.value.status == 404
+    asyncio.run(api())
+    wait_for("6 ready and nothing allocated", lambda: cluster.ready("ttl", 6) and not cluster.ledger("ttl"))
+
+    # An EnvClaim whose instance is lost says so in its status.
+    bound = claim_of(cluster, "deg", {"fleet": "ttl", "count": 2})
+    victim = bound["instances"][1]["pod"]
+    cluster.delete_pods([victim])
+    degraded = wait_for("the claim degraded",
+                        lambda: (s := cluster.status("envclaims", "deg")).get("phase") == "Degraded" and s)
+    assert degraded["lost"] == [victim] and "1 of 2" in degraded["message"]
+    cluster.delete("envclaims", "deg")
+    wait_for("released", lambda: not cluster.ledger("ttl") and cluster.ready("ttl", 6))
+    cluster.delete("envfleets", "ttl")
+    wait_for("the fleet and its ledger gone (garbage collector)",
+             lambda: cluster.get("envfleets", "ttl") is None and _gone(cluster, "configmaps/ttl-claims"), timeout=60)
+
+
+def _gone(cluster: Cluster, what: str) -> bool:
+    try:
+        cluster.cp.api("GET", f"/api/v1/namespaces/{cluster.ns}/{what}")
+        return False
+    except urllib.error.HTTPError as exc:
+        return exc.code == 404
 
 
 def test_autoscaling_follows_demand(cluster: Cluster, operator: InThread, env_server: str) -> None:
@@ -399,10 +468,27 @@ def test_peering_one_replica_acts_and_a_standby_takes_over(control_plane: Any, c
             assert metric(active, "awm_pod_operations_total", fleet="ha", operation="create") == 5
             assert metric(standby, "awm_pod_operations_total", fleet="ha", operation="create") == 0
             assert len(peer.pods("ha")) == 5
+
+            async def claim(op: InThread, count: int, wait: float = 60) -> dict[str, Any]:
+                async with AllocationClient(api_url(op), ns, "ha") as alloc:
+                    return await alloc.claim(count=count, wait_seconds=wait)
+            first = asyncio.run(claim(active, 2))
+            with pytest.raises(AllocationError) as exc:  # a standby does not allocate
+                asyncio.run(claim(standby, 1, wait=0.5))
+            assert exc.value.status == 503
         finally:
             active.stop()
         peer.scale("ha", 7)
-        wait_for("the standby took over", lambda: peer.ready("ha", 7), timeout=90)
+        wait_for("the standby took over", lambda: (s := peer.status("envfleets", "ha")).get("replicas") == 7
+                 and s.get("ready") == 5 and s.get("allocated") == 2, timeout=90)
         assert metric(standby, "awm_pod_operations_total", fleet="ha", operation="create") == 2
+        # The claim made through the stopped replica survived in the ledger: the new one knows it
+        # and never hands its instances out again.
+        async def show() -> dict[str, Any]:
+            async with AllocationClient(api_url(standby), ns, "ha") as alloc:
+                return await alloc.get(first["id"])
+        assert {i["pod"] for i in asyncio.run(show())["instances"]} == {i["pod"] for i in first["instances"]}
+        second = asyncio.run(claim(standby, 5))
+        assert not {i["pod"] for i in second["instances"]} & {i["pod"] for i in first["instances"]}
         peer.delete("envfleets", "ha")
         wait_for("the fleet gone", lambda: peer.get("envfleets", "ha") is None, timeout=60)

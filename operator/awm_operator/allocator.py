@@ -1,14 +1,14 @@
 """Binding claims to ready instances, and releasing them.
 
 Binding is all-or-nothing. The pods are picked from the in-memory pool (``state.plan``), reserved
-at once, then moved ``ready -> allocated`` by JSON patches whose first op tests the state label:
-the API server applies a JSON patch atomically against the stored object, so of two claimants
-(two operator replicas, or an operator and a stale cache) exactly one wins a pod. A loser rolls
-back what it had taken and plans again. Nothing else writes ``allocated``.
+at once (so no other claim in this process picks them), then written to the fleet's ledger as one
+claim record (``ledger.py``: a group-committed ConfigMap with optimistic concurrency). If another
+operator replica took one of them first, the claim plans again with what is left. Nothing is
+written to the pods.
 
 Release resets every instance through its control API (``verify`` on: the state is checksummed
-and repaired) and moves it back to ``ready``; an instance whose reset fails is deleted, and the
-fleet's reconciler replaces it.
+and repaired) and then removes the claim from the ledger, which returns the instances to the
+pool; an instance whose reset fails is deleted instead, and the fleet's reconciler replaces it.
 """
 
 from __future__ import annotations
@@ -16,20 +16,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import httpx
 
-from awm_operator.kube import ApiError, Kube, escape
+from awm_operator.ledger import LostRace
 from awm_operator.metrics import Metrics
-from awm_operator.pods import A_CLAIM, ALLOCATED, L_STATE, READY, PodInfo
-from awm_operator.state import ClaimRequest, Fleet, plan
+from awm_operator.kube import Kube
+from awm_operator.pods import PodInfo
+from awm_operator.state import ClaimRecord, ClaimRequest, Fleet, plan
 
 log = logging.getLogger("awm.operator.allocator")
-
-STATE_PATH = f"/metadata/labels/{escape(L_STATE)}"
-CLAIM_PATH = f"/metadata/annotations/{escape(A_CLAIM)}"
 
 
 class ClaimError(RuntimeError):
@@ -54,17 +52,21 @@ class Bound:
                 "mcpUrl": self.pod.mcp_url, "controlUrl": self.pod.control_url}
 
 
-def allocate_ops(claim_id: str, state: str = READY) -> list[dict[str, Any]]:
-    """Compare-and-swap: only if the state label still has the value we saw (ready or starting)."""
-    return [{"op": "test", "path": STATE_PATH, "value": state},
-            {"op": "replace", "path": STATE_PATH, "value": ALLOCATED},
-            {"op": "add", "path": CLAIM_PATH, "value": claim_id}]
-
-
-def return_ops(claim_id: str) -> list[dict[str, Any]]:
-    return [{"op": "test", "path": CLAIM_PATH, "value": claim_id},
-            {"op": "replace", "path": STATE_PATH, "value": READY},
-            {"op": "remove", "path": CLAIM_PATH}]
+def describe(fleet: Fleet, claim_id: str) -> dict[str, Any] | None:
+    """A claim as the allocation API shows it: instances (lost ones flagged) and expiry."""
+    record = fleet.claims.get(claim_id)
+    if record is None:
+        return None
+    lost = set(fleet.lost_pods(claim_id))
+    instances = []
+    for i, group in enumerate(record.groups):
+        for name in group:
+            info = fleet.pods.get(name)
+            instances.append({"pod": name, "environment": info.env if info else None, "group": i,
+                              "mcpUrl": info.mcp_url if info else None,
+                              "controlUrl": info.control_url if info else None, "lost": name in lost})
+    return {"id": claim_id, "namespace": fleet.namespace, "fleet": fleet.name, "instances": instances,
+            "lost": len(lost), "expiresAt": record.expires, "releasing": claim_id in fleet.releasing}
 
 
 class Allocator:
@@ -77,10 +79,10 @@ class Allocator:
         await self.http.aclose()
 
     async def claim(self, fleet: Fleet, claim_id: str, req: ClaimRequest, wait: float | None,
-                    source: str) -> list[Bound]:
+                    source: str, ttl: float | None = None) -> list[Bound]:
         """Bind ``req`` to ready instances of ``fleet``, waiting up to ``wait`` seconds (None:
         until bound) for enough of them. While it waits, its instances count as demand for the
-        autoscaler."""
+        autoscaler. ``ttl``: seconds after which the operator releases the claim by itself."""
         t0 = time.monotonic()
         deadline = None if wait is None else t0 + wait
         problem = req.problem(fleet.spec)
@@ -91,10 +93,10 @@ class Allocator:
             while True:
                 if fleet.deleted:
                     raise ClaimError(f"fleet {fleet.name} was deleted")
-                if fleet.active:
+                if fleet.active and fleet.ledger is not None:
                     groups = plan(fleet.available, req)
                     if groups is not None:
-                        bound = await self._bind(fleet, claim_id, groups)
+                        bound = await self._bind(fleet, claim_id, groups, ttl)
                         if bound is not None:
                             self.metrics.claims.labels(fleet.namespace, fleet.name, source, "bound").inc()
                             self.metrics.claim_latency.labels(source).observe(time.monotonic() - t0)
@@ -116,73 +118,66 @@ class Allocator:
             if fleet.pending.pop(claim_id, None) is not None:
                 fleet.poke()
 
-    async def _bind(self, fleet: Fleet, claim_id: str, groups: list[list[str]]) -> list[Bound] | None:
+    async def _bind(self, fleet: Fleet, claim_id: str, groups: list[list[str]],
+                    ttl: float | None) -> list[Bound] | None:
+        assert fleet.ledger is not None
         names = [n for g in groups for n in g]
+        infos = {n: fleet.pods[n] for n in names}
         fleet.reserve(names)
-        taken: list[str] = []
-        lost = False
-        error: BaseException | None = None
         try:
-            results = await asyncio.gather(
-                *(self.kube.patch_pod(fleet.namespace, n, allocate_ops(claim_id, fleet.pods[n].state)) for n in names),
-                return_exceptions=True)
-            for name, result in zip(names, results):
-                if isinstance(result, BaseException):
-                    if isinstance(result, ApiError) and result.lost_race:
-                        fleet.forget_available(name)
-                        lost = True
-                    else:
-                        error = result
-                else:
-                    fleet.update_pod(PodInfo.from_pod(result))
-                    taken.append(name)
-        finally:
-            fleet.unreserve(names)  # the cache says allocated now (or the pod lost a race)
-        if lost or error is not None:
-            await self._give_back(fleet, claim_id, taken)
-            if error is not None:
-                raise error
+            record = ClaimRecord(groups, expires=time.time() + ttl if ttl else None)
+            await fleet.ledger.commit({claim_id: record})
+        except LostRace as exc:
+            log.info("fleet %s/%s: claim %s lost a race (%s); planning again", fleet.namespace, fleet.name,
+                     claim_id, exc)
             return None
-        by_name = {n: i for i, g in enumerate(groups) for n in g}
-        return [Bound(fleet.pods[n], by_name[n]) for n in names]
+        finally:
+            fleet.unreserve(names)  # held by the claim now (or free again if it lost)
+        return [Bound(infos[n], i) for i, g in enumerate(groups) for n in g]
 
-    async def _give_back(self, fleet: Fleet, claim_id: str, names: list[str]) -> None:
-        """Undo a partial bind: the instances were never handed out, so no reset is needed."""
-        async def one(name: str) -> None:
-            try:
-                fleet.update_pod(PodInfo.from_pod(await self.kube.patch_pod(fleet.namespace, name, return_ops(claim_id))))
-            except ApiError as exc:
-                log.warning("could not return %s/%s after a partial bind: %s", fleet.namespace, name, exc)
-        await asyncio.gather(*(one(n) for n in names))
+    async def renew(self, fleet: Fleet, claim_id: str, ttl: float) -> float:
+        """Push a claim's expiry to ``ttl`` seconds from now; returns the new expiry."""
+        record = fleet.claims.get(claim_id)
+        if record is None or fleet.ledger is None:
+            raise ClaimError(f"no claim {claim_id} in fleet {fleet.name}")
+        renewed = replace(record, expires=time.time() + ttl)
+        await fleet.ledger.commit({claim_id: renewed})
+        return float(renewed.expires or 0)
 
     async def release(self, fleet: Fleet, claim_id: str) -> tuple[int, int]:
-        """Reset and return every instance of the claim; (returned, replaced)."""
-        pods = fleet.claim_pods(claim_id)
-        results = await asyncio.gather(*(self._release_one(fleet, claim_id, p) for p in pods))
-        returned = sum(1 for r in results if r == "returned")
-        replaced = sum(1 for r in results if r == "replaced")
+        """Reset every instance of the claim, then remove it from the ledger; (returned, replaced).
+        Lost instances (their pods gone) count as neither."""
+        if claim_id in fleet.releasing or claim_id not in fleet.claims:
+            return 0, 0
+        if fleet.ledger is None:
+            raise NotActive(f"this operator replica does not act on fleet {fleet.name}")
+        fleet.releasing.add(claim_id)
+        try:
+            pods = fleet.claim_pods(claim_id)
+            results = await asyncio.gather(*(self._reset_or_replace(fleet, p) for p in pods))
+            await fleet.ledger.commit({claim_id: None})
+        finally:
+            fleet.releasing.discard(claim_id)
+        returned = sum(1 for r in results if r)
+        replaced = len(results) - returned
+        self.metrics.releases.labels(fleet.namespace, fleet.name, "returned").inc(returned)
+        self.metrics.releases.labels(fleet.namespace, fleet.name, "replaced").inc(replaced)
         fleet.poke()
         return returned, replaced
 
-    async def _release_one(self, fleet: Fleet, claim_id: str, pod: PodInfo) -> str:
-        ok = await self._reset(pod)
-        if ok:
-            try:
-                fleet.update_pod(PodInfo.from_pod(
-                    await self.kube.patch_pod(fleet.namespace, pod.name, return_ops(claim_id))))
-                self.metrics.releases.labels(fleet.namespace, fleet.name, "returned").inc()
-                return "returned"
-            except ApiError as exc:
-                if exc.lost_race:
-                    return "gone"
-                log.warning("could not return %s/%s to the pool: %s; replacing it", fleet.namespace, pod.name, exc)
+    async def _reset_or_replace(self, fleet: Fleet, pod: PodInfo) -> bool:
+        """True if the instance was reset; else it is deleted (the reconciler replaces it)."""
+        if await self._reset(pod):
+            return True
         current = fleet.pods.get(pod.name)
         if current is not None:
             fleet.doom(current)  # the reconciler creates its replacement right away
-        await self.kube.delete_pod(fleet.namespace, pod.name)
-        self.metrics.releases.labels(fleet.namespace, fleet.name, "replaced").inc()
-        self.metrics.pod_operations.labels(fleet.namespace, fleet.name, "delete").inc()
-        return "replaced"
+        try:
+            await self.kube.delete_pod(fleet.namespace, pod.name)
+            self.metrics.pod_operations.labels(fleet.namespace, fleet.name, "delete").inc()
+        except Exception as exc:  # noqa: BLE001 - the reconciler deletes doomed pods again if needed
+            log.warning("could not delete %s/%s after a failed reset: %s", fleet.namespace, pod.name, exc)
+        return False
 
     async def _reset(self, pod: PodInfo) -> bool:
         if not pod.control_url or pod.deleting or pod.failed:

@@ -2,17 +2,21 @@
 
 The allocation API is the fast path for trainers: one HTTP round trip binds instances straight
 from the operator's in-memory pool (the EnvClaim resource costs a create, a watch event, a status
-patch and a watch event back). Both paths share the allocator, so they never hand out the same
-instance. Claims made here are recorded on the pods only (annotation ``awm.dev/claim`` =
-``api_<hex>``; an underscore never occurs in an EnvClaim's name); they end with DELETE.
+patch and a watch event back). Both paths share the allocator and the fleet's ledger, so they
+never hand out the same instance. Claims made here have ids ``api_<hex>`` (an underscore never
+occurs in an EnvClaim's name) and a TTL: one not released nor renewed in time is released by
+the operator, so a crashed trainer does not hold instances forever.
 
     POST   /v1/namespaces/{ns}/envfleets/{fleet}/claims       {"count": 16, "groupSize": 8,
-                                                               "environment": null, "waitSeconds": 30}
+                                                               "environment": null, "waitSeconds": 30,
+                                                               "ttlSeconds": 3600}
         201 {"id", "namespace", "fleet", "instances": [{"pod", "environment", "group", "mcpUrl",
-             "controlUrl"}], "latencyMs"}
+             "controlUrl"}], "expiresAt", "latencyMs"}
         400 bad request, 404 unknown fleet, 409 not enough ready instances within waitSeconds,
         503 this replica is a standby (kopf peering)
-    DELETE /v1/namespaces/{ns}/envfleets/{fleet}/claims/{id}  -> 200 {"returned", "replaced"}
+    GET    /v1/namespaces/{ns}/envfleets/{fleet}/claims/{id}        -> the claim; lost instances flagged
+    POST   /v1/namespaces/{ns}/envfleets/{fleet}/claims/{id}/renew  {"ttlSeconds": 3600} -> {"expiresAt"}
+    DELETE /v1/namespaces/{ns}/envfleets/{fleet}/claims/{id}  -> 200 {"returned", "replaced"}, 404 unknown
     GET    /v1/namespaces/{ns}/envfleets/{fleet}              -> sizes, demand, whether this replica acts
     GET    /healthz (process alive), /readyz (this replica acts on its fleets)
 """
@@ -26,7 +30,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from awm_operator.allocator import ClaimError, NotActive, Unavailable
+from awm_operator.allocator import ClaimError, NotActive, Unavailable, describe
 from awm_operator.reconcile import Context
 from awm_operator.state import ClaimRequest, Fleets
 
@@ -50,6 +54,10 @@ def build_api(ctx: Context, fleets: Fleets) -> web.Application:
 
     def fleet_of(request: web.Request):  # type: ignore[no-untyped-def]
         fleet = fleets.get(request.match_info["ns"], request.match_info["fleet"])
+        if fleet is not None and fleet.spec is None and not fleet.active and fleet.pods and not fleet.deleted:
+            # its pods are watched but its spec is not: kopf pauses a standby replica's handlers
+            raise web.HTTPServiceUnavailable(text='{"error": "this operator replica is a standby"}',
+                                             content_type="application/json")
         if fleet is None or fleet.spec is None or fleet.deleted:
             raise web.HTTPNotFound(text='{"error": "no such fleet"}', content_type="application/json")
         return fleet
@@ -62,6 +70,12 @@ def build_api(ctx: Context, fleets: Fleets) -> web.Application:
                                   "replicas": c.replicas, "ready": c.ready, "allocated": c.allocated,
                                   "starting": c.starting, "demand": fleet.demand()})
 
+    def ttl_of(body: dict[str, Any]) -> float:
+        ttl = float(body.get("ttlSeconds") or ctx.config.claim_ttl_default)
+        if not 0 < ttl <= ctx.config.claim_ttl_max:
+            raise ValueError(f"ttlSeconds must be in (0, {ctx.config.claim_ttl_max:g}]")
+        return ttl
+
     @routes.post("/v1/namespaces/{ns}/envfleets/{fleet}/claims")
     async def claim(request: web.Request) -> web.Response:
         t0 = time.monotonic()
@@ -71,27 +85,47 @@ def build_api(ctx: Context, fleets: Fleets) -> web.Application:
             req = ClaimRequest(count=int(body.get("count", 1)), environment=body.get("environment"),
                                group_size=int(body["groupSize"]) if body.get("groupSize") else None)
             wait = min(float(body.get("waitSeconds", ctx.config.claim_wait_default)), MAX_WAIT)
+            ttl = ttl_of(body)
         except (ValueError, TypeError, AttributeError) as exc:
             return _error(400, f"bad request: {exc}")
         claim_id = f"api_{secrets.token_hex(8)}"
-        ctx.api_claims.add(claim_id)
         try:
-            bound = await ctx.allocator.claim(fleet, claim_id, req, wait, source="api")
+            bound = await ctx.allocator.claim(fleet, claim_id, req, wait, source="api", ttl=ttl)
         except ClaimError as exc:
-            ctx.api_claims.discard(claim_id)
             return _error(400, str(exc))
         except NotActive as exc:
-            ctx.api_claims.discard(claim_id)
             return _error(503, str(exc))
         except Unavailable as exc:
-            ctx.api_claims.discard(claim_id)
             return _error(409, str(exc))
-        except BaseException:
-            ctx.api_claims.discard(claim_id)
-            raise
+        record = fleet.claims.get(claim_id)
         return web.json_response({"id": claim_id, "namespace": fleet.namespace, "fleet": fleet.name,
                                   "instances": [b.as_status() for b in bound],
+                                  "expiresAt": record.expires if record else None,
                                   "latencyMs": round((time.monotonic() - t0) * 1000, 3)}, status=201)
+
+    @routes.get("/v1/namespaces/{ns}/envfleets/{fleet}/claims/{id}")
+    async def get_claim(request: web.Request) -> web.Response:
+        shown = describe(fleet_of(request), request.match_info["id"])
+        return web.json_response(shown) if shown else _error(404, "no such claim")
+
+    @routes.post("/v1/namespaces/{ns}/envfleets/{fleet}/claims/{id}/renew")
+    async def renew(request: web.Request) -> web.Response:
+        fleet = fleet_of(request)
+        claim_id = request.match_info["id"]
+        if not claim_id.startswith("api_"):
+            return _error(400, "only allocation-API claims (api_...) expire")
+        try:
+            body: dict[str, Any] = await request.json() if request.can_read_body else {}
+            ttl = ttl_of(body)
+        except (ValueError, TypeError, AttributeError) as exc:
+            return _error(400, f"bad request: {exc}")
+        if claim_id not in fleet.claims or claim_id in fleet.releasing:
+            return _error(404, "no such claim")
+        try:
+            expires = await ctx.allocator.renew(fleet, claim_id, ttl)
+        except ClaimError as exc:
+            return _error(404, str(exc))
+        return web.json_response({"id": claim_id, "expiresAt": expires})
 
     @routes.delete("/v1/namespaces/{ns}/envfleets/{fleet}/claims/{id}")
     async def release(request: web.Request) -> web.Response:
@@ -99,8 +133,12 @@ def build_api(ctx: Context, fleets: Fleets) -> web.Application:
         claim_id = request.match_info["id"]
         if not claim_id.startswith("api_"):
             return _error(400, "only allocation-API claims (api_...) are released here; delete the EnvClaim")
-        returned, replaced = await ctx.allocator.release(fleet, claim_id)
-        ctx.api_claims.discard(claim_id)
+        if claim_id not in fleet.claims or claim_id in fleet.releasing:
+            return _error(404, "no such claim (released already, or expired)")
+        try:
+            returned, replaced = await ctx.allocator.release(fleet, claim_id)
+        except NotActive as exc:
+            return _error(503, str(exc))
         return web.json_response({"id": claim_id, "returned": returned, "replaced": replaced})
 
     app = web.Application()

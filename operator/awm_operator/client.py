@@ -37,9 +37,19 @@ class AllocationClient:
             await self._client.aclose()
 
     async def claim(self, count: int = 1, group_size: int | None = None, environment: str | None = None,
-                    wait_seconds: float = 30.0) -> dict[str, Any]:
-        body = {"count": count, "groupSize": group_size, "environment": environment, "waitSeconds": wait_seconds}
+                    wait_seconds: float = 30.0, ttl_seconds: float | None = None) -> dict[str, Any]:
+        """Bind instances; unless released or renewed within ``ttl_seconds`` (the operator's
+        default when None), the operator releases them by itself."""
+        body = {"count": count, "groupSize": group_size, "environment": environment, "waitSeconds": wait_seconds,
+                "ttlSeconds": ttl_seconds}
         return await self._call("POST", "/claims", body)
+
+    async def get(self, claim_id: str) -> dict[str, Any]:
+        """The claim as the operator sees it now; instances whose pod was lost have ``lost: true``."""
+        return await self._call("GET", f"/claims/{claim_id}")
+
+    async def renew(self, claim_id: str, ttl_seconds: float | None = None) -> dict[str, Any]:
+        return await self._call("POST", f"/claims/{claim_id}/renew", {"ttlSeconds": ttl_seconds})
 
     async def release(self, claim_id: str) -> dict[str, Any]:
         return await self._call("DELETE", f"/claims/{claim_id}")

@@ -37,13 +37,14 @@ class OperatorConfig:
     # Tuning: how hard the operator may push the API server, and how fast it reacts.
     create_concurrency: int = 64              # pod creations / deletions in flight per fleet
     reconcile_min_interval: float = 0.2       # coalesces bursts of pod events into one pass
-    relabel_rate: float = 50.0                # state-label writes per second and fleet (0: never)
     resync_interval: float = 30.0             # a full pass even when nothing happened
     status_min_interval: float = 0.5          # EnvFleet status patches at most this often
     scale_down_delay: float = 30.0            # autoscaler: demand must stay lower this long
     db_sweep_interval: float = 60.0           # dropping databases of pods that are gone
     reset_timeout: float = 30.0               # control-API reset on release
     claim_wait_default: float = 30.0          # allocation API: wait for capacity this long
+    claim_ttl_default: float = 3600.0         # allocation API: claims not renewed are released then
+    claim_ttl_max: float = 7 * 86400.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "OperatorConfig":
@@ -64,7 +65,8 @@ class OperatorConfig:
         cfg.catalog_image = e.get("AWM_CATALOG_IMAGE", cfg.catalog_image)
         cfg.catalog_path = e.get("AWM_CATALOG_PATH", cfg.catalog_path)
         cfg.image_pull_secrets = _json(e.get("AWM_IMAGE_PULL_SECRETS"), cfg.image_pull_secrets)
-        for name in ("scale_down_delay", "resync_interval", "reset_timeout", "db_sweep_interval"):
+        for name in ("scale_down_delay", "resync_interval", "reset_timeout", "db_sweep_interval",
+                     "claim_ttl_default", "claim_ttl_max"):
             key = f"AWM_{name.upper()}"
             if key in e:
                 setattr(cfg, name, float(e[key]))

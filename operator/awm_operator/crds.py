@@ -100,9 +100,11 @@ class ClaimedInstance(_Spec):
 
 
 class EnvClaimStatus(_Spec):
-    phase: Literal["Pending", "Bound", "Failed"] = "Pending"
+    phase: Literal["Pending", "Bound", "Degraded", "Failed"] = Field("Pending", description=(
+        "Degraded: bound, but some instances were lost (pod deleted, evicted or failed)."))
     message: str = ""
     instances: list[ClaimedInstance] = Field(default_factory=list)
+    lost: list[str] = Field(default_factory=list, description="Pods of lost instances.")
     bound_at: str | None = Field(None, alias="boundAt")
     latency_ms: float | None = Field(None, alias="latencyMs", description="Creation to Bound.")
 

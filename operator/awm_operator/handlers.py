@@ -41,8 +41,8 @@ FINALIZER = "awm.dev/finalizer"
 
 
 def claim_id(name: str, uid: str) -> str:
-    """The pods' ``awm.dev/claim`` value: name and uid, so a claim deleted and re-created under
-    the same name never releases its successor's instances."""
+    """The claim's key in the fleet's ledger: name and uid, so a claim deleted and re-created
+    under the same name never releases its successor's instances."""
     return f"{name}.{uid[:8]}"
 
 
@@ -178,13 +178,13 @@ async def claim_event(event: kopf.RawEvent, namespace: str, name: str, memo: kop
             task.cancel()
         fleet_name = (obj.get("spec") or {}).get("fleet")
         fleet = memo.fleets.get(namespace, fleet_name) if fleet_name else None
-        if fleet is not None and fleet.claim_pods(cid):
+        if fleet is not None and cid in fleet.claims:
             returned, replaced = await ctx.allocator.release(fleet, cid)
             log.info("claim %s/%s released: %d returned, %d replaced", namespace, name, returned, replaced)
         return
     ctx.known_claims.add((namespace, cid))
     phase = (obj.get("status") or {}).get("phase")
-    if phase in ("Bound", "Failed") or uid in tasks or uid in memo.claims_done:
+    if phase in ("Bound", "Degraded", "Failed") or uid in tasks or uid in memo.claims_done:
         return
     tasks[uid] = asyncio.create_task(_bind(memo, namespace, name, uid, obj.get("spec") or {}))
 

@@ -18,7 +18,6 @@ from kubernetes_asyncio import config as k8s_config
 from awm_operator.crds import GROUP, VERSION
 
 MERGE = "application/merge-patch+json"
-JSON_PATCH = "application/json-patch+json"
 
 
 class ApiError(RuntimeError):
@@ -34,11 +33,6 @@ class ApiError(RuntimeError):
     def lost_race(self) -> bool:
         """A precondition failed (JSON-patch ``test``, resourceVersion) or the object is gone."""
         return self.status in (404, 409, 422)
-
-
-def escape(key: str) -> str:
-    """A label or annotation key as a JSON-pointer segment (``awm.dev/state`` -> ``awm.dev~1state``)."""
-    return key.replace("~", "~0").replace("/", "~1")
 
 
 async def load_configuration(kubeconfig: str | None = None) -> k8s.Configuration:
@@ -96,10 +90,6 @@ class Kube:
             if exc.status == 404:
                 return False
             raise
-
-    async def patch_pod(self, namespace: str, name: str, ops: list[dict[str, Any]]) -> dict[str, Any]:
-        """A JSON patch: atomic on the server, and its ``test`` ops are compare-and-swap."""
-        return await self.request("PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}", ops, JSON_PATCH)
 
     async def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         data = await self.request("GET", f"/api/v1/namespaces/{namespace}/pods",

@@ -31,8 +31,16 @@ class Metrics:
                                 ["namespace", "fleet", "result"], registry=r)
         self.reconcile = Histogram("awm_reconcile_seconds", "Duration of one fleet reconcile pass.",
                                    buckets=LATENCY_BUCKETS, registry=r)
-        self.pod_operations = Counter("awm_pod_operations_total", "Pods created, deleted or relabelled.",
+        self.pod_operations = Counter("awm_pod_operations_total", "Pods created or deleted.",
                                       ["namespace", "fleet", "operation"], registry=r)
+        self.ledger_writes = Counter("awm_ledger_writes_total",
+                                     "Writes of fleets' allocation ledgers by result (ok, conflict, error).",
+                                     ["namespace", "fleet", "result"], registry=r)
+        self.ledger_batch = Histogram("awm_ledger_batch_claims",
+                                      "Claim changes (binds, releases, renewals) carried by one ledger write.",
+                                      buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=r)
+        self.claims_expired = Counter("awm_claims_expired_total", "Claims released because their TTL ran out.",
+                                      ["namespace", "fleet"], registry=r)
 
     def forget_fleet(self, namespace: str, fleet: str) -> None:
         for state in ("starting", "ready", "allocated"):

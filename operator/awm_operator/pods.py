@@ -20,13 +20,10 @@ L_NAME = "app.kubernetes.io/name"
 L_INSTANCE = "app.kubernetes.io/instance"
 L_FLEET = "awm.dev/fleet"
 L_ENV = "awm.dev/environment"
-L_STATE = "awm.dev/state"
-A_CLAIM = "awm.dev/claim"
 A_ENV = "awm.dev/environment"          # the full environment name (labels are limited to 63 chars)
 A_CONTROL_URL = "awm.dev/control-url"
 A_MCP_URL = "awm.dev/mcp-url"
 
-STARTING, READY, ALLOCATED = "starting", "ready", "allocated"
 MCP_PORT, CONTROL_PORT = 8000, 8001
 DSN_FILE = "/run/awm/instance.dsn"
 BUNDLE_FILE = "/bundle/env.json"
@@ -72,7 +69,7 @@ def pod_manifest(fleet: str, namespace: str, fleet_uid: str, spec: EnvFleetSpec,
     t = spec.template
     image = t.image or cfg.envserver_image
     labels = {**(t.labels or {}), L_NAME: APP_NAME, L_INSTANCE: cfg.release,
-              L_FLEET: label_value(fleet), L_ENV: label_value(env), L_STATE: STARTING}
+              L_FLEET: label_value(fleet), L_ENV: label_value(env)}
     annotations = {**(t.annotations or {}), A_ENV: env}
     pod_name = {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
     container_security = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
@@ -173,16 +170,15 @@ def _int_rv(value: str | None) -> int:
 
 @dataclass
 class PodInfo:
-    """What the operator needs of a pod, parsed once per watch event."""
+    """What the operator needs of a pod, parsed once per watch event. Which claim holds the pod
+    is not on the pod: it is in the fleet's ledger (ledger.py)."""
 
     name: str
     env: str
-    state: str                 # the awm.dev/state label
     ready: bool                # the pod's Ready condition
     phase: str
     ip: str | None
     deleting: bool
-    claim: str | None
     rv: int
     mcp_url: str | None
     control_url: str | None
@@ -194,9 +190,9 @@ class PodInfo:
         ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
         ip = status.get("podIP")
         return cls(
-            name=meta["name"], env=ann.get(A_ENV) or labels.get(L_ENV, ""), state=labels.get(L_STATE, STARTING),
+            name=meta["name"], env=ann.get(A_ENV) or labels.get(L_ENV, ""),
             ready=ready, phase=status.get("phase", "Pending"), ip=ip,
-            deleting=bool(meta.get("deletionTimestamp")), claim=ann.get(A_CLAIM), rv=_int_rv(meta.get("resourceVersion")),
+            deleting=bool(meta.get("deletionTimestamp")), rv=_int_rv(meta.get("resourceVersion")),
             mcp_url=ann.get(A_MCP_URL) or (f"http://{ip}:{MCP_PORT}/mcp" if ip else None),
             control_url=ann.get(A_CONTROL_URL) or (f"http://{ip}:{CONTROL_PORT}" if ip else None),
         )
@@ -208,15 +204,5 @@ class PodInfo:
 
     @property
     def allocatable(self) -> bool:
-        """Ready and free. The label may still say ``starting``: it follows readiness a moment
-        later (one more write per pod, done after the creations), and allocation compares and
-        swaps whatever value it has, so a claim never waits for the relabelling."""
-        return (self.state in (STARTING, READY) and self.ready and not self.deleting and not self.failed
-                and self.claim is None and self.control_url is not None)
-
-    @property
-    def wanted_state(self) -> str:
-        """The state label this pod should carry (allocation is the allocator's to change)."""
-        if self.state == ALLOCATED:
-            return ALLOCATED
-        return READY if self.ready and self.ip else STARTING
+        """Ready to serve episodes (whether a claim holds it is the fleet's business)."""
+        return self.ready and not self.deleting and not self.failed and self.control_url is not None

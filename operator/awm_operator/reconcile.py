@@ -6,10 +6,12 @@ events cost nothing but a little latency. Pod events, spec changes and waiting c
 loop (``Fleet.poke``); bursts of events are coalesced into one pass every
 ``reconcile_min_interval`` seconds.
 
-One pass: delete failed pods; move ``awm.dev/state`` between starting and ready from pod
-readiness; create or delete pods to match ``replicas`` spread over the environments (never
-deleting allocated ones); autoscale; patch the EnvFleet status; now and then drop the
-databases of pods that are gone.
+Taking a fleet over (start-up, or a standby replica becoming active) first reads its ledger, so
+no allocated instance is handed out or scaled away. One pass: delete failed pods; create or
+delete pods to match ``replicas`` spread over the environments (never deleting allocated ones);
+release claims whose TTL ran out and claims whose EnvClaim is gone; report lost instances on
+their EnvClaims; autoscale; patch the EnvFleet status; now and then drop the databases of pods
+that are gone.
 """
 
 from __future__ import annotations
@@ -25,9 +27,10 @@ from awm_operator import databases
 from awm_operator.allocator import Allocator
 from awm_operator.autoscale import ScaleDownGate, desired_replicas
 from awm_operator.config import OperatorConfig
-from awm_operator.kube import ApiError, Kube, escape
+from awm_operator.kube import ApiError, Kube
+from awm_operator.ledger import Ledger
 from awm_operator.metrics import Metrics
-from awm_operator.pods import ALLOCATED, L_STATE, PodInfo, pod_manifest, selector, spread
+from awm_operator.pods import PodInfo, pod_manifest, selector, spread
 from awm_operator.state import Fleet
 
 log = logging.getLogger("awm.operator.reconcile")
@@ -44,8 +47,7 @@ class Context:
     allocator: Allocator
     metrics: Metrics
     config: OperatorConfig
-    known_claims: set[tuple[str, str]] = field(default_factory=set)   # (namespace, name) of EnvClaims
-    api_claims: set[str] = field(default_factory=set)                 # ids of live allocation-API claims
+    known_claims: set[tuple[str, str]] = field(default_factory=set)   # (namespace, claim id) of EnvClaims
     started: float = field(default_factory=time.monotonic)
 
 
@@ -59,8 +61,7 @@ class Reconciler:
     last_sweep: float = field(default_factory=time.monotonic)
     orphans: dict[str, float] = field(default_factory=dict)
     conditions: dict[str, dict[str, Any]] = field(default_factory=dict)
-    relabel_tokens: float = 0.0
-    relabel_at: float = field(default_factory=time.monotonic)
+    reported_lost: dict[str, tuple[str, ...]] = field(default_factory=dict)  # EnvClaim id -> lost pods
 
     def __post_init__(self) -> None:
         self.gate = ScaleDownGate(self.ctx.config.scale_down_delay)
@@ -68,11 +69,13 @@ class Reconciler:
     async def run(self, stopped: Any) -> None:
         """Until kopf stops the daemon (fleet deleted, operator paused or exiting)."""
         cfg, fleet = self.ctx.config, self.fleet
-        fleet.active = True
-        fleet.poke()
-        fleet._grew()  # claims that waited while no replica acted may proceed
         halt = asyncio.ensure_future(stopped.wait())
         try:
+            if not await self.take_over(stopped):
+                return
+            fleet.active = True
+            fleet.poke()
+            fleet._grew()  # claims that waited while no replica acted may proceed
             last = 0.0
             while not stopped:
                 woken = asyncio.ensure_future(fleet.wake.wait())
@@ -92,6 +95,23 @@ class Reconciler:
         finally:
             halt.cancel()
             fleet.active = False
+            fleet.ledger = None
+
+    async def take_over(self, stopped: Any) -> bool:
+        """Read the fleet's ledger (retrying while the API server is unreachable); False if the
+        daemon was stopped first."""
+        ledger = Ledger(self.ctx.kube, self.fleet, self.ctx.metrics)
+        delay = 0.5
+        while not stopped:
+            try:
+                await ledger.load()
+                self.fleet.ledger = ledger
+                return True
+            except Exception as exc:  # noqa: BLE001 - keep trying: the fleet cannot act without it
+                log.warning("fleet %s/%s: cannot read its ledger: %s", self.fleet.namespace, self.fleet.name, exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 10.0)
+        return False
 
     async def reconcile(self) -> bool:
         """One pass; True if there is more to do right away."""
@@ -140,24 +160,11 @@ class Reconciler:
                 for p in self.victims(have, len(have) - want):
                     fleet.doom(p)  # now, so no claim picks it while the deletion is in flight
                     job(lambda p=p: self.delete(p, guarded=True))
-        # 3. the state label follows readiness (allocation is the allocator's business). Not
-        # while pods are still being created: those writes come first (the label is for people
-        # and selectors; allocation does not wait for it), and then a bounded batch per pass.
-        if budget == batch and cfg.relabel_rate > 0:
-            stale = [p for p in live if p.wanted_state != p.state and p.name not in fleet.reserved
-                     and p.state != "unknown"]
-            self.relabel_tokens = min(batch, self.relabel_tokens + (now - self.relabel_at) * cfg.relabel_rate)
-            self.relabel_at = now
-            n = min(len(stale), int(self.relabel_tokens))
-            self.relabel_tokens -= n
-            for p in stale[:n]:
-                job(lambda p=p, w=p.wanted_state: self.relabel(p, w))
-            if len(stale) > n:
-                asyncio.get_running_loop().call_later(max(0.05, 1.0 / cfg.relabel_rate), fleet.poke)
-        # 4. orphaned claims (an EnvClaim deleted while no operator watched): release
+        # 3. claims to end: TTL run out, or an EnvClaim deleted while no operator watched
         self.release_orphans(now)
         if jobs:
             await asyncio.gather(*jobs)
+        await self.report_lost()
         # 5. autoscale, status, databases
         await self.autoscale(now)
         await self.patch_status(force=False)
@@ -166,7 +173,7 @@ class Reconciler:
 
     def victims(self, pods: list[PodInfo], n: int) -> list[PodInfo]:
         """Scale down: never allocated or reserved pods; not-ready ones first, then the newest."""
-        free = [p for p in pods if p.state != ALLOCATED and p.claim is None and p.name not in self.fleet.reserved]
+        free = [p for p in pods if p.name not in self.fleet.owner and p.name not in self.fleet.reserved]
         free.sort(key=lambda p: (p.ready, -p.rv))
         return free[:n]
 
@@ -190,30 +197,67 @@ class Reconciler:
             raise
         self.ctx.metrics.pod_operations.labels(self.fleet.namespace, self.fleet.name, "delete").inc()
 
-    async def relabel(self, pod: PodInfo, state: str) -> None:
-        path = f"/metadata/labels/{escape(L_STATE)}"
-        ops = [{"op": "test", "path": path, "value": pod.state}, {"op": "replace", "path": path, "value": state}]
-        updated = await self.ctx.kube.patch_pod(self.fleet.namespace, pod.name, ops)
-        self.fleet.update_pod(PodInfo.from_pod(updated))
-        self.ctx.metrics.pod_operations.labels(self.fleet.namespace, self.fleet.name, "relabel").inc()
-
     def release_orphans(self, now: float) -> None:
+        """Release claims whose TTL ran out, and EnvClaims' claims whose object is gone (deleted
+        while no operator replica watched; after a grace period, as the claim watch may lag)."""
         fleet, ctx = self.fleet, self.ctx
-        claims = {p.claim for p in fleet.pods.values() if p.claim}
-        for claim in claims:
-            known = claim in ctx.api_claims if claim.startswith("api_") else (fleet.namespace, claim) in ctx.known_claims
-            if known:
+        wall = time.time()
+        next_expiry: float | None = None
+        for claim, record in list(fleet.claims.items()):
+            if claim in fleet.releasing:
+                continue
+            if record.expires is not None:
+                if record.expires <= wall:
+                    log.info("fleet %s/%s: claim %s expired; releasing it", fleet.namespace, fleet.name, claim)
+                    ctx.metrics.claims_expired.labels(fleet.namespace, fleet.name).inc()
+                    self.release_later(claim)
+                    continue
+                next_expiry = min(next_expiry or record.expires, record.expires)
+            if claim.startswith("api_") or (fleet.namespace, claim) in ctx.known_claims:
                 self.orphans.pop(claim, None)
                 continue
             first = self.orphans.setdefault(claim, now)
             if now - first >= ORPHAN_GRACE and now - ctx.started >= ORPHAN_GRACE:
                 del self.orphans[claim]
                 log.info("fleet %s/%s: releasing instances of vanished claim %s", fleet.namespace, fleet.name, claim)
-                task = asyncio.create_task(ctx.allocator.release(fleet, claim))
-                _background.add(task)  # keep a reference until it is done
-                task.add_done_callback(_background.discard)
-        for claim in set(self.orphans) - claims:
+                self.release_later(claim)
+        for claim in set(self.orphans) - set(fleet.claims):
             del self.orphans[claim]
+        if self.orphans:
+            asyncio.get_running_loop().call_later(ORPHAN_GRACE / 2, fleet.poke)
+        if next_expiry is not None:
+            asyncio.get_running_loop().call_later(max(0.0, next_expiry - wall) + 0.05, fleet.poke)
+
+    def release_later(self, claim: str) -> None:
+        task = asyncio.create_task(self.ctx.allocator.release(self.fleet, claim))
+        _background.add(task)  # keep a reference until it is done
+        task.add_done_callback(_background.discard)
+
+    async def report_lost(self) -> None:
+        """An EnvClaim whose instances were lost (pod deleted, evicted, failed) says so in its
+        status: phase Degraded and the lost pods, so a trainer watching it can react. Instances
+        of allocation-API claims are flagged by ``GET .../claims/{id}``."""
+        fleet = self.fleet
+        for claim in list(fleet.claims):
+            if claim.startswith("api_"):
+                continue
+            lost = tuple(fleet.lost_pods(claim))
+            if lost == self.reported_lost.get(claim, ()):
+                continue
+            name = claim.rsplit(".", 1)[0]
+            total = len(fleet.claims[claim].pods)
+            status = {"phase": "Degraded", "lost": list(lost),
+                      "message": f"{len(lost)} of {total} instances lost: {', '.join(lost[:5])}"}
+            try:
+                await self.ctx.kube.patch_status("envclaims", fleet.namespace, name, status)
+            except ApiError as exc:
+                if exc.status != 404:
+                    log.warning("fleet %s/%s: cannot report lost instances on claim %s: %s",
+                                fleet.namespace, fleet.name, name, exc)
+                    continue
+            self.reported_lost[claim] = lost
+        for claim in set(self.reported_lost) - set(fleet.claims):
+            del self.reported_lost[claim]
 
     async def autoscale(self, now: float) -> None:
         fleet, spec = self.fleet, self.fleet.spec

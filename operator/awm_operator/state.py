@@ -1,22 +1,54 @@
-"""The operator's in-memory view of each fleet, fed by kopf's watch events.
+"""The operator's in-memory view of each fleet, fed by the pod watch and the fleet's ledger.
 
 Allocation must not cost an API list per claim: each fleet keeps its pods (parsed from watch
-events and from the operator's own write responses) and, per environment, the ordered set of
-allocatable ones. Claims in progress *reserve* pods synchronously (the event loop is single
-threaded), so two claims in one operator never pick the same pod; across operator replicas the
-JSON-patch test-and-set on the state label is what keeps an instance from being bound twice.
+events and from the operator's own write responses), the claims of its ledger (``ledger.py``:
+which claim holds which pods) and, per environment, the ordered set of allocatable pods: ready,
+not held by a claim, not reserved. Claims in progress *reserve* pods synchronously (the event
+loop is single threaded), so two claims in one operator never pick the same pod; across operator
+replicas the ledger's optimistic concurrency is what keeps an instance from being bound twice.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from awm_operator.crds import EnvFleetSpec
-from awm_operator.pods import ALLOCATED, PodInfo
+from awm_operator.pods import PodInfo
+
+if TYPE_CHECKING:
+    from awm_operator.ledger import Ledger
+
+
+@dataclass
+class ClaimRecord:
+    """One claim in the ledger: its GRPO groups of pod names (one group for a plain claim)."""
+
+    groups: list[list[str]]
+    created: float = field(default_factory=time.time)
+    expires: float | None = None   # unix time after which the operator releases it; None: never
+
+    @property
+    def pods(self) -> list[str]:
+        return [n for g in self.groups for n in g]
+
+    def group_of(self, pod: str) -> int:
+        return next(i for i, g in enumerate(self.groups) if pod in g)
+
+    def dump(self) -> str:
+        return json.dumps({"groups": self.groups, "created": round(self.created, 3),
+                           "expires": None if self.expires is None else round(self.expires, 3)},
+                          separators=(",", ":"))
+
+    @classmethod
+    def parse(cls, text: str) -> "ClaimRecord":
+        data = json.loads(text)
+        return cls(groups=[[str(n) for n in g] for g in data["groups"]], created=float(data.get("created") or 0),
+                   expires=None if data.get("expires") is None else float(data["expires"]))
 
 
 @dataclass(frozen=True)
@@ -95,6 +127,10 @@ class Fleet:
     reserved: set[str] = field(default_factory=set)
     doomed: set[str] = field(default_factory=set)            # deleted by us, not yet gone
     pending: dict[str, int] = field(default_factory=dict)   # claim id -> instances it waits for
+    claims: dict[str, ClaimRecord] = field(default_factory=dict)  # the ledger, as last written
+    owner: dict[str, str] = field(default_factory=dict)     # pod name -> claim id holding it
+    releasing: set[str] = field(default_factory=set)        # claim ids being released
+    ledger: "Ledger | None" = None                          # set while this replica acts on the fleet
     active: bool = False                                    # this replica's daemon runs it
     deleted: bool = False
     admin_dsn: str | None = None
@@ -125,12 +161,15 @@ class Fleet:
         self.pods[info.name] = info
         if old is not None:
             self.available[old.env].pop(info.name, None)
-        if info.allocatable and info.name not in self.reserved:
+        if self._free(info):
             self.available[info.env][info.name] = None
             self._grew()
-        if old is None or (old.state, old.ready, old.phase, old.deleting, old.claim) != (
-                info.state, info.ready, info.phase, info.deleting, info.claim):
+        if old is None or (old.ready, old.phase, old.deleting, old.control_url) != (
+                info.ready, info.phase, info.deleting, info.control_url):
             self.poke()
+
+    def _free(self, info: PodInfo) -> bool:
+        return info.allocatable and info.name not in self.reserved and info.name not in self.owner
 
     def remove_pod(self, name: str) -> None:
         old = self.pods.pop(name, None)
@@ -140,12 +179,6 @@ class Fleet:
             self.pods_gone_at = time.monotonic()
             self.poke()
 
-    def forget_available(self, name: str) -> None:
-        """A pod lost a race we did not see yet: not allocatable until its next event."""
-        info = self.pods.get(name)
-        if info is not None:
-            self.available[info.env].pop(name, None)
-            info.state = "unknown"  # until the watch brings the winner's version
 
     def doom(self, info: PodInfo) -> None:
         """About to delete it: no longer counted nor allocatable, whatever events still say."""
@@ -167,7 +200,7 @@ class Fleet:
             if p.deleting:
                 continue
             c.replicas += 1
-            if p.state == ALLOCATED or p.claim is not None:
+            if p.name in self.owner:
                 c.allocated += 1
             elif p.allocatable:
                 c.ready += 1
@@ -175,8 +208,53 @@ class Fleet:
                 c.starting += 1
         return c
 
+    # ---- the ledger's claims
     def claim_pods(self, claim_id: str) -> list[PodInfo]:
-        return [p for p in self.pods.values() if p.claim == claim_id]
+        """The claim's pods that still exist (a lost pod is in the record, not here)."""
+        record = self.claims.get(claim_id)
+        return [self.pods[n] for n in record.pods if n in self.pods] if record else []
+
+    def lost_pods(self, claim_id: str) -> list[str]:
+        """Pods of the claim that are gone, failed or being deleted: their instance is lost."""
+        record = self.claims.get(claim_id)
+        if record is None:
+            return []
+        return [n for n in record.pods if n not in self.pods or self.pods[n].failed or self.pods[n].deleting]
+
+    def set_claims(self, claims: dict[str, ClaimRecord]) -> None:
+        """The ledger as read from the API server (start-up, takeover, a conflict)."""
+        for claim_id in list(self.claims):
+            if claim_id not in claims:
+                self.unassign(claim_id)
+        for claim_id, record in claims.items():
+            self.assign(claim_id, record)
+
+    def assign(self, claim_id: str, record: ClaimRecord) -> None:
+        old = self.claims.get(claim_id)
+        if old is not None:
+            for name in set(old.pods) - set(record.pods):
+                self.owner.pop(name, None)
+        self.claims[claim_id] = record
+        for name in record.pods:
+            self.owner[name] = claim_id
+            info = self.pods.get(name)
+            if info is not None:
+                self.available[info.env].pop(name, None)
+        self.poke()
+
+    def unassign(self, claim_id: str) -> None:
+        """The claim is gone from the ledger: its pods are allocatable again (if still ready)."""
+        record = self.claims.pop(claim_id, None)
+        if record is None:
+            return
+        for name in record.pods:
+            if self.owner.get(name) == claim_id:
+                del self.owner[name]
+            info = self.pods.get(name)
+            if info is not None and self._free(info):
+                self.available[info.env][name] = None
+                self._grew()
+        self.poke()
 
     # ---- allocation support
     def available_lists(self) -> dict[str, list[str]]:
@@ -193,7 +271,7 @@ class Fleet:
         for name in names:
             self.reserved.discard(name)
             info = self.pods.get(name)
-            if info is not None and info.allocatable:
+            if info is not None and self._free(info):
                 self.available[info.env][name] = None
                 self._grew()
 
