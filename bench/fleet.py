@@ -9,7 +9,10 @@ cluster; the clients run in this process):
 * ``time_to_ready_s``: EnvFleet created until its status says ``ready == instances``.
 * ``claim_p50_ms`` / ``claim_p99_ms``: one-instance claims through the allocation API, one at a
   time from a warm pool (each released again between claims; the release is not timed).
-* ``claims_per_s``: sustained: 16 clients claiming and releasing one instance in a loop.
+* ``claims_per_s``: sustained: 16 clients claiming and releasing one instance in a loop;
+  ``ledger_writes_per_claim``: the operator's ledger writes per claim-and-release cycle meanwhile.
+* ``baseline_pod_write_claims_per_s``: the same loop when a claim and a release each write the
+  pod (the operator's previous design), measured in the same run.
 * ``grpo_claim_p50_ms``: 8 groups of 8 instances in one claim.
 * ``envclaim_p50_ms`` / ``envclaim_p99_ms``: the EnvClaim resource: POST until a watch sees it Bound.
 * ``recover_s``: 100 ready pods deleted until the fleet is back at ``ready == instances``.
@@ -35,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import aiohttp
 from aiohttp import web
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -115,6 +119,38 @@ class Bench:
             await asyncio.sleep(0.25)
         raise TimeoutError(f"fleet not ready after {timeout}s: {await self.fleet_status()}")
 
+    async def ledger_writes(self) -> float:
+        text = (await self.k8s.get(self.metrics_url)).text
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("awm_ledger_writes_total{") and 'result="ok"' in line)
+
+    async def pod_write_baseline(self, seconds: float = 10.0) -> float:
+        """The design this operator replaced, measured on the same control plane: a claim marks
+        its pod with a compare-and-swap JSON patch, a release unmarks it (16 clients, each on pods
+        of its own). Nothing else differs: same API server, same pods, same client machine."""
+        r = await self.k8s.get(f"/api/v1/namespaces/{NS}/pods",
+                               params={"labelSelector": "awm.dev/fleet=bench", "limit": "64"})
+        pods = [p["metadata"]["name"] for p in r.json()["items"]]
+        key = "/metadata/annotations/awm.dev~1bench-claim"
+        headers = {"Content-Type": "application/json-patch+json"}
+        done: list[int] = []
+        stop_at = time.monotonic() + seconds
+
+        async def worker(mine: list[str]) -> None:
+            i = 0
+            while time.monotonic() < stop_at:
+                url = f"/api/v1/namespaces/{NS}/pods/{mine[i % len(mine)]}"
+                i += 1
+                claim = [{"op": "test", "path": "/metadata/labels/awm.dev~1fleet", "value": "bench"},
+                         {"op": "add", "path": key, "value": "c"}]
+                (await self.k8s.patch(url, content=json.dumps(claim), headers=headers)).raise_for_status()
+                done.append(1)
+                release = [{"op": "test", "path": key, "value": "c"}, {"op": "remove", "path": key}]
+                (await self.k8s.patch(url, content=json.dumps(release), headers=headers)).raise_for_status()
+        t = time.monotonic()
+        await asyncio.gather(*(worker(pods[i::16]) for i in range(16)))
+        return round(len(done) / (time.monotonic() - t), 1)
+
     async def envclaim_latencies(self, count: int) -> list[float]:
         """POST an EnvClaim, wait on a watch until it is Bound, delete it; one at a time."""
         out = []
@@ -183,26 +219,39 @@ class Bench:
                     await alloc.release(got["id"])
                 result["grpo_claim_p50_ms"] = pct(grpo, 0.5)
 
+            # The sustained load comes from a lean aiohttp client: the clients share the operator's
+            # 2 cores here, and httpx's own CPU per request would be measured as much as the operator.
+            base = f"{self.api}/v1/namespaces/{NS}/envfleets/bench/claims"
+            async with aiohttp.ClientSession() as session:
                 done, stop_at = [], time.monotonic() + 10.0
                 claim_lat: list[float] = []
 
                 async def worker() -> None:
                     while time.monotonic() < stop_at:
                         t = time.perf_counter()
-                        got = await alloc.claim(1)
+                        async with session.post(base, json={"count": 1, "waitSeconds": 30}) as r:
+                            assert r.status == 201, await r.text()
+                            claim_id = (await r.json())["id"]
                         claim_lat.append((time.perf_counter() - t) * 1000)
                         done.append(1)
-                        await alloc.release(got["id"])
+                        async with session.delete(f"{base}/{claim_id}") as r:
+                            assert r.status == 200, await r.text()
                 cpu1 = self.cpu()
+                writes0 = await self.ledger_writes()
                 t = time.monotonic()
                 await asyncio.gather(*(worker() for _ in range(16)))
                 elapsed = time.monotonic() - t
+                result["ledger_writes_per_claim"] = round((await self.ledger_writes() - writes0) / len(done), 3)
                 cpu2 = self.cpu()
                 result["cpu_s_during_sustained"] = {k: round(cpu2[k] - cpu1[k], 1) for k in cpu1}
                 result["claims_per_s"] = round(len(done) / elapsed, 1)
                 result["sustained_claim_p50_ms"] = pct(claim_lat, 0.5)
                 result["sustained_claim_p99_ms"] = pct(claim_lat, 0.99)
                 self.log(f"{result['claims_per_s']} claims/s sustained (16 clients, claim+release)")
+
+            result["baseline_pod_write_claims_per_s"] = await self.pod_write_baseline()
+            self.log(f"baseline: {result['baseline_pod_write_claims_per_s']} claim+release cycles/s "
+                     "when each costs one pod write each way")
 
             ec = await self.envclaim_latencies(40)
             result["envclaim_p50_ms"], result["envclaim_p99_ms"] = pct(ec, 0.5), pct(ec, 0.99)
@@ -262,6 +311,7 @@ def main() -> int:
             time.sleep(0.2)
         bench = Bench(cp, args.instances, log)
         bench.api, bench.operator_pid = f"http://127.0.0.1:{port}", operator.pid
+        bench.metrics_url = f"http://127.0.0.1:{metrics}/metrics"
         result = asyncio.run(bench.run())
     finally:
         if operator is not None:
