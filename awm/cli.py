@@ -356,6 +356,20 @@ def pg_status() -> None:
     console.print(f"{'running' if pg.is_running() else 'stopped'}: {pg.root}")
 
 
+@pg_app.command("gc")
+def pg_gc(database_url: DbUrlOpt = None) -> None:
+    """Drop the instance databases of local fleets on this host whose process is gone (a fleet
+    that was killed could not drop its own). Databases of live fleets and of pods are kept."""
+    from awm.fleet import Database, reap_abandoned
+
+    db = Database.open(database_url)
+    try:
+        dropped = reap_abandoned(db.admin_dsn)
+    finally:
+        db.close(keep_running=True)
+    console.print(f"dropped {len(dropped)} abandoned instance databases")
+
+
 @pg_app.command("provision-instance")
 def pg_provision_instance(
     bundle: Annotated[Path, typer.Option("--bundle", help="The environment's bundle (JSON).")],

@@ -3,7 +3,10 @@
 It provisions (template per environment, database and role per instance), starts one
 ``python -m envserver`` per instance with a scrubbed environment (the child gets its own DSN and
 nothing else of ours), waits for each to announce its URLs, restarts any that die on the same
-ports, and on exit stops them and drops their databases.
+ports, and on exit stops them and drops their databases. A fleet that could not clean up (killed,
+machine lost power) leaves databases behind; each instance's database comment names the host and
+the owning process (pid and start time), so the next fleet on that host drops those whose owner is
+gone (``reap_abandoned``; also ``awm postgres gc``).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import json
 import logging
 import os
 import secrets
+import socket
 import sys
 import tempfile
 import time
@@ -30,6 +34,44 @@ _INHERITED = ("PATH", "LANG", "LC_ALL", "TZ", "PYTHONPATH", "HOME", "MALLOC_AREN
 
 class FleetError(RuntimeError):
     pass
+
+
+def _process_start(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (``/proc/<pid>/stat`` field 22), which
+    tells a live owner from a later process that reused its pid; None if there is no such process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def owner_meta() -> dict[str, str]:
+    """What a local fleet writes into each instance database's comment."""
+    pid = os.getpid()
+    return {"owner": "local-fleet", "host": socket.gethostname(), "pid": str(pid),
+            "pid_start": _process_start(pid) or ""}
+
+
+def reap_abandoned(admin_dsn: str) -> list[str]:
+    """Drop instance databases of local fleets on this host whose owning process is gone."""
+    host = socket.gethostname()
+    dropped = []
+    for name, meta in provision.instances_with_meta(admin_dsn).items():
+        if meta.get("owner") != "local-fleet" or meta.get("host") != host:
+            continue
+        try:
+            pid = int(meta.get("pid", ""))
+        except ValueError:
+            continue
+        start = _process_start(pid)
+        if start is not None and start == meta.get("pid_start"):
+            continue  # its fleet is alive
+        provision.drop_instance(admin_dsn, name)
+        dropped.append(name)
+    if dropped:
+        log.info("dropped %d databases of local fleets that exited without cleaning up", len(dropped))
+    return dropped
 
 
 @dataclass
@@ -113,6 +155,8 @@ class LocalFleet:
 
     def _provision(self) -> list[InstanceHandle]:
         assert self.database is not None
+        reap_abandoned(self.database.admin_dsn)
+        meta = owner_meta()
         handles = []
         for bundle in self.bundles:
             template = provision.ensure_template(self.database.admin_dsn, bundle)
@@ -121,7 +165,7 @@ class LocalFleet:
             path.chmod(0o644)
             for i in range(self.replicas):
                 name = provision.instance_name(bundle.name, i, self.fleet_id)
-                db = provision.create_instance(self.database.admin_dsn, template, name)
+                db = provision.create_instance(self.database.admin_dsn, template, name, meta=meta)
                 handles.append(InstanceHandle(bundle.name, name, path, db))
         return handles
 
