@@ -229,7 +229,16 @@ class Reconciler:
             asyncio.get_running_loop().call_later(max(0.0, next_expiry - wall) + 0.05, fleet.poke)
 
     def release_later(self, claim: str) -> None:
-        task = asyncio.create_task(self.ctx.allocator.release(self.fleet, claim))
+        fleet = self.fleet
+
+        async def release() -> None:
+            try:
+                await self.ctx.allocator.release(fleet, claim)
+            except Exception as exc:  # noqa: BLE001 - the next pass tries again
+                log.warning("fleet %s/%s: releasing claim %s failed: %s", fleet.namespace, fleet.name, claim, exc)
+                asyncio.get_running_loop().call_later(2.0, fleet.poke)
+
+        task = asyncio.create_task(release())
         _background.add(task)  # keep a reference until it is done
         task.add_done_callback(_background.discard)
 
