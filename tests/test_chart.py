@@ -197,11 +197,32 @@ OPERATOR_RULES = {
     ("awm.dev", "envclaims/status"): {"get", "patch"},
     ("awm.dev", "envfleets/finalizers"): {"update"},
     ("awm.dev", "envclaims/finalizers"): {"update"},
-    ("", "pods"): {"get", "list", "watch", "create", "patch", "delete"},
+    ("", "pods"): {"get", "list", "watch", "create", "delete"},
+    ("", "configmaps"): {"get", "create", "patch"},  # each fleet's allocation ledger
     ("", "secrets"): {"get"},
     ("", "events"): {"create"},
     ("kopf.dev", "kopfpeerings"): {"get", "list", "watch", "patch"},
 }
+# What campaigns add (operator/awm_operator/campaigns.py): their own resource, the fleet and
+# Job (and training ConfigMap) each campaign makes and the fleet it deletes when done.
+CAMPAIGN_RULES = {
+    ("awm.dev", "campaigns"): {"get", "list", "watch"},
+    ("awm.dev", "campaigns/status"): {"patch"},
+    ("awm.dev", "campaigns/finalizers"): {"update"},
+    ("awm.dev", "envfleets"): {"create", "delete"},
+    ("batch", "jobs"): {"get", "list", "watch", "create"},
+    ("", "configmaps"): {"get", "create"},
+}
+
+
+def merged(*rule_sets: dict[tuple[str, str], set[str]]) -> dict[tuple[str, str], set[str]]:
+    out: dict[tuple[str, str], set[str]] = {}
+    for rules in rule_sets:
+        for key, verbs in rules.items():
+            out.setdefault(key, set()).update(verbs)
+    return out
+
+
 OPERATOR_CLUSTER_RULES = {
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
     ("", "namespaces"): {"list", "watch"},
@@ -220,7 +241,7 @@ def rules_of(role: dict) -> dict[tuple[str, str], set[str]]:
 
 def test_rbac_is_exactly_what_the_operator_needs(helm: str) -> None:
     docs = render(helm)
-    assert rules_of(one(docs, "Role", "awm-operator")) == OPERATOR_RULES
+    assert rules_of(one(docs, "Role", "awm-operator")) == merged(OPERATOR_RULES, CAMPAIGN_RULES)
     assert rules_of(one(docs, "ClusterRole", "awm-operator-awm-system")) == OPERATOR_CLUSTER_RULES
     sa = {"kind": "ServiceAccount", "name": "awm-operator", "namespace": "awm-system"}
     for kind, role_kind, name in (("RoleBinding", "Role", "awm-operator"),
@@ -466,6 +487,10 @@ def _operator_crds():
     return crds
 
 
+EXAMPLE_FILES = ("envfleet.yaml", "envclaim.yaml", "grpo-claim.yaml", "campaign-training.yaml",
+                 "campaign-evaluation.yaml")
+
+
 def test_crds_in_sync_with_models() -> None:
     files = {}
     for path in sorted((CHART / "crds").glob("*.yaml")):
@@ -482,14 +507,15 @@ def test_crds_in_sync_with_models() -> None:
 
 def test_examples_match_the_models() -> None:
     crds = _operator_crds()
-    models = {"EnvFleet": crds.EnvFleetSpec, "EnvClaim": crds.EnvClaimSpec}
+    models = {"EnvFleet": crds.EnvFleetSpec, "EnvClaim": crds.EnvClaimSpec, "Campaign": crds.CampaignSpec}
     kinds = []
-    for name in ("envfleet.yaml", "envclaim.yaml", "grpo-claim.yaml"):
+    for name in EXAMPLE_FILES:
         doc = yaml.safe_load((EXAMPLES / name).read_text())
         assert doc["apiVersion"] == "awm.dev/v1alpha1"
         models[doc["kind"]].model_validate(doc["spec"])
         kinds.append(doc["kind"])
-    assert kinds == ["EnvFleet", "EnvClaim", "EnvClaim"]
+    assert kinds == ["EnvFleet", "EnvClaim", "EnvClaim", "Campaign", "Campaign"]
+    assert sorted(p.name for p in EXAMPLES.glob("*.yaml")) == sorted(EXAMPLE_FILES)
     grpo = yaml.safe_load((EXAMPLES / "grpo-claim.yaml").read_text())["spec"]
     assert grpo["count"] % grpo["groupSize"] == 0
     fleet = yaml.safe_load((EXAMPLES / "envfleet.yaml").read_text())["spec"]
@@ -550,7 +576,8 @@ def test_install_validate_uninstall(cluster, helm: str) -> None:
 
     # CRDs from crds/ are served.
     kubectl(cp, "wait", "--for=condition=Established", "--timeout=60s", "crd/envfleets.awm.dev",
-            "crd/envclaims.awm.dev", "crd/kopfpeerings.kopf.dev", "crd/clusterkopfpeerings.kopf.dev")
+            "crd/envclaims.awm.dev", "crd/campaigns.awm.dev", "crd/kopfpeerings.kopf.dev",
+            "crd/clusterkopfpeerings.kopf.dev")
 
     # Workloads: the operator's pod runs (kwok plays the kubelet); Postgres' claims its volume.
     kubectl(cp, "-n", NS, "rollout", "status", "deployment/awm-operator", "--timeout=90s")
@@ -560,11 +587,15 @@ def test_install_validate_uninstall(cluster, helm: str) -> None:
 
     # The operator's ServiceAccount may do what the operator does, and nothing else.
     sa = f"system:serviceaccount:{NS}:awm-operator"
-    allowed = [("create", "pods"), ("delete", "pods"), ("patch", "pods"), ("watch", "pods"), ("get", "secrets"),
+    allowed = [("create", "pods"), ("delete", "pods"), ("watch", "pods"), ("get", "secrets"),
                ("patch", "envfleets.awm.dev"), ("patch", "envfleets.awm.dev/status"), ("list", "envclaims.awm.dev"),
-               ("update", "envfleets.awm.dev/finalizers"), ("create", "events"), ("patch", "kopfpeerings.kopf.dev")]
-    denied = [("list", "secrets"), ("create", "secrets"), ("delete", "envfleets.awm.dev"), ("create", "envclaims.awm.dev"),
-              ("create", "deployments.apps"), ("get", "configmaps"), ("create", "pods/exec")]
+               ("update", "envfleets.awm.dev/finalizers"), ("create", "events"), ("patch", "kopfpeerings.kopf.dev"),
+               ("watch", "campaigns.awm.dev"), ("patch", "campaigns.awm.dev/status"), ("create", "jobs.batch"),
+               ("watch", "jobs.batch"), ("create", "envfleets.awm.dev"), ("delete", "envfleets.awm.dev")]
+    denied = [("list", "secrets"), ("create", "secrets"), ("create", "envclaims.awm.dev"),
+              ("create", "deployments.apps"), ("create", "pods/exec"), ("patch", "campaigns.awm.dev"),
+              ("create", "campaigns.awm.dev"), ("delete", "jobs.batch"), ("patch", "jobs.batch"),
+              ("delete", "configmaps")]
     for verb, resource in allowed + denied:
         resource, _, sub = resource.partition("/")
         r = kubectl(cp, "auth", "can-i", verb, resource, *(["--subresource", sub] if sub else []),
@@ -576,7 +607,7 @@ def test_install_validate_uninstall(cluster, helm: str) -> None:
                    check=False).stdout.strip() == "yes"
 
     # The examples pass the API server's schema validation; an out-of-range fleet does not.
-    for example in ("envfleet.yaml", "envclaim.yaml", "grpo-claim.yaml"):
+    for example in EXAMPLE_FILES:
         kubectl(cp, "-n", NS, "apply", "-f", str(EXAMPLES / example))
     fleet = json.loads(kubectl(cp, "-n", NS, "get", "envfleet", "demo", "-o", "json").stdout)
     assert fleet["spec"]["replicas"] == 6 and fleet["spec"]["environments"] == ["bike_shop", "crm", "project_tracker"]
@@ -590,8 +621,14 @@ def test_install_validate_uninstall(cluster, helm: str) -> None:
     assert r.returncode != 0 and "bogus" in r.stderr, r.stderr
     r = kubectl(cp, "-n", NS, "get", "envfleet", "too-big", check=False)
     assert r.returncode != 0  # nothing was stored
-    kubectl(cp, "-n", NS, "delete", "-f", str(EXAMPLES / "grpo-claim.yaml"), "-f", str(EXAMPLES / "envclaim.yaml"),
-            "-f", str(EXAMPLES / "envfleet.yaml"), "--wait=true", "--timeout=60s")
+    # A campaign whose sizes break the CRD's rule is refused by the API server (CEL).
+    bad = yaml.safe_load((EXAMPLES / "campaign-evaluation.yaml").read_text())
+    bad["metadata"]["name"] = "too-many"
+    bad["spec"]["groupsPerEnvironment"] = 400  # 3 environments x 400 x k=4 > 4096
+    r = kubectl(cp, "-n", NS, "apply", "-f", "-", input=yaml.safe_dump(bad), check=False)
+    assert r.returncode != 0 and "at most 4096" in r.stderr, r.stderr
+    kubectl(cp, "-n", NS, "delete", *(a for name in reversed(EXAMPLE_FILES) for a in ("-f", str(EXAMPLES / name))),
+            "--wait=true", "--timeout=60s")
 
     # Uninstall: nothing of the release is left (pods, services, secrets, RBAC, volumes...).
     run(helm, "uninstall", RELEASE, "--namespace", NS, "--wait", "--timeout", "120s", env=env, timeout=180)
@@ -607,5 +644,19 @@ def test_install_validate_uninstall(cluster, helm: str) -> None:
                    "-o", "name").stdout.split()
     assert [n for n in left if "awm" in n] == [], left
     # CRDs stay (Helm never deletes crds/ objects); removing them is a deliberate step.
-    kubectl(cp, "get", "crd", "envfleets.awm.dev", "envclaims.awm.dev")
-    kubectl(cp, "delete", "crd", "envfleets.awm.dev", "envclaims.awm.dev", "--wait=true")
+    kubectl(cp, "get", "crd", "envfleets.awm.dev", "envclaims.awm.dev", "campaigns.awm.dev")
+    kubectl(cp, "delete", "crd", "envfleets.awm.dev", "envclaims.awm.dev", "campaigns.awm.dev", "--wait=true")
+
+
+def test_operator_env_configures_campaigns(helm: str) -> None:
+    """Campaign Jobs reach the allocation API at the operator's Service, and run the chart's
+    trainer image unless the campaign names one (read by campaigns.CampaignSettings)."""
+    from awm_operator.campaigns import CampaignSettings
+
+    docs = render(helm, "imageRegistry=registry.example/awm", "trainer.image.pullPolicy=Always")
+    c = one(docs, "Deployment", "awm-operator")["spec"]["template"]["spec"]["containers"][0]
+    settings = CampaignSettings.from_env({e["name"]: e["value"] for e in c["env"] if "value" in e})
+    svc = one(docs, "Service", "awm-operator")
+    assert settings.operator_url == f"http://{svc['metadata']['name']}.awm-system.svc:{svc['spec']['ports'][0]['port']}"
+    assert settings.trainer_image == "registry.example/awm/awm-trainer:0.1.0"
+    assert settings.trainer_pull_policy == "Always"

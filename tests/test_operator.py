@@ -314,13 +314,13 @@ def test_crds_in_chart_match_the_models(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["operator", "crds", "-o", str(tmp_path)])
     assert result.exit_code == 0, result.output
     written = sorted(p.name for p in tmp_path.iterdir())
-    assert written == ["envclaims.awm.dev.yaml", "envfleets.awm.dev.yaml"]
+    assert written == ["campaigns.awm.dev.yaml", "envclaims.awm.dev.yaml", "envfleets.awm.dev.yaml"]
     for name in written:
         chart = ROOT / "charts" / "awm" / "crds" / name
         assert chart.read_text() == (tmp_path / name).read_text(), (
             f"{chart} is out of date: run `awm operator crds -o charts/awm/crds`")
     stream = CliRunner().invoke(app, ["operator", "crds"])
-    assert [d["kind"] for d in yaml.safe_load_all(stream.stdout)] == ["CustomResourceDefinition"] * 2
+    assert [d["kind"] for d in yaml.safe_load_all(stream.stdout)] == ["CustomResourceDefinition"] * 3
 
 
 # --------------------------------------------------------------------------- pod-side provisioning

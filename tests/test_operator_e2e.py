@@ -18,8 +18,7 @@ import subprocess
 import time
 import urllib.error
 import uuid
-from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import httpx
 import pytest
@@ -29,27 +28,12 @@ from awm_operator.client import AllocationClient, AllocationError
 from awm_operator.config import OperatorConfig
 from awm_operator.main import InThread
 from awm_operator.pods import A_CONTROL_URL
+from tests.k8s_e2e import api_url, apply_crds, operator_config, setup_namespace, wait_for
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parent.parent
-CRDS = ROOT / "charts" / "awm" / "crds"
 NS = "awm-e2e"
 API = "/apis/awm.dev/v1alpha1"
-
-
-def wait_for(what: str, ok: Callable[[], Any], timeout: float = 60.0, interval: float = 0.2) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = ok()
-        except (urllib.error.HTTPError, KeyError):
-            last = None
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
 
 
 class Cluster:
@@ -119,28 +103,17 @@ def fleet_spec(replicas: int, control_url: str | None, environments: list[str] |
     return spec
 
 
-def setup_namespace(cp: Any, namespace: str, admin_dsn: str) -> None:
-    cp.kubectl("create", "namespace", namespace)
-    cp.kubectl("-n", namespace, "create", "secret", "generic", "awm-db", f"--from-literal=dsn={admin_dsn}")
-    wait_for("the namespace's default ServiceAccount",
-             lambda: cp.api("GET", f"/api/v1/namespaces/{namespace}/serviceaccounts/default"))
-
-
 @pytest.fixture(scope="module")
 def cluster(control_plane: Any, admin_dsn: str) -> Cluster:
     cp = control_plane
-    r = cp.kubectl("apply", "--server-side", "-f", str(CRDS), check=False)
-    assert r.returncode == 0, r.stderr
-    cp.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/envfleets.awm.dev", "crd/envclaims.awm.dev")
+    apply_crds(cp)
     setup_namespace(cp, NS, admin_dsn)
     return Cluster(cp, NS)
 
 
 @pytest.fixture(scope="module")
 def operator(cluster: Cluster) -> Any:
-    cfg = OperatorConfig(namespaces=[NS], api_host="127.0.0.1", api_port=0, metrics_port=0, scale_down_delay=1.0,
-                         resync_interval=5.0, db_sweep_interval=3.0, reset_timeout=5.0, claim_wait_default=10.0)
-    with InThread(cfg, cluster.cp.kubeconfig) as op:
+    with InThread(operator_config(NS), cluster.cp.kubeconfig) as op:
         yield op
 
 
@@ -148,10 +121,6 @@ def operator(cluster: Cluster) -> Any:
 def env_server(notes_fleet: Any) -> str:
     """The control URL of a real env server (the notes environment on the real PostgreSQL)."""
     return notes_fleet.instances[0].control_url
-
-
-def api_url(op: InThread) -> str:
-    return f"http://127.0.0.1:{op.cfg.api_port}"
 
 
 def metric(op: InThread, name: str, **labels: str) -> float:
@@ -455,8 +424,8 @@ def test_peering_one_replica_acts_and_a_standby_takes_over(control_plane: Any, c
     peer = Cluster(control_plane, ns)
 
     def config(priority: int) -> OperatorConfig:
-        return OperatorConfig(namespaces=[ns], peering="awm", priority=priority, api_host="127.0.0.1", api_port=0,
-                              metrics_port=0, resync_interval=5.0)
+        return operator_config(ns, peering="awm", priority=priority, scale_down_delay=30.0,
+                               db_sweep_interval=60.0, reset_timeout=30.0, claim_wait_default=30.0)
 
     with InThread(config(10), control_plane.kubeconfig) as standby:
         active = InThread(config(20), control_plane.kubeconfig).__enter__()

@@ -216,6 +216,7 @@ def eval_command(
     from trainer.agent import AgentConfig
     from trainer.policy import OpenAIPolicy, PolicyUnavailable
     from trainer.reward import RewardConfig
+    from trainer.k8s_source import KubernetesSettings, KubernetesSource, ProgressReporter
     from trainer.rollout import LocalFleetSource
     from trainer.trajectory import TrajectoryLog
 
@@ -241,16 +242,34 @@ def eval_command(
             console.print(f"  {score.env}/{score.task_id}: {score.complete}/{score.samples} complete"
                           f"{f', {score.masked} masked' if score.masked else ''}")
 
+    k8s = KubernetesSettings.from_env()  # inside a campaign's Job: the campaign's fleet
+    reporter = ProgressReporter(k8s) if k8s is not None and k8s.campaign else None
+    done: list[Any] = []
+
+    def on_task(score: Any) -> None:
+        progress(score)
+        done.append(score)
+        if reporter is not None:
+            reporter.report(**ev.running_summary(done))
+
     async def run() -> list[Any]:
-        database = await asyncio.to_thread(Database.open, database_url)
         log = TrajectoryLog(out / "trajectories.jsonl")
+        database = None
         try:
+            if k8s is not None:
+                scenarios = {b.name: b.scenario.description for b in bundles}
+                async with KubernetesSource(k8s, [b.name for b in bundles], replicas, k, scenarios) as source:
+                    return await ev.evaluate(source, policy, tasks, k, cfg, RewardConfig(), log, on_task)
+            database = await asyncio.to_thread(Database.open, database_url)
             async with LocalFleetSource(bundles, replicas, database) as source:
-                return await ev.evaluate(source, policy, tasks, k, cfg, RewardConfig(), log, progress)
+                return await ev.evaluate(source, policy, tasks, k, cfg, RewardConfig(), log, on_task)
         finally:
             await policy.close()
             log.close()
-            await asyncio.to_thread(database.close)
+            if reporter is not None:
+                await reporter.aclose()
+            if database is not None:
+                await asyncio.to_thread(database.close)
 
     if not as_json:
         console.print(f"awm eval: {name} · {len(tasks)} tasks × k={k} · {len(bundles)} environments")

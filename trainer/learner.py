@@ -192,10 +192,13 @@ StepHook = Callable[[dict[str, Any]], None]
 
 
 async def train(cfg: TrainConfig, on_step: StepHook | None = None) -> TrainResult:
-    """Run (or resume) a GRPO run on a local fleet; returns the per-step records."""
+    """Run (or resume) a GRPO run on a local fleet, or - inside a campaign's Job, where
+    ``AWM_OPERATOR_URL``/``AWM_FLEET`` are set - on instances claimed from the campaign's
+    EnvFleet, reporting each step to the Campaign's status; returns the per-step records."""
     from awm import catalog as catalog_mod
     from awm.fleet import Database
     from trainer.agent import DEFAULT_SYSTEM
+    from trainer.k8s_source import KubernetesSettings, KubernetesSource, ProgressReporter
     from trainer.local_policy import LocalPolicy
     from trainer.metrics import JsonlLog, TrainMetrics, plot_reward_curve
     from trainer.rollout import LocalFleetSource, RolloutService, TaskRef
@@ -225,8 +228,16 @@ async def train(cfg: TrainConfig, on_step: StepHook | None = None) -> TrainResul
         metrics.serve(cfg.metrics_port)
     metrics_log = JsonlLog(run_dir / "metrics.jsonl")
     traj_log = TrajectoryLog(run_dir / "trajectories.jsonl")
-    database = await asyncio.to_thread(Database.open, cfg.database_url)
-    source = LocalFleetSource(bundles, cfg.replicas, database)
+    k8s = KubernetesSettings.from_env()
+    database = None
+    reporter = ProgressReporter(k8s) if k8s is not None and k8s.campaign else None
+    source: Any
+    if k8s is not None:
+        source = KubernetesSource(k8s, [b.name for b in bundles], cfg.replicas, cfg.rollout.group_size,
+                                  {b.name: b.scenario.description for b in bundles})
+    else:
+        database = await asyncio.to_thread(Database.open, cfg.database_url)
+        source = LocalFleetSource(bundles, cfg.replicas, database)
     service = RolloutService(source, policy, tasks, cfg.agent, cfg.reward, cfg.rollout, traj_log,
                              metrics.observe_trajectory)
     began = time.perf_counter()
@@ -241,6 +252,8 @@ async def train(cfg: TrainConfig, on_step: StepHook | None = None) -> TrainResul
                     metrics.observe_step(record)
                     if on_step:
                         on_step(record)
+                    if reporter is not None:
+                        reporter.report_step(record)
                     if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.steps:
                         await asyncio.to_thread(learner.save, run_dir / "checkpoints", tokenizer, step + 1)
             finally:
@@ -249,7 +262,10 @@ async def train(cfg: TrainConfig, on_step: StepHook | None = None) -> TrainResul
                 await asyncio.to_thread(learner.save, run_dir / "checkpoints", tokenizer, cfg.steps)
     finally:
         traj_log.close()
-        await asyncio.to_thread(database.close)
+        if reporter is not None:
+            await reporter.aclose()
+        if database is not None:
+            await asyncio.to_thread(database.close)
     records = metrics_log.read()
     if records:
         plot_reward_curve(records, run_dir / "reward_curve.png")

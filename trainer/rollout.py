@@ -3,7 +3,7 @@ finished GRPO groups to the learner with bounded staleness.
 
 * :class:`InstanceSource` is where instances come from. :class:`LocalFleetSource` serves them
   with :class:`awm.fleet.LocalFleet`; :class:`PoolSource` takes instances already running
-  (URLs). A Kubernetes source implements the same three calls on top of the operator's claims.
+  (URLs); :class:`trainer.k8s_source.KubernetesSource` claims them from the operator's fleet.
 * A *group* is G episodes of one task, each on an instance reset to the task's snapshot (the
   reset engine makes every reset identical; ``verify_reset`` checksums it too). GRPO compares
   the G rewards, so they must differ only by the policy's sampling.
@@ -102,26 +102,38 @@ class PoolSource(InstanceSource):
             self._recheck(lease)
 
     def _recheck(self, lease: Lease) -> None:
-        """Drop the connection; return the instance once it answers /readyz again (it may be restarting)."""
+        """Drop the connection, then :meth:`_revive` the instance in the background."""
         async def check() -> None:
             handle, lease.handle = lease.handle, None
             if handle is not None:
                 with contextlib.suppress(Exception):
                     await handle.close()
-            from awm.client import ControlClient
-
-            control = ControlClient(lease.control_url, timeout=5)
-            deadline = time.monotonic() + self.ready_timeout_s
-            try:
-                while time.monotonic() < deadline and not await control.ready():
-                    await asyncio.sleep(0.2)
-            finally:
-                await control.close()
-            self._queues[lease.env].put_nowait(lease)
+            await self._revive(lease)
 
         task = asyncio.get_running_loop().create_task(check())
         self._checks.add(task)
         task.add_done_callback(self._checks.discard)
+
+    async def _wait_ready(self, lease: Lease) -> bool:
+        """Whether the instance answers /readyz within ``ready_timeout_s`` (it may be restarting)."""
+        from awm.client import ControlClient
+
+        control = ControlClient(lease.control_url, timeout=5)
+        deadline = time.monotonic() + self.ready_timeout_s
+        try:
+            while time.monotonic() < deadline:
+                if await control.ready():
+                    return True
+                await asyncio.sleep(0.2)
+            return False
+        finally:
+            await control.close()
+
+    async def _revive(self, lease: Lease) -> None:
+        """Return an instance that failed us to the pool once it is ready again (a local fleet
+        restarts dead instances; a source that can replace instances overrides this)."""
+        await self._wait_ready(lease)
+        self._queues[lease.env].put_nowait(lease)
 
     async def close(self) -> None:
         for task in list(self._checks):

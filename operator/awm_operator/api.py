@@ -31,6 +31,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from awm_operator.allocator import ClaimError, NotActive, Unavailable, describe
+from awm_operator.campaigns import add_progress_route
 from awm_operator.reconcile import Context
 from awm_operator.state import ClaimRequest, Fleets
 
@@ -141,6 +142,7 @@ def build_api(ctx: Context, fleets: Fleets) -> web.Application:
             return _error(503, str(exc))
         return web.json_response({"id": claim_id, "returned": returned, "replaced": replaced})
 
+    add_progress_route(routes, ctx, fleets)  # POST /v1/namespaces/{ns}/campaigns/{name}/progress (campaigns.py)
     app = web.Application()
     app.add_routes(routes)
     return app

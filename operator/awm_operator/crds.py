@@ -10,13 +10,15 @@ API group ``awm.dev``, version ``v1alpha1``:
   of ready-unallocated instances, and scales between min and max from demand.
 * ``EnvClaim`` binds N ready instances (optionally a GRPO group of G instances of one
   environment) and reports their endpoints; deleting it resets them and returns them to the pool.
+* ``Campaign`` runs ``awm train`` or ``awm eval`` as a Job against an EnvFleet made for it, shows
+  the run's progress, and deletes the fleet when the Job is done (operator side: campaigns.py).
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 GROUP = "awm.dev"
 VERSION = "v1alpha1"
@@ -192,4 +194,154 @@ def definitions() -> list[dict[str, Any]]:
             {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
             {"name": "Latency-ms", "type": "number", "jsonPath": ".status.latencyMs", "priority": 1},
             age], scale=False),
+        campaign_definition(),
     ]
+
+
+# --------------------------------------------------------------------------- Campaign
+#
+# A Campaign is one training or evaluation run on the cluster: the operator creates an EnvFleet
+# sized to the run's demand and a Job that runs `awm train` or `awm eval` against it, follows the
+# Job, shows the run's progress in the status and deletes the fleet when the Job is done.
+
+DEFAULT_GROUP_SIZE = 4
+
+
+def _campaign_rules() -> list[dict[str, str]]:
+    """CEL rules the API server checks on create, so an impossible campaign is refused at once
+    instead of failing later in the operator (pydantic's validators are not in the schema)."""
+    group = (f"(self.mode == 'training' ? (has(self.training) && has(self.training.groupSize) ? "
+             f"self.training.groupSize : {DEFAULT_GROUP_SIZE}) : (has(self.evaluation) && has(self.evaluation.k) ? "
+             f"self.evaluation.k : {DEFAULT_GROUP_SIZE}))")
+    return [
+        {"rule": "self.mode == 'training' ? (has(self.training) && !has(self.evaluation)) "
+                 ": (has(self.evaluation) && !has(self.training))",
+         "message": "mode training needs spec.training (and no spec.evaluation); mode evaluation the reverse"},
+        {"rule": f"self.environments.size() * self.groupsPerEnvironment * {group} <= {MAX_REPLICAS}",
+         "message": f"environments x groupsPerEnvironment x group size must be at most {MAX_REPLICAS}"},
+    ]
+
+
+class SecretKeyRef(_Spec):
+    name: str = Field(description="Secret in the campaign's namespace.")
+    key: str = Field(description="Key in the Secret.")
+
+
+class CampaignJob(_Spec):
+    """The Job's pod: the trainer image and what a GPU run needs (resources, placement)."""
+
+    image: str | None = Field(None, description="Trainer image (default: the chart's trainer.image).")
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(None, alias="imagePullPolicy")
+    command: list[str] | None = Field(None, description="Container command (default: [awm]).")
+    args: list[str] | None = Field(None, description=(
+        "Container arguments (default: `train --config <rendered config>` or `eval ...` from the spec)."))
+    resources: dict[str, Any] | None = Field(None, description=(
+        "Container resources; e.g. limits: {nvidia.com/gpu: 1} for training."))
+    env: list[dict[str, Any]] | None = Field(None, description="More EnvVars (after the operator's own).")
+    node_selector: dict[str, str] | None = Field(None, alias="nodeSelector")
+    tolerations: list[dict[str, Any]] | None = None
+    backoff_limit: int = Field(0, alias="backoffLimit", ge=0, le=100, description=(
+        "Pod retries before the Job, and so the campaign, fails (a retried trainer resumes from its "
+        "run directory's last checkpoint when that is on a volume)."))
+    active_deadline_seconds: int | None = Field(None, alias="activeDeadlineSeconds", ge=1)
+    service_account_name: str | None = Field(None, alias="serviceAccountName")
+    labels: dict[str, str] | None = Field(None, description="Extra labels of the Job's pod.")
+    annotations: dict[str, str] | None = Field(None, description="Extra annotations of the Job's pod.")
+    volumes: list[dict[str, Any]] | None = Field(None, description="Extra pod volumes (models, run directory).")
+    volume_mounts: list[dict[str, Any]] | None = Field(None, alias="volumeMounts")
+
+
+class TrainingSpec(_Spec):
+    group_size: int = Field(DEFAULT_GROUP_SIZE, alias="groupSize", ge=1, le=MAX_REPLICAS,
+                            description="GRPO group size: episodes of one task compared with each other.")
+    config: dict[str, Any] = Field(default_factory=dict, description=(
+        "The `awm train` configuration (docs/training.md), rendered into a ConfigMap the Job reads. "
+        "The campaign sets catalog, envs, replicas and rollout.group_size from its own fields."))
+
+
+class EvaluationSpec(_Spec):
+    base_url: str = Field(alias="baseUrl", description="OpenAI-compatible endpoint of the model (…/v1).")
+    model: str = Field(description="Model name at that endpoint.")
+    api_key_secret: SecretKeyRef | None = Field(None, alias="apiKeySecret", description=(
+        "API key of the endpoint, passed to the evaluator as AWM_POLICY_API_KEY."))
+    k: int = Field(DEFAULT_GROUP_SIZE, ge=1, le=MAX_REPLICAS, description="Samples per task (pass@k).")
+    tasks: list[str] | None = Field(None, description="Only these task ids (default: every task).")
+    max_turns: int = Field(30, alias="maxTurns", ge=1, le=1000)
+    tool_format: Literal["native", "text"] = Field("native", alias="toolFormat")
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+
+
+class CampaignCleanup(_Spec):
+    delete_fleet: bool = Field(True, alias="deleteFleet", description=(
+        "Delete the EnvFleet when the campaign finishes (its pods and databases go with it)."))
+
+
+class CampaignSpec(_Spec):
+    model_config = ConfigDict(populate_by_name=True, extra="forbid",
+                              json_schema_extra={"x-kubernetes-validations": _campaign_rules()})
+
+    mode: Literal["training", "evaluation"]
+    environments: list[str] = Field(min_length=1, description="Environment names in the catalog.")
+    groups_per_environment: int = Field(1, alias="groupsPerEnvironment", ge=1, le=MAX_REPLICAS, description=(
+        "Groups running at once per environment. The fleet holds environments x groupsPerEnvironment "
+        "x group size instances (training.groupSize, or evaluation.k)."))
+    catalog: CatalogSource
+    database: DatabaseRef
+    fleet_template: PodOverrides = Field(default_factory=PodOverrides, alias="fleetTemplate",
+                                         description="The env pods' template (EnvFleet.spec.template).")
+    job: CampaignJob = Field(default_factory=CampaignJob)
+    training: TrainingSpec | None = None
+    evaluation: EvaluationSpec | None = None
+    cleanup: CampaignCleanup = Field(default_factory=CampaignCleanup)
+
+    @property
+    def group_size(self) -> int:
+        if self.mode == "training":
+            return self.training.group_size if self.training else DEFAULT_GROUP_SIZE
+        return self.evaluation.k if self.evaluation else DEFAULT_GROUP_SIZE
+
+    @property
+    def instances_per_environment(self) -> int:
+        return self.groups_per_environment * self.group_size
+
+    @property
+    def instances(self) -> int:
+        return len(self.environments) * self.instances_per_environment
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "CampaignSpec":
+        if self.mode == "training" and (self.training is None or self.evaluation is not None):
+            raise ValueError("mode training needs spec.training (and no spec.evaluation)")
+        if self.mode == "evaluation" and (self.evaluation is None or self.training is not None):
+            raise ValueError("mode evaluation needs spec.evaluation (and no spec.training)")
+        if self.instances > MAX_REPLICAS:
+            raise ValueError(f"the campaign needs {self.instances} instances (environments x groupsPerEnvironment "
+                             f"x group size); at most {MAX_REPLICAS}")
+        return self
+
+
+class CampaignStatus(_Spec):
+    phase: Literal["Pending", "Running", "Succeeded", "Failed"] = "Pending"
+    message: str = ""
+    fleet: str = Field("", description="The campaign's EnvFleet.")
+    job: str = Field("", description="The campaign's Job.")
+    instances: int = Field(0, description="Instances the fleet holds for the campaign.")
+    step: int | None = Field(None, description="Training step (evaluation: tasks finished), as reported.")
+    reward_mean: float | None = Field(None, alias="rewardMean")
+    rollouts_per_s: float | None = Field(None, alias="rolloutsPerS")
+    pass_rates: dict[str, float] = Field(default_factory=dict, alias="passRates",
+                                         description="pass@1 per environment (evaluation).")
+    started_at: str | None = Field(None, alias="startedAt")
+    finished_at: str | None = Field(None, alias="finishedAt")
+    conditions: list[Condition] = Field(default_factory=list)
+
+
+def campaign_definition() -> dict[str, Any]:
+    age = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
+    return _crd("Campaign", "campaigns", "camp", CampaignSpec, CampaignStatus, [
+        {"name": "Mode", "type": "string", "jsonPath": ".spec.mode"},
+        {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+        {"name": "Step", "type": "integer", "jsonPath": ".status.step"},
+        {"name": "Reward", "type": "number", "jsonPath": ".status.rewardMean"},
+        {"name": "Fleet", "type": "string", "jsonPath": ".status.fleet", "priority": 1},
+        age], scale=False)

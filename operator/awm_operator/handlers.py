@@ -23,6 +23,7 @@ from typing import Any
 
 import kopf
 
+from awm_operator import campaigns  # noqa: F401  (registers the Campaign and Job handlers)
 from awm_operator import databases
 from awm_operator.allocator import Allocator, ClaimError, NotActive, Unavailable
 from awm_operator.api import bound_port, build_api, build_metrics, serve

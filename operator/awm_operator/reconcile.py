@@ -147,7 +147,7 @@ class Reconciler:
         by_env: dict[str, list[PodInfo]] = {}
         for p in live:
             by_env.setdefault(p.env, []).append(p)
-        batch = budget = max(cfg.create_concurrency * 4, 64)  # writes per pass: passes stay short
+        budget = max(cfg.create_concurrency * 4, 64)  # writes per pass: passes stay short
         for env in list(by_env) + [e for e in desired if e not in by_env]:
             have, want = by_env.get(env, []), desired.get(env, 0)
             if len(have) < want:

@@ -1,0 +1,754 @@
+"""Campaigns: a training or evaluation run on the cluster, from one custom resource.
+
+For a ``Campaign`` the operator creates (each owned by the Campaign, so deleting it deletes them):
+
+* an ``EnvFleet`` with autoscaling on, sized to the run's demand (environments x
+  groupsPerEnvironment x group size): its buffer keeps that many instances warm before the
+  trainer asks, and maxReplicas caps the fleet there;
+* for training, a ``ConfigMap`` holding the rendered ``awm train`` configuration;
+* a ``batch/v1`` ``Job`` running ``awm train --config ...`` or ``awm eval ...`` in the trainer
+  image. Its environment tells it where the operator's allocation API is, and the namespace,
+  fleet and campaign (``AWM_OPERATOR_URL``, ``AWM_NAMESPACE``, ``AWM_FLEET``, ``AWM_CAMPAIGN``):
+  the trainer then claims instances through the allocation API (``trainer/k8s_source.py``) and
+  posts its progress back here.
+
+The Job decides the campaign's fate: Pending until its pod is ready, Running then (or as soon as
+progress arrives), Succeeded or Failed with the Job. When the campaign finishes the operator
+deletes the fleet (``spec.cleanup.deleteFleet``, default on); the fleet's finalizer then deletes
+the pods and drops their databases.
+
+Writes to the API server are few by design: the children are created once (an operator that
+restarts gets 409 for each and checks they are the campaign's own), the status is patched on
+phase changes, and progress reports, however often they come, are coalesced into at most one
+status patch per ``AWM_CAMPAIGN_STATUS_INTERVAL`` seconds (default 2). Campaigns and Jobs are
+followed through kopf *event* handlers, not create/update handlers: those would add kopf's
+progress and diff-base annotations, two more writes (and watch events) per change. Jobs are
+watched with a server-side label selector, so the operator never lists other Jobs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import datetime as dt
+import hashlib
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import kopf
+import yaml
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from awm_operator.config import OperatorConfig
+from awm_operator.crds import GROUP, VERSION, CampaignSpec
+from awm_operator.kube import ApiError
+from awm_operator.pods import label_value
+from awm_operator.reconcile import Context
+from awm_operator.state import Fleets
+
+log = logging.getLogger("awm.operator.campaigns")
+
+PLURAL = "campaigns"
+APP_NAME = "awm-campaign"
+L_NAME = "app.kubernetes.io/name"
+L_COMPONENT = "app.kubernetes.io/component"
+L_CAMPAIGN = "awm.dev/campaign"
+L_CLIENT = "awm.dev/client"            # the env pods' NetworkPolicy admits pods with this label
+A_CAMPAIGN = "awm.dev/campaign"        # the full name (label values stop at 63 characters)
+JOB_SELECTOR = f"{L_NAME}={APP_NAME}"
+
+# What the Job's container gets; trainer/k8s_source.py reads the same names.
+ENV_OPERATOR_URL = "AWM_OPERATOR_URL"
+ENV_NAMESPACE = "AWM_NAMESPACE"
+ENV_FLEET = "AWM_FLEET"
+ENV_CAMPAIGN = "AWM_CAMPAIGN"
+
+CATALOG_DIR = "/campaign/catalog"
+CONFIG_DIR = "/etc/awm"
+CONFIG_FILE = "train.yaml"
+EVAL_OUT = "/tmp/eval"
+UID = 10001  # the trainer image's user
+NAME_LIMIT = 52  # Job names end up in pod labels (63 characters) with a suffix
+
+Phase = Literal["Pending", "Running", "Succeeded", "Failed"]
+_ORDER = {"": 0, "Pending": 1, "Running": 2, "Succeeded": 3, "Failed": 3}
+TERMINAL = ("Succeeded", "Failed")
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# --------------------------------------------------------------------------- settings
+
+
+@dataclass(frozen=True)
+class CampaignSettings:
+    """Campaign settings from the operator's environment (the chart sets them). Kept out of
+    OperatorConfig so that campaigns stay one module: nothing else needs them."""
+
+    operator_url: str | None = None        # AWM_OPERATOR_URL: the allocation API as the Job's pod sees it
+    trainer_image: str = "awm-trainer:0.1.0"
+    trainer_pull_policy: str = "IfNotPresent"
+    status_interval: float = 2.0           # progress -> status patches at most this often
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> "CampaignSettings":
+        e = os.environ if env is None else env
+        return cls(operator_url=e.get("AWM_OPERATOR_URL") or None,
+                   trainer_image=e.get("AWM_TRAINER_IMAGE") or cls.trainer_image,
+                   trainer_pull_policy=e.get("AWM_TRAINER_IMAGE_PULL_POLICY") or cls.trainer_pull_policy,
+                   status_interval=float(e.get("AWM_CAMPAIGN_STATUS_INTERVAL") or cls.status_interval))
+
+
+# --------------------------------------------------------------------------- manifests (pure)
+
+
+def child_name(campaign: str, suffix: str = "") -> str:
+    """``<campaign><suffix>``, shortened with a hash of the whole when it would not fit."""
+    name = f"{campaign}{suffix}"
+    if len(name) <= NAME_LIMIT:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+    return f"{campaign[:NAME_LIMIT - len(suffix) - 9].rstrip('-.')}-{digest}{suffix}"
+
+
+@dataclass(frozen=True)
+class Names:
+    """The children of one campaign. The fleet and the Job share the campaign's name (they are
+    different kinds); the ConfigMap is suffixed so it never meets the fleet's own ConfigMaps."""
+
+    fleet: str
+    job: str
+    config: str
+
+    @classmethod
+    def of(cls, campaign: str) -> "Names":
+        return cls(fleet=child_name(campaign), job=child_name(campaign), config=child_name(campaign, "-train-config"))
+
+
+def owner_reference(campaign: str, uid: str) -> dict[str, Any]:
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Campaign", "name": campaign, "uid": uid,
+            "controller": True, "blockOwnerDeletion": True}
+
+
+def labels(campaign: str, mode: str) -> dict[str, str]:
+    return {L_NAME: APP_NAME, L_COMPONENT: mode, L_CAMPAIGN: label_value(campaign)}
+
+
+def fleet_manifest(campaign: str, namespace: str, uid: str, spec: CampaignSpec) -> dict[str, Any]:
+    """The campaign's EnvFleet: autoscaled, with the whole demand as its warm buffer (the Job's
+    claims then bind at once instead of waiting for pods to start) and as its ceiling."""
+    demand = spec.instances
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "EnvFleet",
+        "metadata": {"name": Names.of(campaign).fleet, "namespace": namespace,
+                     "labels": labels(campaign, spec.mode), "annotations": {A_CAMPAIGN: campaign},
+                     "ownerReferences": [owner_reference(campaign, uid)]},
+        "spec": {"environments": list(spec.environments), "replicas": demand, "buffer": demand,
+                 "minReplicas": 0, "maxReplicas": demand, "autoscale": True,
+                 "catalog": spec.catalog.model_dump(by_alias=True, exclude_none=True),
+                 "database": spec.database.model_dump(by_alias=True, exclude_none=True),
+                 "template": spec.fleet_template.model_dump(by_alias=True, exclude_none=True)},
+    }
+
+
+def train_config(spec: CampaignSpec) -> dict[str, Any]:
+    """The ``awm train`` configuration of a training campaign: the spec's inline config, with
+    what the campaign decides put in (the Job's catalog copy, the environments, instances per
+    environment, the GRPO group size) so the trainer claims exactly what the fleet holds."""
+    assert spec.training is not None
+    cfg = copy.deepcopy(spec.training.config)
+    cfg["catalog"] = CATALOG_DIR
+    cfg["envs"] = list(spec.environments)
+    cfg["replicas"] = spec.instances_per_environment
+    rollout = dict(cfg.get("rollout") or {})
+    rollout["group_size"] = spec.training.group_size
+    rollout.setdefault("max_inflight_groups", spec.groups_per_environment * len(spec.environments))
+    cfg["rollout"] = rollout
+    cfg.setdefault("run_dir", "/tmp/run")
+    return cfg
+
+
+def config_map_manifest(campaign: str, namespace: str, uid: str, spec: CampaignSpec) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": Names.of(campaign).config, "namespace": namespace,
+                     "labels": labels(campaign, spec.mode), "annotations": {A_CAMPAIGN: campaign},
+                     "ownerReferences": [owner_reference(campaign, uid)]},
+        "data": {CONFIG_FILE: yaml.safe_dump(train_config(spec), sort_keys=False)},
+    }
+
+
+def eval_args(spec: CampaignSpec) -> list[str]:
+    """``awm eval`` arguments of an evaluation campaign (``--replicas``: instances claimed per
+    environment, which bounds how many tasks run at once)."""
+    ev = spec.evaluation
+    assert ev is not None
+    args = ["eval", "--base-url", ev.base_url, "--model", ev.model, "--catalog", CATALOG_DIR,
+            "-k", str(ev.k), "--replicas", str(spec.instances_per_environment), "--max-turns", str(ev.max_turns),
+            "--tool-format", ev.tool_format, "--temperature", str(ev.temperature), "--out", EVAL_OUT]
+    for env in spec.environments:
+        args += ["--env", env]
+    for task in ev.tasks or []:
+        args += ["--task", task]
+    return args
+
+
+def _catalog_container(spec: CampaignSpec, cfg: OperatorConfig, image: str, pull_policy: str,
+                       security: dict[str, Any]) -> dict[str, Any]:
+    """Copy the campaign's bundles into the pod (the trainer reads tasks and scenarios from
+    them): out of the catalog image like env pods do, or downloaded from ``catalog.url``."""
+    c = spec.catalog
+    if c.url:
+        script = ("import shutil, sys, urllib.parse, urllib.request\n"
+                  "base, out = sys.argv[1].rstrip('/'), sys.argv[2]\n"
+                  "for env in sys.argv[3:]:\n"
+                  "    url = base + '/' + urllib.parse.quote(env) + '.json'\n"
+                  "    with urllib.request.urlopen(url, timeout=60) as r, open(f'{out}/{env}.json', 'wb') as f:\n"
+                  "        shutil.copyfileobj(r, f)\n")
+        cat_image, policy, command = image, pull_policy, ["python", "-c", script, c.url, CATALOG_DIR,
+                                                          *spec.environments]
+    else:
+        cat_image = c.image or cfg.catalog_image
+        path = (c.path if c.image else cfg.catalog_path).rstrip("/")
+        policy, command = "IfNotPresent", ["cp", *(f"{path}/{env}.json" for env in spec.environments), f"{CATALOG_DIR}/"]
+    return {"name": "catalog", "image": cat_image, "imagePullPolicy": policy, "command": command,
+            "volumeMounts": [{"name": "catalog", "mountPath": CATALOG_DIR}], "securityContext": security,
+            "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"cpu": "1", "memory": "512Mi"}}}
+
+
+def job_manifest(campaign: str, namespace: str, uid: str, spec: CampaignSpec, cfg: OperatorConfig,
+                 settings: CampaignSettings, operator_url: str) -> dict[str, Any]:
+    """The Job running the trainer or evaluator. Its pod is labelled ``awm.dev/client`` (the env
+    pods' NetworkPolicy lets it in), needs no Kubernetes credentials (it talks to the operator
+    over HTTP), runs non-root on a read-only root filesystem, and gets the campaign's bundles
+    from an init container."""
+    j, names = spec.job, Names.of(campaign)
+    image = j.image or settings.trainer_image
+    pull_policy = j.image_pull_policy or settings.trainer_pull_policy
+    security = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "runAsNonRoot": True,
+                "capabilities": {"drop": ["ALL"]}}
+    env: list[dict[str, Any]] = [
+        {"name": ENV_OPERATOR_URL, "value": operator_url},
+        {"name": ENV_NAMESPACE, "value": namespace},
+        {"name": ENV_FLEET, "value": names.fleet},
+        {"name": ENV_CAMPAIGN, "value": campaign},
+    ]
+    volumes: list[dict[str, Any]] = [{"name": "catalog", "emptyDir": {"sizeLimit": "1Gi"}},
+                                     {"name": "tmp", "emptyDir": {}}]
+    mounts: list[dict[str, Any]] = [{"name": "catalog", "mountPath": CATALOG_DIR, "readOnly": True},
+                                    {"name": "tmp", "mountPath": "/tmp"}]
+    if spec.mode == "training":
+        args = ["train", "--config", f"{CONFIG_DIR}/{CONFIG_FILE}"]
+        volumes.append({"name": "config", "configMap": {"name": names.config}})
+        mounts.append({"name": "config", "mountPath": CONFIG_DIR, "readOnly": True})
+    else:
+        args = eval_args(spec)
+        ev = spec.evaluation
+        if ev is not None and ev.api_key_secret is not None:
+            env.append({"name": "AWM_POLICY_API_KEY", "valueFrom": {"secretKeyRef": {
+                "name": ev.api_key_secret.name, "key": ev.api_key_secret.key}}})
+    container: dict[str, Any] = {
+        "name": "trainer" if spec.mode == "training" else "evaluator",
+        "image": image, "imagePullPolicy": pull_policy,
+        "command": j.command or ["awm"], "args": j.args if j.args is not None else args,
+        "env": env + list(j.env or []),
+        "resources": j.resources or {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"cpu": "4", "memory": "8Gi"}},
+        "securityContext": security,
+        "volumeMounts": mounts + list(j.volume_mounts or []),
+    }
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": {"runAsNonRoot": True, "runAsUser": UID, "runAsGroup": UID, "fsGroup": UID,
+                            "seccompProfile": {"type": "RuntimeDefault"}},
+        "initContainers": [_catalog_container(spec, cfg, image, pull_policy, security)],
+        "containers": [container],
+        "volumes": volumes + list(j.volumes or []),
+    }
+    if j.service_account_name:
+        pod_spec["serviceAccountName"] = j.service_account_name
+    if j.node_selector:
+        pod_spec["nodeSelector"] = j.node_selector
+    if j.tolerations:
+        pod_spec["tolerations"] = j.tolerations
+    if cfg.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = cfg.image_pull_secrets
+    job_labels = labels(campaign, spec.mode)
+    template_meta: dict[str, Any] = {"labels": {**(j.labels or {}), **job_labels, L_CLIENT: "true"},
+                                     "annotations": {**(j.annotations or {}), A_CAMPAIGN: campaign}}
+    job_spec: dict[str, Any] = {"backoffLimit": j.backoff_limit,
+                                "template": {"metadata": template_meta, "spec": pod_spec}}
+    if j.active_deadline_seconds:
+        job_spec["activeDeadlineSeconds"] = j.active_deadline_seconds
+    return {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": names.job, "namespace": namespace, "labels": job_labels,
+                     "annotations": {A_CAMPAIGN: campaign}, "ownerReferences": [owner_reference(campaign, uid)]},
+        "spec": job_spec,
+    }
+
+
+# --------------------------------------------------------------------------- Job -> phase (pure)
+
+
+@dataclass(frozen=True)
+class JobState:
+    phase: Phase
+    reason: str
+    message: str
+    started_at: str | None = None
+    finished_at: str | None = None
+
+
+def job_state(job: dict[str, Any]) -> JobState:
+    """The campaign phase a Job's status means. Only the Job's final conditions (Complete,
+    Failed) end a campaign: FailureTarget and SuccessCriteriaMet come while pods may still be
+    terminating. Running needs a ready pod, so pulling a large image still reads Pending."""
+    status = job.get("status") or {}
+    started = status.get("startTime")
+    true = {c.get("type"): c for c in status.get("conditions") or [] if c.get("status") == "True"}
+    if "Complete" in true:
+        c = true["Complete"]
+        return JobState("Succeeded", c.get("reason") or "Completed", c.get("message") or "the Job completed",
+                        started, status.get("completionTime") or c.get("lastTransitionTime") or _now())
+    if "Failed" in true:
+        c = true["Failed"]
+        reason = c.get("reason") or "Failed"
+        return JobState("Failed", reason, c.get("message") or f"the Job failed ({reason})", started,
+                        c.get("lastTransitionTime") or _now())
+    if (status.get("ready") or 0) > 0:
+        return JobState("Running", "PodReady", "the Job's pod is running", started)
+    return JobState("Pending", "Waiting", "waiting for the Job's pod", started)
+
+
+def advances(current: str, new: str) -> bool:
+    """Phases only move forward (Pending -> Running -> Succeeded | Failed): a late or repeated
+    event never takes a finished campaign back, nor a running one back to Pending."""
+    return _ORDER.get(new, 0) > _ORDER.get(current or "", 0)
+
+
+def owning_campaign(obj: dict[str, Any]) -> str | None:
+    for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
+        if ref.get("kind") == "Campaign" and str(ref.get("apiVersion", "")).startswith(f"{GROUP}/"):
+            return str(ref["name"])
+    return None
+
+
+def condition(kind: str, ok: bool, reason: str, message: str) -> dict[str, Any]:
+    return {"type": kind, "status": "True" if ok else "False", "reason": reason, "message": message,
+            "lastTransitionTime": _now()}
+
+
+NO_FLEET = {"type": "FleetDeleted", "status": "False", "reason": "NotCreated", "message": "no fleet was created"}
+
+
+class ProgressReport(BaseModel):
+    """The body of ``POST .../campaigns/{name}/progress`` (all optional: a report carries what
+    the run knows)."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="forbid")
+    step: int | None = Field(None, ge=0)
+    reward_mean: float | None = Field(None, alias="rewardMean")
+    rollouts_per_s: float | None = Field(None, alias="rolloutsPerS", ge=0)
+    pass_rates: dict[str, float] | None = Field(None, alias="passRates")
+
+    def status(self) -> dict[str, Any]:
+        return self.model_dump(by_alias=True, exclude_none=True)
+
+
+# --------------------------------------------------------------------------- in-memory state
+
+
+@dataclass
+class CampaignState:
+    """What the operator remembers of one campaign between events: the phase it last wrote or
+    read (so it writes only on changes), and progress waiting for its rate-limited patch."""
+
+    namespace: str
+    name: str
+    uid: str
+    phase: str = ""
+    status: dict[str, Any] = field(default_factory=dict)
+    spec: dict[str, Any] = field(default_factory=dict)
+    ensured: bool = False
+    busy: bool = False                        # a task is creating or finishing it
+    settled: bool = False                     # finished and cleaned up: nothing more to do
+    pending: dict[str, Any] = field(default_factory=dict)
+    last_flush: float = 0.0
+    flush_scheduled: bool = False
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+class Campaigns:
+    """Every campaign this operator knows, with the background tasks and timers working on them."""
+
+    def __init__(self, ctx: Context, settings: CampaignSettings) -> None:
+        self.ctx, self.settings = ctx, settings
+        self.known: dict[tuple[str, str], CampaignState] = {}
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.timers: set[asyncio.TimerHandle] = set()
+
+    def get(self, namespace: str, name: str) -> CampaignState | None:
+        return self.known.get((namespace, name))
+
+    def observe(self, obj: dict[str, Any]) -> CampaignState:
+        """Track a campaign body from the watch (or a read): a new uid is a new campaign."""
+        meta = obj["metadata"]
+        key = (meta["namespace"], meta["name"])
+        state = self.known.get(key)
+        if state is None or state.uid != meta["uid"]:
+            state = self.known[key] = CampaignState(meta["namespace"], meta["name"], meta["uid"])
+        status = obj.get("status") or {}
+        if advances(state.phase, status.get("phase", "")):
+            state.phase = status["phase"]
+        state.status = {**state.status, **status, "phase": state.phase}
+        state.spec = obj.get("spec") or {}
+        return state
+
+    def forget(self, namespace: str, name: str, uid: str) -> None:
+        state = self.known.get((namespace, name))
+        if state is not None and state.uid == uid:
+            del self.known[(namespace, name)]
+
+    def spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    def close(self) -> None:
+        for task in list(self.tasks):
+            task.cancel()
+        for timer in list(self.timers):
+            timer.cancel()
+
+    # ---- status writes
+    async def patch(self, state: CampaignState, status: dict[str, Any]) -> bool:
+        """One status patch; False if the campaign is gone (then it is forgotten)."""
+        try:
+            await self.ctx.kube.patch_status(PLURAL, state.namespace, state.name, status)
+        except ApiError as exc:
+            if exc.status == 404:
+                self.forget(state.namespace, state.name, state.uid)
+                return False
+            raise
+        state.status.update(status)
+        if "phase" in status:
+            state.phase = status["phase"]
+        return True
+
+    def report(self, state: CampaignState, progress: dict[str, Any]) -> None:
+        """Take a progress report; it reaches the status with the next patch, at most one every
+        ``status_interval`` seconds (newer values replace older ones while they wait)."""
+        state.pending.update(progress)
+        if state.flush_scheduled:
+            return
+        state.flush_scheduled = True
+        delay = max(0.0, state.last_flush + self.settings.status_interval - time.monotonic())
+        loop = asyncio.get_running_loop()
+        handle: asyncio.TimerHandle | None = None
+
+        def fire() -> None:
+            if handle is not None:
+                self.timers.discard(handle)
+            self.spawn(self.flush(state))
+
+        handle = loop.call_later(delay, fire)
+        self.timers.add(handle)
+
+    async def flush(self, state: CampaignState) -> None:
+        async with state.lock:
+            state.flush_scheduled = False
+            body, state.pending = state.pending, {}
+            if not body:
+                return
+            if state.phase in ("", "Pending"):  # a run that reports progress is running
+                body = {**body, "phase": "Running", "startedAt": state.status.get("startedAt") or _now(),
+                        "message": "the run reports progress"}
+            state.last_flush = time.monotonic()
+            try:
+                await self.patch(state, body)
+            except (ApiError, OSError, asyncio.TimeoutError) as exc:
+                log.warning("campaign %s/%s: progress not written: %s", state.namespace, state.name, exc)
+                state.pending = {**body, **state.pending}
+                state.pending.pop("phase", None)
+                state.pending.pop("startedAt", None)
+                state.pending.pop("message", None)
+                self.report(state, {})
+
+
+def campaigns_of(ctx: Context) -> Campaigns:
+    """The campaign registry of one operator. It hangs off the operator's shared Context (built
+    once by the startup handler and reached by both the kopf handlers and the HTTP API) because
+    more than one operator may run in a process (tests, benchmarks): a module global would mix
+    them up."""
+    registry = ctx.__dict__.get("campaigns")
+    if registry is None:
+        registry = ctx.__dict__["campaigns"] = Campaigns(ctx, CampaignSettings.from_env())
+    return registry
+
+
+# --------------------------------------------------------------------------- creating and finishing
+
+
+class NotOurs(RuntimeError):
+    """An object of the campaign's child name exists but belongs to something else."""
+
+
+async def _create_owned(ctx: Context, collection: str, body: dict[str, Any], uid: str) -> None:
+    """Create a child; an existing one (an operator restart, a second replica) is fine if the
+    campaign owns it, and an error if not: the campaign must never adopt nor later delete an
+    object it did not make."""
+    try:
+        await ctx.kube.request("POST", collection, body)
+        return
+    except ApiError as exc:
+        if exc.status != 409:
+            raise
+    existing = await ctx.kube.request("GET", f"{collection}/{body['metadata']['name']}")
+    owners = {r.get("uid") for r in (existing.get("metadata") or {}).get("ownerReferences") or []}
+    if uid not in owners:
+        raise NotOurs(f"{body['kind']} {body['metadata']['name']} exists and does not belong to this campaign")
+
+
+def _api_base(namespace: str) -> dict[str, str]:
+    return {"fleets": f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/envfleets",
+            "configmaps": f"/api/v1/namespaces/{namespace}/configmaps",
+            "jobs": f"/apis/batch/v1/namespaces/{namespace}/jobs"}
+
+
+async def ensure(registry: Campaigns, state: CampaignState) -> None:
+    """Create what a campaign needs (idempotent), then record the children in its status once."""
+    ctx = registry.ctx
+    async with state.lock:
+        if state.ensured or state.phase in TERMINAL:
+            return
+        try:
+            spec = CampaignSpec.model_validate(state.spec)
+        except ValidationError as exc:
+            message = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'spec'}: {e['msg']}" for e in exc.errors())
+            await registry.patch(state, {"phase": "Failed", "message": f"invalid spec: {message}",
+                                         "finishedAt": _now(), "conditions": [
+                                             condition("Failed", True, "InvalidSpec", message), NO_FLEET]})
+            state.settled = True
+            return
+        names, base = Names.of(state.name), _api_base(state.namespace)
+        operator_url = registry.settings.operator_url or f"http://127.0.0.1:{ctx.config.api_port}"
+        try:
+            await _create_owned(ctx, base["fleets"], fleet_manifest(state.name, state.namespace, state.uid, spec),
+                                state.uid)
+            if spec.mode == "training":
+                await _create_owned(ctx, base["configmaps"],
+                                    config_map_manifest(state.name, state.namespace, state.uid, spec), state.uid)
+            await _create_owned(ctx, base["jobs"], job_manifest(state.name, state.namespace, state.uid, spec,
+                                                                ctx.config, registry.settings, operator_url), state.uid)
+        except (NotOurs, ApiError) as exc:
+            if isinstance(exc, ApiError) and (exc.status >= 500 or exc.status == 429):
+                raise  # transient: the caller retries
+            # The fleet may exist already (the Job failed): the finish path deletes it.
+            await registry.patch(state, {"phase": "Failed", "message": str(exc), "finishedAt": _now(),
+                                         "conditions": [condition("Failed", True, "CreateFailed", str(exc))]})
+            return
+        state.ensured = True
+        if state.status.get("fleet") == names.fleet and state.status.get("job") == names.job:
+            return  # resumed: the status already says so
+        await registry.patch(state, {
+            "phase": state.phase or "Pending", "fleet": names.fleet, "job": names.job, "instances": spec.instances,
+            "message": f"fleet of {spec.instances} instances and Job {names.job} created",
+            "conditions": [condition("Created", True, "Created", "EnvFleet and Job created")]})
+
+
+async def ensure_with_retries(registry: Campaigns, state: CampaignState) -> None:
+    """The API server may be briefly unavailable: retry with backoff instead of dropping the
+    campaign until its next watch event."""
+    try:
+        for attempt in range(8):
+            try:
+                await ensure(registry, state)
+                return
+            except (ApiError, OSError, asyncio.TimeoutError) as exc:
+                log.warning("campaign %s/%s: creating its fleet and Job: %s (retrying)", state.namespace,
+                            state.name, exc)
+                await asyncio.sleep(min(30.0, 0.5 * 2 ** attempt))
+        log.error("campaign %s/%s: gave up creating its fleet and Job", state.namespace, state.name)
+    finally:
+        state.busy = False
+
+
+async def finish(registry: Campaigns, state: CampaignState, outcome: JobState) -> None:
+    """The Job is done: delete the fleet (its finalizer drops pods and databases) unless the
+    spec keeps it, then write the final phase in one patch, pending progress included."""
+    ctx = registry.ctx
+    async with state.lock:
+        if not advances(state.phase, outcome.phase) and state.settled:
+            return
+        delete = bool((state.spec.get("cleanup") or {}).get("deleteFleet", True))
+        fleet = state.status.get("fleet") or Names.of(state.name).fleet
+        conditions = [condition(outcome.phase if outcome.phase == "Failed" else "Complete", True,
+                                outcome.reason, outcome.message)]
+        if delete:
+            path = f"{_api_base(state.namespace)['fleets']}/{fleet}"
+            try:
+                existing = await ctx.kube.request("GET", path)
+            except ApiError as exc:
+                if exc.status != 404:
+                    raise
+                existing = None
+            owners = {r.get("uid") for r in ((existing or {}).get("metadata") or {}).get("ownerReferences") or []}
+            if existing is not None and state.uid in owners:
+                try:
+                    await ctx.kube.request("DELETE", path, {"propagationPolicy": "Background"})
+                except ApiError as exc:
+                    if exc.status != 404:
+                        raise
+            conditions.append(condition("FleetDeleted", True, "Cleanup", f"EnvFleet {fleet} deleted"))
+        else:
+            conditions.append(condition("FleetDeleted", False, "Kept", "spec.cleanup.deleteFleet is false"))
+        body: dict[str, Any] = {**state.pending, "message": outcome.message, "conditions": conditions}
+        state.pending = {}
+        if advances(state.phase, outcome.phase):
+            body |= {"phase": outcome.phase, "finishedAt": outcome.finished_at or _now()}
+            if not state.status.get("startedAt"):
+                body["startedAt"] = outcome.started_at or body["finishedAt"]
+        if await registry.patch(state, body):
+            state.settled = True
+        log.info("campaign %s/%s: %s (%s)", state.namespace, state.name, outcome.phase, outcome.message)
+
+
+async def _retrying(what: str, state: CampaignState, step: Any) -> None:
+    """Run ``step()`` until it gets through: a finished Job sends no more events, so a transient
+    API error must not leave its campaign Running."""
+    for attempt in range(8):
+        try:
+            await step()
+            return
+        except (ApiError, OSError, asyncio.TimeoutError) as exc:
+            if isinstance(exc, ApiError) and exc.status < 500 and exc.status != 429:
+                raise
+            log.warning("campaign %s/%s: %s: %s (retrying)", state.namespace, state.name, what, exc)
+            await asyncio.sleep(min(30.0, 0.5 * 2 ** attempt))
+    log.error("campaign %s/%s: gave up: %s", state.namespace, state.name, what)
+
+
+async def follow(registry: Campaigns, state: CampaignState, outcome: JobState) -> None:
+    """A Job event: move the campaign's phase forward if the Job says so."""
+    if outcome.phase in TERMINAL:
+        await _retrying("finishing", state, lambda: finish(registry, state, outcome))
+        return
+    async with state.lock:
+        if not advances(state.phase, outcome.phase):
+            return
+        body: dict[str, Any] = {"phase": outcome.phase, "message": outcome.message}
+        if outcome.phase == "Running":
+            body["startedAt"] = state.status.get("startedAt") or outcome.started_at or _now()
+        await registry.patch(state, body)
+
+
+def _finished_and_cleaned(status: dict[str, Any], spec: dict[str, Any]) -> bool:
+    if status.get("phase") not in TERMINAL:
+        return False
+    if not (spec.get("cleanup") or {}).get("deleteFleet", True):
+        return True
+    return any(c.get("type") == "FleetDeleted" for c in status.get("conditions") or [])
+
+
+# --------------------------------------------------------------------------- kopf handlers
+
+
+@kopf.on.startup()
+async def campaign_startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+    """Watch only the Jobs campaigns made (server-side label selector)."""
+    settings.watching.label_selectors["batch", "v1", "jobs"] = JOB_SELECTOR
+
+
+@kopf.on.cleanup()
+async def campaign_cleanup(memo: kopf.Memo, **_: Any) -> None:
+    if "ctx" in memo:
+        campaigns_of(memo.ctx).close()
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+async def campaign_event(event: kopf.RawEvent, namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
+    registry = campaigns_of(memo.ctx)
+    obj = event["object"]
+    if event["type"] == "DELETED":  # its fleet, ConfigMap and Job go by garbage collection
+        registry.forget(namespace, name, obj["metadata"]["uid"])
+        return
+    state = registry.observe(obj)
+    if state.settled or state.ensured or state.busy:
+        return
+    status = obj.get("status") or {}
+    if _finished_and_cleaned(status, state.spec):
+        state.settled = True
+        return
+    state.busy = True
+    if state.phase in TERMINAL:
+        # Finished while nobody cleaned up (an operator restart in between): do it now.
+        outcome = JobState(state.phase, "Finished", status.get("message") or f"campaign {state.phase.lower()}",  # type: ignore[arg-type]
+                           status.get("startedAt"), status.get("finishedAt"))
+        registry.spawn(_finish_then_idle(registry, state, outcome))
+        return
+    registry.spawn(ensure_with_retries(registry, state))
+
+
+async def _finish_then_idle(registry: Campaigns, state: CampaignState, outcome: JobState) -> None:
+    try:
+        await _retrying("cleaning up", state, lambda: finish(registry, state, outcome))
+    finally:
+        state.busy = False
+
+
+@kopf.on.event("batch", "v1", "jobs", labels={L_NAME: APP_NAME})
+async def campaign_job_event(event: kopf.RawEvent, namespace: str, memo: kopf.Memo, **_: Any) -> None:
+    registry = campaigns_of(memo.ctx)
+    job = event["object"]
+    campaign = owning_campaign(job)
+    if campaign is None:
+        return
+    state = registry.get(namespace, campaign)
+    if state is None:  # the Job's event came before its campaign's (start-up): read the campaign
+        obj = await memo.ctx.kube.get_object(PLURAL, namespace, campaign)
+        if obj is None:
+            return
+        state = registry.observe(obj)
+    if state.settled:
+        return
+    if event["type"] == "DELETED":
+        if state.phase not in TERMINAL:
+            registry.spawn(finish(registry, state, JobState("Failed", "JobDeleted", f"Job {job['metadata']['name']} "
+                                                            "was deleted before it finished")))
+        return
+    await follow(registry, state, job_state(job))
+
+
+# --------------------------------------------------------------------------- progress API
+
+
+def add_progress_route(routes: web.RouteTableDef, ctx: Context, fleets: Fleets) -> None:
+    """``POST /v1/namespaces/{ns}/campaigns/{name}/progress`` on the allocation API's port, where
+    the campaign's Job already talks to the operator: ``{"step", "rewardMean", "rolloutsPerS",
+    "passRates"}`` -> 202. The report lands in the Campaign's status within
+    ``AWM_CAMPAIGN_STATUS_INTERVAL`` seconds; 404 for a campaign this operator does not know,
+    503 from a standby replica (the client may retry, or just send the next report)."""
+
+    @routes.post("/v1/namespaces/{ns}/campaigns/{name}/progress")
+    async def progress(request: web.Request) -> web.Response:
+        if not fleets.acting():
+            return web.json_response({"error": "standby replica"}, status=503)
+        try:
+            body = await request.json() if request.can_read_body else {}
+            report = ProgressReport.model_validate(body)
+        except (ValueError, ValidationError) as exc:
+            return web.json_response({"error": f"bad request: {exc}"}, status=400)
+        registry = campaigns_of(ctx)
+        state = registry.get(request.match_info["ns"], request.match_info["name"])
+        if state is None:
+            return web.json_response({"error": "no such campaign"}, status=404)
+        registry.report(state, report.status())
+        return web.json_response({"accepted": True, "phase": state.phase or "Pending"}, status=202)

@@ -1,0 +1,56 @@
+"""What the end-to-end tests on the real control plane share: polling, a namespace with the
+database Secret, the CRDs, and an in-process operator's configuration and URLs."""
+
+from __future__ import annotations
+
+import time
+import urllib.error
+from pathlib import Path
+from typing import Any, Callable
+
+from awm_operator.config import OperatorConfig
+from awm_operator.main import InThread
+
+CRDS = Path(__file__).resolve().parent.parent / "charts" / "awm" / "crds"
+
+
+def wait_for(what: str, ok: Callable[[], Any], timeout: float = 90.0, interval: float = 0.2) -> Any:
+    """Poll ``ok`` until it returns something truthy (an API 404 or a missing key counts as not yet)."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = ok()
+        except (urllib.error.HTTPError, KeyError, IndexError):
+            last = None
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+
+
+def apply_crds(cp: Any) -> None:
+    r = cp.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRDS), check=False)
+    assert r.returncode == 0, r.stderr
+    cp.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/envfleets.awm.dev",
+               "crd/envclaims.awm.dev", "crd/campaigns.awm.dev")
+
+
+def setup_namespace(cp: Any, namespace: str, admin_dsn: str) -> None:
+    """A namespace with the fleets' database Secret (``awm-db``, key ``dsn``)."""
+    cp.kubectl("create", "namespace", namespace)
+    cp.kubectl("-n", namespace, "create", "secret", "generic", "awm-db", f"--from-literal=dsn={admin_dsn}")
+    wait_for("the namespace's default ServiceAccount",
+             lambda: cp.api("GET", f"/api/v1/namespaces/{namespace}/serviceaccounts/default"))
+
+
+def operator_config(namespace: str, **overrides: Any) -> OperatorConfig:
+    """Fast timings for tests; ports 0 (the operator reports the ones it bound)."""
+    settings: dict[str, Any] = dict(namespaces=[namespace], api_host="127.0.0.1", api_port=0, metrics_port=0,
+                                    scale_down_delay=1.0, resync_interval=5.0, db_sweep_interval=3.0,
+                                    reset_timeout=5.0, claim_wait_default=10.0)
+    return OperatorConfig(**{**settings, **overrides})
+
+
+def api_url(op: InThread) -> str:
+    return f"http://127.0.0.1:{op.cfg.api_port}"

@@ -1,0 +1,308 @@
+"""Campaigns, the pure parts: the Campaign spec's rules, the manifests the operator creates (the
+EnvFleet, the training config, the Job), how a Job's status maps to the campaign's phase, the
+progress API's coalescing of status writes, and the trainer's side of the contract (the Job's
+environment read by trainer/k8s_source.py, the Job's arguments parsed by the real `awm` CLI).
+
+On a real control plane: test_campaign_e2e.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+import yaml
+from pydantic import ValidationError
+
+from awm_operator import campaigns as cp
+from awm_operator.config import OperatorConfig
+from awm_operator.crds import MAX_REPLICAS, CampaignSpec, CampaignStatus, definitions
+from awm_operator.kube import ApiError
+from trainer.config import TrainConfig
+from trainer.k8s_source import KubernetesSettings, ProgressReporter
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "charts" / "awm" / "examples"
+
+
+def training(**extra: Any) -> CampaignSpec:
+    return CampaignSpec.model_validate({
+        "mode": "training", "environments": ["crm", "bike_shop"], "groupsPerEnvironment": 2,
+        "catalog": {}, "database": {"secretName": "awm-database"},
+        "training": {"groupSize": 8, "config": {"steps": 50, "rollout": {"max_staleness": 2, "group_size": 3},
+                                                "policy": {"kind": "tiny"}, "catalog": "ignored"}},
+        **extra})
+
+
+def evaluation(**extra: Any) -> CampaignSpec:
+    return CampaignSpec.model_validate({
+        "mode": "evaluation", "environments": ["crm"], "catalog": {"url": "http://store/cat"},
+        "database": {"secretName": "db"},
+        "evaluation": {"baseUrl": "http://vllm:8000/v1", "model": "qwen", "k": 4, "tasks": ["t1", "t2"],
+                       "apiKeySecret": {"name": "llm", "key": "token"}},
+        **extra})
+
+
+# --------------------------------------------------------------------------- the spec
+
+
+def test_spec_sizes_the_fleet_from_groups() -> None:
+    spec = training()
+    assert (spec.group_size, spec.instances_per_environment, spec.instances) == (8, 16, 32)
+    assert evaluation().instances == 4  # k instances: one task's samples at once
+    assert spec.cleanup.delete_fleet is True and spec.job.backoff_limit == 0
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"mode": "evaluation"}, "mode evaluation needs spec.evaluation"),
+    ({"evaluation": {"baseUrl": "http://x/v1", "model": "m"}}, "no spec.evaluation"),
+    ({"groupsPerEnvironment": MAX_REPLICAS // 16 + 1}, f"at most {MAX_REPLICAS}"),
+    ({"environments": []}, "at least 1"),
+    ({"job": {"backoffLimit": -1}}, "greater than or equal to 0"),
+    ({"bogus": 1}, "Extra inputs are not permitted"),
+])
+def test_spec_rejects_impossible_campaigns(change: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        training(**change)
+
+
+def test_crd_carries_the_rules_the_api_server_checks() -> None:
+    crd = next(c for c in definitions() if c["spec"]["names"]["kind"] == "Campaign")
+    version = crd["spec"]["versions"][0]
+    spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    rules = [r["rule"] for r in spec["x-kubernetes-validations"]]
+    assert any("self.environments.size() * self.groupsPerEnvironment" in r and str(MAX_REPLICAS) in r for r in rules)
+    assert spec["properties"]["training"]["properties"]["config"]["x-kubernetes-preserve-unknown-fields"] is True
+    assert version["subresources"] == {"status": {}}
+    assert [c["name"] for c in version["additionalPrinterColumns"]] == ["Mode", "Phase", "Step", "Reward", "Fleet", "Age"]
+    status = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+    assert status["passRates"]["additionalProperties"] == {"type": "number"}
+    assert status["phase"]["enum"] == ["Pending", "Running", "Succeeded", "Failed"]
+
+
+def test_examples_are_valid_campaigns() -> None:
+    for name, mode in (("campaign-training.yaml", "training"), ("campaign-evaluation.yaml", "evaluation")):
+        doc = yaml.safe_load((EXAMPLES / name).read_text())
+        assert doc["apiVersion"] == "awm.dev/v1alpha1" and doc["kind"] == "Campaign"
+        spec = CampaignSpec.model_validate(doc["spec"])
+        assert spec.mode == mode and spec.database.secret_name == "awm-database"
+    gpu = CampaignSpec.model_validate(yaml.safe_load((EXAMPLES / "campaign-training.yaml").read_text())["spec"])
+    assert gpu.job.resources and "nvidia.com/gpu" in gpu.job.resources["limits"]
+    TrainConfig.from_dict(cp.train_config(gpu))  # its inline config is one `awm train` accepts
+
+
+# --------------------------------------------------------------------------- manifests
+
+
+def test_fleet_manifest_is_owned_autoscaled_and_sized_to_demand() -> None:
+    spec = training(fleetTemplate={"annotations": {"awm.dev/control-url": "http://x"}, "resources": {"limits": {"cpu": "2"}}})
+    fleet = cp.fleet_manifest("run-1", "rl", "uid-1", spec)
+    assert fleet["metadata"]["name"] == "run-1" and fleet["metadata"]["namespace"] == "rl"
+    assert fleet["metadata"]["ownerReferences"] == [{"apiVersion": "awm.dev/v1alpha1", "kind": "Campaign", "name": "run-1",
+                                                     "uid": "uid-1", "controller": True, "blockOwnerDeletion": True}]
+    s = fleet["spec"]
+    assert (s["replicas"], s["buffer"], s["maxReplicas"], s["minReplicas"], s["autoscale"]) == (32, 32, 32, 0, True)
+    assert s["environments"] == ["crm", "bike_shop"] and s["database"] == {"secretName": "awm-database"}
+    assert s["template"] == {"resources": {"limits": {"cpu": "2"}}, "annotations": {"awm.dev/control-url": "http://x"}}
+    from awm_operator.crds import EnvFleetSpec
+    EnvFleetSpec.model_validate(s)  # what the EnvFleet CRD and the operator accept
+
+
+def test_train_config_is_what_the_fleet_holds() -> None:
+    spec = training()
+    cfg = cp.train_config(spec)
+    assert cfg["catalog"] == cp.CATALOG_DIR and cfg["envs"] == ["crm", "bike_shop"] and cfg["replicas"] == 16
+    assert cfg["rollout"] == {"max_staleness": 2, "group_size": 8, "max_inflight_groups": 4}
+    assert cfg["steps"] == 50 and cfg["run_dir"] == "/tmp/run"
+    assert spec.training is not None and spec.training.config["rollout"]["group_size"] == 3  # the spec is untouched
+    cm = cp.config_map_manifest("run-1", "rl", "uid-1", spec)
+    assert cm["metadata"]["name"] == "run-1-train-config" and cm["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    parsed = TrainConfig.from_dict(yaml.safe_load(cm["data"][cp.CONFIG_FILE]))  # the trainer's own parser
+    assert (parsed.catalog, parsed.replicas, parsed.rollout.group_size) == (cp.CATALOG_DIR, 16, 8)
+
+
+def container_env(job: dict[str, Any]) -> dict[str, Any]:
+    (c,) = job["spec"]["template"]["spec"]["containers"]
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in c["env"]}
+
+
+def test_training_job_manifest() -> None:
+    spec = training(job={"image": "reg/awm-trainer:2", "resources": {"limits": {"nvidia.com/gpu": 1}},
+                         "nodeSelector": {"gpu": "a100"}, "tolerations": [{"key": "gpu", "operator": "Exists"}],
+                         "backoffLimit": 2, "env": [{"name": "HF_HOME", "value": "/models"}],
+                         "volumes": [{"name": "models", "persistentVolumeClaim": {"claimName": "m"}}],
+                         "volumeMounts": [{"name": "models", "mountPath": "/models"}], "labels": {"team": "rl"}})
+    cfg = OperatorConfig(image_pull_secrets=[{"name": "regcred"}])
+    settings = cp.CampaignSettings(trainer_image="default/trainer:1")
+    job = cp.job_manifest("run-1", "rl", "uid-1", spec, cfg, settings, "http://awm-operator.awm.svc:8080")
+    meta, js = job["metadata"], job["spec"]
+    assert (job["apiVersion"], job["kind"], meta["name"]) == ("batch/v1", "Job", "run-1")
+    assert meta["ownerReferences"][0]["kind"] == "Campaign" and meta["labels"]["app.kubernetes.io/name"] == "awm-campaign"
+    assert cp.owning_campaign(job) == "run-1"
+    assert js["backoffLimit"] == 2
+    pod = js["template"]["spec"]
+    assert js["template"]["metadata"]["labels"]["awm.dev/client"] == "true"  # let in by the env pods' NetworkPolicy
+    assert js["template"]["metadata"]["labels"]["team"] == "rl"
+    assert pod["restartPolicy"] == "Never" and pod["automountServiceAccountToken"] is False
+    assert pod["securityContext"]["runAsNonRoot"] and pod["nodeSelector"] == {"gpu": "a100"}
+    assert pod["tolerations"][0]["key"] == "gpu" and pod["imagePullSecrets"] == [{"name": "regcred"}]
+    (c,) = pod["containers"]
+    assert c["image"] == "reg/awm-trainer:2" and c["command"] == ["awm"]
+    assert c["args"] == ["train", "--config", "/etc/awm/train.yaml"]
+    assert c["resources"] == {"limits": {"nvidia.com/gpu": 1}}
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    assert mounts == {cp.CATALOG_DIR: "catalog", "/tmp": "tmp", "/etc/awm": "config", "/models": "models"}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["config"]["configMap"]["name"] == "run-1-train-config" and "persistentVolumeClaim" in volumes["models"]
+    (init,) = pod["initContainers"]
+    assert init["image"] == cfg.catalog_image
+    assert init["command"] == ["cp", "/catalog/crm.json", "/catalog/bike_shop.json", f"{cp.CATALOG_DIR}/"]
+    env = container_env(job)
+    assert env["HF_HOME"] == "/models"
+    # The trainer reads exactly these variables.
+    settings_seen = KubernetesSettings.from_env({k: v for k, v in env.items() if isinstance(v, str)})
+    assert settings_seen == KubernetesSettings("http://awm-operator.awm.svc:8080", "rl", "run-1", "run-1")
+    assert KubernetesSettings.from_env({}) is None  # outside a campaign: a local fleet
+
+
+def test_evaluation_job_runs_awm_eval_with_arguments_it_accepts() -> None:
+    spec = evaluation()
+    job = cp.job_manifest("ev", "rl", "u", spec, OperatorConfig(), cp.CampaignSettings(), "http://op:8080")
+    (c,) = job["spec"]["template"]["spec"]["containers"]
+    assert c["name"] == "evaluator" and c["image"] == "awm-trainer:0.1.0"
+    env = container_env(job)
+    assert env["AWM_POLICY_API_KEY"] == {"secretKeyRef": {"name": "llm", "key": "token"}}
+    # The real `awm eval` command parses the arguments (a typo in an option would fail here).
+    from awm.cli import app
+    command = typer.main.get_command(app)
+    ctx = command.make_context("awm", list(c["args"]), resilient_parsing=False)
+    sub = command.get_command(ctx, c["args"][0])
+    params = sub.make_context("eval", list(c["args"][1:])).params
+    assert (params["base_url"], params["model"], params["k"], params["replicas"]) == ("http://vllm:8000/v1", "qwen", 4, 4)
+    assert params["env"] == ["crm"] and params["task"] == ["t1", "t2"] and params["catalog"] == cp.CATALOG_DIR
+    init = job["spec"]["template"]["spec"]["initContainers"][0]
+    assert init["image"] == c["image"] and init["command"][:2] == ["python", "-c"]
+    assert init["command"][3:] == ["http://store/cat", cp.CATALOG_DIR, "crm"]
+    assert "volumes" in job["spec"]["template"]["spec"] and all(v["name"] != "config"
+                                                                for v in job["spec"]["template"]["spec"]["volumes"])
+
+
+def test_child_names_fit() -> None:
+    assert cp.Names.of("run") == cp.Names("run", "run", "run-train-config")
+    long = "a" * 200
+    names = cp.Names.of(long)
+    assert len(names.job) <= cp.NAME_LIMIT and len(names.config) <= cp.NAME_LIMIT
+    assert names.config.endswith("-train-config") and names.job != cp.Names.of("a" * 199).job
+
+
+# --------------------------------------------------------------------------- Job -> phase
+
+
+def job(conditions: list[dict[str, Any]] | None = None, **status: Any) -> dict[str, Any]:
+    return {"metadata": {"name": "j"}, "status": {**status, "conditions": conditions or []}}
+
+
+def test_job_state_maps_to_phases() -> None:
+    assert cp.job_state({"metadata": {}}).phase == "Pending"
+    assert cp.job_state(job(active=1, ready=0, startTime="t0")).phase == "Pending"  # pulling the image
+    running = cp.job_state(job(active=1, ready=1, startTime="t0"))
+    assert (running.phase, running.started_at) == ("Running", "t0")
+    # FailureTarget / SuccessCriteriaMet come first; only the final conditions end a campaign.
+    assert cp.job_state(job([{"type": "FailureTarget", "status": "True"}], ready=1)).phase == "Running"
+    assert cp.job_state(job([{"type": "SuccessCriteriaMet", "status": "True"}])).phase == "Pending"
+    done = cp.job_state(job([{"type": "SuccessCriteriaMet", "status": "True"}, {"type": "Complete", "status": "True"}],
+                            startTime="t0", completionTime="t1"))
+    assert (done.phase, done.started_at, done.finished_at) == ("Succeeded", "t0", "t1")
+    failed = cp.job_state(job([{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
+                                "message": "Job has reached the specified backoff limit",
+                                "lastTransitionTime": "t2"}]))
+    assert (failed.phase, failed.reason, failed.finished_at) == ("Failed", "BackoffLimitExceeded", "t2")
+    assert "backoff limit" in failed.message
+    assert cp.job_state(job([{"type": "Complete", "status": "False"}], ready=1)).phase == "Running"
+
+
+def test_phases_only_move_forward() -> None:
+    assert cp.advances("", "Pending") and cp.advances("Pending", "Running") and cp.advances("Running", "Failed")
+    assert cp.advances("Pending", "Succeeded")
+    assert not cp.advances("Running", "Pending") and not cp.advances("Succeeded", "Running")
+    assert not cp.advances("Failed", "Succeeded") and not cp.advances("Running", "Running")
+
+
+def test_settings_from_env() -> None:
+    s = cp.CampaignSettings.from_env({"AWM_OPERATOR_URL": "http://awm-operator.awm.svc:8080",
+                                      "AWM_TRAINER_IMAGE": "r/t:9", "AWM_CAMPAIGN_STATUS_INTERVAL": "5"})
+    assert (s.operator_url, s.trainer_image, s.status_interval) == ("http://awm-operator.awm.svc:8080", "r/t:9", 5.0)
+    assert cp.CampaignSettings.from_env({}) == cp.CampaignSettings()
+
+
+# --------------------------------------------------------------------------- progress
+
+
+def test_progress_reports() -> None:
+    r = cp.ProgressReport.model_validate({"step": 3, "rewardMean": 0.5, "passRates": {"crm": 0.25}})
+    assert r.status() == {"step": 3, "rewardMean": 0.5, "passRates": {"crm": 0.25}}
+    with pytest.raises(ValidationError):
+        cp.ProgressReport.model_validate({"step": -1})
+    with pytest.raises(ValidationError):
+        cp.ProgressReport.model_validate({"loss": 1.0})
+    assert ProgressReporter.payload(step=2, reward_mean=None, pass_rates={"a": 1.0}) == {"step": 2, "passRates": {"a": 1.0}}
+    status = CampaignStatus.model_validate({"phase": "Running", "step": 3, "rewardMean": 0.5, "passRates": {"crm": 0.25}})
+    assert status.pass_rates == {"crm": 0.25}
+
+
+class RecordingKube:
+    """Records status patches: the API server's side of the operator's writes."""
+
+    def __init__(self) -> None:
+        self.patches: list[dict[str, Any]] = []
+        self.gone = False
+
+    async def patch_status(self, plural: str, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
+        if self.gone:
+            raise ApiError(404, '{"message": "not found"}')
+        self.patches.append(status)
+        return {}
+
+
+class FakeContext:
+    def __init__(self) -> None:
+        self.kube = RecordingKube()
+        self.config = OperatorConfig()
+
+
+async def test_progress_is_coalesced_into_few_status_writes() -> None:
+    ctx = FakeContext()
+    registry = cp.Campaigns(ctx, cp.CampaignSettings(status_interval=3600))  # type: ignore[arg-type]
+    state = registry.observe({"metadata": {"namespace": "rl", "name": "run", "uid": "u1"},
+                              "status": {"phase": "Pending"}, "spec": {}})
+    registry.report(state, {"step": 1, "rewardMean": 0.1})
+    while not ctx.kube.patches:  # the first report is written at once
+        await asyncio.sleep(0.01)
+    first = ctx.kube.patches[0]
+    assert first["step"] == 1 and first["phase"] == "Running" and first["startedAt"]
+    for step in range(2, 50):
+        registry.report(state, {"step": step, "rewardMean": step / 100})
+    registry.report(state, {"passRates": {"crm": 0.5}})
+    await asyncio.sleep(0.05)
+    assert len(ctx.kube.patches) == 1  # the rest waits for the interval...
+    await registry.flush(state)         # ...and goes out as one patch with the newest values
+    assert ctx.kube.patches[1] == {"step": 49, "rewardMean": 0.49, "passRates": {"crm": 0.5}}
+    assert state.phase == "Running"
+    ctx.kube.gone = True                 # a deleted campaign is forgotten, not retried
+    registry.report(state, {"step": 50})
+    await registry.flush(state)
+    assert registry.get("rl", "run") is None
+    registry.close()
+
+
+def test_observe_never_goes_back() -> None:
+    registry = cp.Campaigns(FakeContext(), cp.CampaignSettings())  # type: ignore[arg-type]
+    obj = {"metadata": {"namespace": "rl", "name": "run", "uid": "u1"}, "status": {"phase": "Succeeded"}, "spec": {}}
+    state = registry.observe(obj)
+    assert registry.observe({**obj, "status": {"phase": "Running"}}).phase == "Succeeded"
+    fresh = registry.observe({**obj, "metadata": {**obj["metadata"], "uid": "u2"}, "status": {}})
+    assert fresh is not state and fresh.phase == ""  # same name, new campaign

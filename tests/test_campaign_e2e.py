@@ -1,0 +1,295 @@
+"""Campaigns end to end, on a real control plane (k8s/harness.py: etcd, kube-apiserver,
+controller-manager with its Job and garbage-collector controllers, scheduler; kwok plays the
+kubelet). The operator runs in-process (kopf in a thread) against the harness kubeconfig.
+
+kwok runs nothing, so the test plays the Job's trainer itself, with the trainer's own code and
+the environment the operator put in the Job: ``KubernetesSource`` claims the campaign's
+instances from the operator's allocation API (the fleet's pods point at a real env server, the
+notes environment on the real PostgreSQL), one episode runs, ``ProgressReporter`` posts the
+step to the operator, the claims are released. The Job's pod is kept Pending by a nodeSelector
+that no node matches; labelling a node lets it be scheduled, and kwok's pod-complete stage
+(k8s/build.sh writes it) makes it succeed. A failing pod is a status patch to phase Failed.
+
+Skipped without the harness binaries (k8s/build.sh), except under CI=true.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import time
+import urllib.error
+import uuid
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from awm.postgres import provision
+from awm_operator.main import InThread
+from awm_operator.pods import A_CONTROL_URL, A_MCP_URL
+from trainer.agent import AgentConfig
+from trainer.config import TrainConfig
+from trainer.k8s_source import KubernetesSettings, KubernetesSource, ProgressReporter
+from trainer.policy import ReplayPolicy
+from trainer.reward import RewardConfig
+from trainer.rollout import RolloutConfig, RolloutService, TaskRef
+from tests.k8s_e2e import api_url, apply_crds, operator_config, setup_namespace, wait_for
+
+pytestmark = pytest.mark.slow
+
+NS = "awm-campaigns"
+API = "/apis/awm.dev/v1alpha1"
+NODE_LABEL = "awm.dev/e2e-campaign-node"
+
+
+class Cluster:
+    """The calls the tests make, as the admin user."""
+
+    def __init__(self, cp: Any, namespace: str) -> None:
+        self.cp, self.ns = cp, namespace
+
+    def get(self, path: str) -> dict[str, Any] | None:
+        try:
+            return self.cp.api("GET", path)
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                return None
+            raise
+
+    def campaign(self, name: str) -> dict[str, Any] | None:
+        return self.get(f"{API}/namespaces/{self.ns}/campaigns/{name}")
+
+    def status(self, name: str) -> dict[str, Any]:
+        return (self.campaign(name) or {}).get("status") or {}
+
+    def fleet(self, name: str) -> dict[str, Any] | None:
+        return self.get(f"{API}/namespaces/{self.ns}/envfleets/{name}")
+
+    def job(self, name: str) -> dict[str, Any] | None:
+        return self.get(f"/apis/batch/v1/namespaces/{self.ns}/jobs/{name}")
+
+    def config_map(self, name: str) -> dict[str, Any] | None:
+        return self.get(f"/api/v1/namespaces/{self.ns}/configmaps/{name}")
+
+    def create(self, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+        body = {"apiVersion": "awm.dev/v1alpha1", "kind": "Campaign", "metadata": {"name": name}, "spec": spec}
+        return self.cp.api("POST", f"{API}/namespaces/{self.ns}/campaigns", body)
+
+    def delete(self, name: str) -> None:
+        self.cp.api("DELETE", f"{API}/namespaces/{self.ns}/campaigns/{name}")
+
+    def pods(self, selector: str) -> list[dict[str, Any]]:
+        items = self.cp.api("GET", f"/api/v1/namespaces/{self.ns}/pods?labelSelector={selector}")["items"]
+        return [p for p in items if not p["metadata"].get("deletionTimestamp")]
+
+    def fleet_pods(self, fleet: str) -> list[dict[str, Any]]:
+        return self.pods(f"awm.dev/fleet={fleet}")
+
+    def job_pods(self, job: str) -> list[dict[str, Any]]:
+        return self.pods(f"batch.kubernetes.io/job-name={job}")
+
+
+@pytest.fixture(scope="module")
+def cluster(control_plane: Any, admin_dsn: str) -> Cluster:
+    cp = control_plane
+    apply_crds(cp)
+    setup_namespace(cp, NS, admin_dsn)
+    return Cluster(cp, NS)
+
+
+@pytest.fixture(scope="module")
+def operator(cluster: Cluster) -> Any:
+    with InThread(operator_config(NS), cluster.cp.kubeconfig) as op:
+        yield op
+
+
+@pytest.fixture(scope="module")
+def env_urls(notes_fleet: Any) -> dict[str, str]:
+    """Fleet pods' endpoints, overridden to a real env server (notes on the real PostgreSQL)."""
+    inst = notes_fleet.instances[0]
+    return {A_CONTROL_URL: inst.control_url, A_MCP_URL: inst.mcp_url}
+
+
+def container_env(job: dict[str, Any]) -> dict[str, str]:
+    (c,) = job["spec"]["template"]["spec"]["containers"]
+    return {e["name"]: e["value"] for e in c["env"] if "value" in e}
+
+
+def set_node_label(cluster: Cluster, value: str | None) -> None:
+    arg = f"{NODE_LABEL}={value}" if value is not None else f"{NODE_LABEL}-"
+    cluster.cp.kubectl("label", "node", "kwok-node-0", "--overwrite", arg)
+
+
+# --------------------------------------------------------------------------- the whole life of a training run
+
+
+def test_training_campaign_runs_reports_and_cleans_up(cluster: Cluster, operator: InThread, env_urls: dict[str, str],
+                                                      notes_bundle: Any, admin_dsn: str) -> None:
+    name = f"train-{uuid.uuid4().hex[:5]}"
+    node = uuid.uuid4().hex[:8]
+    created = cluster.create(name, {
+        "mode": "training", "environments": ["notes"], "catalog": {}, "database": {"secretName": "awm-db"},
+        "training": {"groupSize": 2, "config": {"steps": 1, "agent": {"max_turns": 5}}},
+        "fleetTemplate": {"annotations": env_urls},
+        "job": {"nodeSelector": {NODE_LABEL: node}}})
+    uid = created["metadata"]["uid"]
+
+    # The operator makes the fleet, the training config and the Job, all owned by the campaign.
+    status = wait_for("the campaign's children in its status",
+                      lambda: (s := cluster.status(name)).get("job") == name and s)
+    assert status["phase"] == "Pending" and status["fleet"] == name and status["instances"] == 2
+    fleet, job, cm = cluster.fleet(name), cluster.job(name), cluster.config_map(f"{name}-train-config")
+    assert fleet and job and cm
+    for child in (fleet, job, cm):
+        (owner,) = child["metadata"]["ownerReferences"]
+        assert (owner["kind"], owner["name"], owner["uid"], owner["controller"]) == ("Campaign", name, uid, True)
+    assert fleet["spec"]["autoscale"] is True and fleet["spec"]["maxReplicas"] == 2 and fleet["spec"]["buffer"] == 2
+    train_cfg = TrainConfig.from_dict(yaml.safe_load(cm["data"]["train.yaml"]))
+    assert (train_cfg.envs, train_cfg.replicas, train_cfg.rollout.group_size, train_cfg.steps) == (["notes"], 2, 2, 1)
+    assert job["spec"]["template"]["metadata"]["labels"]["awm.dev/client"] == "true"
+    pods = wait_for("2 ready env pods", lambda: (s := (cluster.fleet(name) or {}).get("status") or {}).get("ready") == 2
+                    and cluster.fleet_pods(name))
+    template = provision.ensure_template(admin_dsn, notes_bundle)
+    dbs = []
+    for p in pods:  # what each pod's provisioning init container does (kwok runs none)
+        dbs.append(provision.pod_instance_name(p["metadata"]["name"]))
+        provision.create_instance(admin_dsn, template, dbs[-1], meta={"pod": p["metadata"]["name"], "fleet": name,
+                                                                      "namespace": NS})
+    wait_for("the Job's pod (Pending: no node matches it yet)", lambda: cluster.job_pods(name))
+    assert cluster.status(name)["phase"] == "Pending"
+
+    # The trainer's side, with exactly the environment the Job's container gets.
+    settings = KubernetesSettings.from_env(container_env(job))
+    assert settings == KubernetesSettings(api_url(operator), NS, name, name)
+
+    async def trainer() -> Any:
+        scenarios = {"notes": notes_bundle.scenario.description}
+        async with KubernetesSource(settings, ["notes"], per_env=2, group_size=2, scenarios=scenarios) as source:
+            assert len(source.claims) == 1
+            assert sorted(lease.name for lease in source._all) == sorted(p["metadata"]["name"] for p in pods)
+            await asyncio.to_thread(wait_for, "both instances allocated in the fleet's status",
+                                    lambda: cluster.fleet(name)["status"].get("allocated") == 2)
+            service = RolloutService(source, ReplayPolicy([notes_bundle]), [TaskRef("notes", "add_note")],
+                                     AgentConfig(max_turns=5), RewardConfig(), RolloutConfig(group_size=1))
+            (group,) = await service.collect(1)
+            reporter = ProgressReporter(settings)
+            reporter.report(step=1, reward_mean=group.trajectories[0].reward, rollouts_per_s=2.5)
+            await reporter.aclose()
+            assert (reporter.sent, reporter.failed) == (1, 0)
+            return group.trajectories[0]
+
+    traj = asyncio.run(trainer())
+    assert traj.verdict["verdict"] == "complete" and traj.reward == 1.0
+    running = wait_for("the progress in the campaign's status", lambda: (s := cluster.status(name)).get("step") == 1 and s)
+    assert running["phase"] == "Running" and running["rewardMean"] == 1.0 and running["rolloutsPerS"] == 2.5
+    assert running["startedAt"]
+    wait_for("the instances released", lambda: (cluster.fleet(name) or {}).get("status", {}).get("allocated") == 0)
+
+    # The Job finishes: the campaign succeeds and its fleet goes, with pods and databases.
+    set_node_label(cluster, node)
+    try:
+        done = wait_for("the campaign Succeeded", lambda: (s := cluster.status(name)).get("phase") == "Succeeded" and s)
+    finally:
+        set_node_label(cluster, None)
+    assert done["finishedAt"] and done["step"] == 1 and done["rewardMean"] == 1.0
+    conditions = {c["type"]: c for c in done["conditions"]}
+    assert conditions["Complete"]["status"] == "True" and conditions["FleetDeleted"]["status"] == "True"
+    wait_for("the fleet and its pods gone", lambda: cluster.fleet(name) is None and not cluster.fleet_pods(name))
+    wait_for("the fleet's databases dropped", lambda: not set(dbs) & set(provision.list_instances(admin_dsn)))
+    assert cluster.job(name) is not None  # the Job stays with the campaign (its logs)
+
+    cluster.delete(name)
+    wait_for("the Job and ConfigMap collected with the campaign",
+             lambda: cluster.job(name) is None and cluster.config_map(f"{name}-train-config") is None)
+
+
+# --------------------------------------------------------------------------- failure, keeping the fleet
+
+
+def test_failing_job_fails_the_campaign(cluster: Cluster, operator: InThread) -> None:
+    name = f"eval-{uuid.uuid4().hex[:5]}"
+    cluster.create(name, {
+        "mode": "evaluation", "environments": ["crm", "bike_shop"], "catalog": {}, "database": {"secretName": "awm-db"},
+        "evaluation": {"baseUrl": "http://127.0.0.1:9/v1", "model": "m", "k": 2},
+        "job": {"nodeSelector": {NODE_LABEL: "never"}, "backoffLimit": 0},
+        "cleanup": {"deleteFleet": False}})
+    wait_for("the campaign's children", lambda: cluster.status(name).get("job") == name)
+    (c,) = cluster.job(name)["spec"]["template"]["spec"]["containers"]
+    assert c["args"][0] == "eval" and c["args"][c["args"].index("--replicas") + 1] == "2"
+    assert cluster.fleet(name)["spec"]["replicas"] == 4  # 2 environments x k=2
+    (pod,) = wait_for("the Job's pod", lambda: cluster.job_pods(name))
+
+    # The progress API: known campaigns only, valid reports only.
+    base = f"{api_url(operator)}/v1/namespaces/{NS}/campaigns"
+    assert httpx.post(f"{base}/no-such-campaign/progress", json={"step": 1}).status_code == 404
+    assert httpx.post(f"{base}/{name}/progress", json={"step": "many"}).status_code == 400
+    r = httpx.post(f"{base}/{name}/progress", json={"step": 1, "passRates": {"crm": 0.5}})
+    assert r.status_code == 202, r.text
+    wait_for("the pass rates in the status", lambda: cluster.status(name).get("passRates") == {"crm": 0.5})
+
+    # The pod fails (what a crashed evaluator's pod does): with backoffLimit 0 the Job fails.
+    r = cluster.cp.kubectl("-n", NS, "patch", "pod", pod["metadata"]["name"], "--subresource=status", "--type=merge",
+                           "-p", json.dumps({"status": {"phase": "Failed", "reason": "Error"}}), check=False)
+    assert r.returncode == 0, r.stderr
+    failed = wait_for("the campaign Failed", lambda: (s := cluster.status(name)).get("phase") == "Failed" and s)
+    conditions = {c["type"]: c for c in failed["conditions"]}
+    assert conditions["Failed"]["reason"] == "BackoffLimitExceeded" and failed["finishedAt"]
+    assert conditions["FleetDeleted"]["status"] == "False"  # cleanup.deleteFleet: false keeps it
+    assert failed["passRates"] == {"crm": 0.5}
+    assert cluster.fleet(name) is not None
+
+    # Deleting the campaign collects what it owns; the fleet's finalizer removes its pods.
+    cluster.delete(name)
+    wait_for("fleet, pods and Job gone", lambda: cluster.fleet(name) is None and not cluster.fleet_pods(name)
+             and cluster.job(name) is None, timeout=120)
+
+
+# --------------------------------------------------------------------------- the API server refuses impossible ones
+
+
+def test_impossible_campaigns_are_refused(cluster: Cluster) -> None:
+    base = {"mode": "evaluation", "environments": ["crm"], "catalog": {}, "database": {"secretName": "awm-db"},
+            "evaluation": {"baseUrl": "http://x/v1", "model": "m", "k": 8}}
+    for spec, message in (({**base, "groupsPerEnvironment": 600}, "at most 4096"),
+                          ({**base, "mode": "training"}, "mode training needs spec.training")):
+        with pytest.raises(urllib.error.HTTPError) as exc:
+            cluster.create(f"bad-{uuid.uuid4().hex[:5]}", spec)
+        assert exc.value.code == 422 and message in exc.value.read().decode()
+
+
+# --------------------------------------------------------------------------- an operator that was away (last: it stops the module's operator)
+
+
+def test_campaigns_resume_after_operator_restarts(cluster: Cluster, operator: InThread) -> None:
+    """A campaign created while no operator ran gets its fleet and Job when one starts; a Job
+    that finished while no operator ran still ends its campaign, and the fleet still goes."""
+    operator.stop()
+    cfg = dataclasses.replace(operator.cfg, api_port=0, metrics_port=0)
+    name = f"resume-{uuid.uuid4().hex[:5]}"
+    node = uuid.uuid4().hex[:8]
+    cluster.create(name, {"mode": "evaluation", "environments": ["crm"], "catalog": {},
+                          "database": {"secretName": "awm-db"},
+                          "evaluation": {"baseUrl": "http://127.0.0.1:9/v1", "model": "m", "k": 1},
+                          "job": {"nodeSelector": {NODE_LABEL: node}}})
+    time.sleep(1)
+    assert cluster.fleet(name) is None and cluster.job(name) is None  # nobody acted on it
+
+    with InThread(cfg, cluster.cp.kubeconfig):
+        wait_for("the children, made on start-up", lambda: cluster.status(name).get("job") == name)
+        wait_for("the Job's pod", lambda: cluster.job_pods(name))
+    set_node_label(cluster, node)  # the Job completes while no operator runs
+    try:
+        wait_for("the Job complete", lambda: any(c["type"] == "Complete" and c["status"] == "True"
+                                                for c in (cluster.job(name) or {}).get("status", {}).get("conditions", [])))
+    finally:
+        set_node_label(cluster, None)
+    assert cluster.status(name)["phase"] == "Pending" and cluster.fleet(name) is not None
+
+    with InThread(dataclasses.replace(cfg, api_port=0, metrics_port=0), cluster.cp.kubeconfig):
+        done = wait_for("the campaign Succeeded", lambda: (s := cluster.status(name)).get("phase") == "Succeeded" and s)
+        assert {c["type"]: c["status"] for c in done["conditions"]}["FleetDeleted"] == "True"
+        wait_for("the fleet and its pods gone", lambda: cluster.fleet(name) is None and not cluster.fleet_pods(name))
+    cluster.delete(name)
