@@ -21,6 +21,7 @@ import json
 import time
 import urllib.error
 import uuid
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -293,3 +294,75 @@ def test_campaigns_resume_after_operator_restarts(cluster: Cluster, operator: In
         assert {c["type"]: c["status"] for c in done["conditions"]}["FleetDeleted"] == "True"
         wait_for("the fleet and its pods gone", lambda: cluster.fleet(name) is None and not cluster.fleet_pods(name))
     cluster.delete(name)
+
+
+# --------------------------------------------------------------------------- the real learner in a campaign's Job
+
+
+LAMPS = Path(__file__).resolve().parent / "fixtures" / "lamps"
+TINY = Path(__file__).resolve().parent.parent / "examples" / "train-tiny.yaml"
+
+
+@pytest.mark.timeout(600)
+def test_awm_train_in_a_campaign_job_claims_trains_and_reports(cluster: Cluster, operator: InThread, admin_dsn: str,
+                                                               tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``trainer.learner.train`` (what the Job's ``awm train`` runs) with exactly the Job's
+    environment and the ConfigMap's config: it claims the campaign fleet's instances through the
+    operator (each pod points at its own real env server of the lamps environment), runs a GRPO
+    step with the tiny CPU model, reports the step into the Campaign's status and releases."""
+    from awm import catalog as catalog_mod
+    from awm.fleet import Database, LocalFleet
+    from trainer.learner import train
+
+    tiny = yaml.safe_load(TINY.read_text())
+    name = f"tiny-{uuid.uuid4().hex[:5]}"
+    config = {k: tiny[k] for k in ("seed", "tasks", "agent", "reward", "policy", "grpo")}
+    config.update({"steps": 1, "groups_per_step": 1, "mode": "sync"})
+    cluster.create(name, {
+        "mode": "training", "environments": ["lamps"], "catalog": {}, "database": {"secretName": "awm-db"},
+        "training": {"groupSize": 2, "config": config},
+        "job": {"nodeSelector": {NODE_LABEL: "never"}}})
+    wait_for("the campaign's children", lambda: cluster.status(name).get("job") == name)
+    job, cm = cluster.job(name), cluster.config_map(f"{name}-train-config")
+    pods = wait_for("2 ready env pods", lambda: ((cluster.fleet(name) or {}).get("status") or {}).get("ready") == 2
+                    and cluster.fleet_pods(name))
+    (lamps,) = catalog_mod.load(str(LAMPS))
+
+    async def run() -> Any:
+        async with LocalFleet([lamps], replicas=2, database=Database(admin_dsn)) as servers:
+            urls = {}
+            for pod, inst in zip(pods, servers.instances):  # each pod fronts its own real env server
+                pod_name = pod["metadata"]["name"]
+                cluster.cp.kubectl("-n", NS, "annotate", "--overwrite", "pod", pod_name,
+                                   f"{A_CONTROL_URL}={inst.control_url}", f"{A_MCP_URL}={inst.mcp_url}")
+                urls[pod_name] = inst.control_url
+            await _until_the_operator_serves(name, urls, operator)
+            for key, value in container_env(job).items():
+                monkeypatch.setenv(key, value)
+            cfg = TrainConfig.from_dict({**yaml.safe_load(cm["data"]["train.yaml"]), "catalog": str(LAMPS),
+                                         "run_dir": str(tmp_path / "run")})
+            return await train(cfg)
+
+    result = asyncio.run(run())
+    assert result.steps == 1 and len(result.records) == 1
+    assert (tmp_path / "run" / "metrics.jsonl").exists() and (tmp_path / "run" / "reward_curve.png").exists()
+    status = wait_for("the step in the campaign's status", lambda: (s := cluster.status(name)).get("step") == 1 and s)
+    assert status["phase"] == "Running" and status["rewardMean"] == result.records[0]["reward_mean"]
+    wait_for("the instances released", lambda: (cluster.fleet(name) or {}).get("status", {}).get("allocated") == 0)
+    cluster.delete(name)
+    wait_for("the campaign's fleet collected", lambda: cluster.fleet(name) is None, timeout=120)
+
+
+async def _until_the_operator_serves(fleet: str, urls: dict[str, str], operator: InThread) -> None:
+    """Claim both instances until the operator hands out the annotated endpoints (its pod watch
+    has seen the annotations), then give them back."""
+    from awm_operator.client import AllocationClient
+
+    async with AllocationClient(api_url(operator), NS, fleet) as alloc:
+        for _ in range(100):
+            got = await alloc.claim(count=2, wait_seconds=30)
+            await alloc.release(got["id"])
+            if {i["pod"]: i["controlUrl"] for i in got["instances"]} == urls:
+                return
+            await asyncio.sleep(0.2)
+    raise AssertionError("the operator never served the annotated endpoints")
