@@ -151,7 +151,7 @@ def test_training_campaign_runs_reports_and_cleans_up(cluster: Cluster, operator
     train_cfg = TrainConfig.from_dict(yaml.safe_load(cm["data"]["train.yaml"]))
     assert (train_cfg.envs, train_cfg.replicas, train_cfg.rollout.group_size, train_cfg.steps) == (["notes"], 2, 2, 1)
     assert job["spec"]["template"]["metadata"]["labels"]["awm.dev/client"] == "true"
-    pods = wait_for("2 ready env pods", lambda: (s := (cluster.fleet(name) or {}).get("status") or {}).get("ready") == 2
+    pods = wait_for("2 ready env pods", lambda: ((cluster.fleet(name) or {}).get("status") or {}).get("ready") == 2
                     and cluster.fleet_pods(name))
     template = provision.ensure_template(admin_dsn, notes_bundle)
     dbs = []
