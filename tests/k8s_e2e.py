@@ -8,6 +8,8 @@ import urllib.error
 from pathlib import Path
 from typing import Any, Callable
 
+import httpx
+
 from awm_operator.config import OperatorConfig
 from awm_operator.main import InThread
 
@@ -54,3 +56,13 @@ def operator_config(namespace: str, **overrides: Any) -> OperatorConfig:
 
 def api_url(op: InThread) -> str:
     return f"http://127.0.0.1:{op.cfg.api_port}"
+
+
+def metric(op: InThread, name: str, **labels: str) -> float:
+    """The sum of a metric's samples with these labels, scraped from the operator's /metrics."""
+    text = httpx.get(f"http://127.0.0.1:{op.cfg.metrics_port}/metrics").text
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total

@@ -37,7 +37,7 @@ from trainer.k8s_source import KubernetesSettings, KubernetesSource, ProgressRep
 from trainer.policy import ReplayPolicy
 from trainer.reward import RewardConfig
 from trainer.rollout import RolloutConfig, RolloutService, TaskRef
-from tests.k8s_e2e import api_url, apply_crds, operator_config, setup_namespace, wait_for
+from tests.k8s_e2e import api_url, apply_crds, metric, operator_config, setup_namespace, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -186,6 +186,9 @@ def test_training_campaign_runs_reports_and_cleans_up(cluster: Cluster, operator
     assert traj.verdict["verdict"] == "complete" and traj.reward == 1.0
     running = wait_for("the progress in the campaign's status", lambda: (s := cluster.status(name)).get("step") == 1 and s)
     assert running["phase"] == "Running" and running["rewardMean"] == 1.0 and running["rolloutsPerS"] == 2.5
+    assert metric(operator, "awm_campaign_step", campaign=name) == 1
+    assert metric(operator, "awm_campaign_phase", campaign=name, phase="Running") == 1
+    assert metric(operator, "awm_campaign_rollouts_per_second", campaign=name) == 2.5
     assert running["startedAt"]
     wait_for("the instances released", lambda: (cluster.fleet(name) or {}).get("status", {}).get("allocated") == 0)
 

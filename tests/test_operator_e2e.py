@@ -20,7 +20,6 @@ import urllib.error
 import uuid
 from typing import Any
 
-import httpx
 import pytest
 
 from awm.postgres import provision
@@ -28,7 +27,7 @@ from awm_operator.client import AllocationClient, AllocationError
 from awm_operator.config import OperatorConfig
 from awm_operator.main import InThread
 from awm_operator.pods import A_CONTROL_URL
-from tests.k8s_e2e import api_url, apply_crds, operator_config, setup_namespace, wait_for
+from tests.k8s_e2e import api_url, apply_crds, metric, operator_config, setup_namespace, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -121,15 +120,6 @@ def operator(cluster: Cluster) -> Any:
 def env_server(notes_fleet: Any) -> str:
     """The control URL of a real env server (the notes environment on the real PostgreSQL)."""
     return notes_fleet.instances[0].control_url
-
-
-def metric(op: InThread, name: str, **labels: str) -> float:
-    text = httpx.get(f"http://127.0.0.1:{op.cfg.metrics_port}/metrics").text
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
 
 
 # --------------------------------------------------------------------------- fleets

@@ -416,6 +416,7 @@ class Campaigns:
         state = self.known.get((namespace, name))
         if state is not None and state.uid == uid:
             del self.known[(namespace, name)]
+            self.ctx.metrics.forget_campaign(namespace, name)
 
     def spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -441,6 +442,7 @@ class Campaigns:
         state.status.update(status)
         if "phase" in status:
             state.phase = status["phase"]
+        self.ctx.metrics.observe_campaign(state.namespace, state.name, state.status)
         return True
 
     def report(self, state: CampaignState, progress: dict[str, Any]) -> None:
@@ -488,9 +490,9 @@ def campaigns_of(ctx: Context) -> Campaigns:
     once by the startup handler and reached by both the kopf handlers and the HTTP API) because
     more than one operator may run in a process (tests, benchmarks): a module global would mix
     them up."""
-    registry = ctx.__dict__.get("campaigns")
-    if registry is None:
-        registry = ctx.__dict__["campaigns"] = Campaigns(ctx, CampaignSettings.from_env())
+    if ctx.campaigns is None:
+        ctx.campaigns = Campaigns(ctx, CampaignSettings.from_env())
+    registry: Campaigns = ctx.campaigns
     return registry
 
 

@@ -6,8 +6,11 @@ process collectors do not get mixed into fleet dashboards by accident.
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+CAMPAIGN_PHASES = ("Pending", "Running", "Succeeded", "Failed")
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
@@ -41,6 +44,34 @@ class Metrics:
                                       buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=r)
         self.claims_expired = Counter("awm_claims_expired_total", "Claims released because their TTL ran out.",
                                       ["namespace", "fleet"], registry=r)
+
+        self.campaign_phase = Gauge("awm_campaign_phase", "1 for a campaign's current phase.",
+                                    ["namespace", "campaign", "phase"], registry=r)
+        self.campaign_step = Gauge("awm_campaign_step", "Last training step (or evaluated tasks) reported.",
+                                   ["namespace", "campaign"], registry=r)
+        self.campaign_reward = Gauge("awm_campaign_reward_mean", "Mean reward last reported by a campaign.",
+                                     ["namespace", "campaign"], registry=r)
+        self.campaign_rollouts = Gauge("awm_campaign_rollouts_per_second", "Rollouts/s last reported by a campaign.",
+                                       ["namespace", "campaign"], registry=r)
+        self.campaign_pass_rate = Gauge("awm_campaign_pass_rate", "Pass rate per environment of an evaluation.",
+                                        ["namespace", "campaign", "env"], registry=r)
+
+    def observe_campaign(self, namespace: str, campaign: str, status: dict[str, Any]) -> None:
+        """Mirror a campaign's status (as last written) into gauges."""
+        for phase in CAMPAIGN_PHASES:
+            self.campaign_phase.labels(namespace, campaign, phase).set(1 if status.get("phase") == phase else 0)
+        for gauge, key in ((self.campaign_step, "step"), (self.campaign_reward, "rewardMean"),
+                           (self.campaign_rollouts, "rolloutsPerS")):
+            if isinstance(status.get(key), (int, float)):
+                gauge.labels(namespace, campaign).set(status[key])
+        for env, rate in (status.get("passRates") or {}).items():
+            self.campaign_pass_rate.labels(namespace, campaign, env).set(rate)
+
+    def forget_campaign(self, namespace: str, campaign: str) -> None:
+        for gauge in (self.campaign_phase, self.campaign_step, self.campaign_reward, self.campaign_rollouts,
+                      self.campaign_pass_rate):
+            for labels in [k for k in gauge._metrics if k[:2] == (namespace, campaign)]:  # noqa: SLF001
+                gauge.remove(*labels)
 
     def forget_fleet(self, namespace: str, fleet: str) -> None:
         for state in ("starting", "ready", "allocated"):

@@ -48,6 +48,7 @@ class Context:
     metrics: Metrics
     config: OperatorConfig
     known_claims: set[tuple[str, str]] = field(default_factory=set)   # (namespace, claim id) of EnvClaims
+    campaigns: Any = None                      # campaigns.Campaigns, built on first use (campaigns_of)
     started: float = field(default_factory=time.monotonic)
 
 
