@@ -21,6 +21,7 @@ from awm_operator import campaigns as cp
 from awm_operator.config import OperatorConfig
 from awm_operator.crds import MAX_REPLICAS, CampaignSpec, CampaignStatus, definitions
 from awm_operator.kube import ApiError
+from awm_operator.metrics import Metrics
 from trainer.config import TrainConfig
 from trainer.k8s_source import KubernetesSettings, ProgressReporter
 
@@ -272,6 +273,7 @@ class FakeContext:
     def __init__(self) -> None:
         self.kube = RecordingKube()
         self.config = OperatorConfig()
+        self.metrics = Metrics()
 
 
 async def test_progress_is_coalesced_into_few_status_writes() -> None:
@@ -292,10 +294,15 @@ async def test_progress_is_coalesced_into_few_status_writes() -> None:
     await registry.flush(state)         # ...and goes out as one patch with the newest values
     assert ctx.kube.patches[1] == {"step": 49, "rewardMean": 0.49, "passRates": {"crm": 0.5}}
     assert state.phase == "Running"
+    sample = ctx.metrics.registry.get_sample_value
+    labels = {"namespace": "rl", "campaign": "run"}
+    assert sample("awm_campaign_step", labels) == 49 and sample("awm_campaign_pass_rate", {**labels, "env": "crm"}) == 0.5
+    assert sample("awm_campaign_phase", {**labels, "phase": "Running"}) == 1
     ctx.kube.gone = True                 # a deleted campaign is forgotten, not retried
     registry.report(state, {"step": 50})
     await registry.flush(state)
     assert registry.get("rl", "run") is None
+    assert sample("awm_campaign_step", labels) is None  # and its gauges go with it
     registry.close()
 
 
