@@ -330,8 +330,9 @@ def test_trainer_image_entrypoint(tmp_path: Path) -> None:
     for sub in ("train", "eval", "agent"):
         r = built.run(*argv, sub, "--help")
         assert r.returncode == 0 and "Usage" in r.stdout, f"{sub}: {r.stdout}\n{r.stderr}"
-    r = built.run("python", "-c", "import importlib.metadata as m, torch, transformers, trainer.grpo; "
-                  "print(m.version('torch'), int(torch.ones(3).sum()))")
+    # trainer.k8s_source: inside a campaign's Job the trainer claims through the operator's client
+    r = built.run("python", "-c", "import importlib.metadata as m, torch, transformers, trainer.grpo, "
+                  "trainer.k8s_source; print(m.version('torch'), int(torch.ones(3).sum()))")
     assert r.returncode == 0 and r.stdout.split() == [torch_version, "3"], r.stdout + r.stderr
 
 
