@@ -264,41 +264,6 @@ def test_impossible_campaigns_are_refused(cluster: Cluster) -> None:
         assert exc.value.code == 422 and message in exc.value.read().decode()
 
 
-# --------------------------------------------------------------------------- an operator that was away (last: it stops the module's operator)
-
-
-def test_campaigns_resume_after_operator_restarts(cluster: Cluster, operator: InThread) -> None:
-    """A campaign created while no operator ran gets its fleet and Job when one starts; a Job
-    that finished while no operator ran still ends its campaign, and the fleet still goes."""
-    operator.stop()
-    cfg = dataclasses.replace(operator.cfg, api_port=0, metrics_port=0)
-    name = f"resume-{uuid.uuid4().hex[:5]}"
-    node = uuid.uuid4().hex[:8]
-    cluster.create(name, {"mode": "evaluation", "environments": ["crm"], "catalog": {},
-                          "database": {"secretName": "awm-db"},
-                          "evaluation": {"baseUrl": "http://127.0.0.1:9/v1", "model": "m", "k": 1},
-                          "job": {"nodeSelector": {NODE_LABEL: node}}})
-    time.sleep(1)
-    assert cluster.fleet(name) is None and cluster.job(name) is None  # nobody acted on it
-
-    with InThread(cfg, cluster.cp.kubeconfig):
-        wait_for("the children, made on start-up", lambda: cluster.status(name).get("job") == name)
-        wait_for("the Job's pod", lambda: cluster.job_pods(name))
-    set_node_label(cluster, node)  # the Job completes while no operator runs
-    try:
-        wait_for("the Job complete", lambda: any(c["type"] == "Complete" and c["status"] == "True"
-                                                for c in (cluster.job(name) or {}).get("status", {}).get("conditions", [])))
-    finally:
-        set_node_label(cluster, None)
-    assert cluster.status(name)["phase"] == "Pending" and cluster.fleet(name) is not None
-
-    with InThread(dataclasses.replace(cfg, api_port=0, metrics_port=0), cluster.cp.kubeconfig):
-        done = wait_for("the campaign Succeeded", lambda: (s := cluster.status(name)).get("phase") == "Succeeded" and s)
-        assert {c["type"]: c["status"] for c in done["conditions"]}["FleetDeleted"] == "True"
-        wait_for("the fleet and its pods gone", lambda: cluster.fleet(name) is None and not cluster.fleet_pods(name))
-    cluster.delete(name)
-
-
 # --------------------------------------------------------------------------- the real learner in a campaign's Job
 
 
@@ -369,3 +334,38 @@ async def _until_the_operator_serves(fleet: str, urls: dict[str, str], operator:
                 return
             await asyncio.sleep(0.2)
     raise AssertionError("the operator never served the annotated endpoints")
+
+
+# --------------------------------------------------------------------------- an operator that was away (last: it stops the module's operator)
+
+
+def test_campaigns_resume_after_operator_restarts(cluster: Cluster, operator: InThread) -> None:
+    """A campaign created while no operator ran gets its fleet and Job when one starts; a Job
+    that finished while no operator ran still ends its campaign, and the fleet still goes."""
+    operator.stop()
+    cfg = dataclasses.replace(operator.cfg, api_port=0, metrics_port=0)
+    name = f"resume-{uuid.uuid4().hex[:5]}"
+    node = uuid.uuid4().hex[:8]
+    cluster.create(name, {"mode": "evaluation", "environments": ["crm"], "catalog": {},
+                          "database": {"secretName": "awm-db"},
+                          "evaluation": {"baseUrl": "http://127.0.0.1:9/v1", "model": "m", "k": 1},
+                          "job": {"nodeSelector": {NODE_LABEL: node}}})
+    time.sleep(1)
+    assert cluster.fleet(name) is None and cluster.job(name) is None  # nobody acted on it
+
+    with InThread(cfg, cluster.cp.kubeconfig):
+        wait_for("the children, made on start-up", lambda: cluster.status(name).get("job") == name)
+        wait_for("the Job's pod", lambda: cluster.job_pods(name))
+    set_node_label(cluster, node)  # the Job completes while no operator runs
+    try:
+        wait_for("the Job complete", lambda: any(c["type"] == "Complete" and c["status"] == "True"
+                                                for c in (cluster.job(name) or {}).get("status", {}).get("conditions", [])))
+    finally:
+        set_node_label(cluster, None)
+    assert cluster.status(name)["phase"] == "Pending" and cluster.fleet(name) is not None
+
+    with InThread(dataclasses.replace(cfg, api_port=0, metrics_port=0), cluster.cp.kubeconfig):
+        done = wait_for("the campaign Succeeded", lambda: (s := cluster.status(name)).get("phase") == "Succeeded" and s)
+        assert {c["type"]: c["status"] for c in done["conditions"]}["FleetDeleted"] == "True"
+        wait_for("the fleet and its pods gone", lambda: cluster.fleet(name) is None and not cluster.fleet_pods(name))
+    cluster.delete(name)
