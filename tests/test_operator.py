@@ -107,6 +107,47 @@ def test_spread() -> None:
     assert spread(10, ["a", "b", "c"]) == {"a": 4, "b": 3, "c": 3}
     assert spread(0, ["a"]) == {"a": 0}
     assert sum(spread(1024, [f"e{i}" for i in range(7)]).values()) == 1024
+    # floors first, then the rest from the lowest up
+    assert spread(18, ["a", "b", "c"], {"a": 8, "b": 4, "c": 4}) == {"a": 8, "b": 5, "c": 5}
+    assert spread(10, ["a", "b", "c"], {"a": 7}) == {"a": 7, "b": 2, "c": 1}
+    assert spread(3, ["a", "b"], {"a": 5}) == {"a": 5, "b": 0}  # allocated instances stay
+
+
+def _envs_fleet(envs: list[str], owned: dict[str, str] | None = None) -> Fleet:
+    fleet = Fleet("ns", "f")
+    for name, env in (owned or {}).items():
+        fleet.update_pod(PodInfo.from_pod(pod(name, env)))
+        fleet.owner[name] = "c0"
+    return fleet
+
+
+def _spread_then_plan(fleet: Fleet, envs: list[str], replicas: int, req: ClaimRequest) -> list[list[str]] | None:
+    """What the reconciler builds for the waiting claim, then whether the claim binds on it."""
+    fleet.pending["c1"] = req
+    desired = spread(replicas, envs, fleet.floors(envs, replicas))
+    held = {e: sum(1 for n in fleet.owner if fleet.pods[n].env == e) for e in envs}
+    free = {e: [f"{e}-{i}" for i in range(desired[e] - held[e])] for e in envs}
+    return plan(free, req)
+
+
+def test_waiting_grpo_and_per_environment_claims_shape_the_spread() -> None:
+    envs = ["crm", "bike_shop", "notes"]
+    grpo = ClaimRequest(count=16, group_size=4)
+    # the chart's example: autoscaled to 16 + buffer 2; an even 6/6/6 spread holds only 3 groups
+    assert plan({e: [f"{e}-{i}" for i in range(6)] for e in envs}, grpo) is None
+    assert len(_spread_then_plan(_envs_fleet(envs), envs, 18, grpo) or []) == 4
+    assert _envs_fleet(envs).floors(envs, 18) == {"crm": 0, "bike_shop": 0, "notes": 0}
+    one_env = ClaimRequest(count=8, environment="crm")
+    assert len(_spread_then_plan(_envs_fleet(envs), envs, 10, one_env) or []) == 1
+    # allocated instances count where they are; groups go to the least loaded environments
+    busy = _envs_fleet(envs, {f"c{i}": "crm" for i in range(6)})
+    busy.pending["c1"] = ClaimRequest(count=8, group_size=4)
+    assert busy.floors(envs, 16) == {"crm": 6, "bike_shop": 4, "notes": 4}
+    assert len(_spread_then_plan(busy, envs, 16, ClaimRequest(count=8, group_size=4)) or []) == 2
+    # within replicas: a fleet that is not autoscaled never grows past them for a claim
+    capped = _envs_fleet(envs)
+    capped.pending["c1"] = one_env
+    assert capped.floors(envs, 5) == {"crm": 5, "bike_shop": 0, "notes": 0}
 
 
 def pod(name: str, env: str = "crm", ready: bool = True, rv: int = 1, **annotations: str) -> dict:

@@ -369,6 +369,28 @@ def test_autoscaling_follows_demand(cluster: Cluster, operator: InThread, env_se
     wait_for("the fleet gone", lambda: cluster.get("envfleets", "auto") is None)
 
 
+def test_autoscaling_serves_grpo_and_per_environment_claims_on_a_mixed_fleet(cluster: Cluster, operator: InThread,
+                                                                             env_server: str) -> None:
+    """An even spread of the autoscaled total (16 + buffer 2 = 6/6/6) holds no 4 groups of 4; the
+    fleet puts the waiting claims' instances where they are needed instead (the chart's example)."""
+    cluster.create("envfleets", "mixed", fleet_spec(0, env_server, autoscale=True, buffer=2, maxReplicas=40))
+    wait_for("the buffer of 2", lambda: cluster.ready("mixed", 2))
+    grpo = claim_of(cluster, "mixed-grpo", {"fleet": "mixed", "count": 16, "groupSize": 4})
+    assert grpo["phase"] == "Bound", grpo
+    groups: dict[int, set[str]] = {}
+    for inst in grpo["instances"]:
+        groups.setdefault(inst["group"], set()).add(inst["environment"])
+    assert len(groups) == 4 and all(len(envs) == 1 for envs in groups.values())
+    crm = claim_of(cluster, "mixed-crm", {"fleet": "mixed", "count": 8, "environment": "crm"})
+    assert crm["phase"] == "Bound" and {i["environment"] for i in crm["instances"]} == {"crm"}, crm
+    cluster.delete("envclaims", "mixed-grpo")
+    cluster.delete("envclaims", "mixed-crm")
+    wait_for("scaled back down to the buffer", lambda: cluster.get("envfleets", "mixed")["spec"]["replicas"] == 2
+             and cluster.ready("mixed", 2), timeout=60)
+    cluster.delete("envfleets", "mixed")
+    wait_for("the fleet gone", lambda: cluster.get("envfleets", "mixed") is None)
+
+
 # --------------------------------------------------------------------------- databases
 
 

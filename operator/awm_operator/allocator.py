@@ -121,7 +121,7 @@ class Allocator:
                                       + (f" of {req.environment}" if req.environment else "")
                                       + (f" in groups of {req.group_size}" if req.group_size else ""))
                 if claim_id not in fleet.pending:
-                    fleet.pending[claim_id] = req.count
+                    fleet.pending[claim_id] = req
                     fleet.poke()  # the autoscaler sees the demand
                 await fleet.wait_capacity(remaining)
         finally:

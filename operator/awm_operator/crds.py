@@ -55,7 +55,8 @@ class PodOverrides(_Spec):
 
 class EnvFleetSpec(_Spec):
     environments: list[str] = Field(min_length=1, description="Environment names in the catalog; "
-                                    "instances are spread evenly across them.")
+                                    "instances are spread evenly across them, except that waiting claims for "
+                                    "one environment or of GRPO groups get their instances where they need them.")
     replicas: int = Field(1, ge=0, le=MAX_REPLICAS, description="Desired instances (set by the autoscaler "
                           "when autoscaling is on).")
     buffer: int = Field(0, ge=0, le=MAX_REPLICAS, description="Ready, unallocated instances to keep warm.")

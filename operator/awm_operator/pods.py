@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,11 +56,25 @@ def selector(fleet: str) -> str:
     return f"{L_NAME}={APP_NAME},{L_FLEET}={label_value(fleet)}"
 
 
-def spread(replicas: int, environments: list[str]) -> dict[str, int]:
-    """Instances per environment: as even as possible, the first ones get the remainder."""
-    n = len(environments)
-    base, extra = divmod(replicas, n) if n else (0, 0)
-    return {env: base + (1 if i < extra else 0) for i, env in enumerate(environments)}
+def spread(replicas: int, environments: list[str], floors: Mapping[str, int] | None = None) -> dict[str, int]:
+    """Instances per environment: each at least its floor (what it must hold: its allocated
+    instances and what waiting claims ask of it), the rest filled in from the lowest up so the
+    counts stay as even as possible; among equals the first ones get the remainder."""
+    out = {env: (floors or {}).get(env, 0) for env in environments}
+    left = replicas - sum(out.values())
+    while left > 0 and out:
+        low = min(out.values())
+        lows = [env for env in environments if out[env] == low]
+        step = min((v for v in out.values() if v > low), default=low + left) - low
+        if step * len(lows) >= left:
+            base, extra = divmod(left, len(lows))
+            for i, env in enumerate(lows):
+                out[env] += base + (1 if i < extra else 0)
+            break
+        for env in lows:
+            out[env] += step
+        left -= step * len(lows)
+    return out
 
 
 def pod_manifest(fleet: str, namespace: str, fleet_uid: str, spec: EnvFleetSpec, env: str,

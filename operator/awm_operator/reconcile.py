@@ -8,7 +8,8 @@ loop (``Fleet.poke``); bursts of events are coalesced into one pass every
 
 Taking a fleet over (start-up, or a standby replica becoming active) first reads its ledger, so
 no allocated instance is handed out or scaled away. One pass: delete failed pods; create or
-delete pods to match ``replicas`` spread over the environments (never deleting allocated ones);
+delete pods to match ``replicas`` spread over the environments (each holding at least its
+allocated instances and what waiting claims ask of it; never deleting allocated ones);
 release claims whose TTL ran out and claims whose EnvClaim is gone; report lost instances on
 their EnvClaims; autoscale; patch the EnvFleet status; now and then drop the databases of pods
 that are gone.
@@ -143,7 +144,7 @@ class Reconciler:
                 job(lambda p=p: self.delete(p, guarded=False))
         live = [p for p in pods if not p.failed]
         # 2. count per environment
-        desired = spread(spec.replicas, spec.environments)
+        desired = spread(spec.replicas, spec.environments, fleet.floors(spec.environments, spec.replicas))
         more = False
         by_env: dict[str, list[PodInfo]] = {}
         for p in live:

@@ -126,7 +126,7 @@ class Fleet:
     available: dict[str, dict[str, None]] = field(default_factory=lambda: defaultdict(dict))
     reserved: set[str] = field(default_factory=set)
     doomed: set[str] = field(default_factory=set)            # deleted by us, not yet gone
-    pending: dict[str, int] = field(default_factory=dict)   # claim id -> instances it waits for
+    pending: dict[str, ClaimRequest] = field(default_factory=dict)  # claim id -> what it waits for
     claims: dict[str, ClaimRecord] = field(default_factory=dict)  # the ledger, as last written
     owner: dict[str, str] = field(default_factory=dict)     # pod name -> claim id holding it
     releasing: set[str] = field(default_factory=set)        # claim ids being released
@@ -291,7 +291,36 @@ class Fleet:
         self.wake.set()
 
     def demand(self) -> int:
-        return sum(self.pending.values())
+        return sum(req.count for req in self.pending.values())
+
+    def floors(self, environments: list[str], replicas: int) -> dict[str, int]:
+        """What each environment must hold: its allocated instances, then (within ``replicas``,
+        oldest claim first) what waiting claims ask of it. A claim for one environment asks all of
+        its count there; a GRPO claim asks each group of one environment, the least loaded one
+        first. Without this, an even spread of the autoscaled total can leave every environment a
+        few instances short of a group, and the claim would wait forever. Claims for any
+        environment need no floor: the total serves them."""
+        need = dict.fromkeys(environments, 0)
+        for name in self.owner:
+            p = self.pods.get(name)
+            if p is not None and not p.deleting and p.env in need:
+                need[p.env] += 1
+        room = replicas - sum(need.values())
+        for req in self.pending.values():
+            if req.environment is not None and req.environment in need:
+                asks = [(req.environment, req.count)]
+            elif req.group_size and need:
+                asks = []
+                for _ in range(req.count // req.group_size):
+                    env = min(need, key=lambda e: need[e] + sum(n for a, n in asks if a == e))
+                    asks.append((env, req.group_size))
+            else:
+                continue
+            for env, n in asks:
+                n = min(n, room)
+                need[env] += n
+                room -= n
+        return need
 
 
 class Fleets:
