@@ -229,6 +229,21 @@ def test_claims_bind_and_release(cluster: Cluster, operator: InThread, env_serve
     assert metric(operator, "awm_instances_released_total", fleet="pool", result="returned") - resets_before == 9
 
 
+def test_a_claim_for_a_missing_fleet_says_so_and_binds_when_it_appears(cluster: Cluster, operator: InThread,
+                                                                     env_server: str) -> None:
+    cluster.create("envclaims", "early", {"fleet": "late", "count": 2})
+    pending = wait_for("the claim Pending", lambda: (s := cluster.status("envclaims", "early")).get("phase") == "Pending"
+                       and s)
+    assert pending["message"] == f"EnvFleet 'late' not found in namespace {NS}: waiting for it"
+    cluster.create("envfleets", "late", fleet_spec(2, env_server, ["crm"]))
+    bound = wait_for("the claim bound once the fleet is ready",
+                     lambda: (s := cluster.status("envclaims", "early")).get("phase") == "Bound" and s, timeout=60)
+    assert len(bound["instances"]) == 2
+    cluster.delete("envclaims", "early")
+    cluster.delete("envfleets", "late")
+    wait_for("the fleet gone", lambda: cluster.get("envfleets", "late") is None)
+
+
 def test_concurrent_claims_never_share_an_instance(cluster: Cluster, operator: InThread) -> None:
     wait_for("12 ready", lambda: cluster.ready("pool", 12))
     run_id = uuid.uuid4().hex[:6]

@@ -208,7 +208,10 @@ async def _bind(memo: kopf.Memo, namespace: str, name: str, uid: str, raw_spec: 
             try:
                 bound = await ctx.allocator.claim(fleet, cid, req, wait=0, source="envclaim")
             except (Unavailable, NotActive) as exc:
-                await _status(ctx, namespace, name, {"phase": "Pending", "message": str(exc)})
+                message = str(exc)
+                if fleet.spec is None and not fleet.uid:  # a typo, or a fleet applied after its claim
+                    message = f"EnvFleet {spec.fleet!r} not found in namespace {namespace}: waiting for it"
+                await _status(ctx, namespace, name, {"phase": "Pending", "message": message})
                 bound = await ctx.allocator.claim(fleet, cid, req, wait=None, source="envclaim")
         except ClaimError as exc:
             await _status(ctx, namespace, name, {"phase": "Failed", "message": str(exc)})
