@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.config import TrainConfig
+from trainer.config import TrainConfig, redact_dsn
 from trainer.learner import train
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "train-tiny.yaml"
@@ -53,6 +53,16 @@ async def test_grpo_raises_the_reward_of_a_tiny_model(admin_dsn, tmp_path):
                            "env_wait_fraction", "loss", "kl", "clip_fraction"}
     assert all(0 <= s <= cfg.rollout.max_staleness for r in result.records for s in r["staleness"])
     assert (run / "checkpoints" / "latest").read_text() == "step-000030"
+    saved = (run / "config.json").read_text()
+    assert admin_dsn.split("password=")[1].split()[0] not in saved and "password=***" in saved
+
+
+def test_run_records_keep_no_database_password() -> None:
+    cfg = TrainConfig.from_dict({"database_url": "postgresql://admin:s3cret@db:5432/postgres"})
+    assert cfg.to_record()["database_url"] == "user=admin password=*** dbname=postgres host=db port=5432"
+    assert cfg.database_url == "postgresql://admin:s3cret@db:5432/postgres"  # the run itself still connects
+    assert redact_dsn("host=/run/pg user=awm") == "user=awm host=/run/pg"
+    assert redact_dsn("not = a dsn = at all") == "***"
 
 
 def awm(*args, home, timeout=600):
@@ -69,12 +79,16 @@ def test_awm_train_runs_resumes_and_its_checkpoint_evaluates(pg, tmp_path):
     assert first.returncode == 0, first.stderr[-3000:]
     assert "step    2" in first.stdout and (run / "reward_curve.png").exists()
     assert (run / "checkpoints" / "latest").read_text() == "step-000002"
-    # Same run dir, more steps: it resumes at step 3 instead of starting over.
+    # Same run dir, more steps: it resumes at step 3 instead of starting over. A step-3 record
+    # from a run that crashed before its next checkpoint gives way to the redone step.
+    with (run / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps({"step": 3, "reward_mean": -7.0}) + "\n")
     second = awm("train", "--config", str(EXAMPLE), "--steps", "3", "--run-dir", str(run), "--mode", "sync",
                  home=pg.root.parent)
     assert second.returncode == 0, second.stderr[-3000:]
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3]
+    assert json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])["reward_mean"] != -7.0
     assert "step    1" not in second.stdout and "step    3" in second.stdout
     state = (run / "checkpoints" / "latest").read_text()
     assert state == "step-000003"

@@ -106,6 +106,27 @@ class TrainConfig:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def to_record(self) -> dict[str, Any]:
+        """The settings as a run directory keeps them: the database password is left out, since
+        run directories are shared and copied around while the DSN is an admin credential."""
+        data = self.to_dict()
+        if data["database_url"]:
+            data["database_url"] = redact_dsn(data["database_url"])
+        return data
+
+
+def redact_dsn(dsn: str) -> str:
+    """``dsn`` with its password replaced by ``***`` (an unparsable one is dropped whole)."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    try:
+        params = conninfo_to_dict(dsn)
+    except Exception:  # noqa: BLE001 - whatever it holds, it is not written out
+        return "***"
+    if params.get("password"):
+        params["password"] = "***"
+    return make_conninfo(**params)
+
 
 def _resolve(value: str, base_dir: Path) -> str:
     if value == "starter" or Path(value).is_absolute():

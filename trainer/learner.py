@@ -220,13 +220,17 @@ async def train(cfg: TrainConfig, on_step: StepHook | None = None) -> TrainResul
     model, reference, tokenizer, sampling = build_policy(cfg, corpus, resume_from)
     learner = Learner(model, cfg.grpo, sampling, reference, pad_id=tokenizer.pad_token_id or 0)
     start_step = learner.load_state(resume_from) if resume_from is not None else 0
-    (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2, default=str))
+    (run_dir / "config.json").write_text(json.dumps(cfg.to_record(), indent=2, default=str))
     policy = LocalPolicy(learner.model, tokenizer, sampling, name=f"{cfg.policy.kind}-policy",
                          seed=cfg.seed + start_step, version=learner.version)
     metrics = TrainMetrics()
     if cfg.metrics_port:
         metrics.serve(cfg.metrics_port)
     metrics_log = JsonlLog(run_dir / "metrics.jsonl")
+    dropped = metrics_log.keep_through(start_step)
+    if dropped:
+        log.info("resuming at step %d: dropped %d metric records written after that checkpoint",
+                 start_step + 1, dropped)
     traj_log = TrajectoryLog(run_dir / "trajectories.jsonl")
     k8s = KubernetesSettings.from_env()
     database = None

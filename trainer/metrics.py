@@ -98,6 +98,18 @@ class JsonlLog:
             return []
         return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
 
+    def keep_through(self, step: int) -> int:
+        """Drop the records after ``step`` (a run that crashed after its last checkpoint redoes
+        those steps on resume; keeping both copies would fold the reward curve back on itself).
+        Returns how many were dropped."""
+        records = self.read()
+        kept = [r for r in records if int(r.get("step", 0)) <= step]
+        if len(kept) != len(records):
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text("".join(json.dumps(r, default=str) + "\n" for r in kept), encoding="utf-8")
+            tmp.replace(self.path)
+        return len(records) - len(kept)
+
 
 def plot_reward_curve(records: list[dict[str, Any]], path: Path | str, title: str = "awm train: reward") -> Path:
     """Mean reward per step (with ±1 std band) and success rate, as a PNG."""
