@@ -54,7 +54,7 @@ def _add_operator() -> None:  # `awm operator crds|run` (operator/awm_operator; 
 _add_operator()
 
 console = Console()
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # an error line stays one line in logs
 
 CatalogOpt = Annotated[str, typer.Option("--catalog", "-c", help="Catalog directory or archive ('starter' = built in).")]
 DbUrlOpt = Annotated[Optional[str], typer.Option("--database-url", envvar="AWM_DATABASE_URL",

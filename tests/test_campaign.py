@@ -9,9 +9,11 @@ On a real control plane: test_campaign_e2e.py.
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import typer
 import yaml
@@ -168,6 +170,36 @@ def test_training_job_manifest() -> None:
     settings_seen = KubernetesSettings.from_env({k: v for k, v in env.items() if isinstance(v, str)})
     assert settings_seen == KubernetesSettings("http://awm-operator.awm.svc:8080", "rl", "run-1", "run-1")
     assert KubernetesSettings.from_env({}) is None  # outside a campaign: a local fleet
+    # Prometheus scrapes the trainer's metrics through the pod's annotations.
+    annotations = js["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true" and annotations["prometheus.io/port"] == "9400"
+    assert c["ports"] == [{"name": "metrics", "containerPort": 9400}]
+    parsed = TrainConfig.from_dict(yaml.safe_load(cp.config_map_manifest("run-1", "rl", "u", spec)["data"][cp.CONFIG_FILE]))
+    assert (parsed.metrics_port, parsed.metrics_host) == (9400, "0.0.0.0")
+
+
+async def test_a_failed_progress_report_is_retried_with_the_newest_numbers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An operator that answers 503 (a standby replica) or is restarting: nothing reported is
+    lost, newer numbers win, and closing the reporter retries until the status has them."""
+    bodies: list[dict[str, Any]] = []
+    answers = iter([503, 503, 202, 202])
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        bodies.append(json.loads(request.content))
+        return httpx.Response(next(answers), json={})
+
+    monkeypatch.setattr(ProgressReporter, "close_retries", (0.01,) * 5)
+    client = httpx.AsyncClient(transport=httpx.MockTransport(handle))
+    reporter = ProgressReporter(KubernetesSettings("http://op:8080", "rl", "f", "c"), client)
+    reporter.report(step=1, reward_mean=0.1, pass_rates={"crm": 0.5})
+    await reporter.flush()
+    reporter.report(step=2, reward_mean=0.2)
+    await reporter.flush()
+    assert reporter.pending and reporter.failed == 2
+    await reporter.aclose()
+    assert not reporter.pending and reporter.sent == 1
+    assert bodies[-1] == {"step": 2, "rewardMean": 0.2, "passRates": {"crm": 0.5}}
+    await client.aclose()
 
 
 def test_evaluation_job_runs_awm_eval_with_arguments_it_accepts() -> None:
@@ -185,6 +217,11 @@ def test_evaluation_job_runs_awm_eval_with_arguments_it_accepts() -> None:
     params = sub.make_context("eval", list(c["args"][1:])).params
     assert (params["base_url"], params["model"], params["k"], params["replicas"]) == ("http://vllm:8000/v1", "qwen", 4, 4)
     assert params["env"] == ["crm"] and params["task"] == ["t1", "t2"] and params["catalog"] == cp.CATALOG_DIR
+    assert str(params["out"]) == "/tmp/eval"  # scratch unless evaluation.output points into a volume
+    kept = evaluation(evaluation={**spec.evaluation.model_dump(by_alias=True), "output": "/results/ev"})
+    (c,) = cp.job_manifest("ev", "rl", "u", kept, OperatorConfig(), cp.CampaignSettings(),
+                           "http://op:8080")["spec"]["template"]["spec"]["containers"]
+    assert c["args"][c["args"].index("--out") + 1] == "/results/ev" and "ports" not in c
     init = job["spec"]["template"]["spec"]["initContainers"][0]
     assert init["image"] == c["image"] and init["command"][:2] == ["python", "-c"]
     assert init["command"][3:] == ["http://store/cat", cp.CATALOG_DIR, "crm"]

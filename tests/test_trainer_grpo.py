@@ -100,6 +100,49 @@ def test_learner_gradient_accumulation_matches_full_batch():
     assert torch.allclose(grads[0], grads[1], atol=1e-6)
 
 
+def test_policy_device_and_dtype_reach_the_learner_and_the_sampler(tmp_path):
+    """What a GPU run does with ``policy.device``/``policy.dtype``, on the CPU with bfloat16:
+    the model, the learner's batches and the sampler's inputs all live where the policy says;
+    a synchronous run shares one model between learner and sampler."""
+    from trainer.config import TrainConfig
+    from trainer.learner import Learner, build_policy, resolve_device, resolve_dtype
+    from trainer.local_policy import LocalPolicy
+    from trainer.samples import Sequence
+
+    assert resolve_device("auto") == torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    assert resolve_dtype("auto", torch.device("cpu")) == torch.float32
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="no CUDA GPU"):
+            resolve_device("cuda:0")
+    cfg = TrainConfig.from_dict({"policy": {"device": "cpu", "dtype": "bfloat16",
+                                            "tiny": {"hidden_size": 16, "layers": 1, "heads": 2,
+                                                     "actions": ["a b", "c d"]}}, "run_dir": str(tmp_path)})
+    model, _, tokenizer, sampling = build_policy(cfg, ["a b c d"], None)
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    learner = Learner(model, cfg.grpo, sampling)
+    policy = LocalPolicy(learner.model, tokenizer, sampling, share=True)
+    ids, logprobs = policy.generate(tokenizer.encode("a b"))
+    assert ids and len(ids) == len(logprobs) and all(lp <= 0 for lp in logprobs)
+    before = [p.detach().clone() for p in model.parameters()]
+    stats = learner.step([Sequence([*tokenizer.encode("a b"), *ids], [0, 0, *[1] * len(ids)],
+                                   [0.0, 0.0, *logprobs], 1.0)])
+    assert stats["trained_tokens"] == len(ids) and math.isfinite(stats["loss"])
+    policy.load_weights(learner.weights(), learner.version)
+    assert policy.model is model and policy.version == 1  # shared: the step is already in it
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+@pytest.mark.parametrize("section, bad, message", [
+    ("policy", {"dtype": "fp8"}, "policy.dtype"), ("policy", {"device": "gpu"}, "policy.device"),
+    ("policy", {"kind": "vllm"}, "policy.kind"), ("grpo", {"loss_agg": "sum"}, "grpo.loss_agg"),
+    ("agent", {"tool_format": "txt"}, "tool_format")])
+def test_bad_settings_are_refused_when_the_config_loads(section, bad, message):
+    from trainer.config import TrainConfig
+
+    with pytest.raises(ValueError, match=message):
+        TrainConfig.from_dict({section: bad})
+
+
 # -- what becomes a training sequence ----------------------------------------------------------
 
 def _turn(i, prompt, completion, lps=None):

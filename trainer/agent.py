@@ -45,6 +45,15 @@ class AgentConfig:
     system_prompt: str = DEFAULT_SYSTEM
     verify_reset: bool = False  # checksum (and repair) the snapshot at every reset: slower, certain
 
+    def __post_init__(self) -> None:
+        # A misspelt format would send the model no tools at all: every episode would fail quietly.
+        if self.tool_format not in ("native", "text"):
+            raise ValueError(f"tool_format must be native or text, not {self.tool_format!r}")
+        if self.max_turns < 1:
+            raise ValueError("max_turns must be at least 1")
+        if self.history_window is not None and self.history_window < 1:
+            raise ValueError("history_window must be at least 1 (or unset: the whole history)")
+
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> AgentConfig:
         return cls(**(data or {}))

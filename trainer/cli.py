@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -19,7 +20,7 @@ from rich.table import Table
 
 trainer_app = typer.Typer()
 console = Console()
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # an error line stays one line in logs
 
 BaseUrlOpt = Annotated[Optional[str], typer.Option(
     "--base-url", help="OpenAI-compatible endpoint of the policy (AWM_POLICY_BASE_URL, AWM_LLM_BASE_URL).")]
@@ -29,7 +30,13 @@ ApiKeyOpt = Annotated[Optional[str], typer.Option("--api-key", envvar="AWM_POLIC
 MaxTurnsOpt = Annotated[int, typer.Option("--max-turns", min=1, help="Turns before the episode is cut.")]
 WindowOpt = Annotated[Optional[int], typer.Option("--history-window", min=1,
                                                   help="Assistant turns kept in the prompt (default: all).")]
-FormatOpt = Annotated[str, typer.Option("--tool-format", help="native (tools parameter) or text (<tool_call> in prompt).")]
+class ToolFormat(str, Enum):
+    native = "native"
+    text = "text"
+
+
+FormatOpt = Annotated[ToolFormat, typer.Option("--tool-format", case_sensitive=False,
+                                               help="native (tools parameter) or text (<tool_call> in prompt).")]
 TempOpt = Annotated[float, typer.Option("--temperature", help="Sampling temperature.")]
 MaxTokOpt = Annotated[int, typer.Option("--max-tokens", help="Max tokens per reply.")]
 
@@ -59,7 +66,7 @@ def agent(
     api_key: ApiKeyOpt = None,
     max_turns: MaxTurnsOpt = 30,
     history_window: WindowOpt = None,
-    tool_format: FormatOpt = "native",
+    tool_format: FormatOpt = ToolFormat.native,
     temperature: TempOpt = 1.0,
     max_tokens: MaxTokOpt = 2048,
     out: Annotated[Path, typer.Option("--out", help="Trajectory JSONL (appended, one line per turn).")] = Path(
@@ -73,7 +80,7 @@ def agent(
     from trainer.trajectory import TrajectoryLog
 
     url, name = _endpoint(base_url, model)
-    cfg = AgentConfig(max_turns=max_turns, history_window=history_window, tool_format=tool_format)
+    cfg = AgentConfig(max_turns=max_turns, history_window=history_window, tool_format=tool_format.value)
 
     def show(traj: Any, turn: Any) -> None:
         if as_json:
@@ -200,7 +207,7 @@ def eval_command(
     replicas: Annotated[int, typer.Option("--replicas", "-n", min=1, help="Instances per environment.")] = 2,
     max_turns: MaxTurnsOpt = 30,
     history_window: WindowOpt = None,
-    tool_format: FormatOpt = "native",
+    tool_format: FormatOpt = ToolFormat.native,
     temperature: TempOpt = 1.0,
     max_tokens: MaxTokOpt = 2048,
     out: Annotated[Path, typer.Option("--out", help="Directory for eval.json, eval.png, trajectories.jsonl.")] = Path(
@@ -234,7 +241,7 @@ def eval_command(
     else:
         url, name = _endpoint(base_url, model)
         policy = OpenAIPolicy(url, name, api_key or "", temperature=temperature, max_tokens=max_tokens)
-    cfg = AgentConfig(max_turns=max_turns, history_window=history_window, tool_format=tool_format)
+    cfg = AgentConfig(max_turns=max_turns, history_window=history_window, tool_format=tool_format.value)
     out.mkdir(parents=True, exist_ok=True)
 
     def progress(score: Any) -> None:
@@ -309,8 +316,10 @@ def _checkpoint_policy(path: Path, temperature: float) -> Any:
     from trainer import tiny
     from trainer.local_policy import LocalPolicy, SamplingSpec
 
+    from trainer.learner import resolve_device
+
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True).to(resolve_device("auto"))
     config_file = path.parent.parent / "config.json"
     max_new, actions = 256, []
     if config_file.exists():

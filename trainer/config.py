@@ -7,6 +7,7 @@ directory when they exist there, so ``examples/train-tiny.yaml`` works from any 
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,13 +26,25 @@ class PolicyConfig:
     path: str | None = None
     temperature: float = 1.0
     max_new_tokens: int = 256
+    device: str = "auto"  # auto: the first CUDA GPU when there is one, else cpu | cpu | cuda | cuda:N | mps
+    dtype: str = "auto"  # auto: bfloat16 on a GPU that has it, else float32 | float32 | bfloat16 | float16
     tiny: TinySpec = field(default_factory=TinySpec)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> PolicyConfig:
         data = dict(data or {})
         data["tiny"] = TinySpec.from_dict(data.get("tiny"))
-        return cls(**data)
+        cfg = cls(**data)
+        if cfg.kind not in ("tiny", "hf"):
+            raise ValueError(f"policy.kind must be tiny or hf, not {cfg.kind!r}")
+        if cfg.dtype not in DTYPES:
+            raise ValueError(f"policy.dtype must be one of {', '.join(DTYPES)}, not {cfg.dtype!r}")
+        if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", cfg.device):
+            raise ValueError(f"policy.device must be auto, cpu, cuda, cuda:N or mps, not {cfg.device!r}")
+        return cfg
+
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 @dataclass
@@ -52,7 +65,12 @@ class GRPOConfig:
         for key in ("lr", "weight_decay", "clip_eps", "kl_coef", "max_grad_norm"):
             if key in data:
                 data[key] = float(data[key])  # YAML reads 3e-3 as a string
-        return cls(**data)
+        cfg = cls(**data)
+        if cfg.loss_agg not in ("token_mean", "seq_mean"):
+            raise ValueError(f"grpo.loss_agg must be token_mean or seq_mean, not {cfg.loss_agg!r}")
+        if cfg.micro_batch_size < 1:
+            raise ValueError("grpo.micro_batch_size must be at least 1")
+        return cfg
 
 
 @dataclass
@@ -70,6 +88,7 @@ class TrainConfig:
     checkpoint_every: int = 10
     resume: bool = True
     metrics_port: int = 0  # > 0: serve Prometheus metrics on this port
+    metrics_host: str = "127.0.0.1"  # 0.0.0.0 in a pod, so that Prometheus can scrape it
     torch_threads: int = 1
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)

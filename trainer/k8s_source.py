@@ -196,11 +196,15 @@ class KubernetesSource(PoolSource):
 class ProgressReporter:
     """Posts a campaign's progress to the operator (``POST .../campaigns/{name}/progress``).
 
-    Best effort and never in the way: :meth:`report` returns at once, one request is in flight
-    at a time and only the newest report waits behind it (the operator shows the latest numbers
-    anyway), and a failure is logged, never raised: losing a progress report must not cost a
-    training run.
+    Never in the way: :meth:`report` returns at once, one request is in flight at a time and
+    only the newest report waits behind it (the operator shows the latest numbers anyway), and a
+    failure is logged, never raised: losing a progress report must not cost a training run. A
+    report that failed (an operator restarting, a standby replica answering 503) is folded into
+    the next one, and :meth:`aclose` retries what is left for a while, so the campaign's status
+    ends with the run's final numbers.
     """
+
+    close_retries = (0.5, 1.0, 2.0, 4.0, 8.0)  # seconds between the last attempts, at close
 
     def __init__(self, settings: KubernetesSettings, client: httpx.AsyncClient | None = None,
                  timeout: float = 10.0) -> None:
@@ -244,7 +248,14 @@ class ProgressReporter:
                 self.sent += 1
             except httpx.HTTPError as exc:
                 self.failed += 1
+                self._latest = {**body, **(self._latest or {})}  # newer numbers win; nothing is lost
                 log.warning("progress report to %s failed: %s", self.url, exc)
+                return  # the next report, or the close, tries again
+
+    @property
+    def pending(self) -> bool:
+        """Whether a report has not reached the operator yet."""
+        return self._latest is not None
 
     async def flush(self) -> None:
         """Wait until every queued report was sent (or failed)."""
@@ -253,5 +264,13 @@ class ProgressReporter:
 
     async def aclose(self) -> None:
         await self.flush()
+        for delay in self.close_retries:
+            if not self.pending:
+                break
+            await asyncio.sleep(delay)
+            self._task = asyncio.get_running_loop().create_task(self._drain())
+            await self.flush()
+        if self.pending:
+            log.error("the campaign's last progress report could not be delivered to %s", self.url)
         if self._own:
             await self._client.aclose()

@@ -42,6 +42,7 @@ class Learner:
     def __init__(self, model: Any, cfg: GRPOConfig, sampling: SamplingSpec, ref_model: Any = None,
                  pad_id: int = 0) -> None:
         self.model = model.train()
+        self.device = next(model.parameters()).device
         self.cfg = cfg
         self.sampling = sampling
         self.ref_model = ref_model.eval() if ref_model is not None else None
@@ -69,7 +70,8 @@ class Learner:
             old[i, :n] = torch.tensor(s.old_logprobs, dtype=torch.float32)
         advantages = torch.tensor([s.advantage for s in seqs], dtype=torch.float32)
         # Position 0 is never predicted; shift everything to align with the log-probs of tokens 1..T-1.
-        return ids, attention, mask[:, 1:], old[:, 1:], advantages
+        batch = (ids, attention, mask[:, 1:], old[:, 1:], advantages)
+        return tuple(t.to(self.device, non_blocking=True) for t in batch)
 
     def step(self, seqs: list[Sequence]) -> dict[str, Any]:
         """One optimiser step over all sequences (gradient accumulation over micro-batches)."""
@@ -108,8 +110,9 @@ class Learner:
                 "ratio_mean": round(totals["ratio_mean"] / n, 6), "grad_norm": round(float(grad_norm), 6)}
 
     def weights(self) -> dict[str, torch.Tensor]:
-        """A copy of the weights for the rollout policy (weight sync)."""
-        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        """The weights for the rollout policy (weight sync): views, not copies; the receiver
+        copies them into its own parameters, so the model's memory is not held a third time."""
+        return self.model.state_dict()
 
     # -- checkpoints ---------------------------------------------------------------------------
 
@@ -150,6 +153,8 @@ def build_policy(cfg: TrainConfig, corpus: list[str], resume_from: Path | None) 
     from trainer import tiny
 
     pc = cfg.policy
+    device = resolve_device(pc.device)
+    dtype = resolve_dtype(pc.dtype, device)
     if pc.kind == "tiny":
         if resume_from is not None:
             tokenizer = AutoTokenizer.from_pretrained(resume_from, local_files_only=True)
@@ -166,15 +171,43 @@ def build_policy(cfg: TrainConfig, corpus: list[str], resume_from: Path | None) 
             raise ValueError("policy.kind hf needs policy.path (a local model directory)")
         source = resume_from or pc.path
         tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(source, local_files_only=True)
+        # loaded straight in the run's dtype: a 4B model in float32 first would need twice the memory
+        model = AutoModelForCausalLM.from_pretrained(source, local_files_only=True, torch_dtype=dtype)
         allowed = None
-        reference = AutoModelForCausalLM.from_pretrained(pc.path, local_files_only=True) if cfg.grpo.kl_coef else None
+        reference = AutoModelForCausalLM.from_pretrained(pc.path, local_files_only=True, torch_dtype=dtype) \
+            if cfg.grpo.kl_coef else None
     else:
         raise ValueError(f"unknown policy kind {pc.kind!r} (tiny | hf)")
+    model = model.to(device=device, dtype=dtype)
     if reference is not None:
+        reference = reference.to(device=device, dtype=dtype)
         for p in reference.parameters():
             p.requires_grad_(False)
+    log.info("policy %s on %s in %s", pc.kind, device, str(dtype).removeprefix("torch."))
     return model, reference, tokenizer, SamplingSpec(pc.temperature, pc.max_new_tokens, allowed)
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` is the first CUDA GPU when there is one (a training Job's), else the CPU; a GPU
+    asked for by name that is not there is an error, not a silent crawl on the CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"policy.device {name!r}: no CUDA GPU is visible to this process")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"policy.device {name!r}: MPS is not available")
+    return device
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """``auto`` is bfloat16 on a GPU that supports it (half the memory of float32, no loss
+    scaling), else float32; the loss and the log-probs are computed in float32 either way."""
+    if name == "auto":
+        if device.type == "cuda" and torch.cuda.is_bf16_supported():
+            return torch.bfloat16
+        return torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
 # -- the loop ---------------------------------------------------------------------------------
@@ -221,11 +254,13 @@ async def train(cfg: TrainConfig, on_step: StepHook | None = None) -> TrainResul
     learner = Learner(model, cfg.grpo, sampling, reference, pad_id=tokenizer.pad_token_id or 0)
     start_step = learner.load_state(resume_from) if resume_from is not None else 0
     (run_dir / "config.json").write_text(json.dumps(cfg.to_record(), indent=2, default=str))
+    # Synchronous runs never generate while the learner steps: the policy shares its weights (one
+    # copy of the model in memory). Asynchronous ones generate from a copy, synced after each step.
     policy = LocalPolicy(learner.model, tokenizer, sampling, name=f"{cfg.policy.kind}-policy",
-                         seed=cfg.seed + start_step, version=learner.version)
+                         seed=cfg.seed + start_step, version=learner.version, share=cfg.mode == "sync")
     metrics = TrainMetrics()
     if cfg.metrics_port:
-        metrics.serve(cfg.metrics_port)
+        metrics.serve(cfg.metrics_port, cfg.metrics_host)
     metrics_log = JsonlLog(run_dir / "metrics.jsonl")
     dropped = metrics_log.keep_through(start_step)
     if dropped:

@@ -6,9 +6,11 @@ every sampled token under the sampling distribution (temperature, allowed tokens
 computes log-probabilities the same way (:class:`SamplingSpec`), so the importance ratio starts
 at 1 for fresh samples.
 
-This is a *copy* of the learner's weights: the learner pushes new weights with
+It holds a *copy* of the learner's weights: the learner pushes new weights with
 :meth:`LocalPolicy.load_weights` after each optimiser step and the version goes up. That is the
-production shape too (vLLM + weight sync), only in one process.
+production shape too (vLLM + weight sync), only in one process. A synchronous run, which never
+generates while the learner steps, shares the learner's model instead (``share=True``): one copy
+of the weights in memory, and a weight sync that only bumps the version.
 """
 
 from __future__ import annotations
@@ -43,10 +45,15 @@ class SamplingSpec:
 
 class LocalPolicy:
     def __init__(self, model: Any, tokenizer: Any, sampling: SamplingSpec, name: str = "local",
-                 seed: int = 0, version: int = 0) -> None:
-        self.model = copy.deepcopy(model).eval()
-        for p in self.model.parameters():
-            p.requires_grad_(False)
+                 seed: int = 0, version: int = 0, share: bool = False) -> None:
+        self.shared = share
+        if share:
+            self.model = model
+        else:
+            self.model = copy.deepcopy(model).eval()
+            for p in self.model.parameters():
+                p.requires_grad_(False)
+        self.device = next(self.model.parameters()).device
         self.tokenizer = tokenizer
         self.format = ChatFormat(tokenizer)
         self.sampling = sampling
@@ -54,7 +61,7 @@ class LocalPolicy:
         self.version = version
         self.eos_id = tokenizer.eos_token_id
         self._lock = threading.Lock()
-        self._generator = torch.Generator().manual_seed(seed)
+        self._generator = torch.Generator(device=self.device).manual_seed(seed)
 
     async def chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> PolicyReply:
         prompt = self.format.encode_prompt(messages, tools)
@@ -73,7 +80,7 @@ class LocalPolicy:
     def generate(self, prompt: list[int]) -> tuple[list[int], list[float]]:
         """Sample until end-of-turn or ``max_new_tokens``; returns ids and their log-probabilities."""
         past = None
-        inputs = torch.tensor([prompt], dtype=torch.long)
+        inputs = torch.tensor([prompt], dtype=torch.long, device=self.device)
         ids: list[int] = []
         logprobs: list[float] = []
         for _ in range(self.sampling.max_new_tokens):
@@ -85,13 +92,14 @@ class LocalPolicy:
             logprobs.append(float(dist[token]))
             if token == self.eos_id:
                 break
-            inputs = torch.tensor([[token]], dtype=torch.long)
+            inputs = torch.tensor([[token]], dtype=torch.long, device=self.device)
         return ids, logprobs
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         """Weight sync from the learner (between generations, never during one)."""
         with self._lock:
-            self.model.load_state_dict(state_dict)
+            if not self.shared:
+                self.model.load_state_dict(state_dict)
             self.version = version
 
     async def close(self) -> None:

@@ -70,7 +70,7 @@ ENV_CAMPAIGN = "AWM_CAMPAIGN"
 CATALOG_DIR = "/campaign/catalog"
 CONFIG_DIR = "/etc/awm"
 CONFIG_FILE = "train.yaml"
-EVAL_OUT = "/tmp/eval"
+TRAINER_METRICS_PORT = 9400
 UID = 10001  # the trainer image's user
 NAME_LIMIT = 52  # Job names end up in pod labels (63 characters) with a suffix
 
@@ -171,6 +171,8 @@ def train_config(spec: CampaignSpec) -> dict[str, Any]:
     rollout.setdefault("max_inflight_groups", spec.groups_per_environment * len(spec.environments))
     cfg["rollout"] = rollout
     cfg.setdefault("run_dir", "/tmp/run")
+    cfg.setdefault("metrics_port", TRAINER_METRICS_PORT)  # scraped through the pod's annotations
+    cfg.setdefault("metrics_host", "0.0.0.0")
     return cfg
 
 
@@ -191,7 +193,7 @@ def eval_args(spec: CampaignSpec) -> list[str]:
     assert ev is not None
     args = ["eval", "--base-url", ev.base_url, "--model", ev.model, "--catalog", CATALOG_DIR,
             "-k", str(ev.k), "--replicas", str(spec.instances_per_environment), "--max-turns", str(ev.max_turns),
-            "--tool-format", ev.tool_format, "--temperature", str(ev.temperature), "--out", EVAL_OUT]
+            "--tool-format", ev.tool_format, "--temperature", str(ev.temperature), "--out", ev.output]
     for env in spec.environments:
         args += ["--env", env]
     for task in ev.tasks or []:
@@ -243,8 +245,14 @@ def job_manifest(campaign: str, namespace: str, uid: str, spec: CampaignSpec, cf
                                      {"name": "tmp", "emptyDir": {}}]
     mounts: list[dict[str, Any]] = [{"name": "catalog", "mountPath": CATALOG_DIR, "readOnly": True},
                                     {"name": "tmp", "mountPath": "/tmp"}]
+    scrape: dict[str, str] = {}
+    ports: list[dict[str, Any]] = []
     if spec.mode == "training":
         args = ["train", "--config", f"{CONFIG_DIR}/{CONFIG_FILE}"]
+        port = int(train_config(spec)["metrics_port"] or 0)
+        if port:
+            scrape = {"prometheus.io/scrape": "true", "prometheus.io/port": str(port), "prometheus.io/path": "/metrics"}
+            ports = [{"name": "metrics", "containerPort": port}]
         volumes.append({"name": "config", "configMap": {"name": names.config}})
         mounts.append({"name": "config", "mountPath": CONFIG_DIR, "readOnly": True})
     else:
@@ -262,6 +270,8 @@ def job_manifest(campaign: str, namespace: str, uid: str, spec: CampaignSpec, cf
         "securityContext": security,
         "volumeMounts": mounts + list(j.volume_mounts or []),
     }
+    if ports:
+        container["ports"] = ports
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "automountServiceAccountToken": False,
@@ -282,7 +292,7 @@ def job_manifest(campaign: str, namespace: str, uid: str, spec: CampaignSpec, cf
         pod_spec["imagePullSecrets"] = cfg.image_pull_secrets
     job_labels = labels(campaign, spec.mode)
     template_meta: dict[str, Any] = {"labels": {**(j.labels or {}), **job_labels, L_CLIENT: "true"},
-                                     "annotations": {**(j.annotations or {}), A_CAMPAIGN: campaign}}
+                                     "annotations": {**scrape, **(j.annotations or {}), A_CAMPAIGN: campaign}}
     job_spec: dict[str, Any] = {"backoffLimit": j.backoff_limit,
                                 "template": {"metadata": template_meta, "spec": pod_spec}}
     if j.active_deadline_seconds:

@@ -270,6 +270,10 @@ class EvaluationSpec(_Spec):
     max_turns: int = Field(30, alias="maxTurns", ge=1, le=1000)
     tool_format: Literal["native", "text"] = Field("native", alias="toolFormat")
     temperature: float = Field(1.0, ge=0.0, le=2.0)
+    output: str = Field("/tmp/eval", pattern=r"^/", description=(
+        "Directory of eval.json, eval.png and the trajectories. The default is the pod's scratch "
+        "space, gone with the pod: mount a volume (job.volumes, job.volumeMounts) and point this "
+        "into it to keep them."))
 
 
 class CampaignCleanup(_Spec):
