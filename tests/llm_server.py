@@ -75,7 +75,7 @@ class ScriptedLLM:
             self.requests.append((stage, body))
         reply = self.answer(stage, body, index)
         if reply.status != 200:
-            return JSONResponse({"error": {"message": "scripted failure"}}, status_code=reply.status,
+            return JSONResponse({"error": {"message": reply.content or "scripted failure"}}, status_code=reply.status,
                                 headers=reply.headers)
         message: dict[str, Any] = {"role": "assistant", "content": reply.content}
         if reply.tool_calls is not None:

@@ -143,6 +143,23 @@ async def test_refusing_policy_is_a_clear_error(env, tmp_path):
         await episode(env, lambda stage, body, i: Reply(status=401), "add_note", tmp_path)
 
 
+# vLLM's words for a prompt past max_model_len (OpenAI, SGLang and TGI word it alike)
+VLLM_TOO_LONG = ("This model's maximum context length is 4096 tokens. However, you requested 4180 tokens "
+                 "(3156 in the messages, 1024 in the completion). Please reduce the length of the messages.")
+
+
+async def test_a_prompt_past_the_context_window_ends_the_episode_not_the_run(env, tmp_path):
+    """The second request is too long: the episode stops there and is verified as it stands."""
+    answer = by_turn(Reply(content="", tool_calls=[native("add_note", {"title": "groceries", "body": "milk, eggs"})]),
+                     Reply(VLLM_TOO_LONG, status=400))
+    traj, requests = await episode(env, answer, "add_note", tmp_path)
+    assert traj.stop_reason == "context_exceeded" and len(requests) == 2 and len(traj.turns) == 1
+    assert traj.verdict["verdict"] == "complete" and not traj.masked and traj.reward == 1.0
+    # other refusals (a wrong model name, a bad key) still stop the run, with the server's words
+    with pytest.raises(PolicyUnavailable, match="HTTP 404.*no such model"):
+        await episode(env, lambda stage, body, i: Reply("no such model", status=404), "add_note", tmp_path)
+
+
 def _awm(*args, home):
     environ = dict(os.environ, AWM_HOME=str(home), COLUMNS="140")
     return subprocess.run([sys.executable, "-m", "awm.cli", *args], capture_output=True, text=True, env=environ,

@@ -66,3 +66,35 @@ def test_awm_eval_reports_pass_at_k_per_environment(pg, tmp_path):
     assert (out / "eval.png").stat().st_size > 5_000
     lines = (out / "trajectories.jsonl").read_text().splitlines()
     assert sum(json.loads(line)["event"] == "end" for line in lines) == 12
+
+
+def test_awm_eval_keeps_what_finished_when_the_endpoint_goes_away(pg, tmp_path):
+    """add_note's episodes finish; then the endpoint fails for good: exit 3 with a partial
+    report (marked incomplete) and the finished trajectories kept."""
+    def answer(stage, body, index):
+        instruction = next(m["content"] for m in body["messages"] if m["role"] == "user")
+        if not instruction.startswith("Add a note"):
+            return Reply("endpoint is gone", status=401)
+        if sum(1 for m in body["messages"] if m["role"] == "assistant") == 0:
+            return Reply('<tool_call>{"name": "add_note", "arguments": {"title": "groceries", "body": "milk, eggs"}}'
+                         '</tool_call>')
+        return Reply("Added.")
+
+    out = tmp_path / "eval"
+    with ScriptedLLM(answer) as llm:
+        environ = dict(os.environ, AWM_HOME=str(pg.root.parent))
+        environ.pop("AWM_DATABASE_URL", None)
+        result = subprocess.run(
+            [sys.executable, "-m", "awm.cli", "eval", "--base-url", llm.base_url, "--model", "scripted",
+             "--catalog", str(NOTES), "--task", "add_note", "--task", "count_notes", "-k", "2", "--replicas", "2",
+             "--max-turns", "3", "--out", str(out)],
+            capture_output=True, text=True, env=environ, timeout=300)
+    assert result.returncode == 3, result.stderr[-3000:]
+    assert "policy endpoint is unavailable" in result.stderr and "HTTP 401" in result.stderr
+    report = json.loads((out / "eval.json").read_text())
+    assert report["incomplete"].startswith("policy unavailable") and report["tasks_selected"] == 2
+    # 2 instances, groups of 2: one group at a time, add_note's first
+    (finished,) = report["tasks"]
+    assert (finished["task_id"], finished["pass_at_1"]) == ("add_note", 1.0)
+    ends = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
+    assert sum(e["event"] == "end" and e["task_id"] == "add_note" for e in ends) == 2

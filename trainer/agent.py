@@ -11,7 +11,9 @@
   learner uses.
 * Every turn is appended to the trajectory log as it finishes (:mod:`trainer.trajectory`).
 * Infrastructure failures (instance gone, control API down) end the episode as masked, never as
-  the agent's failure; a policy outage raises :class:`~trainer.policy.PolicyUnavailable`.
+  the agent's failure; a policy outage raises :class:`~trainer.policy.PolicyUnavailable`. A prompt
+  grown past the model's context window ends the episode where it is (``context_exceeded``) and it
+  is verified and scored like one out of turns.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import httpx
 from awm.client import ControlApiError, ControlClient, McpError, McpSession
 from trainer import toolcalls
 from trainer.history import window
-from trainer.policy import Policy, PolicyReply, PolicyUnavailable
+from trainer.policy import ContextExceeded, Policy, PolicyReply, PolicyUnavailable
 from trainer.reward import RewardConfig, score
 from trainer.trajectory import Trajectory, TrajectoryLog, Turn
 
@@ -128,6 +130,9 @@ async def run_episode(policy: Policy, env: EnvHandle, task_id: str, cfg: AgentCo
         t0 = time.perf_counter()
         try:
             reply = await policy.chat(context, native_tools)
+        except ContextExceeded:
+            traj.stop_reason = "context_exceeded"
+            break
         except PolicyUnavailable as exc:
             traj.stop_reason = "policy_error"
             _finish(traj, None, f"policy unavailable: {exc}", timings, start, reward_cfg, log)

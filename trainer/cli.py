@@ -283,7 +283,12 @@ def eval_command(
     try:
         scores = asyncio.run(run())
     except PolicyUnavailable as exc:
+        # What finished is kept: a partial report, marked as such, next to the trajectories.
+        partial = {**ev.report(ev.by_environment(done), k, name), "incomplete": f"policy unavailable: {exc}",
+                   "tasks_selected": len(tasks)}
+        (out / "eval.json").write_text(json.dumps(partial, indent=2))
         err.print(f"[red]error: the policy endpoint is unavailable:[/red] {exc}")
+        err.print(f"{len(done)} of {len(tasks)} tasks finished before that: partial report in {out / 'eval.json'}")
         raise typer.Exit(3) from exc
     data = ev.report(scores, k, name)
     (out / "eval.json").write_text(json.dumps(data, indent=2))

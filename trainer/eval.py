@@ -82,7 +82,11 @@ async def evaluate(source: InstanceSource, policy: Policy, tasks: list[TaskRef],
             on_task(result)
         return result
 
-    results = await asyncio.gather(*(one(t) for t in tasks))
+    return by_environment(await asyncio.gather(*(one(t) for t in tasks)))
+
+
+def by_environment(results: list[TaskScore]) -> list[EnvScore]:
+    """Task scores grouped per environment, in the order the environments first appear."""
     by_env: dict[str, EnvScore] = {}
     for result in results:
         by_env.setdefault(result.env, EnvScore(result.env)).tasks.append(result)

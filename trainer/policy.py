@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -30,6 +31,16 @@ from awm.bundle import EnvBundle
 
 class PolicyUnavailable(RuntimeError):
     """The policy endpoint cannot be reached, or keeps failing, or refuses the request."""
+
+
+class ContextExceeded(RuntimeError):
+    """The episode's prompt no longer fits the model's context window. That ends the episode (it
+    is scored as it stands, like one out of turns), not the run: other episodes are shorter."""
+
+
+# How OpenAI, vLLM, SGLang and TGI word a prompt that is too long (a 400, 413 or 422).
+_CONTEXT_EXCEEDED = re.compile(r"context[_ ]length|context window|maximum context|too long|longer than|"
+                               r"max_model_len|must be <=|reduce the length", re.IGNORECASE)
 
 
 @dataclass
@@ -111,6 +122,8 @@ class OpenAIPolicy:
             if response.status_code == 429 or response.status_code >= 500:
                 last = f"{url} answered HTTP {response.status_code}: {response.text[:300]}"
                 continue
+            if response.status_code in (400, 413, 422) and _CONTEXT_EXCEEDED.search(response.text):
+                raise ContextExceeded(f"{url}: HTTP {response.status_code}: {response.text[:300]}")
             if response.status_code >= 400:
                 raise PolicyUnavailable(f"{url} refused the request: HTTP {response.status_code}: {response.text[:500]}")
             try:

@@ -48,7 +48,7 @@ class Trajectory:
     messages: list[dict[str, Any]] = field(default_factory=list)
     turns: list[Turn] = field(default_factory=list)
     final_answer: str | None = None
-    stop_reason: str = ""  # answer | max_turns | infra_error | policy_error
+    stop_reason: str = ""  # answer | max_turns | context_exceeded | infra_error | policy_error
     infra_error: str | None = None
     pristine: bool | None = None
     verdict: dict[str, Any] = field(default_factory=dict)
