@@ -23,6 +23,17 @@ def test_pass_at_k_by_hand():
     assert pass_at_k(0, 0, 4) == 0.0
 
 
+def awm_eval(answer, pg, *args):
+    """``awm eval`` of the notes fixture (2 instances, 3 turns) against a scripted endpoint."""
+    with ScriptedLLM(answer) as llm:
+        environ = dict(os.environ, AWM_HOME=str(pg.root.parent))
+        environ.pop("AWM_DATABASE_URL", None)
+        return subprocess.run(
+            [sys.executable, "-m", "awm.cli", "eval", "--base-url", llm.base_url, "--model", "scripted",
+             "--catalog", str(NOTES), "--replicas", "2", "--max-turns", "3", *args],
+            capture_output=True, text=True, env=environ, timeout=300)
+
+
 def test_awm_eval_reports_pass_at_k_per_environment(pg, tmp_path):
     """add_note always solved, count_notes never, archive_first in every other episode."""
     archive_attempts = itertools.count()
@@ -44,14 +55,8 @@ def test_awm_eval_reports_pass_at_k_per_environment(pg, tmp_path):
         return Reply("Archived.")
 
     out = tmp_path / "eval"
-    with ScriptedLLM(answer) as llm:
-        environ = dict(os.environ, AWM_HOME=str(pg.root.parent))
-        environ.pop("AWM_DATABASE_URL", None)
-        result = subprocess.run(
-            [sys.executable, "-m", "awm.cli", "eval", "--base-url", llm.base_url, "--model", "scripted",
-             "--catalog", str(NOTES), "--task", "add_note", "--task", "count_notes", "--task", "archive_first",
-             "-k", "4", "--replicas", "2", "--max-turns", "3", "--out", str(out)],
-            capture_output=True, text=True, env=environ, timeout=300)
+    result = awm_eval(answer, pg, "--task", "add_note", "--task", "count_notes", "--task", "archive_first",
+                      "-k", "4", "--out", str(out))
     assert result.returncode == 0, result.stderr[-3000:]
     assert "pass@1" in result.stdout and "pass@4" in result.stdout and "notes" in result.stdout
     report = json.loads((out / "eval.json").read_text())
@@ -81,14 +86,7 @@ def test_awm_eval_keeps_what_finished_when_the_endpoint_goes_away(pg, tmp_path):
         return Reply("Added.")
 
     out = tmp_path / "eval"
-    with ScriptedLLM(answer) as llm:
-        environ = dict(os.environ, AWM_HOME=str(pg.root.parent))
-        environ.pop("AWM_DATABASE_URL", None)
-        result = subprocess.run(
-            [sys.executable, "-m", "awm.cli", "eval", "--base-url", llm.base_url, "--model", "scripted",
-             "--catalog", str(NOTES), "--task", "add_note", "--task", "count_notes", "-k", "2", "--replicas", "2",
-             "--max-turns", "3", "--out", str(out)],
-            capture_output=True, text=True, env=environ, timeout=300)
+    result = awm_eval(answer, pg, "--task", "add_note", "--task", "count_notes", "-k", "2", "--out", str(out))
     assert result.returncode == 3, result.stderr[-3000:]
     assert "policy endpoint is unavailable" in result.stderr and "HTTP 401" in result.stderr
     report = json.loads((out / "eval.json").read_text())
