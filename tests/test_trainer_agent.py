@@ -11,9 +11,12 @@ import pytest
 
 from awm.client import ControlClient, McpSession
 from tests.llm_server import Reply, ScriptedLLM
+from trainer import tiny
 from trainer.agent import AgentConfig, EnvHandle, run_episode
+from trainer.chatformat import ChatFormat
 from trainer.policy import OpenAIPolicy, PolicyUnavailable
 from trainer.reward import RewardConfig
+from trainer.samples import episode_sequences
 from trainer.trajectory import TrajectoryLog, read_events, read_trajectories
 
 
@@ -67,6 +70,16 @@ async def test_native_tool_calls_complete_the_task(env, tmp_path):
     events = [e["event"] for e in read_events(tmp_path / "traj.jsonl")]
     assert events == ["start", "turn", "turn", "end"]
     assert read_trajectories(tmp_path / "traj.jsonl")[0].verdict["verdict"] == "complete"
+    # The server returned no token ids: the learner re-encodes each turn's prompt, and it is what
+    # the server was sent, tool definitions included (from the log, as an offline learner would).
+    saved = read_trajectories(tmp_path / "traj.jsonl")[0]
+    assert saved.tools == first["tools"]
+    words = json.dumps([first, second]).replace('"', " ").split()
+    fmt = ChatFormat(tiny.build_tokenizer(words, [], max_words=100_000))
+    (sequence,) = episode_sequences(saved, fmt)
+    prompt = fmt.encode_prompt(first["messages"], first["tools"])
+    assert sequence.input_ids[:len(prompt)] == prompt and sequence.loss_mask[:len(prompt)] == [0] * len(prompt)
+    assert fmt.encode_prompt(first["messages"]) != prompt
 
 
 async def test_text_fallback_calls(env, tmp_path):

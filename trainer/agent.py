@@ -124,6 +124,7 @@ async def run_episode(policy: Policy, env: EnvHandle, task_id: str, cfg: AgentCo
         log.start(traj)
     traj.messages = _opening(cfg, env, traj.instruction)
     native_tools = toolcalls.openai_tools(env.tools) if cfg.tool_format == "native" else None
+    traj.tools = native_tools
     traj.stop_reason = "max_turns"
     for index in range(cfg.max_turns):
         context = window(traj.messages, cfg.history_window)

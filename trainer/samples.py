@@ -62,7 +62,7 @@ def turn_tokens(traj: Trajectory, turn: Turn, fmt: ChatFormat | None) -> tuple[l
         return None
     position = starts[turn.index]
     context = window(traj.messages[:position], traj.history_window)
-    prompt = fmt.encode_prompt(context)
+    prompt = fmt.encode_prompt(context, traj.tools)  # the tools too: the prompt the policy was given
     full = fmt.encode_text(fmt.render(traj.messages[position]))
     header = fmt.encode_text(f"{IM_START}assistant\n")
     completion = full[len(header):] if full[:len(header)] == header else full

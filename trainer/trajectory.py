@@ -60,6 +60,9 @@ class Trajectory:
     timings: dict[str, float] = field(default_factory=dict)
     history_window: int | None = None
     started_at: float = 0.0
+    # The tool definitions sent with every request (native format; None: text format). The
+    # learner re-encodes a turn the server gave no token ids for with them, as the server did.
+    tools: list[dict[str, Any]] | None = None
 
     @property
     def tool_calls(self) -> int:
