@@ -456,6 +456,7 @@ def test_metrics_service_monitors_and_dashboard(helm: str) -> None:
     sm = one(docs, "ServiceMonitor", "awm-operator")
     assert sm["metadata"]["labels"]["release"] == "prom"
     assert sm["spec"]["endpoints"][0]["port"] == "metrics"
+    assert sm["spec"]["endpoints"][0]["honorLabels"] is True  # fleet metrics keep their fleet's namespace
     assert sm["spec"]["selector"]["matchLabels"] == svc["spec"]["selector"]
     pm = one(docs, "PodMonitor", "awm-envserver")
     assert pm["spec"]["podMetricsEndpoints"][0]["port"] == "control"
