@@ -77,8 +77,8 @@ def run(*cmd: str, check: bool = True, env: dict[str, str] | None = None,
 
 def render(helm: str, *sets: str, namespace: str = "awm-system") -> list[dict[str, Any]]:
     args = [helm, "template", RELEASE, str(CHART), "--namespace", namespace]
-    for s in sets:
-        args += ["--set", s]
+    for s in sets:  # "key=value", or "key:=<json>" for a value --set would mistype
+        args += ["--set-json", s.replace(":=", "=", 1)] if ":=" in s else ["--set", s]
     return [d for d in yaml.safe_load_all(run(*args).stdout) if d]
 
 
@@ -160,7 +160,8 @@ EXPECTED_DEFAULT = {
     ("Deployment", "awm-operator"), ("Service", "awm-operator-metrics"), ("Service", "awm-operator"),
     ("KopfPeering", "awm"),
     ("Secret", "awm-database"), ("Service", "awm-postgres"), ("StatefulSet", "awm-postgres"),
-    ("NetworkPolicy", "awm-envserver"), ("NetworkPolicy", "awm-postgres"), ("ConfigMap", "awm-dashboard"),
+    ("NetworkPolicy", "awm-envserver"), ("NetworkPolicy", "awm-postgres"), ("NetworkPolicy", "awm-operator"),
+    ("ConfigMap", "awm-dashboard"),
 }
 CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding"}
 
@@ -412,6 +413,22 @@ def test_envserver_network_policy(helm: str) -> None:
     # The chart's Postgres takes connections from env pods and the operator only.
     pg_policy = one(render(helm), "NetworkPolicy", "awm-postgres")["spec"]
     assert pg_policy["policyTypes"] == ["Ingress"] and _ports(pg_policy["ingress"][0]) == {(5432, "TCP")}
+
+
+def test_operator_api_answers_only_clients_of_the_served_namespaces(helm: str) -> None:
+    policy = one(render(helm, "operator.watchNamespaces={team-a,team-b}",
+                        'networkPolicy.clients:=[{"podSelector": {"matchLabels": {"awm.dev/client": "true"}}},'
+                        ' {"namespaceSelector": {"matchLabels": {"role": "trainers"}}}]'),
+                 "NetworkPolicy", "awm-operator")["spec"]
+    assert policy["podSelector"]["matchLabels"]["app.kubernetes.io/name"] == "awm-operator"
+    api, metrics = policy["ingress"]
+    assert _ports(api) == {(8080, "TCP")} and _ports(metrics) == {(9090, "TCP")} and "from" not in metrics
+    clients = {"podSelector": {"matchLabels": {"awm.dev/client": "true"}}}
+    assert api["from"] == [
+        {**clients, "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "team-a"}}},
+        {"namespaceSelector": {"matchLabels": {"role": "trainers"}}},  # a peer that names its namespaces
+        {**clients, "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "team-b"}}},
+        {"namespaceSelector": {"matchLabels": {"role": "trainers"}}}]
 
 
 def test_envserver_network_policy_external_database(helm: str) -> None:
