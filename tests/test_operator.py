@@ -157,6 +157,27 @@ def pod(name: str, env: str = "crm", ready: bool = True, rv: int = 1, **annotati
                        "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
 
 
+def test_stuck_pods_say_why() -> None:
+    stuck = pod("s", ready=False)
+    stuck["status"]["initContainerStatuses"] = [
+        {"name": "bundle", "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 20s"}},
+         "lastState": {"terminated": {"exitCode": 1, "reason": "Error",
+                                      "message": "cp: can't stat '/catalog/crmm.json': No such file or directory\n"}}},
+        {"name": "provision", "state": {"waiting": {"reason": "PodInitializing"}}}]
+    assert PodInfo.from_pod(stuck).problem == \
+        "bundle: CrashLoopBackOff: cp: can't stat '/catalog/crmm.json': No such file or directory"
+    pulling = pod("p", ready=False)
+    pulling["status"]["containerStatuses"] = [{"name": "envserver", "state": {"waiting": {
+        "reason": "ImagePullBackOff", "message": "Back-off pulling image \"reg/awm-envserver:9\""}}}]
+    assert PodInfo.from_pod(pulling).problem == 'envserver: ImagePullBackOff: Back-off pulling image "reg/awm-envserver:9"'
+    starting = pod("q", ready=False)
+    starting["status"]["initContainerStatuses"] = [
+        {"name": "bundle", "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}},
+        {"name": "provision", "state": {"waiting": {"reason": "PodInitializing"}}}]
+    assert PodInfo.from_pod(starting).problem is None  # on its way
+    assert PodInfo.from_pod(pod("r", ready=True)).problem is None
+
+
 def test_pod_info() -> None:
     info = PodInfo.from_pod(pod("a", ready=True))
     assert info.allocatable and info.mcp_url == "http://10.0.0.1:8000/mcp" and info.control_url == "http://10.0.0.1:8001"

@@ -244,6 +244,29 @@ def test_a_claim_for_a_missing_fleet_says_so_and_binds_when_it_appears(cluster: 
     wait_for("the fleet gone", lambda: cluster.get("envfleets", "late") is None)
 
 
+def test_a_stuck_pod_says_why_in_the_fleet_status(cluster: Cluster, operator: InThread) -> None:
+    """What a misspelt environment looks like on a real cluster (kwok runs no containers, so the
+    kubelet's report is written by hand): the fleet's Ready condition names the pod and the error."""
+    cluster.create("envfleets", "typo", fleet_spec(1, None, ["crmm"]))
+    (p,) = wait_for("the pod", lambda: cluster.pods("typo"))
+    name = p["metadata"]["name"]
+    wait_for("the pod ready (kwok)", lambda: cluster.ready("typo", 1))
+    status = {"phase": "Pending", "conditions": [{"type": "Ready", "status": "False"}],
+              "initContainerStatuses": [{"name": "bundle", "ready": False, "restartCount": 3, "image": "c", "imageID": "",
+                                         "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                                         "lastState": {"terminated": {"exitCode": 1, "reason": "Error",
+                                                                      "message": "cp: can't stat '/catalog/crmm.json'"}}}]}
+    r = cluster.cp.kubectl("-n", NS, "patch", "pod", name, "--subresource=status", "--type=merge",
+                           "-p", json.dumps({"status": status}), check=False)
+    assert r.returncode == 0, r.stderr
+    cond = wait_for("the reason in the fleet's status", lambda: next(
+        (c for c in cluster.status("envfleets", "typo").get("conditions", [])
+         if c["type"] == "Ready" and c["reason"] == "BundleUnavailable"), None), timeout=30)
+    assert cond["status"] == "False" and f"{name}: bundle: CrashLoopBackOff: cp: can't stat" in cond["message"]
+    cluster.delete("envfleets", "typo")
+    wait_for("the fleet gone", lambda: cluster.get("envfleets", "typo") is None)
+
+
 def test_concurrent_claims_never_share_an_instance(cluster: Cluster, operator: InThread) -> None:
     wait_for("12 ready", lambda: cluster.ready("pool", 12))
     run_id = uuid.uuid4().hex[:6]

@@ -123,6 +123,7 @@ def pod_manifest(fleet: str, namespace: str, fleet_uid: str, spec: EnvFleetSpec,
                     ],
                     "volumeMounts": [{**bundle_mount, "readOnly": True}, run_mount, tmp_mount],
                     "securityContext": container_security, "resources": small,
+                    "terminationMessagePolicy": "FallbackToLogsOnError",
                 },
             ],
             "containers": [{
@@ -139,6 +140,7 @@ def pod_manifest(fleet: str, namespace: str, fleet_uid: str, spec: EnvFleetSpec,
                                   "failureThreshold": 3},
                 "resources": t.resources or cfg.envserver_resources,
                 "securityContext": container_security,
+                "terminationMessagePolicy": "FallbackToLogsOnError",  # its last words, in the fleet's status
                 "volumeMounts": [{**bundle_mount, "readOnly": True}, {**run_mount, "readOnly": True}, tmp_mount],
             }],
             "volumes": [
@@ -173,7 +175,30 @@ def _bundle_container(spec: EnvFleetSpec, env: str, cfg: OperatorConfig, envserv
         path = (c.path if c.image else cfg.catalog_path).rstrip("/")
         command = ["cp", f"{path}/{env}.json", BUNDLE_FILE]
     return {"name": "bundle", "image": image, "imagePullPolicy": "IfNotPresent", "command": command,
-            "volumeMounts": [mount], "securityContext": security, "resources": resources}
+            "volumeMounts": [mount], "securityContext": security, "resources": resources,
+            "terminationMessagePolicy": "FallbackToLogsOnError"}
+
+
+# Waiting reasons that will not clear up by themselves (ContainerCreating, PodInitializing will).
+STUCK = {"CrashLoopBackOff", "ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError",
+         "CreateContainerError", "RunContainerError"}
+
+
+def pod_problem(status: dict[str, Any]) -> str | None:
+    """Why a pod that is not ready is stuck, from its containers' states: the first init or
+    main container that waits for a reason that does not clear up by itself, or whose last run
+    failed, with the reason and (FallbackToLogsOnError) the end of its output."""
+    for c in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
+        state, last = c.get("state") or {}, c.get("lastState") or {}
+        waiting = state.get("waiting") or {}
+        failed = state.get("terminated") or last.get("terminated") or {}
+        if failed and failed.get("exitCode", 0) == 0:
+            failed = {}
+        if waiting.get("reason") in STUCK or failed:
+            reason = waiting.get("reason") if waiting.get("reason") in STUCK else failed.get("reason") or "Error"
+            words = (failed.get("message") or waiting.get("message") or "").strip().splitlines()
+            return f"{c.get('name')}: {reason}" + (f": {words[-1][:200]}" if words else "")
+    return None
 
 
 def _int_rv(value: str | None) -> int:
@@ -197,6 +222,7 @@ class PodInfo:
     rv: int
     mcp_url: str | None
     control_url: str | None
+    problem: str | None = None  # why it cannot start, e.g. "bundle: CrashLoopBackOff: cp: can't stat ..."
 
     @classmethod
     def from_pod(cls, pod: dict[str, Any]) -> "PodInfo":
@@ -210,6 +236,7 @@ class PodInfo:
             deleting=bool(meta.get("deletionTimestamp")), rv=_int_rv(meta.get("resourceVersion")),
             mcp_url=ann.get(A_MCP_URL) or (f"http://{ip}:{MCP_PORT}/mcp" if ip else None),
             control_url=ann.get(A_CONTROL_URL) or (f"http://{ip}:{CONTROL_PORT}" if ip else None),
+            problem=None if ready else pod_problem(status),
         )
 
     @property

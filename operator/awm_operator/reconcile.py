@@ -310,8 +310,17 @@ class Reconciler:
             want = fleet.spec.replicas
             m.desired.labels(fleet.namespace, fleet.name).set(want)
             ready = c.ready + c.allocated >= want and c.replicas == want
-            cond = self._condition("Ready", ready, "AllReady" if ready else "Reconciling",
-                                   f"{c.ready} ready, {c.allocated} allocated, {c.starting} starting of {want}")
+            message = f"{c.ready} ready, {c.allocated} allocated, {c.starting} starting of {want}"
+            reason = "AllReady" if ready else "Reconciling"
+            stuck = sorted((p.name, p.problem) for p in fleet.pods.values() if p.problem and not p.deleting)
+            if stuck and not ready:
+                # say why, in the words of the first stuck pod: a misspelt environment, a missing
+                # catalog image, an unreachable database are otherwise a silent "Reconciling"
+                name, problem = stuck[0]
+                container = problem.split(":", 1)[0]
+                reason = {"bundle": "BundleUnavailable", "provision": "ProvisionFailed"}.get(container, "PodsFailing")
+                message += f"; {len(stuck)} stuck, e.g. {name}: {problem}"
+            cond = self._condition("Ready", ready, reason, message)
             status = {"replicas": c.replicas, "ready": c.ready, "allocated": c.allocated,
                       "selector": selector(fleet.name), "conditions": [cond],
                       "observedGeneration": fleet.generation}

@@ -164,8 +164,8 @@ class Fleet:
         if self._free(info):
             self.available[info.env][info.name] = None
             self._grew()
-        if old is None or (old.ready, old.phase, old.deleting, old.control_url) != (
-                info.ready, info.phase, info.deleting, info.control_url):
+        if old is None or (old.ready, old.phase, old.deleting, old.control_url, old.problem) != (
+                info.ready, info.phase, info.deleting, info.control_url, info.problem):
             self.poke()
 
     def _free(self, info: PodInfo) -> bool:
