@@ -256,6 +256,8 @@ def test_claim_record_round_trip() -> None:
     again = ClaimRecord.parse(record.dump())
     assert again == record and again.pods == ["p1", "p2", "p3", "p4"] and again.group_of("p3") == 1
     assert ClaimRecord.parse(ClaimRecord([["x"]]).dump()).expires is None
+    held = ClaimRecord([["x"]], created=1.0, holder="campaign/grpo-1")
+    assert ClaimRecord.parse(held.dump()) == held and "holder" not in ClaimRecord([["x"]]).dump()
     assert ledger_name("train") == "train-claims" and len(ledger_name("f" * 253)) <= 253
 
 

@@ -378,6 +378,40 @@ def test_claim_ttl_renewal_and_lost_instances(cluster: Cluster, operator: InThre
              lambda: cluster.get("envfleets", "ttl") is None and _gone(cluster, "configmaps/ttl-claims"), timeout=60)
 
 
+def test_a_retried_trainer_frees_what_its_predecessor_held(cluster: Cluster, operator: InThread,
+                                                           env_server: str) -> None:
+    """A campaign's trainer pod dies holding every instance of its fleet (claims with a 10-minute
+    TTL); the Job's next pod claims them again at once: it releases its holder's claims first."""
+    from trainer.k8s_source import KubernetesSettings, KubernetesSource
+
+    cluster.create("envfleets", "retry", fleet_spec(4, env_server, ["crm"]))
+    wait_for("4 ready", lambda: cluster.ready("retry", 4))
+    settings = KubernetesSettings(api_url(operator), NS, "retry", "grpo-1")
+
+    async def go() -> None:
+        async with AllocationClient(api_url(operator), NS, "retry") as alloc:
+            dead = await alloc.claim(count=4, group_size=2, ttl_seconds=600, holder="campaign/grpo-1")
+            assert (await alloc.get(dead["id"]))["holder"] == "campaign/grpo-1"
+            with pytest.raises(AllocationError) as exc:
+                await alloc.claim(count=1, wait_seconds=0)
+            assert exc.value.status == 409  # the fleet is all held
+            async with KubernetesSource(settings, ["crm"], per_env=4, group_size=2, claim_timeout_s=20) as source:
+                assert len(source._all) == 4 and len(source.claims) == 1
+                with pytest.raises(AllocationError) as gone:
+                    await alloc.get(dead["id"])
+                assert gone.value.status == 404
+                (held,) = source.claims
+                assert (await alloc.get(held))["holder"] == "campaign/grpo-1"
+            with pytest.raises(AllocationError) as bad:
+                await alloc.release_holder("")
+            assert bad.value.status == 400
+            assert (await alloc.release_holder("campaign/nobody"))["released"] == []
+    asyncio.run(go())
+    wait_for("all 4 back in the pool", lambda: cluster.ready("retry", 4))
+    cluster.delete("envfleets", "retry")
+    wait_for("the fleet gone", lambda: cluster.get("envfleets", "retry") is None)
+
+
 def _gone(cluster: Cluster, what: str) -> bool:
     try:
         cluster.cp.api("GET", f"/api/v1/namespaces/{cluster.ns}/{what}")

@@ -67,7 +67,10 @@ class KubernetesSource(PoolSource):
     """Instances of an EnvFleet, claimed through the operator's allocation API.
 
     ``per_env`` instances of every environment are claimed at start (``group_size`` > 1 and a
-    multiple of it: as GRPO groups, each of one environment), and released on close.
+    multiple of it: as GRPO groups, each of one environment), and released on close. In a
+    campaign the claims are held as ``campaign/<name>``, and start first releases whatever that
+    holder still has: a Job's retried pod gets the instances its crashed predecessor held at once,
+    instead of after their TTL (the campaign's fleet has no others to give).
     """
 
     def __init__(self, settings: KubernetesSettings, envs: list[str], per_env: int, group_size: int | None = None,
@@ -85,6 +88,7 @@ class KubernetesSource(PoolSource):
         self.alloc = client or AllocationClient(settings.operator_url, settings.namespace, settings.fleet)
         self._own_client = client is None
         self.claims: list[str] = []   # allocation-API claim ids, released on close
+        self.holder = f"campaign/{settings.campaign}" if settings.campaign else None
         self._renewer: asyncio.Task[None] | None = None
 
     def envs(self) -> list[str]:
@@ -94,6 +98,8 @@ class KubernetesSource(PoolSource):
         groups = self.group_size if self.group_size and self.group_size > 1 and self.per_env % self.group_size == 0 \
             else None
         try:
+            if self.holder:
+                await self._release_predecessor()
             claimed = await asyncio.gather(*(self._claim(env, self.per_env, groups) for env in self._envs))
         except BaseException:
             await self.close()
@@ -117,6 +123,26 @@ class KubernetesSource(PoolSource):
         self._all.append(lease)
         self._queues.setdefault(lease.env, asyncio.Queue()).put_nowait(lease)
 
+    async def _release_predecessor(self) -> None:
+        """Release the claims this campaign's earlier trainer pod left behind (none, usually). An
+        operator that does not know the fleet yet (404) holds none of them; a standby (503) or an
+        unreachable one is retried a few times, then the claims are left to their TTL."""
+        assert self.holder is not None
+        for delay in (0.5, 1.0, 2.0, 4.0, 0.0):
+            try:
+                got = await self.alloc.release_holder(self.holder)
+                if got.get("released"):
+                    log.warning("released %d claims (%d instances) that %s still held from an earlier run",
+                                len(got["released"]), got.get("returned", 0) + got.get("replaced", 0), self.holder)
+                return
+            except AllocationError as exc:
+                if exc.status == 404:
+                    return
+                log.info("releasing the claims of %s: %s", self.holder, exc)
+            except httpx.TransportError as exc:
+                log.info("releasing the claims of %s: operator unreachable: %s", self.holder, exc)
+            await asyncio.sleep(delay)
+
     async def _claim(self, env: str, count: int, group_size: int | None) -> list[Lease]:
         """One claim, waiting for capacity: the fleet may still be starting its pods (409), be
         unknown to the operator for a moment after the campaign made it (404), or the replica
@@ -128,7 +154,7 @@ class KubernetesSource(PoolSource):
             left = deadline - time.monotonic()
             try:
                 got = await self.alloc.claim(count=count, group_size=group_size, environment=env,
-                                             wait_seconds=max(0.0, min(60.0, left)), **extra)
+                                             wait_seconds=max(0.0, min(60.0, left)), holder=self.holder, **extra)
                 break
             except AllocationError as exc:
                 if exc.status not in (404, 409, 503) or left <= 0:

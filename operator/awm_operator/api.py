@@ -9,7 +9,7 @@ the operator, so a crashed trainer does not hold instances forever.
 
     POST   /v1/namespaces/{ns}/envfleets/{fleet}/claims       {"count": 16, "groupSize": 8,
                                                                "environment": null, "waitSeconds": 30,
-                                                               "ttlSeconds": 3600}
+                                                               "ttlSeconds": 3600, "holder": null}
         201 {"id", "namespace", "fleet", "instances": [{"pod", "environment", "group", "mcpUrl",
              "controlUrl"}], "expiresAt", "latencyMs"}
         400 bad request, 404 unknown fleet, 409 not enough ready instances within waitSeconds,
@@ -17,6 +17,9 @@ the operator, so a crashed trainer does not hold instances forever.
     GET    /v1/namespaces/{ns}/envfleets/{fleet}/claims/{id}        -> the claim; lost instances flagged
     POST   /v1/namespaces/{ns}/envfleets/{fleet}/claims/{id}/renew  {"ttlSeconds": 3600} -> {"expiresAt"}
     DELETE /v1/namespaces/{ns}/envfleets/{fleet}/claims/{id}  -> 200 {"returned", "replaced"}, 404 unknown
+    DELETE /v1/namespaces/{ns}/envfleets/{fleet}/claims?holder=H -> 200 {"released": [ids], "returned",
+        "replaced"}: every claim of that holder (a retried trainer pod frees what its dead predecessor
+        held, instead of waiting out the TTL)
     GET    /v1/namespaces/{ns}/envfleets/{fleet}              -> sizes, demand, whether this replica acts
     GET    /healthz (process alive), /readyz (this replica acts on its fleets)
 """
@@ -77,6 +80,13 @@ def build_api(ctx: Context, fleets: Fleets) -> web.Application:
             raise ValueError(f"ttlSeconds must be in (0, {ctx.config.claim_ttl_max:g}]")
         return ttl
 
+    def holder_of(value: Any) -> str | None:
+        if value is None or value == "":
+            return None
+        if not isinstance(value, str) or len(value) > 253:
+            raise ValueError("holder must be a string of at most 253 characters")
+        return value
+
     @routes.post("/v1/namespaces/{ns}/envfleets/{fleet}/claims")
     async def claim(request: web.Request) -> web.Response:
         t0 = time.monotonic()
@@ -87,11 +97,12 @@ def build_api(ctx: Context, fleets: Fleets) -> web.Application:
                                group_size=int(body["groupSize"]) if body.get("groupSize") else None)
             wait = min(float(body.get("waitSeconds", ctx.config.claim_wait_default)), MAX_WAIT)
             ttl = ttl_of(body)
+            holder = holder_of(body.get("holder"))
         except (ValueError, TypeError, AttributeError) as exc:
             return _error(400, f"bad request: {exc}")
         claim_id = f"api_{secrets.token_hex(8)}"
         try:
-            bound = await ctx.allocator.claim(fleet, claim_id, req, wait, source="api", ttl=ttl)
+            bound = await ctx.allocator.claim(fleet, claim_id, req, wait, source="api", ttl=ttl, holder=holder)
         except ClaimError as exc:
             return _error(400, str(exc))
         except NotActive as exc:
@@ -141,6 +152,26 @@ def build_api(ctx: Context, fleets: Fleets) -> web.Application:
         except NotActive as exc:
             return _error(503, str(exc))
         return web.json_response({"id": claim_id, "returned": returned, "replaced": replaced})
+
+    @routes.delete("/v1/namespaces/{ns}/envfleets/{fleet}/claims")
+    async def release_holder(request: web.Request) -> web.Response:
+        fleet = fleet_of(request)
+        try:
+            holder = holder_of(request.query.get("holder"))
+        except ValueError as exc:
+            return _error(400, f"bad request: {exc}")
+        if holder is None:
+            return _error(400, "bad request: ?holder= is required (to release one claim: .../claims/{id})")
+        ids = [cid for cid, rec in fleet.claims.items()
+               if cid.startswith("api_") and rec.holder == holder and cid not in fleet.releasing]
+        returned = replaced = 0
+        try:
+            for claim_id in ids:
+                r, p = await ctx.allocator.release(fleet, claim_id)
+                returned, replaced = returned + r, replaced + p
+        except NotActive as exc:
+            return _error(503, str(exc))
+        return web.json_response({"holder": holder, "released": ids, "returned": returned, "replaced": replaced})
 
     add_progress_route(routes, ctx, fleets)  # POST /v1/namespaces/{ns}/campaigns/{name}/progress (campaigns.py)
     app = web.Application()

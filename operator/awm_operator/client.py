@@ -37,12 +37,19 @@ class AllocationClient:
             await self._client.aclose()
 
     async def claim(self, count: int = 1, group_size: int | None = None, environment: str | None = None,
-                    wait_seconds: float = 30.0, ttl_seconds: float | None = None) -> dict[str, Any]:
+                    wait_seconds: float = 30.0, ttl_seconds: float | None = None,
+                    holder: str | None = None) -> dict[str, Any]:
         """Bind instances; unless released or renewed within ``ttl_seconds`` (the operator's
-        default when None), the operator releases them by itself."""
+        default when None), the operator releases them by itself. ``holder`` names who holds
+        them, so that :meth:`release_holder` can free them all."""
         body = {"count": count, "groupSize": group_size, "environment": environment, "waitSeconds": wait_seconds,
-                "ttlSeconds": ttl_seconds}
+                "ttlSeconds": ttl_seconds, "holder": holder}
         return await self._call("POST", "/claims", body)
+
+    async def release_holder(self, holder: str) -> dict[str, Any]:
+        """Release every claim of ``holder`` (``{"released": [ids], "returned", "replaced"}``)."""
+        r = await self._client.request("DELETE", self.base + "/claims", params={"holder": holder})
+        return self._result(r)
 
     async def get(self, claim_id: str) -> dict[str, Any]:
         """The claim as the operator sees it now; instances whose pod was lost have ``lost: true``."""
@@ -58,7 +65,10 @@ class AllocationClient:
         return await self._call("GET", "")
 
     async def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-        r = await self._client.request(method, self.base + path, json=body)
+        return self._result(await self._client.request(method, self.base + path, json=body))
+
+    @staticmethod
+    def _result(r: httpx.Response) -> dict[str, Any]:
         try:
             data = r.json()
         except ValueError:

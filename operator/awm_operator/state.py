@@ -31,6 +31,7 @@ class ClaimRecord:
     groups: list[list[str]]
     created: float = field(default_factory=time.time)
     expires: float | None = None   # unix time after which the operator releases it; None: never
+    holder: str | None = None      # who holds it (a campaign's trainer): its successor releases it
 
     @property
     def pods(self) -> list[str]:
@@ -40,15 +41,18 @@ class ClaimRecord:
         return next(i for i, g in enumerate(self.groups) if pod in g)
 
     def dump(self) -> str:
-        return json.dumps({"groups": self.groups, "created": round(self.created, 3),
-                           "expires": None if self.expires is None else round(self.expires, 3)},
-                          separators=(",", ":"))
+        data: dict[str, Any] = {"groups": self.groups, "created": round(self.created, 3),
+                                "expires": None if self.expires is None else round(self.expires, 3)}
+        if self.holder is not None:
+            data["holder"] = self.holder
+        return json.dumps(data, separators=(",", ":"))
 
     @classmethod
     def parse(cls, text: str) -> "ClaimRecord":
         data = json.loads(text)
         return cls(groups=[[str(n) for n in g] for g in data["groups"]], created=float(data.get("created") or 0),
-                   expires=None if data.get("expires") is None else float(data["expires"]))
+                   expires=None if data.get("expires") is None else float(data["expires"]),
+                   holder=data.get("holder"))
 
 
 @dataclass(frozen=True)
