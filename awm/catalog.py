@@ -12,6 +12,7 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -60,10 +61,18 @@ def _extract(archive: Path) -> Path:
 
 
 REPORT = "report.json"  # written next to the bundles by `awm catalog import`; not a bundle
+INDEX = "index.json"    # written next to the bundles by `awm catalog export`; not a bundle either
 
 
 def _is_bundle(path: Path) -> bool:
-    return is_source_dir(path) or (path.is_file() and path.suffix == ".json" and path.name != REPORT)
+    return is_source_dir(path) or (path.is_file() and path.suffix == ".json" and path.name not in (REPORT, INDEX))
+
+
+def index(bundles: list[EnvBundle]) -> dict[str, Any]:
+    """The catalog's table of contents: what an EnvFleet's environmentSelector chooses from
+    (served next to the bundles, or held in a ConfigMap; docs/kubernetes.md)."""
+    return {"environments": [{"name": b.name, "tasks": len(b.tasks), "tools": len(b.tools)}
+                             for b in sorted(bundles, key=lambda b: b.name)]}
 
 
 def load_bundle(path: Path) -> EnvBundle:

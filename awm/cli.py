@@ -262,11 +262,17 @@ def catalog_export(
     output: Annotated[Path, typer.Argument(help="Directory to write <env>.json bundles into.")],
     catalog: CatalogOpt = "starter",
 ) -> None:
-    """Write every bundle of a catalog as a JSON file (the form the fleet ships to pods)."""
+    """Write every bundle of a catalog as a JSON file (the form the fleet ships to pods), and
+    index.json, the list of environments an EnvFleet's environmentSelector chooses from."""
+    from awm.catalog import INDEX, index
+
     output.mkdir(parents=True, exist_ok=True)
-    for bundle in _load(catalog):
+    bundles = _load(catalog)
+    for bundle in bundles:
         (output / f"{bundle.name}.json").write_text(bundle.model_dump_json(indent=1))
         console.print(f"wrote {output / (bundle.name + '.json')}")
+    (output / INDEX).write_text(json.dumps(index(bundles), indent=1))
+    console.print(f"wrote {output / INDEX} ({len(bundles)} environments)")
 
 
 @catalog_app.command("import")

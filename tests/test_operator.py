@@ -157,6 +157,29 @@ def pod(name: str, env: str = "crm", ready: bool = True, rv: int = 1, **annotati
                        "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
 
 
+def test_environment_selector_chooses_from_the_index() -> None:
+    from awm_operator.catalog_index import index_names
+    from awm_operator.crds import EnvironmentSelector
+
+    names = index_names({"environments": [{"name": n} for n in ("crm", "bike_shop", "crm_lite", "hotel", "car_shop")]})
+    assert EnvironmentSelector().select(names) == ["bike_shop", "car_shop", "crm", "crm_lite", "hotel"]
+    sel = EnvironmentSelector.model_validate({"matchNames": ["crm*", "*_shop"], "excludeNames": ["car_*"], "limit": 3})
+    assert sel.select(names) == ["bike_shop", "crm", "crm_lite"]
+    for bad in ({"environments": "crm"}, {"environments": [{"tasks": 3}]}, ["crm"]):
+        with pytest.raises(ValueError, match="not a catalog index"):
+            index_names(bad)
+    # one way to choose, and a selector needs an index to choose from
+    with pytest.raises(ValueError, match="either environments or environmentSelector"):
+        fleet_spec(environmentSelector={"matchNames": ["crm*"]}, catalog={"url": "http://c"})
+    with pytest.raises(ValueError, match="either environments or environmentSelector"):
+        fleet_spec(environments=[])
+    with pytest.raises(ValueError, match="needs catalog.url or catalog.indexConfigMap"):
+        fleet_spec(environments=[], environmentSelector={})
+    spec = fleet_spec(environments=[], environmentSelector={"matchNames": ["crm*"]}, catalog={"indexConfigMap": "idx"})
+    assert ClaimRequest(2, "crm").problem(spec, None) is None  # not resolved yet: no verdict
+    assert ClaimRequest(2, "hotel").problem(spec, ["crm", "crm_lite"]) == "environment 'hotel' is not in the fleet"
+
+
 def test_stuck_pods_say_why() -> None:
     stuck = pod("s", ready=False)
     stuck["status"]["initContainerStatuses"] = [

@@ -267,6 +267,58 @@ def test_a_stuck_pod_says_why_in_the_fleet_status(cluster: Cluster, operator: In
     wait_for("the fleet gone", lambda: cluster.get("envfleets", "typo") is None)
 
 
+def test_environment_selector_over_the_catalog_index(cluster: Cluster, operator: InThread, tmp_path: Any) -> None:
+    """A fleet chooses its environments from the catalog's index (served next to the bundles, or
+    in a ConfigMap for an image catalog), follows a changed selector, and says when it cannot read
+    the index; the API server refuses a selector with no index to read."""
+    import functools
+    import http.server
+    import threading
+
+    index = tmp_path / "index.json"
+    index.write_text(json.dumps({"environments": [{"name": n} for n in ("crm", "crm_lite", "hotel")]}))
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        base = {"replicas": 4, "database": {"secretName": "awm-db"}, "environmentSelector": {"matchNames": ["crm*"]}}
+        cluster.create("envfleets", "picky", {**base, "catalog": {"url": url}})
+        status = wait_for("the chosen environments in the status",
+                          lambda: (s := cluster.status("envfleets", "picky")).get("environments") and s)
+        assert status["environments"] == ["crm", "crm_lite"]
+        wait_for("4 ready", lambda: cluster.ready("picky", 4))
+        envs = sorted(p["metadata"]["labels"]["awm.dev/environment"] for p in cluster.pods("picky"))
+        assert envs == ["crm", "crm", "crm_lite", "crm_lite"]
+        cluster.cp.kubectl("-n", NS, "patch", "envfleet", "picky", "--type=merge",
+                           "-p", json.dumps({"spec": {"environmentSelector": {"matchNames": ["hotel"]}}}))
+        wait_for("the new choice, and its pods", lambda: cluster.status("envfleets", "picky").get("environments")
+                 == ["hotel"] and sorted(p["metadata"]["labels"]["awm.dev/environment"]
+                                         for p in cluster.pods("picky")) == ["hotel"] * 4, timeout=60)
+
+        # An image catalog's index lives in a ConfigMap; a broken one is reported, pods stay.
+        cluster.cp.api("POST", f"/api/v1/namespaces/{NS}/configmaps", {
+            "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cat-index"},
+            "data": {"index.json": json.dumps({"environments": [{"name": "crm"}, {"name": "crm_x"}]})}})
+        cluster.create("envfleets", "viacm", {**base, "replicas": 2, "catalog": {"indexConfigMap": "cat-index"}})
+        wait_for("the ConfigMap's environments", lambda: cluster.status("envfleets", "viacm").get("environments")
+                 == ["crm", "crm_x"])
+        cluster.create("envfleets", "noindex", {**base, "replicas": 2, "catalog": {"indexConfigMap": "missing"}})
+        cond = wait_for("the unreadable index reported", lambda: next(
+            (c for c in cluster.status("envfleets", "noindex").get("conditions", [])
+             if c["reason"] == "CatalogIndexUnavailable"), None))
+        assert cond["status"] == "False" and "missing" in cond["message"] and not cluster.pods("noindex")
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            cluster.create("envfleets", "noway", {**base, "catalog": {}})
+        assert refused.value.code == 422 and "needs catalog.url or catalog.indexConfigMap" in refused.value.read().decode()
+    finally:
+        server.shutdown()
+        for name in ("picky", "viacm", "noindex"):
+            cluster.delete("envfleets", name)
+        cluster.cp.api("DELETE", f"/api/v1/namespaces/{NS}/configmaps/cat-index")
+    wait_for("the fleets gone", lambda: all(cluster.get("envfleets", n) is None for n in ("picky", "viacm", "noindex")))
+
+
 def test_concurrent_claims_never_share_an_instance(cluster: Cluster, operator: InThread) -> None:
     wait_for("12 ready", lambda: cluster.ready("pool", 12))
     run_id = uuid.uuid4().hex[:6]

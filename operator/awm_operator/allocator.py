@@ -96,7 +96,7 @@ class Allocator:
         autoscaler. ``ttl``: seconds after which the operator releases the claim by itself."""
         t0 = time.monotonic()
         deadline = None if wait is None else t0 + wait
-        problem = req.problem(fleet.spec)
+        problem = req.problem(fleet.spec, fleet.selected)
         if problem:
             self.metrics.claims.labels(fleet.namespace, fleet.name, source, "failed").inc()
             raise ClaimError(problem)

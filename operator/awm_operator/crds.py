@@ -16,6 +16,7 @@ API group ``awm.dev``, version ``v1alpha1``:
 
 from __future__ import annotations
 
+import fnmatch
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -35,7 +36,28 @@ class CatalogSource(_Spec):
 
     image: str | None = Field(None, description="OCI image with the catalog's bundle files.")
     path: str = Field("/catalog", description="Directory of the bundles inside the image.")
-    url: str | None = Field(None, description="Base URL serving <env>.json (instead of an image).")
+    url: str | None = Field(None, description="Base URL serving <env>.json (instead of an image), "
+                            "and index.json (the environments, for an environmentSelector).")
+    index_config_map: str | None = Field(None, alias="indexConfigMap", description=(
+        "ConfigMap (key index.json, from `awm catalog export`) listing an image catalog's "
+        "environments, for an environmentSelector."))
+
+
+class EnvironmentSelector(_Spec):
+    """Environments chosen from the catalog's index by name, so that a fleet over a 1,000-
+    environment catalog need not list them (the operator re-reads the index every few minutes)."""
+
+    match_names: list[str] = Field(default_factory=lambda: ["*"], alias="matchNames", min_length=1, description=(
+        "Shell-style patterns (crm*, *_shop); an environment matching any of them is chosen."))
+    exclude_names: list[str] = Field(default_factory=list, alias="excludeNames", description=(
+        "Patterns of environments left out."))
+    limit: int | None = Field(None, ge=1, le=MAX_REPLICAS, description="At most this many, the first by name.")
+
+    def select(self, names: list[str]) -> list[str]:
+        """The chosen environments, sorted by name."""
+        chosen = sorted(n for n in set(names) if any(fnmatch.fnmatchcase(n, p) for p in self.match_names)
+                        and not any(fnmatch.fnmatchcase(n, p) for p in self.exclude_names))
+        return chosen[:self.limit] if self.limit else chosen
 
 
 class DatabaseRef(_Spec):
@@ -54,9 +76,18 @@ class PodOverrides(_Spec):
 
 
 class EnvFleetSpec(_Spec):
-    environments: list[str] = Field(min_length=1, description="Environment names in the catalog; "
+    model_config = ConfigDict(populate_by_name=True, extra="forbid", json_schema_extra={"x-kubernetes-validations": [
+        {"rule": "(has(self.environments) && size(self.environments) > 0) != has(self.environmentSelector)",
+         "message": "give either environments or environmentSelector"},
+        {"rule": "!has(self.environmentSelector) || has(self.catalog.url) || has(self.catalog.indexConfigMap)",
+         "message": "an environmentSelector needs catalog.url or catalog.indexConfigMap (the catalog's index)"}]})
+
+    environments: list[str] = Field(default_factory=list, description="Environment names in the catalog; "
                                     "instances are spread evenly across them, except that waiting claims for "
                                     "one environment or of GRPO groups get their instances where they need them.")
+    environment_selector: EnvironmentSelector | None = Field(None, alias="environmentSelector", description=(
+        "Instead of environments: the catalog's environments whose names match (status.environments "
+        "shows which)."))
     replicas: int = Field(1, ge=0, le=MAX_REPLICAS, description="Desired instances (set by the autoscaler "
                           "when autoscaling is on).")
     buffer: int = Field(0, ge=0, le=MAX_REPLICAS, description="Ready, unallocated instances to keep warm.")
@@ -67,6 +98,14 @@ class EnvFleetSpec(_Spec):
     catalog: CatalogSource
     database: DatabaseRef
     template: PodOverrides = Field(default_factory=PodOverrides)
+
+    @model_validator(mode="after")
+    def _one_way_to_choose(self) -> "EnvFleetSpec":
+        if bool(self.environments) == (self.environment_selector is not None):
+            raise ValueError("give either environments or environmentSelector")
+        if self.environment_selector is not None and not (self.catalog.url or self.catalog.index_config_map):
+            raise ValueError("an environmentSelector needs catalog.url or catalog.indexConfigMap (the catalog's index)")
+        return self
 
 
 class Condition(_Spec):
@@ -82,6 +121,7 @@ class EnvFleetStatus(_Spec):
     ready: int = 0
     allocated: int = 0
     selector: str = Field("", description="Label selector of the fleet's pods (scale subresource).")
+    environments: list[str] | None = Field(None, description="The environments an environmentSelector chose.")
     conditions: list[Condition] = Field(default_factory=list)
     observed_generation: int = Field(0, alias="observedGeneration")
 

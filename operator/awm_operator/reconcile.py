@@ -31,6 +31,7 @@ from awm_operator.config import OperatorConfig
 from awm_operator.kube import ApiError, Kube
 from awm_operator.ledger import Ledger
 from awm_operator.metrics import Metrics
+from awm_operator.catalog_index import REFRESH_S, RETRY_S, read_index
 from awm_operator.pods import PodInfo, pod_manifest, selector, spread
 from awm_operator.state import Fleet
 
@@ -64,6 +65,8 @@ class Reconciler:
     orphans: dict[str, float] = field(default_factory=dict)
     conditions: dict[str, dict[str, Any]] = field(default_factory=dict)
     reported_lost: dict[str, tuple[str, ...]] = field(default_factory=dict)  # EnvClaim id -> lost pods
+    index_read: tuple[str, float] = ("", 0.0)  # (selector and catalog, when) the index was last read
+    index_error: str | None = None
 
     def __post_init__(self) -> None:
         self.gate = ScaleDownGate(self.ctx.config.scale_down_delay)
@@ -136,6 +139,7 @@ class Reconciler:
                             log.warning("fleet %s/%s: %s", fleet.namespace, fleet.name, exc)
             jobs.append(limited())
 
+        environments = await self.environments(now)
         pods = [p for p in fleet.pods.values() if not p.deleting]
         # 1. failed pods are deleted (and so replaced below, on the next pass)
         for p in pods:
@@ -143,14 +147,17 @@ class Reconciler:
                 fleet.doom(p)
                 job(lambda p=p: self.delete(p, guarded=False))
         live = [p for p in pods if not p.failed]
-        # 2. count per environment
-        desired = spread(spec.replicas, spec.environments, fleet.floors(spec.environments, spec.replicas))
+        # 2. count per environment (none while a selector's index was never read: pods stay as they are)
+        desired = spread(spec.replicas, environments, fleet.floors(environments, spec.replicas)) \
+            if environments is not None else {p.env: 0 for p in live}
         more = False
         by_env: dict[str, list[PodInfo]] = {}
         for p in live:
             by_env.setdefault(p.env, []).append(p)
         budget = max(cfg.create_concurrency * 4, 64)  # writes per pass: passes stay short
         for env in list(by_env) + [e for e in desired if e not in by_env]:
+            if environments is None:
+                break
             have, want = by_env.get(env, []), desired.get(env, 0)
             if len(have) < want:
                 n = min(want - len(have), budget)
@@ -172,6 +179,39 @@ class Reconciler:
         await self.patch_status(force=False)
         await self.sweep_databases(now)
         return more
+
+    async def environments(self, now: float) -> list[str] | None:
+        """The fleet's environments: its list, or what its selector chooses from the catalog's
+        index (re-read every few minutes and when the spec changes). A failed read keeps the
+        last choice; with none yet, None (no pod is created or deleted for it)."""
+        fleet, spec = self.fleet, self.fleet.spec
+        assert spec is not None
+        selector = spec.environment_selector
+        if selector is None:
+            fleet.selected = None
+            return spec.environments
+        key = selector.model_dump_json() + spec.catalog.model_dump_json()  # not the generation: replicas change it
+        last_key, at = self.index_read
+        if key == last_key and now - at < (REFRESH_S if self.index_error is None else RETRY_S):
+            return fleet.selected
+        self.index_read = (key, now)
+        try:
+            names = await read_index(self.ctx.kube, self.ctx.allocator.http, fleet.namespace, spec.catalog)
+            chosen = selector.select(names)
+            if not chosen:
+                raise ValueError(f"the selector matches none of the catalog's {len(names)} environments")
+        except Exception as exc:  # noqa: BLE001 - reported on the fleet, retried
+            self.index_error = f"catalog index: {exc}"
+            log.warning("fleet %s/%s: %s", fleet.namespace, fleet.name, self.index_error)
+            asyncio.get_running_loop().call_later(RETRY_S + 0.01, fleet.poke)
+            if key != last_key:
+                fleet.selected = None  # a new selector: the old choice is not its answer
+            return fleet.selected
+        if chosen != fleet.selected:
+            log.info("fleet %s/%s: the selector chose %d environments", fleet.namespace, fleet.name, len(chosen))
+        self.index_error, fleet.selected = None, chosen
+        asyncio.get_running_loop().call_later(REFRESH_S + 0.01, fleet.poke)
+        return chosen
 
     def victims(self, pods: list[PodInfo], n: int) -> list[PodInfo]:
         """Scale down: never allocated or reserved pods; not-ready ones first, then the newest."""
@@ -313,7 +353,10 @@ class Reconciler:
             message = f"{c.ready} ready, {c.allocated} allocated, {c.starting} starting of {want}"
             reason = "AllReady" if ready else "Reconciling"
             stuck = sorted((p.name, p.problem) for p in fleet.pods.values() if p.problem and not p.deleting)
-            if stuck and not ready:
+            if self.index_error is not None:
+                ready, reason = False, "CatalogIndexUnavailable"
+                message = f"{self.index_error}; " + message
+            elif stuck and not ready:
                 # say why, in the words of the first stuck pod: a misspelt environment, a missing
                 # catalog image, an unreachable database are otherwise a silent "Reconciling"
                 name, problem = stuck[0]
@@ -324,6 +367,8 @@ class Reconciler:
             status = {"replicas": c.replicas, "ready": c.ready, "allocated": c.allocated,
                       "selector": selector(fleet.name), "conditions": [cond],
                       "observedGeneration": fleet.generation}
+            if fleet.spec.environment_selector is not None:
+                status["environments"] = fleet.selected
         comparable = {k: v for k, v in status.items() if k != "conditions"} | {"cond": (cond["status"], cond["message"])}
         if comparable == self.last_status:
             return

@@ -61,14 +61,16 @@ class ClaimRequest:
     environment: str | None = None
     group_size: int | None = None
 
-    def problem(self, spec: EnvFleetSpec | None) -> str | None:
-        """Why this request can never be satisfied by the fleet, or None."""
+    def problem(self, spec: EnvFleetSpec | None, environments: list[str] | None = None) -> str | None:
+        """Why this request can never be satisfied by the fleet, or None (``environments``: the
+        fleet's, where a selector chose them; None while it has not been resolved)."""
         if self.count < 1:
             return "count must be at least 1"
         if self.group_size and self.count % self.group_size:
             return f"count ({self.count}) must be a multiple of groupSize ({self.group_size})"
         if spec is not None:
-            if self.environment and self.environment not in spec.environments:
+            known = environments if spec.environment_selector is not None else spec.environments
+            if self.environment and known is not None and self.environment not in known:
                 return f"environment {self.environment!r} is not in the fleet"
             if spec.autoscale and self.count > spec.max_replicas:
                 return f"count ({self.count}) exceeds the fleet's maxReplicas ({spec.max_replicas})"
@@ -125,6 +127,7 @@ class Fleet:
     generation: int = 0
     spec: EnvFleetSpec | None = None
     spec_error: str | None = None
+    selected: list[str] | None = None  # what its environmentSelector chose (None: not resolved yet)
     body: dict[str, Any] = field(default_factory=dict)
     pods: dict[str, PodInfo] = field(default_factory=dict)
     available: dict[str, dict[str, None]] = field(default_factory=lambda: defaultdict(dict))
