@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import json
 import logging
 import os
@@ -140,6 +141,9 @@ class LocalFleet:
         await self.stop()
 
     async def start(self) -> list[InstanceHandle]:
+        if importlib.util.find_spec("fastmcp") is None:  # before any database is made for nothing
+            raise FleetError("a local fleet runs env servers, which need the envserver extra: "
+                             "pip install 'awm[envserver]'")
         if self.database is None:
             self.database = await asyncio.to_thread(Database.open)
         t0 = time.perf_counter()

@@ -75,3 +75,20 @@ def test_gc_command_keeps_foreign_and_live_databases(admin_dsn: str, notes_bundl
     assert {live.dbname, pod.dbname, other_host.dbname} <= names
     for inst in (live, pod, other_host):
         provision.drop_instance(admin_dsn, inst.dbname)
+
+
+async def test_a_fleet_without_the_envserver_extra_says_what_to_install(monkeypatch, notes_bundle) -> None:
+    """`pip install awm[trainer]` alone: `awm train` on a local fleet must say what is missing,
+    before it makes any database."""
+    import importlib.util
+
+    import pytest
+
+    from awm.fleet import FleetError
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "fastmcp" else real(name, *a))
+    fleet = LocalFleet([notes_bundle], replicas=1, database=None)
+    with pytest.raises(FleetError, match=r"pip install 'awm\[envserver\]'"):
+        await fleet.start()
+    assert fleet.database is None and not fleet.instances

@@ -175,6 +175,8 @@ def test_environment_selector_chooses_from_the_index() -> None:
         fleet_spec(environments=[])
     with pytest.raises(ValueError, match="needs catalog.url or catalog.indexConfigMap"):
         fleet_spec(environments=[], environmentSelector={})
+    with pytest.raises(ValueError, match="minReplicas must not exceed maxReplicas"):
+        fleet_spec(minReplicas=5, maxReplicas=4)
     spec = fleet_spec(environments=[], environmentSelector={"matchNames": ["crm*"]}, catalog={"indexConfigMap": "idx"})
     assert ClaimRequest(2, "crm").problem(spec, None) is None  # not resolved yet: no verdict
     assert ClaimRequest(2, "hotel").problem(spec, ["crm", "crm_lite"]) == "environment 'hotel' is not in the fleet"

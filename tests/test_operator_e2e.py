@@ -308,9 +308,12 @@ def test_environment_selector_over_the_catalog_index(cluster: Cluster, operator:
             (c for c in cluster.status("envfleets", "noindex").get("conditions", [])
              if c["reason"] == "CatalogIndexUnavailable"), None))
         assert cond["status"] == "False" and "missing" in cond["message"] and not cluster.pods("noindex")
-        with pytest.raises(urllib.error.HTTPError) as refused:
-            cluster.create("envfleets", "noway", {**base, "catalog": {}})
-        assert refused.value.code == 422 and "needs catalog.url or catalog.indexConfigMap" in refused.value.read().decode()
+        for spec, message in (({**base, "catalog": {}}, "needs catalog.url or catalog.indexConfigMap"),
+                              ({**base, "catalog": {"url": url}, "environments": ["crm"]}, "either environments or"),
+                              (fleet_spec(1, None, minReplicas=3, maxReplicas=2), "minReplicas must not exceed")):
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                cluster.create("envfleets", "noway", spec)
+            assert refused.value.code == 422 and message in refused.value.read().decode()
     finally:
         server.shutdown()
         for name in ("picky", "viacm", "noindex"):

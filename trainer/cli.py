@@ -179,12 +179,14 @@ def train(
                       f"env wait {r['env_wait_fraction']:.2f}  staleness {max(r['staleness'], default=0)}  "
                       f"loss {r['loss'] if r['loss'] is not None else '-'}")
 
+    from awm.fleet import FleetError
+
     try:
         result = asyncio.run(run_training(cfg, on_step=show))
     except PolicyUnavailable as exc:
         err.print(f"[red]error: the policy is unavailable:[/red] {exc}")
         raise typer.Exit(3) from exc
-    except ValueError as exc:
+    except (ValueError, FleetError) as exc:
         err.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from exc
     console.print(f"reward: first step {result.first_reward} → last step {result.last_reward} "
@@ -280,8 +282,13 @@ def eval_command(
 
     if not as_json:
         console.print(f"awm eval: {name} · {len(tasks)} tasks × k={k} · {len(bundles)} environments")
+    from awm.fleet import FleetError
+
     try:
         scores = asyncio.run(run())
+    except FleetError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from exc
     except PolicyUnavailable as exc:
         # What finished is kept: a partial report, marked as such, next to the trajectories.
         partial = {**ev.report(ev.by_environment(done), k, name), "incomplete": f"policy unavailable: {exc}",

@@ -80,7 +80,9 @@ class EnvFleetSpec(_Spec):
         {"rule": "(has(self.environments) && size(self.environments) > 0) != has(self.environmentSelector)",
          "message": "give either environments or environmentSelector"},
         {"rule": "!has(self.environmentSelector) || has(self.catalog.url) || has(self.catalog.indexConfigMap)",
-         "message": "an environmentSelector needs catalog.url or catalog.indexConfigMap (the catalog's index)"}]})
+         "message": "an environmentSelector needs catalog.url or catalog.indexConfigMap (the catalog's index)"},
+        {"rule": "!has(self.minReplicas) || !has(self.maxReplicas) || self.minReplicas <= self.maxReplicas",
+         "message": "minReplicas must not exceed maxReplicas"}]})
 
     environments: list[str] = Field(default_factory=list, description="Environment names in the catalog; "
                                     "instances are spread evenly across them, except that waiting claims for "
@@ -100,11 +102,13 @@ class EnvFleetSpec(_Spec):
     template: PodOverrides = Field(default_factory=PodOverrides)
 
     @model_validator(mode="after")
-    def _one_way_to_choose(self) -> "EnvFleetSpec":
+    def _consistent(self) -> "EnvFleetSpec":
         if bool(self.environments) == (self.environment_selector is not None):
             raise ValueError("give either environments or environmentSelector")
         if self.environment_selector is not None and not (self.catalog.url or self.catalog.index_config_map):
             raise ValueError("an environmentSelector needs catalog.url or catalog.indexConfigMap (the catalog's index)")
+        if self.min_replicas > self.max_replicas:
+            raise ValueError("minReplicas must not exceed maxReplicas")
         return self
 
 
