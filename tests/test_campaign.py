@@ -288,6 +288,7 @@ def test_progress_reports() -> None:
     with pytest.raises(ValidationError):
         cp.ProgressReport.model_validate({"loss": 1.0})
     assert ProgressReporter.payload(step=2, reward_mean=None, pass_rates={"a": 1.0}) == {"step": 2, "passRates": {"a": 1.0}}
+    assert ProgressReporter.payload(pass_at_k={"a": 1.0}) == {"passAtK": {"a": 1.0}}
     status = CampaignStatus.model_validate({"phase": "Running", "step": 3, "rewardMean": 0.5, "passRates": {"crm": 0.25}})
     assert status.pass_rates == {"crm": 0.25}
 

@@ -230,9 +230,11 @@ def test_failing_job_fails_the_campaign(cluster: Cluster, operator: InThread) ->
     base = f"{api_url(operator)}/v1/namespaces/{NS}/campaigns"
     assert httpx.post(f"{base}/no-such-campaign/progress", json={"step": 1}).status_code == 404
     assert httpx.post(f"{base}/{name}/progress", json={"step": "many"}).status_code == 400
-    r = httpx.post(f"{base}/{name}/progress", json={"step": 1, "passRates": {"crm": 0.5}})
+    r = httpx.post(f"{base}/{name}/progress", json={"step": 1, "passRates": {"crm": 0.5}, "passAtK": {"crm": 0.75}})
     assert r.status_code == 202, r.text
     wait_for("the pass rates in the status", lambda: cluster.status(name).get("passRates") == {"crm": 0.5})
+    assert cluster.status(name)["passAtK"] == {"crm": 0.75}
+    assert metric(operator, "awm_campaign_pass_at_k", campaign=name, env="crm") == 0.75
 
     # The pod fails (what a crashed evaluator's pod does): with backoffLimit 0 the Job fails.
     r = cluster.cp.kubectl("-n", NS, "patch", "pod", pod["metadata"]["name"], "--subresource=status", "--type=merge",
@@ -308,7 +310,7 @@ def test_awm_train_in_a_campaign_job_claims_trains_and_reports(cluster: Cluster,
             for key, value in container_env(job).items():
                 monkeypatch.setenv(key, value)
             cfg = TrainConfig.from_dict({**yaml.safe_load(cm["data"]["train.yaml"]), "catalog": str(LAMPS),
-                                         "run_dir": str(tmp_path / "run")})
+                                         "run_dir": str(tmp_path / "run"), "metrics_port": 0})  # a pod's port, not ours
             return await train(cfg)
 
     result = asyncio.run(run())

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.llm_server import Reply, ScriptedLLM
-from trainer.eval import pass_at_k
+from trainer.eval import TaskScore, pass_at_k, running_summary
 
 NOTES = Path(__file__).parent / "fixtures" / "notes"
 
@@ -96,3 +96,10 @@ def test_awm_eval_keeps_what_finished_when_the_endpoint_goes_away(pg, tmp_path):
     assert (finished["task_id"], finished["pass_at_1"]) == ("add_note", 1.0)
     ends = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
     assert sum(e["event"] == "end" and e["task_id"] == "add_note" for e in ends) == 2
+
+
+def test_running_summary_for_a_campaign_status():
+    done = [TaskScore("crm", "a", 4, 2, 0, 0.5, 0.5, 1.0), TaskScore("crm", "b", 4, 0, 0, 0.0, 0.0, 0.0),
+            TaskScore("hotel", "c", 0, 0, 4, None, 0.0, 0.0)]  # all masked: not scored
+    assert running_summary(done) == {"step": 3, "reward_mean": 0.25, "pass_rates": {"crm": 0.25},
+                                     "pass_at_k": {"crm": 0.5}}

@@ -95,14 +95,15 @@ def by_environment(results: list[TaskScore]) -> list[EnvScore]:
 
 def running_summary(done: list[TaskScore]) -> dict[str, Any]:
     """Progress of an evaluation so far, for a campaign's status: tasks finished, mean reward
-    and pass@1 per environment over the finished tasks."""
+    and pass@1 and pass@k per environment over the finished tasks."""
     by_env: dict[str, list[TaskScore]] = {}
     for t in done:
         if t.samples:
             by_env.setdefault(t.env, []).append(t)
     rewards = [t.mean_reward for t in done if t.mean_reward is not None]
     return {"step": len(done), "reward_mean": round(sum(rewards) / len(rewards), 4) if rewards else None,
-            "pass_rates": {env: round(sum(t.pass_at_1 for t in ts) / len(ts), 4) for env, ts in by_env.items()}}
+            "pass_rates": {env: round(sum(t.pass_at_1 for t in ts) / len(ts), 4) for env, ts in by_env.items()},
+            "pass_at_k": {env: round(sum(t.pass_at_k for t in ts) / len(ts), 4) for env, ts in by_env.items()}}
 
 
 def report(scores: list[EnvScore], k: int, model: str) -> dict[str, Any]:

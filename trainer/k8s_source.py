@@ -247,15 +247,18 @@ class ProgressReporter:
 
     @staticmethod
     def payload(step: int | None = None, reward_mean: float | None = None, rollouts_per_s: float | None = None,
-                pass_rates: Mapping[str, float] | None = None) -> dict[str, Any]:
+                pass_rates: Mapping[str, float] | None = None,
+                pass_at_k: Mapping[str, float] | None = None) -> dict[str, Any]:
         body: dict[str, Any] = {"step": step, "rewardMean": reward_mean, "rolloutsPerS": rollouts_per_s,
-                                "passRates": dict(pass_rates) if pass_rates is not None else None}
+                                "passRates": dict(pass_rates) if pass_rates is not None else None,
+                                "passAtK": dict(pass_at_k) if pass_at_k is not None else None}
         return {k: v for k, v in body.items() if v is not None}
 
     def report(self, step: int | None = None, reward_mean: float | None = None, rollouts_per_s: float | None = None,
-               pass_rates: Mapping[str, float] | None = None) -> None:
+               pass_rates: Mapping[str, float] | None = None, pass_at_k: Mapping[str, float] | None = None) -> None:
         """Queue a report (call from inside the event loop)."""
-        self._latest = {**(self._latest or {}), **self.payload(step, reward_mean, rollouts_per_s, pass_rates)}
+        self._latest = {**(self._latest or {}),
+                        **self.payload(step, reward_mean, rollouts_per_s, pass_rates, pass_at_k)}
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._drain())
 

@@ -260,7 +260,11 @@ async def train(cfg: TrainConfig, on_step: StepHook | None = None) -> TrainResul
                          seed=cfg.seed + start_step, version=learner.version, share=cfg.mode == "sync")
     metrics = TrainMetrics()
     if cfg.metrics_port:
-        metrics.serve(cfg.metrics_port, cfg.metrics_host)
+        try:
+            metrics.serve(cfg.metrics_port, cfg.metrics_host)
+        except OSError as exc:  # the run matters more than its dashboard
+            log.error("cannot serve metrics on %s:%d (%s); training without them", cfg.metrics_host,
+                      cfg.metrics_port, exc)
     metrics_log = JsonlLog(run_dir / "metrics.jsonl")
     dropped = metrics_log.keep_through(start_step)
     if dropped:

@@ -368,6 +368,7 @@ class ProgressReport(BaseModel):
     reward_mean: float | None = Field(None, alias="rewardMean")
     rollouts_per_s: float | None = Field(None, alias="rolloutsPerS", ge=0)
     pass_rates: dict[str, float] | None = Field(None, alias="passRates")
+    pass_at_k: dict[str, float] | None = Field(None, alias="passAtK")
 
     def status(self) -> dict[str, Any]:
         return self.model_dump(by_alias=True, exclude_none=True)

@@ -380,6 +380,8 @@ class CampaignStatus(_Spec):
     rollouts_per_s: float | None = Field(None, alias="rolloutsPerS")
     pass_rates: dict[str, float] = Field(default_factory=dict, alias="passRates",
                                          description="pass@1 per environment (evaluation).")
+    pass_at_k: dict[str, float] = Field(default_factory=dict, alias="passAtK",
+                                        description="pass@k per environment, k = evaluation.k (evaluation).")
     started_at: str | None = Field(None, alias="startedAt")
     finished_at: str | None = Field(None, alias="finishedAt")
     conditions: list[Condition] = Field(default_factory=list)

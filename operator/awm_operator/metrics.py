@@ -55,6 +55,8 @@ class Metrics:
                                        ["namespace", "campaign"], registry=r)
         self.campaign_pass_rate = Gauge("awm_campaign_pass_rate", "Pass rate per environment of an evaluation.",
                                         ["namespace", "campaign", "env"], registry=r)
+        self.campaign_pass_at_k = Gauge("awm_campaign_pass_at_k", "pass@k per environment of an evaluation.",
+                                        ["namespace", "campaign", "env"], registry=r)
 
     def observe_campaign(self, namespace: str, campaign: str, status: dict[str, Any]) -> None:
         """Mirror a campaign's status (as last written) into gauges."""
@@ -66,10 +68,12 @@ class Metrics:
                 gauge.labels(namespace, campaign).set(status[key])
         for env, rate in (status.get("passRates") or {}).items():
             self.campaign_pass_rate.labels(namespace, campaign, env).set(rate)
+        for env, rate in (status.get("passAtK") or {}).items():
+            self.campaign_pass_at_k.labels(namespace, campaign, env).set(rate)
 
     def forget_campaign(self, namespace: str, campaign: str) -> None:
         for gauge in (self.campaign_phase, self.campaign_step, self.campaign_reward, self.campaign_rollouts,
-                      self.campaign_pass_rate):
+                      self.campaign_pass_rate, self.campaign_pass_at_k):
             for labels in [k for k in gauge._metrics if k[:2] == (namespace, campaign)]:  # noqa: SLF001
                 gauge.remove(*labels)
 
