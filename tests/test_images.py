@@ -348,9 +348,15 @@ def test_catalog_image_build(tmp_path: Path) -> None:
     out, src = tmp_path / m.group(1).lstrip("/"), built.src / m.group(2).lstrip("/")
     r = built.run("awm", "catalog", "export", str(out), "--catalog", str(src))
     assert r.returncode == 0, r.stdout + r.stderr
-    files = sorted(p.name for p in out.glob("*.json"))
-    assert files == ["bike_shop.json", "crm.json", "project_tracker.json"]
     from awm.bundle import EnvBundle
+    from awm.catalog import INDEX
+
+    files = sorted(p.name for p in out.glob("*.json") if p.name != INDEX)
+    assert files == ["bike_shop.json", "crm.json", "project_tracker.json"]
+    # index.json (read by environmentSelector) lists exactly the exported bundles
+    index = json.loads((out / INDEX).read_text())
+    assert sorted(e["name"] if isinstance(e, dict) else e for e in index["environments"]) == \
+        [f.removesuffix(".json") for f in files]
 
     for f in files:
         assert EnvBundle.model_validate_json((out / f).read_text()).name == f.removesuffix(".json")

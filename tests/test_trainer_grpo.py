@@ -72,6 +72,22 @@ def test_kl_penalty_k3_by_hand():
     assert loss.item() == pytest.approx(0.1 * k3 / 2, abs=1e-7)
 
 
+def test_minus_infinity_at_masked_positions_keeps_the_loss_finite():
+    """A prompt token outside the allowed set has log-prob -inf under the policy and under the
+    reference: -inf - -inf is NaN, and NaN * 0 would poison the loss and every gradient."""
+    inf = float("inf")
+    logp = torch.tensor([[-inf, -0.5, -1.0]], requires_grad=True)
+    ref = torch.tensor([[-inf, -0.5, -0.5]])
+    mask = torch.tensor([[0.0, 1.0, 1.0]])
+    loss, stats = grpo_loss(logp, torch.tensor([[0.0, -0.5, -1.0]]), torch.tensor([1.0]), mask,
+                            ref_logp=ref, kl_coef=0.1)
+    loss.backward()
+    k3 = math.exp(0.5) - 0.5 - 1
+    assert loss.item() == pytest.approx((-1 - 1 + 0.1 * k3) / 2, abs=1e-6)
+    assert stats.kl == pytest.approx(k3 / 2, abs=1e-6)
+    assert torch.isfinite(logp.grad).all() and logp.grad[0, 0] == 0
+
+
 def test_accumulating_micro_batches_equals_one_batch():
     logp, old, adv, mask = _case()
     full, _ = grpo_loss(logp, old, adv, mask)
@@ -102,8 +118,9 @@ def test_learner_gradient_accumulation_matches_full_batch():
 
 def test_policy_device_and_dtype_reach_the_learner_and_the_sampler(tmp_path):
     """What a GPU run does with ``policy.device``/``policy.dtype``, on the CPU with bfloat16:
-    the model, the learner's batches and the sampler's inputs all live where the policy says;
-    a synchronous run shares one model between learner and sampler."""
+    the learner keeps float32 master weights and computes under autocast, the reference and an
+    async sampler's copy are bfloat16, and a synchronous run shares one model between learner
+    and sampler."""
     from trainer.config import TrainConfig
     from trainer.learner import Learner, build_policy, resolve_device, resolve_dtype
     from trainer.local_policy import LocalPolicy
@@ -116,11 +133,16 @@ def test_policy_device_and_dtype_reach_the_learner_and_the_sampler(tmp_path):
             resolve_device("cuda:0")
     cfg = TrainConfig.from_dict({"policy": {"device": "cpu", "dtype": "bfloat16",
                                             "tiny": {"hidden_size": 16, "layers": 1, "heads": 2,
-                                                     "actions": ["a b", "c d"]}}, "run_dir": str(tmp_path)})
-    model, _, tokenizer, sampling = build_policy(cfg, ["a b c d"], None)
-    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
-    learner = Learner(model, cfg.grpo, sampling)
-    policy = LocalPolicy(learner.model, tokenizer, sampling, share=True)
+                                                     "actions": ["a b", "c d"]}},
+                                 "grpo": {"kl_coef": 0.1}, "run_dir": str(tmp_path)})
+    model, reference, tokenizer, sampling, compute = build_policy(cfg, ["a b c d"], None)
+    assert compute == torch.bfloat16
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    assert {p.dtype for p in reference.parameters()} == {torch.bfloat16}
+    learner = Learner(model, cfg.grpo, sampling, reference, compute_dtype=compute)
+    copy_policy = LocalPolicy(learner.model, tokenizer, sampling, share=False, dtype=compute)
+    assert {p.dtype for p in copy_policy.model.parameters()} == {torch.bfloat16}
+    policy = LocalPolicy(learner.model, tokenizer, sampling, share=True, dtype=compute)
     ids, logprobs = policy.generate(tokenizer.encode("a b"))
     assert ids and len(ids) == len(logprobs) and all(lp <= 0 for lp in logprobs)
     before = [p.detach().clone() for p in model.parameters()]
@@ -128,8 +150,37 @@ def test_policy_device_and_dtype_reach_the_learner_and_the_sampler(tmp_path):
                                    [0.0, 0.0, *logprobs], 1.0)])
     assert stats["trained_tokens"] == len(ids) and math.isfinite(stats["loss"])
     policy.load_weights(learner.weights(), learner.version)
+    copy_policy.load_weights(learner.weights(), learner.version)
     assert policy.model is model and policy.version == 1  # shared: the step is already in it
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert {p.dtype for p in copy_policy.model.parameters()} == {torch.bfloat16}  # cast on load
+    with pytest.raises(ValueError, match="float32"):
+        Learner(model.to(torch.bfloat16), cfg.grpo, sampling)
+
+
+def test_bfloat16_compute_keeps_small_updates():
+    """At an RL-sized learning rate most updates are far below bfloat16's resolution of a weight;
+    with float32 master weights a bfloat16-compute step changes as many weights as a float32 one
+    (bfloat16 weights would keep almost none of them)."""
+    from trainer.config import GRPOConfig
+    from trainer.learner import Learner
+    from trainer.local_policy import SamplingSpec
+    from trainer.samples import Sequence
+    from trainer.tiny import TinySpec, build_model
+
+    seq = Sequence([1, 2, 3, 4, 5, 6], [0, 0, 1, 1, 1, 1], [0.0, 0.0, *[math.nan] * 4], 1.0)  # on-policy
+    changed = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        model = build_model(16, TinySpec(hidden_size=32, layers=1, heads=2), seed=0)
+        before = [p.detach().clone() for p in model.parameters()]
+        learner = Learner(model, GRPOConfig(lr=1e-6, max_grad_norm=1e9), SamplingSpec(), compute_dtype=dtype)
+        learner.step([seq])
+        changed[dtype] = sum(int((a != b).sum()) for a, b in zip(before, model.parameters()))
+        if dtype == torch.float32:  # what training bfloat16 weights directly would keep of the same step
+            kept = sum(int((a.bfloat16() != b.bfloat16()).sum()) for a, b in zip(before, model.parameters()))
+    assert changed[torch.float32] > 1000
+    assert changed[torch.bfloat16] >= 0.9 * changed[torch.float32]
+    assert kept < 0.1 * changed[torch.float32]
 
 
 @pytest.mark.parametrize("section, bad, message", [

@@ -27,7 +27,8 @@ class PolicyConfig:
     temperature: float = 1.0
     max_new_tokens: int = 256
     device: str = "auto"  # auto: the first CUDA GPU when there is one, else cpu | cpu | cuda | cuda:N | mps
-    dtype: str = "auto"  # auto: bfloat16 on a GPU that has it, else float32 | float32 | bfloat16 | float16
+    # compute precision (autocast); weights and optimiser state are float32 regardless
+    dtype: str = "auto"  # auto: bfloat16 on a GPU that has it, else float32 | float32 | bfloat16
     tiny: TinySpec = field(default_factory=TinySpec)
 
     @classmethod
@@ -37,6 +38,9 @@ class PolicyConfig:
         cfg = cls(**data)
         if cfg.kind not in ("tiny", "hf"):
             raise ValueError(f"policy.kind must be tiny or hf, not {cfg.kind!r}")
+        if cfg.dtype == "float16":
+            raise ValueError("policy.dtype float16 is not supported for training: its gradients underflow "
+                             "without loss scaling; use bfloat16 (or auto)")
         if cfg.dtype not in DTYPES:
             raise ValueError(f"policy.dtype must be one of {', '.join(DTYPES)}, not {cfg.dtype!r}")
         if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", cfg.device):
@@ -44,7 +48,7 @@ class PolicyConfig:
         return cfg
 
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")
+DTYPES = ("auto", "float32", "bfloat16")
 
 
 @dataclass

@@ -55,6 +55,14 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
     ``normalizer``: tokens of the whole batch (``token_mean``) or sequences (``seq_mean``);
     defaults to this call's own count.
     """
+    # Masked positions (prompts, tool results, padding) may hold -inf log-probs - a token outside
+    # the allowed set - and -inf - -inf is NaN, which a multiplication by the mask would keep.
+    # Zeroing them first keeps the loss and its gradient finite.
+    keep = mask.bool()
+    logp = torch.where(keep, logp, 0.0)
+    old_logp = torch.where(keep, old_logp, 0.0)
+    if ref_logp is not None:
+        ref_logp = torch.where(keep, ref_logp, 0.0)
     mask = mask.to(logp.dtype)
     high = clip_eps if clip_eps_high is None else clip_eps_high
     ratio = torch.exp(logp - old_logp)

@@ -20,13 +20,14 @@ state). Running again with the same ``run_dir`` resumes from the latest checkpoi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import torch
 
@@ -38,11 +39,24 @@ from trainer.samples import Sequence
 log = logging.getLogger("trainer.learner")
 
 
+def autocast(device: torch.device, dtype: torch.dtype) -> contextlib.AbstractContextManager[Any]:
+    """Mixed precision: matmuls in ``dtype`` while the weights, their gradients and the optimiser
+    state stay float32. Training bfloat16 weights directly would round away every update smaller
+    than 1/256 of a weight (most of them at RL learning rates)."""
+    if dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
 class Learner:
     def __init__(self, model: Any, cfg: GRPOConfig, sampling: SamplingSpec, ref_model: Any = None,
-                 pad_id: int = 0) -> None:
+                 pad_id: int = 0, compute_dtype: torch.dtype = torch.float32) -> None:
+        if any(p.dtype != torch.float32 for p in model.parameters() if p.requires_grad):
+            raise ValueError("the learner's model must hold float32 (master) weights; "
+                             "policy.dtype sets the compute precision, not the weights'")
         self.model = model.train()
         self.device = next(model.parameters()).device
+        self.compute_dtype = compute_dtype
         self.cfg = cfg
         self.sampling = sampling
         self.ref_model = ref_model.eval() if ref_model is not None else None
@@ -53,7 +67,8 @@ class Learner:
 
     def sequence_logprobs(self, model: Any, ids: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
         """Log-prob of token t given tokens < t, for t = 1..T-1 (shape ``[B, T-1]``)."""
-        logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1]
+        with autocast(self.device, self.compute_dtype):
+            logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1]
         return token_logprobs(self.sampling.logits_to_logprobs(logits), ids[:, 1:])
 
     def _pad(self, seqs: list[Sequence]) -> tuple[torch.Tensor, ...]:
@@ -146,8 +161,18 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 
 # -- the policy model -------------------------------------------------------------------------
 
-def build_policy(cfg: TrainConfig, corpus: list[str], resume_from: Path | None) -> tuple[Any, Any, Any, SamplingSpec]:
-    """(model, reference model or None, tokenizer, sampling) for a run; nothing is downloaded."""
+class PolicyParts(NamedTuple):
+    model: Any  # trainable, float32 master weights
+    reference: Any  # frozen initial policy for the KL term (in the compute dtype), or None
+    tokenizer: Any
+    sampling: SamplingSpec
+    compute_dtype: torch.dtype
+
+
+def build_policy(cfg: TrainConfig, corpus: list[str], resume_from: Path | None) -> PolicyParts:
+    """The policy of a run; nothing is downloaded. The trainable model is float32 whatever
+    ``policy.dtype`` says (that is the autocast precision); the frozen reference, which never
+    takes an update, is stored in the compute dtype to halve its memory."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from trainer import tiny
@@ -171,20 +196,19 @@ def build_policy(cfg: TrainConfig, corpus: list[str], resume_from: Path | None) 
             raise ValueError("policy.kind hf needs policy.path (a local model directory)")
         source = resume_from or pc.path
         tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
-        # loaded straight in the run's dtype: a 4B model in float32 first would need twice the memory
-        model = AutoModelForCausalLM.from_pretrained(source, local_files_only=True, torch_dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(source, local_files_only=True, torch_dtype=torch.float32)
         allowed = None
         reference = AutoModelForCausalLM.from_pretrained(pc.path, local_files_only=True, torch_dtype=dtype) \
             if cfg.grpo.kl_coef else None
     else:
         raise ValueError(f"unknown policy kind {pc.kind!r} (tiny | hf)")
-    model = model.to(device=device, dtype=dtype)
+    model = model.to(device=device, dtype=torch.float32)
     if reference is not None:
         reference = reference.to(device=device, dtype=dtype)
         for p in reference.parameters():
             p.requires_grad_(False)
-    log.info("policy %s on %s in %s", pc.kind, device, str(dtype).removeprefix("torch."))
-    return model, reference, tokenizer, SamplingSpec(pc.temperature, pc.max_new_tokens, allowed)
+    log.info("policy %s on %s: float32 weights, %s compute", pc.kind, device, str(dtype).removeprefix("torch."))
+    return PolicyParts(model, reference, tokenizer, SamplingSpec(pc.temperature, pc.max_new_tokens, allowed), dtype)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -201,13 +225,15 @@ def resolve_device(name: str) -> torch.device:
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """``auto`` is bfloat16 on a GPU that supports it (half the memory of float32, no loss
-    scaling), else float32; the loss and the log-probs are computed in float32 either way."""
+    """The compute (autocast) precision: ``auto`` is bfloat16 on a GPU that supports it (about
+    twice the matmul throughput, no loss scaling), else float32. The loss and the log-probs are
+    float32 either way. float16 is refused at config load: without loss scaling its gradients
+    underflow."""
     if name == "auto":
         if device.type == "cuda" and torch.cuda.is_bf16_supported():
             return torch.bfloat16
         return torch.float32
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
 
 
 # -- the loop ---------------------------------------------------------------------------------
@@ -250,14 +276,17 @@ async def train(cfg: TrainConfig, on_step: StepHook | None = None) -> TrainResul
               *(t.instruction for b in bundles for t in b.tasks), *(tool.name for b in bundles for tool in b.tools)]
     corpus.append(DEFAULT_SYSTEM)
     resume_from = latest_checkpoint(run_dir) if cfg.resume else None
-    model, reference, tokenizer, sampling = build_policy(cfg, corpus, resume_from)
-    learner = Learner(model, cfg.grpo, sampling, reference, pad_id=tokenizer.pad_token_id or 0)
+    model, reference, tokenizer, sampling, compute_dtype = build_policy(cfg, corpus, resume_from)
+    learner = Learner(model, cfg.grpo, sampling, reference, pad_id=tokenizer.pad_token_id or 0,
+                      compute_dtype=compute_dtype)
     start_step = learner.load_state(resume_from) if resume_from is not None else 0
     (run_dir / "config.json").write_text(json.dumps(cfg.to_record(), indent=2, default=str))
     # Synchronous runs never generate while the learner steps: the policy shares its weights (one
-    # copy of the model in memory). Asynchronous ones generate from a copy, synced after each step.
+    # copy of the model in memory). Asynchronous ones generate from a copy in the compute dtype,
+    # synced after each step.
     policy = LocalPolicy(learner.model, tokenizer, sampling, name=f"{cfg.policy.kind}-policy",
-                         seed=cfg.seed + start_step, version=learner.version, share=cfg.mode == "sync")
+                         seed=cfg.seed + start_step, version=learner.version, share=cfg.mode == "sync",
+                         dtype=compute_dtype)
     metrics = TrainMetrics()
     if cfg.metrics_port:
         try:

@@ -45,15 +45,17 @@ class SamplingSpec:
 
 class LocalPolicy:
     def __init__(self, model: Any, tokenizer: Any, sampling: SamplingSpec, name: str = "local",
-                 seed: int = 0, version: int = 0, share: bool = False) -> None:
+                 seed: int = 0, version: int = 0, share: bool = False,
+                 dtype: torch.dtype = torch.float32) -> None:
         self.shared = share
         if share:
             self.model = model
-        else:
-            self.model = copy.deepcopy(model).eval()
+        else:  # a sampler never takes an update: its copy can live in the compute dtype
+            self.model = copy.deepcopy(model).to(dtype).eval()
             for p in self.model.parameters():
                 p.requires_grad_(False)
         self.device = next(self.model.parameters()).device
+        self.dtype = dtype
         self.tokenizer = tokenizer
         self.format = ChatFormat(tokenizer)
         self.sampling = sampling
@@ -78,7 +80,14 @@ class LocalPolicy:
 
     @torch.no_grad()
     def generate(self, prompt: list[int]) -> tuple[list[int], list[float]]:
-        """Sample until end-of-turn or ``max_new_tokens``; returns ids and their log-probabilities."""
+        """Sample until end-of-turn or ``max_new_tokens``; returns ids and their log-probabilities
+        (a shared float32 model samples under the same autocast as the learner's forward)."""
+        from trainer.learner import autocast
+
+        with autocast(self.device, self.dtype):
+            return self._sample(prompt)
+
+    def _sample(self, prompt: list[int]) -> tuple[list[int], list[float]]:
         past = None
         inputs = torch.tensor([prompt], dtype=torch.long, device=self.device)
         ids: list[int] = []
