@@ -431,6 +431,18 @@ def test_operator_api_answers_only_clients_of_the_served_namespaces(helm: str) -
         {"namespaceSelector": {"matchLabels": {"role": "trainers"}}}]
 
 
+def test_no_clients_means_no_one_reaches_the_operator_api(helm: str) -> None:
+    """An empty ``from`` in a NetworkPolicy rule admits every peer: with no clients the chart
+    leaves the 8080 rule out (the API answers no pod), and env pods answer only the operator."""
+    docs = render(helm, "networkPolicy.clients:=[]")
+    (metrics,) = one(docs, "NetworkPolicy", "awm-operator")["spec"]["ingress"]
+    assert _ports(metrics) == {(9090, "TCP")}
+    env_ingress = one(docs, "NetworkPolicy", "awm-envserver")["spec"]["ingress"]
+    assert all(rule.get("from") for rule in env_ingress)
+    assert [peer["podSelector"]["matchLabels"]["app.kubernetes.io/name"] for peer in env_ingress[0]["from"]] \
+        == ["awm-operator"]
+
+
 def test_envserver_network_policy_external_database(helm: str) -> None:
     egress = one(render(helm, *EXTERNAL), "NetworkPolicy", "awm-envserver")["spec"]["egress"]
     assert "to" not in egress[0] and _ports(egress[0]) == {(5432, "TCP")}  # any host, Postgres port only

@@ -111,6 +111,8 @@ def test_spread() -> None:
     assert spread(18, ["a", "b", "c"], {"a": 8, "b": 4, "c": 4}) == {"a": 8, "b": 5, "c": 5}
     assert spread(10, ["a", "b", "c"], {"a": 7}) == {"a": 7, "b": 2, "c": 1}
     assert spread(3, ["a", "b"], {"a": 5}) == {"a": 5, "b": 0}  # allocated instances stay
+    # the remainder goes where pods already are
+    assert spread(4, ["a", "b", "c"], current={"c": 2, "b": 1}) == {"a": 1, "b": 1, "c": 2}
 
 
 def _envs_fleet(envs: list[str], owned: dict[str, str] | None = None) -> Fleet:
@@ -144,10 +146,22 @@ def test_waiting_grpo_and_per_environment_claims_shape_the_spread() -> None:
     busy.pending["c1"] = ClaimRequest(count=8, group_size=4)
     assert busy.floors(envs, 16) == {"crm": 6, "bike_shop": 4, "notes": 4}
     assert len(_spread_then_plan(busy, envs, 16, ClaimRequest(count=8, group_size=4)) or []) == 2
-    # within replicas: a fleet that is not autoscaled never grows past them for a claim
+    # within replicas: a fleet that is not autoscaled never grows past them for a claim, and a
+    # claim that cannot fit (all-or-nothing) does not strip the other environments
     capped = _envs_fleet(envs)
     capped.pending["c1"] = one_env
-    assert capped.floors(envs, 5) == {"crm": 5, "bike_shop": 0, "notes": 0}
+    assert capped.floors(envs, 5) == {"crm": 0, "bike_shop": 0, "notes": 0}
+    capped.pending["c1"] = ClaimRequest(count=4, environment="crm")
+    assert capped.floors(envs, 5) == {"crm": 4, "bike_shop": 0, "notes": 0}
+    # groups go where unallocated pods already are: no pod is deleted in one environment to be
+    # created in another
+    warm = _envs_fleet(envs)
+    for i in range(4):
+        warm.update_pod(PodInfo.from_pod(pod(f"n{i}", "notes")))
+    warm.update_pod(PodInfo.from_pod(pod("b0", "bike_shop")))
+    warm.pending["c1"] = ClaimRequest(count=4, group_size=4)
+    assert warm.floors(envs, 5) == {"crm": 0, "bike_shop": 0, "notes": 4}
+    assert spread(5, envs, warm.floors(envs, 5), {"bike_shop": 1, "notes": 4}) == {"crm": 0, "bike_shop": 1, "notes": 4}
 
 
 def pod(name: str, env: str = "crm", ready: bool = True, rv: int = 1, **annotations: str) -> dict:
@@ -180,6 +194,67 @@ def test_environment_selector_chooses_from_the_index() -> None:
     spec = fleet_spec(environments=[], environmentSelector={"matchNames": ["crm*"]}, catalog={"indexConfigMap": "idx"})
     assert ClaimRequest(2, "crm").problem(spec, None) is None  # not resolved yet: no verdict
     assert ClaimRequest(2, "hotel").problem(spec, ["crm", "crm_lite"]) == "environment 'hotel' is not in the fleet"
+
+
+async def test_an_oversized_or_broken_index_is_refused() -> None:
+    """The operator reads a catalog's index.json over HTTP: an answer larger than the cap or not
+    an index is an error on the fleet, not a memory blow-up or a crash."""
+    import aiohttp
+    from aiohttp import web
+
+    from awm_operator import catalog_index
+    from awm_operator.crds import CatalogSource
+
+    bodies = {"/big/index.json": b" " * (catalog_index.MAX_INDEX_BYTES + 1),
+              "/bad/index.json": b'{"environments": 3}',
+              "/ok/index.json": b'{"environments": [{"name": "crm"}]}'}
+    app = web.Application()
+    async def serve(request: web.Request) -> web.Response:
+        return web.Response(body=bodies[request.path]) if request.path in bodies else web.Response(status=404)
+
+    app.router.add_get("/{kind}/index.json", serve)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        async with aiohttp.ClientSession() as http:
+            async def read(kind: str) -> list[str]:
+                return await catalog_index.read_index(None, http, "ns", CatalogSource(url=f"http://127.0.0.1:{port}/{kind}"))  # type: ignore[arg-type]
+            assert await read("ok") == ["crm"]
+            with pytest.raises(ValueError, match="larger than 8 MiB"):
+                await read("big")
+            with pytest.raises(ValueError, match="not a catalog index"):
+                await read("bad")
+            with pytest.raises(ValueError, match="HTTP 404"):
+                await read("none")
+    finally:
+        await runner.cleanup()
+
+
+async def test_releasing_a_holders_claims_waits_for_the_ledger() -> None:
+    """Until the fleet's claims are read from its ledger, "this holder holds nothing" would be a
+    guess that leaves a dead trainer's instances allocated until their TTL: the answer is 503."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from awm_operator.api import build_api
+    from awm_operator.reconcile import Context
+    from awm_operator.state import Fleets
+
+    fleets = Fleets()
+    fleet = fleets.ensure("ns", "f")
+    fleet.spec = fleet_spec()
+    ctx = Context(kube=None, allocator=None, metrics=None, config=OperatorConfig())  # type: ignore[arg-type]
+    async with TestClient(TestServer(build_api(ctx, fleets))) as client:
+        url = "/v1/namespaces/ns/envfleets/f/claims"
+        r = await client.delete(url, params={"holder": "campaign/c"})
+        assert r.status == 503 and "not loaded yet" in (await r.json())["error"]
+        fleet.active, fleet.ledger = True, object()  # type: ignore[assignment]
+        r = await client.delete(url, params={"holder": "campaign/c"})
+        assert r.status == 200 and (await r.json())["released"] == []
+        r = await client.delete(url)
+        assert r.status == 400 and "holder= is required" in (await r.json())["error"]
 
 
 def test_stuck_pods_say_why() -> None:

@@ -308,6 +308,16 @@ def test_environment_selector_over_the_catalog_index(cluster: Cluster, operator:
             (c for c in cluster.status("envfleets", "noindex").get("conditions", [])
              if c["reason"] == "CatalogIndexUnavailable"), None))
         assert cond["status"] == "False" and "missing" in cond["message"] and not cluster.pods("noindex")
+        # Dropping the selector for a list clears the condition and the old choice.
+        cluster.cp.kubectl("-n", NS, "patch", "envfleet", "noindex", "--type=merge", "-p", json.dumps(
+            {"spec": {"environmentSelector": None, "catalog": {"indexConfigMap": None}, "environments": ["crm"]}}))
+        wait_for("the fleet healthy on its list", lambda: (s := cluster.status("envfleets", "noindex"))
+                 and all(c["reason"] != "CatalogIndexUnavailable" for c in s.get("conditions", []))
+                 and cluster.ready("noindex", 2), timeout=60)
+        cluster.cp.kubectl("-n", NS, "patch", "envfleet", "viacm", "--type=merge", "-p", json.dumps(
+            {"spec": {"environmentSelector": None, "environments": ["crm"]}}))
+        wait_for("the selector's choice gone from the status",
+                 lambda: "environments" not in cluster.status("envfleets", "viacm"))
         for spec, message in (({**base, "catalog": {}}, "needs catalog.url or catalog.indexConfigMap"),
                               ({**base, "catalog": {"url": url}, "environments": ["crm"]}, "either environments or"),
                               (fleet_spec(1, None, minReplicas=3, maxReplicas=2), "minReplicas must not exceed")):

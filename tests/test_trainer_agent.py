@@ -171,6 +171,20 @@ async def test_a_prompt_past_the_context_window_ends_the_episode_not_the_run(env
     # other refusals (a wrong model name, a bad key) still stop the run, with the server's words
     with pytest.raises(PolicyUnavailable, match="HTTP 404.*no such model"):
         await episode(env, lambda stage, body, i: Reply("no such model", status=404), "add_note", tmp_path)
+    with pytest.raises(PolicyUnavailable, match="HTTP 400.*tool name is too long"):
+        await episode(env, lambda stage, body, i: Reply("tool name is too long", status=400), "add_note", tmp_path)
+
+
+@pytest.mark.parametrize("words", [
+    VLLM_TOO_LONG,
+    "The input (5000 tokens) is longer than the model's context length (4096 tokens).",  # SGLang
+    "Input validation error: `inputs` tokens + `max_new_tokens` must be <= 4096. Given: 4000 `inputs` tokens",  # TGI
+    '{"error": {"code": "context_length_exceeded", "message": "..."}}'])  # OpenAI
+async def test_a_first_prompt_that_never_fits_stops_the_run(env, tmp_path, words):
+    """On the first turn nothing was cut short: the settings (max_tokens, the tool list) can never
+    fit, and every episode would end the same way - a clear error, not a run of empty episodes."""
+    with pytest.raises(PolicyUnavailable, match="opening prompt .* does not fit.*lower max_tokens"):
+        await episode(env, lambda stage, body, i: Reply(words, status=400), "add_note", tmp_path)
 
 
 def _awm(*args, home):

@@ -131,7 +131,14 @@ async def run_episode(policy: Policy, env: EnvHandle, task_id: str, cfg: AgentCo
         t0 = time.perf_counter()
         try:
             reply = await policy.chat(context, native_tools)
-        except ContextExceeded:
+        except ContextExceeded as exc:
+            if index == 0:  # not one long episode: the opening prompt (or max_tokens) never fits
+                traj.stop_reason = "policy_error"
+                message = (f"the opening prompt (system, task and tool list) does not fit the model's context "
+                           f"with the requested completion length; lower max_tokens or use a model with a "
+                           f"longer context: {exc}")
+                _finish(traj, None, message, timings, start, reward_cfg, log)
+                raise PolicyUnavailable(message) from exc
             traj.stop_reason = "context_exceeded"
             break
         except PolicyUnavailable as exc:

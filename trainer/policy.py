@@ -38,9 +38,12 @@ class ContextExceeded(RuntimeError):
     is scored as it stands, like one out of turns), not the run: other episodes are shorter."""
 
 
-# How OpenAI, vLLM, SGLang and TGI word a prompt that is too long (a 400, 413 or 422).
-_CONTEXT_EXCEEDED = re.compile(r"context[_ ]length|context window|maximum context|too long|longer than|"
-                               r"max_model_len|must be <=|reduce the length", re.IGNORECASE)
+# How OpenAI, vLLM, SGLang and TGI word a prompt that is too long (a 400, 413 or 422). Narrow on
+# purpose: a refusal for another reason ("tool name too long") must stop the run, not end episodes.
+_CONTEXT_EXCEEDED = re.compile(
+    r"context[_ ]length|context window|maximum context|max_model_len|prompt is too long|input is too long|"
+    r"too many (input )?tokens|reduce the length of the (messages|prompt|input)|"
+    r"tokens\b.{0,80}(longer than|must be <=|exceeds?)", re.IGNORECASE | re.DOTALL)
 
 
 @dataclass

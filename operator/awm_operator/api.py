@@ -162,6 +162,9 @@ def build_api(ctx: Context, fleets: Fleets) -> web.Application:
             return _error(400, f"bad request: {exc}")
         if holder is None:
             return _error(400, "bad request: ?holder= is required (to release one claim: .../claims/{id})")
+        if not fleet.active or fleet.ledger is None:
+            # the claims are not read from the fleet's ledger yet: "none held" would be a guess
+            return _error(503, "the fleet's claims are not loaded yet (operator starting, or a standby); retry")
         ids = [cid for cid, rec in fleet.claims.items()
                if cid.startswith("api_") and rec.holder == holder and cid not in fleet.releasing]
         returned = replaced = 0

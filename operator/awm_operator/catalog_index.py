@@ -20,6 +20,8 @@ from awm_operator.kube import Kube
 INDEX_FILE = "index.json"
 REFRESH_S = 300.0
 RETRY_S = 10.0  # after a failed read
+MAX_INDEX_BYTES = 8 << 20  # about 50,000 environments; a larger answer is not an index
+TIMEOUT_S = 30.0
 
 
 def index_names(index: Any) -> list[str]:
@@ -37,10 +39,15 @@ async def read_index(kube: Kube, http: aiohttp.ClientSession, namespace: str, ca
     """The catalog's environment names, from its URL or its index ConfigMap."""
     if catalog.url:
         url = f"{catalog.url.rstrip('/')}/{INDEX_FILE}"
-        async with http.get(url, timeout=aiohttp.ClientTimeout(total=30)) as r:
+        async with http.get(url, timeout=aiohttp.ClientTimeout(total=TIMEOUT_S)) as r:
             if r.status != 200:
                 raise ValueError(f"GET {url}: HTTP {r.status}")
-            return index_names(json.loads(await r.read()))
+            body = b""
+            while len(body) <= MAX_INDEX_BYTES and (chunk := await r.content.read(MAX_INDEX_BYTES + 1 - len(body))):
+                body += chunk
+            if len(body) > MAX_INDEX_BYTES:
+                raise ValueError(f"GET {url}: the index is larger than {MAX_INDEX_BYTES >> 20} MiB")
+            return index_names(json.loads(body))
     name = catalog.index_config_map
     if not name:
         raise ValueError("the catalog has no index (catalog.url or catalog.indexConfigMap)")

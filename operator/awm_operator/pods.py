@@ -56,15 +56,19 @@ def selector(fleet: str) -> str:
     return f"{L_NAME}={APP_NAME},{L_FLEET}={label_value(fleet)}"
 
 
-def spread(replicas: int, environments: list[str], floors: Mapping[str, int] | None = None) -> dict[str, int]:
+def spread(replicas: int, environments: list[str], floors: Mapping[str, int] | None = None,
+           current: Mapping[str, int] | None = None) -> dict[str, int]:
     """Instances per environment: each at least its floor (what it must hold: its allocated
     instances and what waiting claims ask of it), the rest filled in from the lowest up so the
-    counts stay as even as possible; among equals the first ones get the remainder."""
+    counts stay as even as possible; among equals the remainder goes to those that hold the most
+    pods now (``current``: no pod is replaced by one of another environment for nothing), then
+    to the first ones."""
     out = {env: (floors or {}).get(env, 0) for env in environments}
+    have = current or {}
     left = replicas - sum(out.values())
     while left > 0 and out:
         low = min(out.values())
-        lows = [env for env in environments if out[env] == low]
+        lows = sorted((env for env in environments if out[env] == low), key=lambda e: -have.get(e, 0))
         step = min((v for v in out.values() if v > low), default=low + left) - low
         if step * len(lows) >= left:
             base, extra = divmod(left, len(lows))

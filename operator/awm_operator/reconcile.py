@@ -28,6 +28,7 @@ from awm_operator import databases
 from awm_operator.allocator import Allocator
 from awm_operator.autoscale import ScaleDownGate, desired_replicas
 from awm_operator.config import OperatorConfig
+from awm_operator.crds import CatalogSource, EnvironmentSelector
 from awm_operator.kube import ApiError, Kube
 from awm_operator.ledger import Ledger
 from awm_operator.metrics import Metrics
@@ -67,6 +68,7 @@ class Reconciler:
     reported_lost: dict[str, tuple[str, ...]] = field(default_factory=dict)  # EnvClaim id -> lost pods
     index_read: tuple[str, float] = ("", 0.0)  # (selector and catalog, when) the index was last read
     index_error: str | None = None
+    index_task: asyncio.Task[None] | None = None  # a catalog index read in flight
 
     def __post_init__(self) -> None:
         self.gate = ScaleDownGate(self.ctx.config.scale_down_delay)
@@ -99,6 +101,8 @@ class Reconciler:
                     fleet.poke()
         finally:
             halt.cancel()
+            if self.index_task is not None:
+                self.index_task.cancel()
             fleet.active = False
             fleet.ledger = None
 
@@ -148,12 +152,13 @@ class Reconciler:
                 job(lambda p=p: self.delete(p, guarded=False))
         live = [p for p in pods if not p.failed]
         # 2. count per environment (none while a selector's index was never read: pods stay as they are)
-        desired = spread(spec.replicas, environments, fleet.floors(environments, spec.replicas)) \
-            if environments is not None else {p.env: 0 for p in live}
-        more = False
         by_env: dict[str, list[PodInfo]] = {}
         for p in live:
             by_env.setdefault(p.env, []).append(p)
+        desired = spread(spec.replicas, environments, fleet.floors(environments, spec.replicas),
+                         {env: len(ps) for env, ps in by_env.items()}) \
+            if environments is not None else {p.env: 0 for p in live}
+        more = False
         budget = max(cfg.create_concurrency * 4, 64)  # writes per pass: passes stay short
         for env in list(by_env) + [e for e in desired if e not in by_env]:
             if environments is None:
@@ -181,37 +186,55 @@ class Reconciler:
         return more
 
     async def environments(self, now: float) -> list[str] | None:
-        """The fleet's environments: its list, or what its selector chooses from the catalog's
-        index (re-read every few minutes and when the spec changes). A failed read keeps the
-        last choice; with none yet, None (no pod is created or deleted for it)."""
+        """The fleet's environments: its list, or what its selector last chose from the catalog's
+        index; None while a selector's index was never read (no pod is created or deleted for it).
+        The index is read in the background (re-read every few minutes and when the selector or
+        the catalog changes), so a slow catalog server never stalls the fleet's reconcile pass."""
         fleet, spec = self.fleet, self.fleet.spec
         assert spec is not None
         selector = spec.environment_selector
         if selector is None:
-            fleet.selected = None
+            if self.index_task is not None:
+                self.index_task.cancel()
+            self.index_task, self.index_read, self.index_error, fleet.selected = None, ("", 0.0), None, None
             return spec.environments
         key = selector.model_dump_json() + spec.catalog.model_dump_json()  # not the generation: replicas change it
         last_key, at = self.index_read
-        if key == last_key and now - at < (REFRESH_S if self.index_error is None else RETRY_S):
-            return fleet.selected
-        self.index_read = (key, now)
+        if key != last_key:
+            fleet.selected = None  # a new selector: the old choice is not its answer
+        due = key != last_key or now - at >= (REFRESH_S if self.index_error is None else RETRY_S)
+        if due and self.index_task is None:
+            self.index_read = (key, now)
+            self.index_task = asyncio.create_task(self.resolve_selector(key, selector, spec.catalog))
+        return fleet.selected
+
+    async def resolve_selector(self, key: str, selector: EnvironmentSelector, catalog: CatalogSource) -> None:
+        """Resolve the selector against the catalog's index; the outcome lands on the fleet (a
+        failed read keeps the last choice and is retried) and wakes its reconciler."""
+        fleet = self.fleet
+        loop = asyncio.get_running_loop()
         try:
-            names = await read_index(self.ctx.kube, self.ctx.allocator.http, fleet.namespace, spec.catalog)
+            names = await read_index(self.ctx.kube, self.ctx.allocator.http, fleet.namespace, catalog)
             chosen = selector.select(names)
             if not chosen:
                 raise ValueError(f"the selector matches none of the catalog's {len(names)} environments")
+        except asyncio.CancelledError:
+            raise
         except Exception as exc:  # noqa: BLE001 - reported on the fleet, retried
-            self.index_error = f"catalog index: {exc}"
-            log.warning("fleet %s/%s: %s", fleet.namespace, fleet.name, self.index_error)
-            asyncio.get_running_loop().call_later(RETRY_S + 0.01, fleet.poke)
-            if key != last_key:
-                fleet.selected = None  # a new selector: the old choice is not its answer
-            return fleet.selected
-        if chosen != fleet.selected:
-            log.info("fleet %s/%s: the selector chose %d environments", fleet.namespace, fleet.name, len(chosen))
-        self.index_error, fleet.selected = None, chosen
-        asyncio.get_running_loop().call_later(REFRESH_S + 0.01, fleet.poke)
-        return chosen
+            if self.index_read[0] == key:
+                self.index_error = f"catalog index: {exc}"
+                log.warning("fleet %s/%s: %s", fleet.namespace, fleet.name, self.index_error)
+                loop.call_later(RETRY_S + 0.01, fleet.poke)
+        else:
+            if self.index_read[0] == key:  # the selector did not change while we read
+                if chosen != fleet.selected:
+                    log.info("fleet %s/%s: the selector chose %d environments", fleet.namespace, fleet.name,
+                             len(chosen))
+                self.index_error, fleet.selected = None, chosen
+                loop.call_later(REFRESH_S + 0.01, fleet.poke)
+        finally:
+            self.index_task = None
+            fleet.poke()
 
     def victims(self, pods: list[PodInfo], n: int) -> list[PodInfo]:
         """Scale down: never allocated or reserved pods; not-ready ones first, then the newest."""
@@ -367,8 +390,8 @@ class Reconciler:
             status = {"replicas": c.replicas, "ready": c.ready, "allocated": c.allocated,
                       "selector": selector(fleet.name), "conditions": [cond],
                       "observedGeneration": fleet.generation}
-            if fleet.spec.environment_selector is not None:
-                status["environments"] = fleet.selected
+            # null when there is no selector: a merge patch removes what a removed selector chose
+            status["environments"] = fleet.selected
         comparable = {k: v for k, v in status.items() if k != "conditions"} | {"cond": (cond["status"], cond["message"])}
         if comparable == self.last_status:
             return

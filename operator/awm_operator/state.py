@@ -303,30 +303,37 @@ class Fleet:
     def floors(self, environments: list[str], replicas: int) -> dict[str, int]:
         """What each environment must hold: its allocated instances, then (within ``replicas``,
         oldest claim first) what waiting claims ask of it. A claim for one environment asks all of
-        its count there; a GRPO claim asks each group of one environment, the least loaded one
-        first. Without this, an even spread of the autoscaled total can leave every environment a
-        few instances short of a group, and the claim would wait forever. Claims for any
-        environment need no floor: the total serves them."""
+        its count there; a GRPO claim asks each group of one environment: where the most
+        unallocated pods already are (no pod is moved for it), else the least loaded one. Without
+        this, an even spread of the autoscaled total can leave every environment a few instances
+        short of a group, and the claim would wait forever. Claims are all-or-nothing, so one that
+        cannot fit within ``replicas`` asks nothing (it must not strip the other environments of
+        a fixed fleet for a claim that can never bind). Claims for any environment need no
+        floor: the total serves them."""
         need = dict.fromkeys(environments, 0)
-        for name in self.owner:
-            p = self.pods.get(name)
-            if p is not None and not p.deleting and p.env in need:
+        free = dict.fromkeys(environments, 0)
+        for p in self.pods.values():
+            if p.deleting or p.failed or p.env not in need:
+                continue
+            if p.name in self.owner:
                 need[p.env] += 1
+            elif p.name not in self.reserved:
+                free[p.env] += 1
         room = replicas - sum(need.values())
         for req in self.pending.values():
+            if req.count > room:
+                continue
             if req.environment is not None and req.environment in need:
-                asks = [(req.environment, req.count)]
+                need[req.environment] += req.count
             elif req.group_size and need:
-                asks = []
-                for _ in range(req.count // req.group_size):
-                    env = min(need, key=lambda e: need[e] + sum(n for a, n in asks if a == e))
-                    asks.append((env, req.group_size))
+                g = req.group_size
+                for _ in range(req.count // g):
+                    env = max(need, key=lambda e: (free[e] >= g, free[e], -need[e]))
+                    free[env] = max(free[env] - g, 0)
+                    need[env] += g
             else:
                 continue
-            for env, n in asks:
-                n = min(n, room)
-                need[env] += n
-                room -= n
+            room -= req.count
         return need
 
 
