@@ -162,6 +162,16 @@ def test_waiting_grpo_and_per_environment_claims_shape_the_spread() -> None:
     warm.pending["c1"] = ClaimRequest(count=4, group_size=4)
     assert warm.floors(envs, 5) == {"crm": 0, "bike_shop": 0, "notes": 4}
     assert spread(5, envs, warm.floors(envs, 5), {"bike_shop": 1, "notes": 4}) == {"crm": 0, "bike_shop": 1, "notes": 4}
+    # an older claim for one environment uses its free pods first: the group goes elsewhere
+    full = _envs_fleet(envs)
+    for env, n in (("crm", 5), ("bike_shop", 4), ("notes", 4)):
+        for i in range(n):
+            full.update_pod(PodInfo.from_pod(pod(f"{env}{i}", env)))
+    full.pending["c1"] = ClaimRequest(count=4, environment="crm")
+    full.pending["c2"] = ClaimRequest(count=4, group_size=4)
+    floors = full.floors(envs, 13)
+    assert floors["crm"] == 4 and sorted(floors.values()) == [0, 4, 4]
+    assert spread(13, envs, floors, {"crm": 5, "bike_shop": 4, "notes": 4}) == {"crm": 5, "bike_shop": 4, "notes": 4}
 
 
 def pod(name: str, env: str = "crm", ready: bool = True, rv: int = 1, **annotations: str) -> dict:
@@ -231,6 +241,56 @@ async def test_an_oversized_or_broken_index_is_refused() -> None:
                 await read("none")
     finally:
         await runner.cleanup()
+
+
+async def test_selector_reads_run_beside_the_reconcile_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The index is read in a background task: the pass goes on without it; a selector changed
+    mid-read cancels the old read (its answer never lands); an error shows until the selector
+    is dropped for a list."""
+    from types import SimpleNamespace
+
+    from awm_operator import reconcile
+    from awm_operator.reconcile import Context, Reconciler
+
+    gates: dict[str, asyncio.Event] = {}
+    answers = {"c": ["crm", "crm_lite", "hotel"], "broken": ValueError("ConfigMap broken is missing")}
+
+    async def fake_read(kube, http, namespace, catalog):  # noqa: ANN001, ANN202
+        name = catalog.index_config_map
+        gates[name] = gate = asyncio.Event()
+        await gate.wait()
+        if isinstance(answers[name], Exception):
+            raise answers[name]
+        return answers[name]
+
+    monkeypatch.setattr(reconcile, "read_index", fake_read)
+    ctx = Context(kube=None, allocator=SimpleNamespace(http=None), metrics=None, config=OperatorConfig())  # type: ignore[arg-type]
+    fleet = Fleet("ns", "f")
+    rec = Reconciler(fleet, ctx)
+
+    def use(**spec: object) -> None:
+        fleet.spec = fleet_spec(**spec)
+
+    use(environments=[], environmentSelector={"matchNames": ["crm*"]}, catalog={"indexConfigMap": "c"})
+    assert await rec.environments(0.0) is None and rec.index_task is not None  # not waited for
+    await asyncio.sleep(0)
+    old = rec.index_task
+    use(environments=[], environmentSelector={"matchNames": ["hotel"]}, catalog={"indexConfigMap": "c"})
+    assert await rec.environments(1.0) is None
+    await asyncio.sleep(0)
+    assert old.cancelled() and rec.index_task is not old
+    gates["c"].set()
+    await rec.index_task
+    assert await rec.environments(2.0) == ["hotel"] and rec.index_task is None  # fresh: no new read
+    use(environments=[], environmentSelector={"matchNames": ["hotel"]}, catalog={"indexConfigMap": "broken"})
+    assert await rec.environments(3.0) is None  # another catalog: the old choice is not its answer
+    await asyncio.sleep(0)
+    gates["broken"].set()
+    await rec.index_task
+    assert rec.index_error == "catalog index: ConfigMap broken is missing" and fleet.selected is None
+    use()
+    assert await rec.environments(4.0) == ["crm", "bike_shop"]
+    assert rec.index_error is None and fleet.selected is None and rec.index_read == ("", 0.0)
 
 
 async def test_releasing_a_holders_claims_waits_for_the_ledger() -> None:

@@ -171,8 +171,31 @@ async def test_a_prompt_past_the_context_window_ends_the_episode_not_the_run(env
     # other refusals (a wrong model name, a bad key) still stop the run, with the server's words
     with pytest.raises(PolicyUnavailable, match="HTTP 404.*no such model"):
         await episode(env, lambda stage, body, i: Reply("no such model", status=404), "add_note", tmp_path)
+    # ... also after the first turn, where an overflow would only end the episode
+    later = by_turn(Reply(content="", tool_calls=[native("add_note", {"title": "groceries", "body": "milk, eggs"})]),
+                    Reply("tool name is too long", status=400))
     with pytest.raises(PolicyUnavailable, match="HTTP 400.*tool name is too long"):
-        await episode(env, lambda stage, body, i: Reply("tool name is too long", status=400), "add_note", tmp_path)
+        await episode(env, later, "add_note", tmp_path)
+
+
+@pytest.mark.parametrize("body, overflow", [
+    (VLLM_TOO_LONG, True),
+    ("'max_tokens' or 'max_completion_tokens' is too large: 4096. This model's maximum context length is 4096 "
+     "tokens and your request has 20 input tokens", True),  # vLLM, newer
+    ("Prompt length of 5000 is longer than the maximum model length of 4096.", True),  # vLLM 0.6
+    ("The input (5000 tokens) is longer than the model's context length (4096 tokens).", True),  # SGLang
+    ("Input validation error: `inputs` must have less than 4096 tokens. Given: 5000", True),  # TGI
+    ("the request exceeds the available context size, try increasing it", True),  # llama.cpp
+    ('{"error": {"message": "...", "type": "invalid_request_error", "code": "context_length_exceeded"}}', True),
+    ('{"object": "error", "message": "This model\'s maximum context length is 2048 tokens.", "code": 400}', True),
+    ("tool name is too long", False),
+    ('{"usage": {"prompt_tokens": 12}, "error": {"message": "function name length exceeds 64"}}', False),
+    ("Invalid 'messages[1].content': string too long. Expected a string with maximum length 1048576", False),
+    ("model 'x' not found", False)])
+def test_context_overflow_is_told_from_other_refusals(body, overflow):
+    from trainer.policy import context_exceeded
+
+    assert context_exceeded(body) is overflow
 
 
 @pytest.mark.parametrize("words", [
@@ -183,7 +206,7 @@ async def test_a_prompt_past_the_context_window_ends_the_episode_not_the_run(env
 async def test_a_first_prompt_that_never_fits_stops_the_run(env, tmp_path, words):
     """On the first turn nothing was cut short: the settings (max_tokens, the tool list) can never
     fit, and every episode would end the same way - a clear error, not a run of empty episodes."""
-    with pytest.raises(PolicyUnavailable, match="opening prompt .* does not fit.*lower max_tokens"):
+    with pytest.raises(PolicyUnavailable, match="opening prompt of notes/add_note .* does not fit.*lower max_tokens"):
         await episode(env, lambda stage, body, i: Reply(words, status=400), "add_note", tmp_path)
 
 

@@ -20,7 +20,29 @@ def test_pass_at_k_by_hand():
     assert pass_at_k(4, 2, 2) == pytest.approx(1 - 1 / 6)  # 1 - C(2,2) / C(4,2)
     assert pass_at_k(4, 0, 4) == 0.0 and pass_at_k(4, 1, 4) == 1.0
     assert pass_at_k(5, 1, 2) == pytest.approx(1 - 6 / 10)  # 1 - C(4,2) / C(5,2)
-    assert pass_at_k(0, 0, 4) == 0.0
+    with pytest.raises(ValueError, match="needs at least 4 samples"):
+        pass_at_k(3, 3, 4)
+
+
+def test_a_task_short_of_k_samples_has_no_pass_at_k():
+    """Two of four episodes masked (our failures): pass@4 over two samples would be pass@2 under
+    another name. The task keeps its pass@1, has no pass@4, and the report counts it short."""
+    from trainer.eval import EnvScore, report, score_task
+    from trainer.trajectory import Trajectory
+
+    def traj(verdict: str, masked: bool = False) -> Trajectory:
+        t = Trajectory(episode_id="e", env="crm", task_id="t", instruction="", policy="p")
+        t.verdict, t.masked, t.reward = {"verdict": verdict}, masked, float(verdict == "complete")
+        return t
+
+    short = score_task("crm", "t", [traj("complete"), traj("incomplete"), traj("error", True), traj("error", True)], 4)
+    assert (short.samples, short.masked, short.pass_at_1, short.pass_at_k) == (2, 2, 0.5, None)
+    full = score_task("crm", "u", [traj("incomplete")] * 3 + [traj("complete")], 4)
+    assert full.pass_at_k == 1.0
+    data = report([EnvScore("crm", [short, full])], 4, "m")
+    (env,) = data["environments"]
+    assert env["pass@1"] == pytest.approx((0.5 + 0.25) / 2) and env["pass@4"] == 1.0 and env["short"] == 1
+    assert data["overall"]["short"] == 1 and data["overall"]["pass@4"] == 1.0
 
 
 def awm_eval(answer, pg, *args):
@@ -100,6 +122,6 @@ def test_awm_eval_keeps_what_finished_when_the_endpoint_goes_away(pg, tmp_path):
 
 def test_running_summary_for_a_campaign_status():
     done = [TaskScore("crm", "a", 4, 2, 0, 0.5, 0.5, 1.0), TaskScore("crm", "b", 4, 0, 0, 0.0, 0.0, 0.0),
-            TaskScore("hotel", "c", 0, 0, 4, None, 0.0, 0.0)]  # all masked: not scored
+            TaskScore("hotel", "c", 0, 0, 4, None, 0.0, None)]  # all masked: not scored
     assert running_summary(done) == {"step": 3, "reward_mean": 0.25, "pass_rates": {"crm": 0.25},
                                      "pass_at_k": {"crm": 0.5}}

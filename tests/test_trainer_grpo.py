@@ -142,6 +142,12 @@ def test_policy_device_and_dtype_reach_the_learner_and_the_sampler(tmp_path):
     learner = Learner(model, cfg.grpo, sampling, reference, compute_dtype=compute)
     copy_policy = LocalPolicy(learner.model, tokenizer, sampling, share=False, dtype=compute)
     assert {p.dtype for p in copy_policy.model.parameters()} == {torch.bfloat16}
+    # rotary tables are buffers: rounded to bfloat16 they would garble positions past a few hundred
+    for frozen in (reference, copy_policy.model):
+        assert {b.dtype for b in frozen.buffers() if b.is_floating_point()} <= {torch.float32}
+    # the learner's forward runs in the compute dtype (autocast), on float32 weights
+    seen: list[torch.dtype] = []
+    hook = model.lm_head.register_forward_hook(lambda mod, args, out: seen.append(out.dtype))
     policy = LocalPolicy(learner.model, tokenizer, sampling, share=True, dtype=compute)
     ids, logprobs = policy.generate(tokenizer.encode("a b"))
     assert ids and len(ids) == len(logprobs) and all(lp <= 0 for lp in logprobs)
@@ -149,6 +155,8 @@ def test_policy_device_and_dtype_reach_the_learner_and_the_sampler(tmp_path):
     stats = learner.step([Sequence([*tokenizer.encode("a b"), *ids], [0, 0, *[1] * len(ids)],
                                    [0.0, 0.0, *logprobs], 1.0)])
     assert stats["trained_tokens"] == len(ids) and math.isfinite(stats["loss"])
+    hook.remove()
+    assert seen and set(seen) == {torch.bfloat16}
     policy.load_weights(learner.weights(), learner.version)
     copy_policy.load_weights(learner.weights(), learner.version)
     assert policy.model is model and policy.version == 1  # shared: the step is already in it

@@ -134,9 +134,9 @@ async def run_episode(policy: Policy, env: EnvHandle, task_id: str, cfg: AgentCo
         except ContextExceeded as exc:
             if index == 0:  # not one long episode: the opening prompt (or max_tokens) never fits
                 traj.stop_reason = "policy_error"
-                message = (f"the opening prompt (system, task and tool list) does not fit the model's context "
-                           f"with the requested completion length; lower max_tokens or use a model with a "
-                           f"longer context: {exc}")
+                message = (f"the opening prompt of {traj.env}/{traj.task_id} (system, task and tool list) does not "
+                           f"fit the model's context with the requested completion length; lower max_tokens or "
+                           f"use a model with a longer context: {exc}")
                 _finish(traj, None, message, timings, start, reward_cfg, log)
                 raise PolicyUnavailable(message) from exc
             traj.stop_reason = "context_exceeded"

@@ -314,6 +314,9 @@ def eval_command(
     table.add_row("all", str(o["tasks"]), str(o["episodes"]), str(o["masked"]), _pct(o["pass@1"]),
                   _pct(o[f"pass@{k}"]), "")
     console.print(table)
+    if o["short"]:
+        console.print(f"{o['short']} task(s) kept fewer than {k} scored samples (episodes masked by our own "
+                      f"failures): they count in pass@1, not in pass@{k}")
     console.print(f"wrote {out / 'eval.json'}, {out / 'eval.png'}, {out / 'trajectories.jsonl'}")
 
 

@@ -2,7 +2,9 @@
 
 Every task runs k episodes on instances reset to its snapshot (a GRPO group, without training).
 pass@k uses the unbiased estimator of Chen et al. (2021), ``1 - C(n-c, k) / C(n, k)`` for n
-scored samples of which c are complete; masked episodes (our failures) are not samples. The
+scored samples of which c are complete; masked episodes (our failures) are not samples. A task
+left with fewer than k scored samples has no pass@k (the estimator needs n >= k; pass@n in its
+place would understate it): averages skip it and the report counts it as ``short``. The
 report is a table, a JSON document and a PNG bar chart, and every episode is in the
 trajectory JSONL.
 """
@@ -17,7 +19,7 @@ from typing import Any, Callable
 
 from awm.bundle import EnvBundle
 from trainer.agent import AgentConfig
-from trainer.policy import Policy
+from trainer.policy import Policy, PolicyUnavailable
 from trainer.reward import RewardConfig
 from trainer.rollout import InstanceSource, RolloutConfig, RolloutService, TaskRef
 from trainer.trajectory import Trajectory, TrajectoryLog
@@ -25,9 +27,8 @@ from trainer.trajectory import Trajectory, TrajectoryLog
 
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Probability that at least one of k samples drawn from the n (c correct) is correct."""
-    if n <= 0:
-        return 0.0
-    k = min(k, n)
+    if n < k or k < 1:
+        raise ValueError(f"pass@{k} needs at least {k} samples, not {n}")
     if n - c < k:
         return 1.0
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
@@ -42,7 +43,12 @@ class TaskScore:
     masked: int
     mean_reward: float | None
     pass_at_1: float
-    pass_at_k: float
+    pass_at_k: float | None  # None: fewer than k scored samples
+
+
+def _mean(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return round(sum(present) / len(present), 4) if present else None
 
 
 @dataclass
@@ -52,12 +58,12 @@ class EnvScore:
 
     def summary(self, k: int) -> dict[str, Any]:
         scored = [t for t in self.tasks if t.samples]
-        rewards = [t.mean_reward for t in scored if t.mean_reward is not None]
         return {"env": self.env, "tasks": len(self.tasks), "episodes": sum(t.samples + t.masked for t in self.tasks),
                 "masked": sum(t.masked for t in self.tasks),
-                "pass@1": round(sum(t.pass_at_1 for t in scored) / len(scored), 4) if scored else None,
-                f"pass@{k}": round(sum(t.pass_at_k for t in scored) / len(scored), 4) if scored else None,
-                "mean_reward": round(sum(rewards) / len(rewards), 4) if rewards else None}
+                "short": sum(t.pass_at_k is None for t in self.tasks),
+                "pass@1": _mean([t.pass_at_1 for t in scored]),
+                f"pass@{k}": _mean([t.pass_at_k for t in scored]),
+                "mean_reward": _mean([t.mean_reward for t in scored])}
 
 
 def score_task(env: str, task_id: str, trajectories: list[Trajectory], k: int) -> TaskScore:
@@ -66,13 +72,16 @@ def score_task(env: str, task_id: str, trajectories: list[Trajectory], k: int) -
     mean = sum(t.reward for t in scored) / len(scored) if scored else None
     return TaskScore(env, task_id, len(scored), complete, len(trajectories) - len(scored),
                      None if mean is None else round(mean, 4),
-                     round(pass_at_k(len(scored), complete, 1), 4), round(pass_at_k(len(scored), complete, k), 4))
+                     round(pass_at_k(len(scored), complete, 1), 4) if scored else 0.0,
+                     round(pass_at_k(len(scored), complete, k), 4) if len(scored) >= k else None)
 
 
 async def evaluate(source: InstanceSource, policy: Policy, tasks: list[TaskRef], k: int, agent: AgentConfig,
                    reward: RewardConfig, log: TrajectoryLog | None = None,
                    on_task: Callable[[TaskScore], None] | None = None) -> list[EnvScore]:
-    """k episodes of every task, all tasks concurrently (instances bound the concurrency)."""
+    """k episodes of every task, all tasks concurrently (instances bound the concurrency).
+    When the policy endpoint fails for good, no new episode starts, the running ones finish (and
+    are reported through ``on_task``), then the failure is raised."""
     service = RolloutService(source, policy, tasks, agent, reward, RolloutConfig(group_size=k), log)
 
     async def one(task: TaskRef) -> TaskScore:
@@ -82,7 +91,13 @@ async def evaluate(source: InstanceSource, policy: Policy, tasks: list[TaskRef],
             on_task(result)
         return result
 
-    return by_environment(await asyncio.gather(*(one(t) for t in tasks)))
+    results = await asyncio.gather(*(one(t) for t in tasks), return_exceptions=True)
+    for r in results:
+        if isinstance(r, BaseException) and not isinstance(r, PolicyUnavailable):
+            raise r
+    if service.policy_failure is not None:
+        raise service.policy_failure
+    return by_environment([r for r in results if isinstance(r, TaskScore)])
 
 
 def by_environment(results: list[TaskScore]) -> list[EnvScore]:
@@ -102,17 +117,16 @@ def running_summary(done: list[TaskScore]) -> dict[str, Any]:
             by_env.setdefault(t.env, []).append(t)
     rewards = [t.mean_reward for t in done if t.mean_reward is not None]
     return {"step": len(done), "reward_mean": round(sum(rewards) / len(rewards), 4) if rewards else None,
-            "pass_rates": {env: round(sum(t.pass_at_1 for t in ts) / len(ts), 4) for env, ts in by_env.items()},
-            "pass_at_k": {env: round(sum(t.pass_at_k for t in ts) / len(ts), 4) for env, ts in by_env.items()}}
+            "pass_rates": {env: _mean([t.pass_at_1 for t in ts]) for env, ts in by_env.items()},
+            "pass_at_k": {env: v for env, ts in by_env.items() if (v := _mean([t.pass_at_k for t in ts])) is not None}}
 
 
 def report(scores: list[EnvScore], k: int, model: str) -> dict[str, Any]:
     envs = [s.summary(k) for s in scores]
     tasks = [t for s in scores for t in s.tasks if t.samples]
     overall = {"tasks": sum(e["tasks"] for e in envs), "episodes": sum(e["episodes"] for e in envs),
-               "masked": sum(e["masked"] for e in envs),
-               "pass@1": round(sum(t.pass_at_1 for t in tasks) / len(tasks), 4) if tasks else None,
-               f"pass@{k}": round(sum(t.pass_at_k for t in tasks) / len(tasks), 4) if tasks else None}
+               "masked": sum(e["masked"] for e in envs), "short": sum(e["short"] for e in envs),
+               "pass@1": _mean([t.pass_at_1 for t in tasks]), f"pass@{k}": _mean([t.pass_at_k for t in tasks])}
     return {"model": model, "k": k, "environments": envs, "overall": overall,
             "tasks": [asdict(t) for s in scores for t in s.tasks]}
 

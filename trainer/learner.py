@@ -48,6 +48,15 @@ def autocast(device: torch.device, dtype: torch.dtype) -> contextlib.AbstractCon
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
+def cast_weights(model: Any, dtype: torch.dtype) -> Any:
+    """Store a frozen copy's parameters in ``dtype`` (half the memory in bfloat16). Buffers stay
+    as they are: ``model.to(dtype)`` would also round the rotary-position tables (``inv_freq``),
+    and positions past a few hundred would come out garbled next to the learner's."""
+    for p in model.parameters():
+        p.data = p.data.to(dtype)
+    return model
+
+
 class Learner:
     def __init__(self, model: Any, cfg: GRPOConfig, sampling: SamplingSpec, ref_model: Any = None,
                  pad_id: int = 0, compute_dtype: torch.dtype = torch.float32) -> None:
@@ -204,7 +213,7 @@ def build_policy(cfg: TrainConfig, corpus: list[str], resume_from: Path | None) 
         raise ValueError(f"unknown policy kind {pc.kind!r} (tiny | hf)")
     model = model.to(device=device, dtype=torch.float32)
     if reference is not None:
-        reference = reference.to(device=device, dtype=dtype)
+        reference = cast_weights(reference.to(device=device), dtype)
         for p in reference.parameters():
             p.requires_grad_(False)
     log.info("policy %s on %s: float32 weights, %s compute", pc.kind, device, str(dtype).removeprefix("torch."))

@@ -4,7 +4,9 @@ It renders the history with :class:`~trainer.chatformat.ChatFormat`, samples a c
 token with a KV cache, and returns the prompt ids, completion ids and the log-probability of
 every sampled token under the sampling distribution (temperature, allowed tokens). The learner
 computes log-probabilities the same way (:class:`SamplingSpec`), so the importance ratio starts
-at 1 for fresh samples.
+at 1 for fresh samples - exactly in float32 or when the model is shared; a bfloat16 copy
+(asynchronous runs on a GPU) rounds its weights and activations differently from the learner's
+float32 weights under autocast, so its ratios start near 1, as with a vLLM sampler.
 
 It holds a *copy* of the learner's weights: the learner pushes new weights with
 :meth:`LocalPolicy.load_weights` after each optimiser step and the version goes up. That is the
@@ -51,7 +53,9 @@ class LocalPolicy:
         if share:
             self.model = model
         else:  # a sampler never takes an update: its copy can live in the compute dtype
-            self.model = copy.deepcopy(model).to(dtype).eval()
+            from trainer.learner import cast_weights
+
+            self.model = cast_weights(copy.deepcopy(model), dtype).eval()
             for p in self.model.parameters():
                 p.requires_grad_(False)
         self.device = next(self.model.parameters()).device

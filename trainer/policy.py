@@ -38,12 +38,31 @@ class ContextExceeded(RuntimeError):
     is scored as it stands, like one out of turns), not the run: other episodes are shorter."""
 
 
-# How OpenAI, vLLM, SGLang and TGI word a prompt that is too long (a 400, 413 or 422). Narrow on
-# purpose: a refusal for another reason ("tool name too long") must stop the run, not end episodes.
+# How OpenAI, vLLM, SGLang, TGI and llama.cpp word a prompt that is too long (a 400, 413 or 422).
+# Narrow on purpose, and matched against the error's message rather than the whole body: a
+# refusal for another reason ("tool name too long") must stop the run, not end episodes.
 _CONTEXT_EXCEEDED = re.compile(
-    r"context[_ ]length|context window|maximum context|max_model_len|prompt is too long|input is too long|"
-    r"too many (input )?tokens|reduce the length of the (messages|prompt|input)|"
-    r"tokens\b.{0,80}(longer than|must be <=|exceeds?)", re.IGNORECASE | re.DOTALL)
+    r"context[_ ]length|context window|context size|maximum context|max_model_len|maximum model length|"
+    r"prompt is too long|input is too long|too many (input )?tokens|must have less than \d+ tokens|"
+    r"reduce the length of the (messages|prompt|input)|tokens?\b[^.\n]{0,80}(longer than|must be <=|exceeds?)",
+    re.IGNORECASE)
+
+
+def context_exceeded(body: str) -> bool:
+    """Whether an error body says the prompt does not fit the model's context window. For a JSON
+    body only its message, code and type count (``{"error": {...}}``, ``{"detail": ...}``)."""
+    texts = [body]
+    try:
+        data = json.loads(body)
+    except ValueError:
+        data = None
+    if isinstance(data, dict):
+        error = data.get("error", data)
+        if isinstance(error, dict):
+            texts = [str(error.get(key)) for key in ("message", "code", "type", "detail") if error.get(key)]
+        else:
+            texts = [str(error)]
+    return any(_CONTEXT_EXCEEDED.search(text) for text in texts)
 
 
 @dataclass
@@ -125,7 +144,7 @@ class OpenAIPolicy:
             if response.status_code == 429 or response.status_code >= 500:
                 last = f"{url} answered HTTP {response.status_code}: {response.text[:300]}"
                 continue
-            if response.status_code in (400, 413, 422) and _CONTEXT_EXCEEDED.search(response.text):
+            if response.status_code in (400, 413, 422) and context_exceeded(response.text):
                 raise ContextExceeded(f"{url}: HTTP {response.status_code}: {response.text[:300]}")
             if response.status_code >= 400:
                 raise PolicyUnavailable(f"{url} refused the request: HTTP {response.status_code}: {response.text[:500]}")

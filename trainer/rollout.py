@@ -219,6 +219,7 @@ class RolloutService:
         self._running: set[asyncio.Task[None]] = set()
         self.dropped_stale = 0
         self.wait_s = 0.0  # time the learner spent waiting in next_groups()
+        self.policy_failure: PolicyUnavailable | None = None  # once set, no new episode starts
 
     def next_task(self) -> TaskRef:
         """Tasks in a fresh shuffled order each pass, so every task is seen equally often."""
@@ -229,19 +230,32 @@ class RolloutService:
 
     async def run_group(self, task: TaskRef) -> Group:
         group_id = uuid.uuid4().hex[:12]
-        trajectories = await asyncio.gather(*(self._episode(task, group_id, i) for i in range(self.cfg.group_size)))
-        return Group(group_id, task, list(trajectories))
+        # every episode ends before the group does (a failed one must not leave its siblings
+        # running on instances that are about to be closed)
+        results = await asyncio.gather(*(self._episode(task, group_id, i) for i in range(self.cfg.group_size)),
+                                       return_exceptions=True)
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+        return Group(group_id, task, list(results))  # type: ignore[arg-type]
 
     async def _episode(self, task: TaskRef, group_id: str, index: int) -> Trajectory:
+        if self.policy_failure is not None:
+            raise self.policy_failure
         lease = await self.source.claim(task.env)
         healthy = True
         try:
+            if self.policy_failure is not None:  # failed while we waited for the instance
+                raise self.policy_failure
             assert lease.handle is not None
             traj = await run_episode(self.policy, lease.handle, task.task_id, self.agent, self.reward, self.log,
                                      group_id, index)
             healthy = traj.infra_error is None
-        except PolicyUnavailable:
-            raise  # the instance is fine; the next episode resets it anyway
+        except PolicyUnavailable as exc:
+            # the instance is fine (the next episode resets it anyway); the policy is not: episodes
+            # still waiting for an instance never start, the ones running finish on their own
+            self.policy_failure = self.policy_failure or exc
+            raise
         except BaseException:
             healthy = False
             raise

@@ -42,7 +42,7 @@ async def read_index(kube: Kube, http: aiohttp.ClientSession, namespace: str, ca
         async with http.get(url, timeout=aiohttp.ClientTimeout(total=TIMEOUT_S)) as r:
             if r.status != 200:
                 raise ValueError(f"GET {url}: HTTP {r.status}")
-            body = b""
+            body = bytearray()
             while len(body) <= MAX_INDEX_BYTES and (chunk := await r.content.read(MAX_INDEX_BYTES + 1 - len(body))):
                 body += chunk
             if len(body) > MAX_INDEX_BYTES:

@@ -201,7 +201,12 @@ class Reconciler:
         key = selector.model_dump_json() + spec.catalog.model_dump_json()  # not the generation: replicas change it
         last_key, at = self.index_read
         if key != last_key:
-            fleet.selected = None  # a new selector: the old choice is not its answer
+            # a new selector or catalog: the old choice (or error) is not its answer, nor is a read
+            # still in flight for the old one
+            fleet.selected, self.index_error = None, None
+            if self.index_task is not None:
+                self.index_task.cancel()
+                self.index_task = None
         due = key != last_key or now - at >= (REFRESH_S if self.index_error is None else RETRY_S)
         if due and self.index_task is None:
             self.index_read = (key, now)
@@ -233,7 +238,8 @@ class Reconciler:
                 self.index_error, fleet.selected = None, chosen
                 loop.call_later(REFRESH_S + 0.01, fleet.poke)
         finally:
-            self.index_task = None
+            if self.index_task is asyncio.current_task():
+                self.index_task = None
             fleet.poke()
 
     def victims(self, pods: list[PodInfo], n: int) -> list[PodInfo]:

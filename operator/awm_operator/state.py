@@ -325,6 +325,7 @@ class Fleet:
                 continue
             if req.environment is not None and req.environment in need:
                 need[req.environment] += req.count
+                free[req.environment] = max(free[req.environment] - req.count, 0)
             elif req.group_size and need:
                 g = req.group_size
                 for _ in range(req.count // g):
