@@ -296,7 +296,8 @@ def main() -> int:
             time.sleep(0.2)
         port, metrics = harness.free_port(), harness.free_port()
         env = {**os.environ, "KUBECONFIG": kubeconfig, "AWM_NAMESPACES": NS, "AWM_HEALTH_PORT": str(port),
-               "AWM_METRICS_PORT": str(metrics), "AWM_LOG_LEVEL": "warning", "AWM_DB_SWEEP_INTERVAL": "3600",
+               "AWM_METRICS_PORT": str(metrics), "AWM_LOG_LEVEL": "warning",
+               "AWM_ENDPOINT_ANNOTATIONS": "1", "AWM_DB_SWEEP_INTERVAL": "3600",
                "PYTHONPATH": str(ROOT / "operator")}
         operator = subprocess.Popen([sys.executable, "-m", "awm_operator"], env=env, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + 60

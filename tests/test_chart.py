@@ -324,7 +324,8 @@ def test_operator_env_is_what_the_operator_reads(helm: str) -> None:
     assert (cfg.release, cfg.peering, cfg.metrics_port, cfg.api_port) == (RELEASE, "awm", 9090, 8080)
     assert cfg.log_level == "debug"
     assert cfg.envserver_image == "awm-envserver:0.1.0" and cfg.catalog_image == "awm-catalog:0.1.0"
-    assert cfg.catalog_path == "/catalog"
+    assert cfg.catalog_path == "/catalog" and cfg.catalog_pull_policy == "IfNotPresent"
+    assert not cfg.endpoint_annotations  # a test-only switch the chart never sets
     assert cfg.envserver_resources["requests"] == {"cpu": "100m", "memory": "256Mi"}
     # Replicas of one Deployment get the same variables, yet need distinct kopf priorities
     # (equal ones make kopf pause them all): the chart sets none, each process draws its own.

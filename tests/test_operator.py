@@ -91,6 +91,22 @@ def test_pod_manifest_catalog_sources() -> None:
     init = by_url["spec"]["initContainers"][0]
     assert init["image"] == "e:3" and init["command"][:2] == ["python", "-c"]
     assert init["command"][3:] == ["http://store/cat", "crm", "/bundle/env.json"]
+    chart_catalog = pod_manifest("f", "ns", "u", fleet_spec(), "crm", OperatorConfig(catalog_pull_policy="Always"))
+    assert chart_catalog["spec"]["initContainers"][0]["imagePullPolicy"] == "Always"
+
+
+def test_pod_templates_cannot_redirect_resets() -> None:
+    """awm.dev/control-url and mcp-url on a pod point the operator's resets and the trainers at
+    that URL: only a test operator (AWM_ENDPOINT_ANNOTATIONS) takes them from a fleet's template."""
+    from awm_operator.pods import A_MCP_URL
+
+    spec = fleet_spec(template={"annotations": {A_CONTROL_URL: "http://evil:1", A_MCP_URL: "http://evil:2/mcp",
+                                                "team": "rl"}})
+    ann = pod_manifest("f", "ns", "u", spec, "crm", OperatorConfig())["metadata"]["annotations"]
+    assert A_CONTROL_URL not in ann and A_MCP_URL not in ann and ann["team"] == "rl"
+    assert OperatorConfig.from_env({}).endpoint_annotations is False
+    test_cfg = OperatorConfig.from_env({"AWM_ENDPOINT_ANNOTATIONS": "1"})
+    assert pod_manifest("f", "ns", "u", spec, "crm", test_cfg)["metadata"]["annotations"][A_CONTROL_URL] == "http://evil:1"
 
 
 def test_names_stay_within_kubernetes_limits() -> None:

@@ -84,19 +84,36 @@ async def test_a_policy_outage_reaches_the_learner(source):
     assert len((await service(source, ReplayPolicy([]), RolloutConfig(group_size=2)).collect(1))[0].trajectories) == 2
 
 
-async def test_unreachable_instance_is_masked_and_rechecked(notes, notes_bundle):
-    dead = Lease("notes", "dead", notes.mcp_url, "http://127.0.0.1:9")
-    pool = PoolSource([dead], ready_timeout_s=0.5)
-    from trainer.agent import EnvHandle
+async def test_unreachable_instances_are_masked_kept_out_and_skipped(notes, notes_bundle):
+    """An instance that dies under an episode masks that episode and stays out of the pool until
+    it answers again; one that cannot be connected to at claim time is skipped (our failure, not
+    an episode's); with none usable for claim_timeout_s the run gets a clear error."""
     from awm.client import ControlClient, McpSession
+    from trainer.agent import EnvHandle
+    from trainer.rollout import InstancesUnavailable
 
+    dead = Lease("notes", "dead", notes.mcp_url, "http://127.0.0.1:9")
     dead.handle = EnvHandle(McpSession(notes.mcp_url), ControlClient("http://127.0.0.1:9"), "notes", "dead")
+    good = Lease("notes", "good", notes.mcp_url, notes.control_url)
+    pool = PoolSource([dead, good], ready_timeout_s=0.5, claim_timeout_s=2)
     svc = RolloutService(pool, ReplayPolicy([notes_bundle]), [TaskRef("notes", "add_note")], AgentConfig(),
                          RewardConfig(), RolloutConfig(group_size=1))
-    (group,) = await svc.collect(1)
+    (group,) = await svc.collect(1)  # the dead instance is first in line
     (traj,) = group.trajectories
     assert traj.masked and traj.stop_reason == "infra_error"
-    # released as unhealthy: the connection was dropped and the instance is back after its readiness check
-    lease = await asyncio.wait_for(pool.claim("notes"), 10)
-    assert lease is dead
+    for _ in range(3):  # its control API never answers: it is never handed out again
+        lease = await asyncio.wait_for(pool.claim("notes"), 10)
+        assert lease is good
+        await pool.release(lease)
+    await pool.close()
+
+    gone = Lease("notes", "gone", "http://127.0.0.1:9/mcp", "http://127.0.0.1:9")
+    fresh = Lease("notes", "fresh", notes.mcp_url, notes.control_url)
+    pool = PoolSource([gone, fresh], ready_timeout_s=0.5, claim_timeout_s=2)
+    assert await asyncio.wait_for(pool.claim("notes"), 10) is fresh
+    await pool.close()
+    pool = PoolSource([Lease("notes", "gone", "http://127.0.0.1:9/mcp", "http://127.0.0.1:9")],
+                      ready_timeout_s=0.5, claim_timeout_s=2)
+    with pytest.raises(InstancesUnavailable, match="no instance of 'notes' could be used for 2 s .*gone"):
+        await pool.claim("notes")
     await pool.close()

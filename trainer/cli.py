@@ -168,6 +168,7 @@ def train(
         raise typer.Exit(2) from exc
     from trainer.learner import train as run_training
     from trainer.policy import PolicyUnavailable
+    from trainer.rollout import InstancesUnavailable
 
     console.print(f"awm train: {cfg.catalog} · {cfg.steps} steps × {cfg.groups_per_step} groups × "
                   f"{cfg.rollout.group_size} episodes · {cfg.mode} · run dir {cfg.run_dir}")
@@ -185,6 +186,9 @@ def train(
         result = asyncio.run(run_training(cfg, on_step=show))
     except PolicyUnavailable as exc:
         err.print(f"[red]error: the policy is unavailable:[/red] {exc}")
+        raise typer.Exit(3) from exc
+    except InstancesUnavailable as exc:
+        err.print(f"[red]error: the environment instances are unavailable:[/red] {exc}")
         raise typer.Exit(3) from exc
     except (ValueError, FleetError) as exc:
         err.print(f"[red]error:[/red] {exc}")
@@ -283,18 +287,21 @@ def eval_command(
     if not as_json:
         console.print(f"awm eval: {name} · {len(tasks)} tasks × k={k} · {len(bundles)} environments")
     from awm.fleet import FleetError
+    from trainer.rollout import InstancesUnavailable
 
     try:
         scores = asyncio.run(run())
     except FleetError as exc:
         err.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from exc
-    except PolicyUnavailable as exc:
+    except (PolicyUnavailable, InstancesUnavailable) as exc:
         # What finished is kept: a partial report, marked as such, next to the trajectories.
-        partial = {**ev.report(ev.by_environment(done), k, name), "incomplete": f"policy unavailable: {exc}",
+        what = "policy" if isinstance(exc, PolicyUnavailable) else "instances"
+        partial = {**ev.report(ev.by_environment(done), k, name), "incomplete": f"{what} unavailable: {exc}",
                    "tasks_selected": len(tasks)}
         (out / "eval.json").write_text(json.dumps(partial, indent=2))
-        err.print(f"[red]error: the policy endpoint is unavailable:[/red] {exc}")
+        err.print(f"[red]error: the {'policy endpoint is' if what == 'policy' else 'environment instances are'} "
+                  f"unavailable:[/red] {exc}")
         err.print(f"{len(done)} of {len(tasks)} tasks finished before that: partial report in {out / 'eval.json'}")
         raise typer.Exit(3) from exc
     data = ev.report(scores, k, name)

@@ -94,7 +94,7 @@ async def evaluate(source: InstanceSource, policy: Policy, tasks: list[TaskRef],
     results = await asyncio.gather(*(one(t) for t in tasks), return_exceptions=True)
     for r in results:
         if isinstance(r, BaseException) and not isinstance(r, PolicyUnavailable):
-            raise r
+            raise r  # e.g. InstancesUnavailable: the fleet, not the policy, failed
     if service.policy_failure is not None:
         raise service.policy_failure
     return by_environment([r for r in results if isinstance(r, TaskScore)])

@@ -47,6 +47,11 @@ class Lease:
     handle: EnvHandle | None = field(default=None, repr=False)
 
 
+class InstancesUnavailable(RuntimeError):
+    """No instance of an environment could be used for a long while: the fleet, not an episode,
+    is broken, and the run stops with what it finished."""
+
+
 class InstanceSource(abc.ABC):
     """Where episodes get instances: claim one of an environment, give it back after the episode."""
 
@@ -68,11 +73,12 @@ class InstanceSource(abc.ABC):
 class PoolSource(InstanceSource):
     """A fixed set of running instances (e.g. from ``awm serve --json``)."""
 
-    def __init__(self, leases: list[Lease], ready_timeout_s: float = 120.0) -> None:
+    def __init__(self, leases: list[Lease], ready_timeout_s: float = 120.0, claim_timeout_s: float = 600.0) -> None:
         self._queues: dict[str, asyncio.Queue[Lease]] = {}
         self._all = list(leases)
         self._checks: set[asyncio.Task[None]] = set()
         self.ready_timeout_s = ready_timeout_s
+        self.claim_timeout_s = claim_timeout_s
         for lease in leases:
             self._queues.setdefault(lease.env, asyncio.Queue()).put_nowait(lease)
 
@@ -83,17 +89,32 @@ class PoolSource(InstanceSource):
         return sum(1 for lease in self._all if lease.env == env)
 
     async def claim(self, env: str) -> Lease:
+        """A connected instance of ``env``. One that cannot be reached goes to a background check
+        and the next one is tried: a dead instance is our failure, never the episode's. With no
+        instance of ``env`` reachable for ``claim_timeout_s``: :class:`InstancesUnavailable`."""
         if env not in self._queues:
             raise KeyError(f"no instances of environment {env!r}")
-        lease = await self._queues[env].get()
-        if lease.handle is None:
+        deadline = time.monotonic() + self.claim_timeout_s
+        last = "none became free"
+        while True:
+            try:
+                lease = await asyncio.wait_for(self._queues[env].get(), max(deadline - time.monotonic(), 0.001))
+            except (TimeoutError, asyncio.TimeoutError):
+                raise InstancesUnavailable(f"no instance of {env!r} could be used for {self.claim_timeout_s:g} s "
+                                           f"(last: {last})") from None
+            if lease.handle is not None:
+                return lease
             try:
                 lease.handle = await EnvHandle.connect(lease.mcp_url, lease.control_url, lease.env, lease.name,
                                                        lease.scenario)
-            except BaseException:
-                self._recheck(lease)
+                return lease
+            except asyncio.CancelledError:
+                self._queues[env].put_nowait(lease)
                 raise
-        return lease
+            except Exception as exc:  # noqa: BLE001 - that instance is checked again; try the next
+                last = f"{lease.name}: {type(exc).__name__}: {exc}"
+                log.warning("instance %s cannot be reached (%s); trying another", lease.name, last)
+                self._recheck(lease)
 
     async def release(self, lease: Lease, healthy: bool = True) -> None:
         if healthy:
@@ -131,8 +152,11 @@ class PoolSource(InstanceSource):
 
     async def _revive(self, lease: Lease) -> None:
         """Return an instance that failed us to the pool once it is ready again (a local fleet
-        restarts dead instances; a source that can replace instances overrides this)."""
-        await self._wait_ready(lease)
+        restarts dead instances; a source that can replace instances overrides this). Until it
+        answers it stays out of the pool: handing out a dead instance would fail the next claim."""
+        while not await self._wait_ready(lease):
+            log.warning("instance %s is still not ready after %g s; it stays out of the pool", lease.name,
+                        self.ready_timeout_s)
         self._queues[lease.env].put_nowait(lease)
 
     async def close(self) -> None:

@@ -33,7 +33,12 @@ class OperatorConfig:
         "requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}})
     catalog_image: str = "awm-catalog:0.1.0"
     catalog_path: str = "/catalog"
+    catalog_pull_policy: str = "IfNotPresent"
     image_pull_secrets: list[dict[str, str]] = field(default_factory=list)
+    # Tests and benchmarks only: let a fleet's pod template set awm.dev/control-url and mcp-url (env
+    # servers outside the cluster). Off, anyone who may create an EnvFleet could make the operator
+    # POST resets to, and hand trainers, any URL.
+    endpoint_annotations: bool = False
     # Tuning: how hard the operator may push the API server, and how fast it reacts.
     create_concurrency: int = 64              # pod creations / deletions in flight per fleet
     reconcile_min_interval: float = 0.2       # coalesces bursts of pod events into one pass
@@ -64,7 +69,9 @@ class OperatorConfig:
         cfg.envserver_resources = _json(e.get("AWM_ENVSERVER_RESOURCES"), cfg.envserver_resources)
         cfg.catalog_image = e.get("AWM_CATALOG_IMAGE", cfg.catalog_image)
         cfg.catalog_path = e.get("AWM_CATALOG_PATH", cfg.catalog_path)
+        cfg.catalog_pull_policy = e.get("AWM_CATALOG_IMAGE_PULL_POLICY", cfg.catalog_pull_policy)
         cfg.image_pull_secrets = _json(e.get("AWM_IMAGE_PULL_SECRETS"), cfg.image_pull_secrets)
+        cfg.endpoint_annotations = e.get("AWM_ENDPOINT_ANNOTATIONS", "").lower() in ("1", "true", "yes")
         for name in ("scale_down_delay", "resync_interval", "reset_timeout", "db_sweep_interval",
                      "claim_ttl_default", "claim_ttl_max"):
             key = f"AWM_{name.upper()}"

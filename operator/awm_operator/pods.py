@@ -90,6 +90,9 @@ def pod_manifest(fleet: str, namespace: str, fleet_uid: str, spec: EnvFleetSpec,
     labels = {**(t.labels or {}), L_NAME: APP_NAME, L_INSTANCE: cfg.release,
               L_FLEET: label_value(fleet), L_ENV: label_value(env)}
     annotations = {**(t.annotations or {}), A_ENV: env}
+    if not cfg.endpoint_annotations:
+        for key in (A_CONTROL_URL, A_MCP_URL):
+            annotations.pop(key, None)
     pod_name = {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
     container_security = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                           "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}}
@@ -174,11 +177,14 @@ def _bundle_container(spec: EnvFleetSpec, env: str, cfg: OperatorConfig, envserv
                   "with urllib.request.urlopen(url, timeout=60) as r, open(sys.argv[3], 'wb') as f:\n"
                   "    shutil.copyfileobj(r, f)\n")
         image, command = envserver_image, ["python", "-c", script, c.url, env, BUNDLE_FILE]
+        policy = cfg.envserver_pull_policy
     else:
         image = c.image or cfg.catalog_image
         path = (c.path if c.image else cfg.catalog_path).rstrip("/")
         command = ["cp", f"{path}/{env}.json", BUNDLE_FILE]
-    return {"name": "bundle", "image": image, "imagePullPolicy": "IfNotPresent", "command": command,
+        # a fleet's own catalog image: pulled if absent; the chart's: as catalog.image.pullPolicy says
+        policy = "IfNotPresent" if c.image else cfg.catalog_pull_policy
+    return {"name": "bundle", "image": image, "imagePullPolicy": policy, "command": command,
             "volumeMounts": [mount], "securityContext": security, "resources": resources,
             "terminationMessagePolicy": "FallbackToLogsOnError"}
 
