@@ -80,6 +80,12 @@ async def test_native_tool_calls_complete_the_task(env, tmp_path):
     prompt = fmt.encode_prompt(first["messages"], first["tools"])
     assert sequence.input_ids[:len(prompt)] == prompt and sequence.loss_mask[:len(prompt)] == [0] * len(prompt)
     assert fmt.encode_prompt(first["messages"]) != prompt
+    # each generated span ends at the end-of-turn token: the newline after it was never generated
+    end = fmt.encode_text("<|im_end|>")
+    mask = sequence.loss_mask
+    span_ends = [i for i, m in enumerate(mask) if m and (i + 1 == len(mask) or not mask[i + 1])]
+    assert len(span_ends) == 2
+    assert all(sequence.input_ids[i + 1 - len(end):i + 1] == end for i in span_ends)
 
 
 async def test_text_fallback_calls(env, tmp_path):
@@ -149,6 +155,34 @@ async def test_unreachable_policy_is_a_clear_error(env, tmp_path):
     log.close()
     (record,) = read_trajectories(tmp_path / "t.jsonl")
     assert record.stop_reason == "policy_error" and record.masked
+
+
+async def test_rate_limits_are_waited_out_and_extra_body_shapes_the_request(monkeypatch):
+    """A 429 burst is retried as the server's Retry-After says, not the end of a run; extra_body
+    adds fields and its nulls remove ours (OpenAI's reasoning models refuse max_tokens)."""
+    from trainer import policy as policy_mod
+
+    slept: list[float] = []
+
+    async def sleep(seconds):
+        slept.append(seconds)
+
+    monkeypatch.setattr(policy_mod, "_backoff", sleep)
+
+    def answer(stage, body, index):
+        if index < 2:
+            return Reply("slow down", status=429, headers={"Retry-After": "7"})
+        return Reply("done")
+
+    with ScriptedLLM(answer) as llm:
+        policy = OpenAIPolicy(llm.base_url, "m", retries=3,
+                              extra_body={"max_tokens": None, "max_completion_tokens": 64})
+        reply = await policy.chat([{"role": "user", "content": "hi"}], None)
+        await policy.close()
+    assert reply.content == "done" and len(llm.requests) == 3
+    assert slept == [7.0, 7.0]  # the server's Retry-After, not the backoff's 0.5 and 1.0
+    body = llm.requests[-1][1]
+    assert "max_tokens" not in body and body["max_completion_tokens"] == 64
 
 
 async def test_refusing_policy_is_a_clear_error(env, tmp_path):

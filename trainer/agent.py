@@ -222,7 +222,8 @@ async def _execute(env: EnvHandle, calls: list[toolcalls.Parsed], turn: Turn, cf
         try:
             outcome = await env.mcp.call_tool(call.name, call.arguments)
         except McpError as exc:
-            if "(code -32602)" in str(exc) or "(code -32601)" in str(exc):  # invalid params / unknown method
+            # invalid params are the agent's; anything else (-32601: the server lacks tools/call) is ours
+            if "(code -32602)" in str(exc):
                 turn.results.append({"tool_call_id": call.id, "name": call.name, "is_error": True,
                                      "error_kind": "invalid_arguments", "text": str(exc), "ms": 0.0})
                 continue

@@ -216,6 +216,12 @@ def eval_command(
     tool_format: FormatOpt = ToolFormat.native,
     temperature: TempOpt = 1.0,
     max_tokens: MaxTokOpt = 2048,
+    retries: Annotated[int, typer.Option("--retries", min=1, help="Attempts per request on 429/5xx/unreachable "
+                                         "(backoff 0.5 s doubling to 30 s, or the server's Retry-After).")] = 6,
+    request_timeout: Annotated[float, typer.Option("--request-timeout", min=1, help="Seconds per request.")] = 300.0,
+    extra_body: Annotated[Optional[str], typer.Option(
+        "--extra-body", help='JSON merged into every request (null drops a field), e.g. '
+                             '\'{"max_tokens": null, "max_completion_tokens": 4096}\' or vLLM sampling options.')] = None,
     out: Annotated[Path, typer.Option("--out", help="Directory for eval.json, eval.png, trajectories.jsonl.")] = Path(
         "runs/eval"),
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
@@ -246,7 +252,15 @@ def eval_command(
         policy, name = _checkpoint_policy(checkpoint, temperature), str(checkpoint)
     else:
         url, name = _endpoint(base_url, model)
-        policy = OpenAIPolicy(url, name, api_key or "", temperature=temperature, max_tokens=max_tokens)
+        try:
+            extra = json.loads(extra_body) if extra_body else {}
+            if not isinstance(extra, dict):
+                raise ValueError("not a JSON object")
+        except ValueError as exc:
+            err.print(f"[red]error:[/red] --extra-body: {exc}")
+            raise typer.Exit(2) from exc
+        policy = OpenAIPolicy(url, name, api_key or "", temperature=temperature, max_tokens=max_tokens,
+                              timeout_s=request_timeout, retries=retries, extra_body=extra)
     cfg = AgentConfig(max_turns=max_turns, history_window=history_window, tool_format=tool_format.value)
     out.mkdir(parents=True, exist_ok=True)
 

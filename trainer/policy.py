@@ -48,6 +48,18 @@ _CONTEXT_EXCEEDED = re.compile(
     re.IGNORECASE)
 
 
+_backoff = asyncio.sleep  # between attempts (a test records the waits instead)
+
+
+def _retry_after(value: str | None) -> float:
+    """Seconds a rate-limited server asks us to wait (``Retry-After: 12``), at most a minute; 0 if
+    it says nothing usable (an HTTP date is rare from inference servers and ignored)."""
+    try:
+        return min(max(float(value), 0.0), 60.0) if value else 0.0
+    except ValueError:
+        return 0.0
+
+
 def context_exceeded(body: str) -> bool:
     """Whether an error body says the prompt does not fit the model's context window. For a JSON
     body only its message, code and type count (``{"error": {...}}``, ``{"detail": ...}``)."""
@@ -98,7 +110,7 @@ class OpenAIPolicy:
     temperature: float = 1.0
     max_tokens: int = 2048
     timeout_s: float = 300.0
-    retries: int = 3
+    retries: int = 6  # attempts on 429/5xx/unreachable: 0.5 s doubling to 30 s, or as Retry-After says
     extra_body: dict[str, Any] = field(default_factory=dict)
     version: int = 0
 
@@ -114,6 +126,8 @@ class OpenAIPolicy:
     async def chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> PolicyReply:
         body: dict[str, Any] = {"model": self.model, "messages": messages, "temperature": self.temperature,
                                 "max_tokens": self.max_tokens, **self.extra_body}
+        # extra_body null drops a field (e.g. max_tokens, which OpenAI's reasoning models refuse)
+        body = {key: value for key, value in body.items() if value is not None}
         if tools:
             body["tools"] = tools
         data = await self._post(body)
@@ -132,9 +146,11 @@ class OpenAIPolicy:
         url = self.base_url + "/chat/completions"
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         last = ""
+        wait = 0.0
         for attempt in range(max(1, self.retries)):
             if attempt:
-                await asyncio.sleep(min(0.5 * 2 ** (attempt - 1), 10))
+                await _backoff(wait or min(0.5 * 2 ** (attempt - 1), 30.0))
+            wait = 0.0
             try:
                 response = await self._http.post(url, content=json.dumps(body), headers={
                     **headers, "Content-Type": "application/json"})
@@ -143,6 +159,7 @@ class OpenAIPolicy:
                 continue
             if response.status_code == 429 or response.status_code >= 500:
                 last = f"{url} answered HTTP {response.status_code}: {response.text[:300]}"
+                wait = _retry_after(response.headers.get("retry-after"))
                 continue
             if response.status_code in (400, 413, 422) and context_exceeded(response.text):
                 raise ContextExceeded(f"{url}: HTTP {response.status_code}: {response.text[:300]}")

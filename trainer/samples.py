@@ -6,7 +6,9 @@ Each policy turn is scored under exactly the context the policy saw when it gene
   used as they are.
 * Otherwise the context is rebuilt from the messages with the trajectory's own history window
   (:func:`trainer.history.window`, the same function the rollout used) and encoded with
-  :class:`~trainer.chatformat.ChatFormat`.
+  :class:`~trainer.chatformat.ChatFormat` (ChatML: exact for Qwen-style templates; for a server
+  with another chat template, ask it for token ids instead). The log-probs are then unknown, and
+  the learner scores those turns as on-policy (ratio 1, no clipping).
 
 Consecutive turns whose contexts extend each other are packed into one sequence (one forward
 pass per episode): prompt and tool-result tokens are context (mask 0), generated tokens count
@@ -21,7 +23,7 @@ from typing import Iterable
 
 import torch
 
-from trainer.chatformat import IM_START, ChatFormat
+from trainer.chatformat import IM_END, IM_START, ChatFormat
 from trainer.grpo import group_advantages
 from trainer.history import window
 from trainer.trajectory import Trajectory, Turn
@@ -66,6 +68,12 @@ def turn_tokens(traj: Trajectory, turn: Turn, fmt: ChatFormat | None) -> tuple[l
     full = fmt.encode_text(fmt.render(traj.messages[position]))
     header = fmt.encode_text(f"{IM_START}assistant\n")
     completion = full[len(header):] if full[:len(header)] == header else full
+    # the model generated up to its end-of-turn token; the newline after it is the next context's
+    end = fmt.encode_text(IM_END)
+    for i in range(len(completion) - len(end), -1, -1):
+        if completion[i:i + len(end)] == end:
+            completion = completion[:i + len(end)]
+            break
     return prompt, completion, [math.nan] * len(completion)
 
 
