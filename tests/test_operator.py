@@ -51,7 +51,8 @@ def test_pod_manifest_follows_the_contract() -> None:
     assert meta["generateName"] == "train-bike-shop-"
     assert meta["labels"] == {"team": "rl", "app.kubernetes.io/name": "awm-envserver", "app.kubernetes.io/instance": "rel",
                               "awm.dev/fleet": "train", "awm.dev/environment": "bike_shop"}
-    assert meta["annotations"] == {"note": "x", A_ENV: "bike_shop"}
+    assert meta["annotations"] == {"note": "x", A_ENV: "bike_shop",
+                                   "cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}
     assert meta["ownerReferences"] == [{"apiVersion": "awm.dev/v1alpha1", "kind": "EnvFleet", "name": "train",
                                         "uid": "uid-1", "controller": True, "blockOwnerDeletion": True}]
     assert ps["nodeSelector"] == {"pool": "envs"} and ps["tolerations"][0]["key"] == "k"

@@ -207,6 +207,10 @@ def test_claims_bind_and_release(cluster: Cluster, operator: InThread, env_serve
 
     bad = claim_of(cluster, "bad", {"fleet": "pool", "count": 3, "groupSize": 2})
     assert bad["phase"] == "Failed" and "multiple" in bad["message"]
+    # a bound claim is not re-bound by an edit: the API server refuses it
+    r = cluster.cp.kubectl("-n", NS, "patch", "envclaim", "one", "--type=merge", "-p", '{"spec": {"count": 5}}',
+                           check=False)
+    assert r.returncode != 0 and "spec cannot change" in r.stderr
 
     # The allocation API draws from the same pool; a claim larger than what is left waits.
     async def api_claims() -> None:

@@ -131,6 +131,10 @@ class EnvFleetStatus(_Spec):
 
 
 class EnvClaimSpec(_Spec):
+    # A bound claim is not re-bound when its spec changes: refuse edits instead of ignoring them.
+    model_config = ConfigDict(populate_by_name=True, extra="forbid", json_schema_extra={"x-kubernetes-validations": [
+        {"rule": "self == oldSelf", "message": "an EnvClaim's spec cannot change: delete it and create another"}]})
+
     fleet: str = Field(description="EnvFleet to claim from (same namespace).")
     count: int = Field(1, ge=1, le=MAX_REPLICAS, description="Instances to bind.")
     environment: str | None = Field(None, description="Only instances of this environment.")

@@ -24,6 +24,7 @@ L_ENV = "awm.dev/environment"
 A_ENV = "awm.dev/environment"          # the full environment name (labels are limited to 63 chars)
 A_CONTROL_URL = "awm.dev/control-url"
 A_MCP_URL = "awm.dev/mcp-url"
+A_SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict"
 
 MCP_PORT, CONTROL_PORT = 8000, 8001
 DSN_FILE = "/run/awm/instance.dsn"
@@ -89,7 +90,9 @@ def pod_manifest(fleet: str, namespace: str, fleet_uid: str, spec: EnvFleetSpec,
     image = t.image or cfg.envserver_image
     labels = {**(t.labels or {}), L_NAME: APP_NAME, L_INSTANCE: cfg.release,
               L_FLEET: label_value(fleet), L_ENV: label_value(env)}
-    annotations = {**(t.annotations or {}), A_ENV: env}
+    # Like Agones' game servers: a node drain or the cluster autoscaler would kill an episode in
+    # flight (the operator scales fleets itself). A template may say "true" for cheaper nodes.
+    annotations = {A_SAFE_TO_EVICT: "false", **(t.annotations or {}), A_ENV: env}
     if not cfg.endpoint_annotations:
         for key in (A_CONTROL_URL, A_MCP_URL):
             annotations.pop(key, None)
