@@ -28,6 +28,48 @@ def test_passwords_are_required(pg: EmbeddedPostgres, admin_dsn):
         psycopg.connect(_dsn(admin_dsn, password=""))
 
 
+def test_provisioning_waits_out_a_full_server_but_not_a_wrong_password(admin_dsn, monkeypatch):
+    """Out of connection slots (a thousand pods provisioning at once) is retried until a slot
+    frees; a wrong password is reported at once."""
+    import threading
+
+    attempts: list[str] = []
+    real_connect = psycopg.connect
+
+    def counting_connect(dsn, **kwargs):
+        attempts.append(dsn)
+        return real_connect(dsn, **kwargs)
+
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute("DROP ROLE IF EXISTS awm_test_limited")
+        conn.execute("CREATE ROLE awm_test_limited LOGIN PASSWORD 'pw' CONNECTION LIMIT 1")
+        conn.execute("GRANT CONNECT ON DATABASE postgres TO awm_test_limited")
+    limited = _dsn(admin_dsn, user="awm_test_limited", password="pw")
+    try:
+        holder = psycopg.connect(limited)
+        monkeypatch.setattr(provision.psycopg, "connect", counting_connect)
+        first_refused = threading.Event()
+
+        def free_the_slot() -> None:
+            while len(attempts) < 2:  # the first attempt was refused; a retry is under way
+                first_refused.wait(0.05)
+            holder.close()
+
+        threading.Thread(target=free_the_slot, daemon=True).start()
+        with provision._admin(limited) as conn:
+            assert conn.execute("SELECT current_user").fetchone() == ("awm_test_limited",)
+        assert len(attempts) >= 2
+        attempts.clear()
+        with pytest.raises(psycopg.OperationalError, match="password"):
+            provision._admin(_dsn(admin_dsn, user="awm_test_limited", password="wrong"))
+        assert len(attempts) == 1
+    finally:
+        monkeypatch.undo()
+        with psycopg.connect(admin_dsn, autocommit=True) as conn:
+            conn.execute("REVOKE CONNECT ON DATABASE postgres FROM awm_test_limited")
+            conn.execute("DROP ROLE IF EXISTS awm_test_limited")
+
+
 def test_template_is_loaded_once_and_checksummed(admin_dsn, notes_bundle):
     first = provision.ensure_template(admin_dsn, notes_bundle)
     second = provision.ensure_template(admin_dsn, notes_bundle)

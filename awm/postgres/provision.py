@@ -25,6 +25,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.types.json import Jsonb
+from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential
 
 from awm.bundle import EnvBundle
 from awm.postgres import snapshot as snap
@@ -56,12 +57,34 @@ class Instance:
     dsn: str
 
 
+# Connecting is retried for a while: a server still starting, or out of connection slots while a
+# thousand pods provision at once, is a moment to wait out, not a failed pod.
+CONNECT_RETRY_S = 60.0
+
+
 def _admin(dsn: str, dbname: str | None = None) -> psycopg.Connection:
     if dbname:
         params = conninfo_to_dict(dsn)
         params["dbname"] = dbname
         dsn = make_conninfo(**params)
-    return psycopg.connect(dsn, autocommit=True)
+    for attempt in Retrying(retry=retry_if_exception(_transient), stop=stop_after_delay(CONNECT_RETRY_S),
+                            wait=wait_exponential(multiplier=0.2, max=5.0), reraise=True):
+        with attempt:
+            return psycopg.connect(dsn, autocommit=True)
+    raise AssertionError("unreachable")  # Retrying either returns or re-raises
+
+
+def _transient(exc: BaseException) -> bool:
+    """Worth another try: too many clients or connections (53300), the server starting up or shutting down
+    (57P03), a refused connection; not a wrong password or a missing database."""
+    if not isinstance(exc, psycopg.OperationalError):
+        return False
+    if exc.sqlstate in ("53300", "57P03"):
+        return True
+    text = str(exc).lower()
+    return exc.sqlstate is None and any(w in text for w in (
+        "too many clients", "too many connections", "connection refused", "starting up", "shutting down",
+        "remaining connection slots"))
 
 
 def _slug(text: str, limit: int) -> str:
