@@ -334,6 +334,34 @@ async def test_releasing_a_holders_claims_waits_for_the_ledger() -> None:
         assert r.status == 400 and "holder= is required" in (await r.json())["error"]
 
 
+async def test_the_client_asks_again_when_a_standby_answers() -> None:
+    """Behind one Service, a standby replica answers 503 and does nothing: the client asks again
+    on a new connection until the active one answers; other errors are not retried."""
+    import httpx
+
+    from awm_operator.client import AllocationClient, AllocationError
+
+    seen: list[tuple[str, str | None]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append((request.method, request.headers.get("connection")))
+        if len(seen) <= 2:
+            return httpx.Response(503, json={"error": "this operator replica is a standby"})
+        if request.method == "DELETE":
+            return httpx.Response(404, json={"error": "no such claim"})
+        return httpx.Response(201, json={"id": "api_1", "instances": []})
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as http:
+        alloc = AllocationClient("http://op:8080", "ns", "f", client=http)
+        assert (await alloc.claim(count=1))["id"] == "api_1"
+        assert seen == [("POST", "keep-alive"), ("POST", "close"), ("POST", "close")]
+        seen.clear()
+        seen.extend([("x", None)] * 2)  # no more standbys
+        with pytest.raises(AllocationError) as err:
+            await alloc.release("api_1")
+        assert err.value.status == 404 and len(seen) == 3
+
+
 def test_stuck_pods_say_why() -> None:
     stuck = pod("s", ready=False)
     stuck["status"]["initContainerStatuses"] = [

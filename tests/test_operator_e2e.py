@@ -591,12 +591,12 @@ def test_peering_one_replica_acts_and_a_standby_takes_over(control_plane: Any, c
             assert metric(standby, "awm_pod_operations_total", fleet="ha", operation="create") == 0
             assert len(peer.pods("ha")) == 5
 
-            async def claim(op: InThread, count: int, wait: float = 60) -> dict[str, Any]:
-                async with AllocationClient(api_url(op), ns, "ha") as alloc:
+            async def claim(op: InThread, count: int, wait: float = 60, retries: int = 8) -> dict[str, Any]:
+                async with AllocationClient(api_url(op), ns, "ha", standby_retries=retries) as alloc:
                     return await alloc.claim(count=count, wait_seconds=wait)
             first = asyncio.run(claim(active, 2))
             with pytest.raises(AllocationError) as exc:  # a standby does not allocate
-                asyncio.run(claim(standby, 1, wait=0.5))
+                asyncio.run(claim(standby, 1, wait=0.5, retries=0))
             assert exc.value.status == 503
         finally:
             active.stop()

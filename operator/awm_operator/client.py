@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import httpx
@@ -21,8 +22,9 @@ class AllocationError(RuntimeError):
 
 class AllocationClient:
     def __init__(self, base_url: str, namespace: str, fleet: str, timeout: float = 660.0,
-                 client: httpx.AsyncClient | None = None) -> None:
+                 client: httpx.AsyncClient | None = None, standby_retries: int = 8) -> None:
         self.base = f"{base_url.rstrip('/')}/v1/namespaces/{namespace}/envfleets/{fleet}"
+        self.standby_retries = standby_retries
         self._client = client or httpx.AsyncClient(timeout=timeout)
         self._own = client is None
 
@@ -48,8 +50,7 @@ class AllocationClient:
 
     async def release_holder(self, holder: str) -> dict[str, Any]:
         """Release every claim of ``holder`` (``{"released": [ids], "returned", "replaced"}``)."""
-        r = await self._client.request("DELETE", self.base + "/claims", params={"holder": holder})
-        return self._result(r)
+        return self._result(await self._request("DELETE", "/claims", params={"holder": holder}))
 
     async def get(self, claim_id: str) -> dict[str, Any]:
         """The claim as the operator sees it now; instances whose pod was lost have ``lost: true``."""
@@ -65,7 +66,22 @@ class AllocationClient:
         return await self._call("GET", "")
 
     async def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-        return self._result(await self._client.request(method, self.base + path, json=body))
+        return self._result(await self._request(method, path, json=body))
+
+    async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """With several operator replicas behind one Service, a standby answers 503 and did
+        nothing: ask again on a new connection (the Service balances per connection), so the
+        request reaches the active replica. A 503 from the active one (its fleet's claims still
+        loading) is retried the same way."""
+        delay = 0.1
+        for attempt in range(self.standby_retries + 1):
+            headers = {"Connection": "close"} if attempt else None
+            r = await self._client.request(method, self.base + path, headers=headers, **kwargs)
+            if r.status_code != 503 or attempt == self.standby_retries:
+                return r
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+        raise AssertionError("unreachable")
 
     @staticmethod
     def _result(r: httpx.Response) -> dict[str, Any]:
