@@ -63,6 +63,38 @@ def test_seq_mean_and_asymmetric_clip():
     assert loss.item() == pytest.approx(0.08, abs=1e-6)
 
 
+def test_seq_mean_weighs_a_split_episode_once():
+    """Rows 0 and 1 are one episode that the history window split (2 + 3 generated tokens); with
+    seq_tokens each row is divided by the episode's 5, and the normalizer counts 1 episode."""
+    logp, old, adv, mask = _case()
+    loss, _ = grpo_loss(logp, old, adv, mask, clip_eps=0.2, agg="seq_mean", normalizer=1.0,
+                        seq_tokens=torch.tensor([5.0, 5.0]))
+    assert loss.item() == pytest.approx((-2.2 + 2.9) / 5, abs=1e-6)  # one episode's token mean
+
+
+def test_learner_seq_mean_counts_episodes_not_rows():
+    """The same episode as one row or split in two gives the same gradient under seq_mean."""
+    from trainer.config import GRPOConfig
+    from trainer.learner import Learner
+    from trainer.local_policy import SamplingSpec
+    from trainer.samples import Sequence
+    from trainer.tiny import TinySpec, build_model
+
+    nan = math.nan
+    whole = [Sequence([1, 2, 3, 4, 5, 6, 7], [0, 1, 1, 0, 1, 1, 1], [0, nan, nan, 0, nan, nan, nan], 1.0, "e1"),
+             Sequence([1, 2, 3], [0, 1, 1], [0, nan, nan], -1.0, "e2")]
+    split = [Sequence([1, 2, 3], [0, 1, 1], [0, nan, nan], 1.0, "e1"),
+             Sequence([1, 2, 3, 4, 5, 6, 7], [0, 0, 0, 0, 1, 1, 1], [0, 0, 0, 0, nan, nan, nan], 1.0, "e1"),
+             Sequence([1, 2, 3], [0, 1, 1], [0, nan, nan], -1.0, "e2")]
+    grads = []
+    for seqs in (whole, split):
+        model = build_model(16, TinySpec(hidden_size=16, layers=1, heads=2), seed=0)
+        learner = Learner(model, GRPOConfig(lr=0.0, loss_agg="seq_mean", max_grad_norm=1e9), SamplingSpec())
+        learner.step(seqs)
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
+    assert torch.allclose(grads[0], grads[1], atol=1e-6)
+
+
 def test_kl_penalty_k3_by_hand():
     logp = torch.zeros(1, 2)
     ref = torch.tensor([[-0.5, 0.0]])

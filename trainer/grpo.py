@@ -49,11 +49,13 @@ class LossStats:
 def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
               clip_eps: float = 0.2, clip_eps_high: float | None = None, ref_logp: torch.Tensor | None = None,
               kl_coef: float = 0.0, agg: str = "token_mean",
-              normalizer: float | None = None) -> tuple[torch.Tensor, LossStats]:
+              normalizer: float | None = None, seq_tokens: torch.Tensor | None = None) -> tuple[torch.Tensor, LossStats]:
     """The clipped GRPO objective for token log-probs ``[B, T]``, advantages ``[B]``, mask ``[B, T]``.
 
-    ``normalizer``: tokens of the whole batch (``token_mean``) or sequences (``seq_mean``);
-    defaults to this call's own count.
+    ``normalizer``: tokens of the whole batch (``token_mean``) or episodes (``seq_mean``);
+    defaults to this call's own count. ``seq_tokens`` (``seq_mean``): the generated tokens of each
+    row's whole episode - where the history window split an episode into several rows, each row
+    is divided by the episode's count, so an episode weighs one however it was split.
     """
     # Masked positions (prompts, tool results, padding) may hold -inf log-probs - a token outside
     # the allowed set - and -inf - -inf is NaN, which a multiplication by the mask would keep.
@@ -78,7 +80,8 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
         total = per_token.mul(mask).sum()
         denom = normalizer if normalizer is not None else mask.sum().clamp(min=1)
     elif agg == "seq_mean":
-        total = (per_token.mul(mask).sum(-1) / mask.sum(-1).clamp(min=1)).sum()
+        per_row = mask.sum(-1) if seq_tokens is None else seq_tokens.to(logp.dtype)
+        total = (per_token.mul(mask).sum(-1) / per_row.clamp(min=1)).sum()
         denom = normalizer if normalizer is not None else logp.shape[0]
     else:
         raise ValueError(f"unknown loss aggregation {agg!r} (token_mean | seq_mean)")

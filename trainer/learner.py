@@ -73,6 +73,7 @@ class Learner:
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.version = 0
         self.step_count = 0
+        self._episode_tokens: dict[str, int] = {}  # generated tokens per episode of the current step
 
     def sequence_logprobs(self, model: Any, ids: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
         """Log-prob of token t given tokens < t, for t = 1..T-1 (shape ``[B, T-1]``)."""
@@ -93,8 +94,10 @@ class Learner:
             mask[i, :n] = torch.tensor(s.loss_mask, dtype=torch.float32)
             old[i, :n] = torch.tensor(s.old_logprobs, dtype=torch.float32)
         advantages = torch.tensor([s.advantage for s in seqs], dtype=torch.float32)
+        seq_tokens = torch.tensor([self._episode_tokens.get(s.episode_id, s.generated) if s.episode_id else s.generated
+                                   for s in seqs], dtype=torch.float32)
         # Position 0 is never predicted; shift everything to align with the log-probs of tokens 1..T-1.
-        batch = (ids, attention, mask[:, 1:], old[:, 1:], advantages)
+        batch = (ids, attention, mask[:, 1:], old[:, 1:], advantages, seq_tokens)
         return tuple(t.to(self.device, non_blocking=True) for t in batch)
 
     def step(self, seqs: list[Sequence]) -> dict[str, Any]:
@@ -104,11 +107,17 @@ class Learner:
             return {"learner_s": 0.0, "sequences": 0, "trained_tokens": 0, "loss": None, "kl": None,
                     "clip_fraction": None, "ratio_mean": None, "grad_norm": None}
         cfg = self.cfg
-        normalizer = float(sum(s.generated for s in seqs)) if cfg.loss_agg == "token_mean" else float(len(seqs))
+        # seq_mean weighs episodes, not rows: an episode the history window split is one episode
+        self._episode_tokens = {}
+        for s in seqs:
+            if s.episode_id:
+                self._episode_tokens[s.episode_id] = self._episode_tokens.get(s.episode_id, 0) + s.generated
+        episodes = len({s.episode_id for s in seqs if s.episode_id}) + sum(1 for s in seqs if not s.episode_id)
+        normalizer = float(sum(s.generated for s in seqs)) if cfg.loss_agg == "token_mean" else float(episodes)
         self.optimizer.zero_grad(set_to_none=True)
         totals = {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "ratio_mean": 0.0, "tokens": 0}
         for i in range(0, len(seqs), cfg.micro_batch_size):
-            ids, attention, mask, old, advantages = self._pad(seqs[i:i + cfg.micro_batch_size])
+            ids, attention, mask, old, advantages, seq_tokens = self._pad(seqs[i:i + cfg.micro_batch_size])
             logp = self.sequence_logprobs(self.model, ids, attention)
             # Unknown sampling log-probs (an endpoint that returns none): on-policy, ratio 1.
             old = torch.where(torch.isnan(old), logp.detach(), old)
@@ -117,7 +126,7 @@ class Learner:
                 with torch.no_grad():
                     ref = self.sequence_logprobs(self.ref_model, ids, attention)
             loss, stats = grpo_loss(logp, old, advantages, mask, cfg.clip_eps, cfg.clip_eps_high, ref,
-                                    cfg.kl_coef, cfg.loss_agg, normalizer)
+                                    cfg.kl_coef, cfg.loss_agg, normalizer, seq_tokens)
             loss.backward()
             totals["loss"] += stats.loss
             for key in ("kl", "clip_fraction", "ratio_mean"):
