@@ -95,6 +95,55 @@ def test_learner_seq_mean_counts_episodes_not_rows():
     assert torch.allclose(grads[0], grads[1], atol=1e-6)
 
 
+def test_a_resumed_learner_takes_the_same_next_step(tmp_path):
+    """Checkpoint after one step, load into a fresh learner: the optimiser's moments, the random
+    states and the rollout side's states come back, so the second step is the same as without
+    the interruption."""
+    import random as _random
+
+    from trainer.config import GRPOConfig
+    from trainer.learner import Learner
+    from trainer.local_policy import LocalPolicy, SamplingSpec
+    from trainer.rollout import RolloutConfig, RolloutService, TaskRef
+    from trainer.samples import Sequence
+    from trainer.tiny import TinySpec, build_model, build_tokenizer
+
+    nan = math.nan
+    seqs = [Sequence([1, 2, 3, 4, 5], [0, 1, 1, 1, 1], [0, *[nan] * 4], 1.0, "a"),
+            Sequence([1, 2, 4, 3], [0, 1, 1, 1], [0, *[nan] * 3], -1.0, "b")]
+    spec, cfg = TinySpec(hidden_size=16, layers=1, heads=2), GRPOConfig(lr=1e-2)
+    tokenizer = build_tokenizer(["a b c"], [], 100)
+
+    straight = Learner(build_model(16, spec, seed=0), cfg, SamplingSpec())
+    straight.step(seqs)
+    policy = LocalPolicy(straight.model, tokenizer, SamplingSpec(), seed=3)
+    service = RolloutService(None, policy, [TaskRef("e", f"t{i}") for i in range(5)], None, None,  # type: ignore[arg-type]
+                             RolloutConfig(seed=1))
+    service.next_task()
+    saved = straight.save(tmp_path, tokenizer, 1, {"tasks": service.rng_state(), "sampler": policy.rng_state()})
+    after_save = (torch.get_rng_state(), _random.getstate())
+    straight.step(seqs)
+    expected_tasks = [service.next_task() for _ in range(6)]
+    expected_sample = torch.rand(3, generator=policy._generator)
+
+    torch.manual_seed(123)
+    _random.seed(123)
+    resumed = Learner(build_model(16, spec, seed=0), cfg, SamplingSpec())
+    resumed.model.load_state_dict(type(straight.model).from_pretrained(saved).state_dict())
+    step, extra = resumed.load_state(saved)
+    assert step == 1 and resumed.version == 1
+    assert torch.equal(torch.get_rng_state(), after_save[0]) and _random.getstate() == after_save[1]
+    resumed.step(seqs)
+    for a, b in zip(straight.model.parameters(), resumed.model.parameters()):
+        assert torch.allclose(a, b, atol=1e-6)  # Adam's moments came back: the same second step
+    policy2 = LocalPolicy(resumed.model, tokenizer, SamplingSpec(), seed=99)
+    service2 = RolloutService(None, policy2, service.tasks, None, None, RolloutConfig(seed=7))  # type: ignore[arg-type]
+    service2.set_rng_state(extra["tasks"])
+    policy2.set_rng_state(extra["sampler"])
+    assert [service2.next_task() for _ in range(6)] == expected_tasks
+    assert torch.equal(torch.rand(3, generator=policy2._generator), expected_sample)
+
+
 def test_kl_penalty_k3_by_hand():
     logp = torch.zeros(1, 2)
     ref = torch.tensor([[-0.5, 0.0]])

@@ -149,24 +149,31 @@ class Learner:
 
     # -- checkpoints ---------------------------------------------------------------------------
 
-    def save(self, directory: Path, tokenizer: Any, step: int) -> Path:
+    def save(self, directory: Path, tokenizer: Any, step: int, extra: dict[str, Any] | None = None) -> Path:
+        """Model, tokenizer, optimiser and every random state a resumed run continues from
+        (``extra``: the rollout side's, e.g. the task order and the sampler's generator)."""
         path = directory / f"step-{step:06d}"
         path.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(path)
         tokenizer.save_pretrained(path)
         torch.save({"optimizer": self.optimizer.state_dict(), "step": step, "version": self.version,
-                    "torch_rng": torch.get_rng_state(), "python_rng": random.getstate()}, path / "trainer_state.pt")
+                    "torch_rng": torch.get_rng_state(), "python_rng": random.getstate(),
+                    "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+                    "extra": extra or {}}, path / "trainer_state.pt")
         (directory / "latest").write_text(path.name)
         return path
 
-    def load_state(self, path: Path) -> int:
+    def load_state(self, path: Path) -> tuple[int, dict[str, Any]]:
+        """Restore what :meth:`save` wrote; returns the step and the ``extra`` states."""
         state = torch.load(path / "trainer_state.pt", weights_only=False)
         self.optimizer.load_state_dict(state["optimizer"])
         self.version = state["version"]
         self.step_count = state["step"]
         torch.set_rng_state(state["torch_rng"])
         random.setstate(state["python_rng"])
-        return int(state["step"])
+        if state.get("cuda_rng") is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda_rng"])
+        return int(state["step"]), dict(state.get("extra") or {})
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
@@ -297,7 +304,7 @@ async def train(cfg: TrainConfig, on_step: StepHook | None = None) -> TrainResul
     model, reference, tokenizer, sampling, compute_dtype = build_policy(cfg, corpus, resume_from)
     learner = Learner(model, cfg.grpo, sampling, reference, pad_id=tokenizer.pad_token_id or 0,
                       compute_dtype=compute_dtype)
-    start_step = learner.load_state(resume_from) if resume_from is not None else 0
+    start_step, resumed = learner.load_state(resume_from) if resume_from is not None else (0, {})
     (run_dir / "config.json").write_text(json.dumps(cfg.to_record(), indent=2, default=str))
     # Synchronous runs never generate while the learner steps: the policy shares its weights (one
     # copy of the model in memory). Asynchronous ones generate from a copy in the compute dtype,
@@ -330,6 +337,13 @@ async def train(cfg: TrainConfig, on_step: StepHook | None = None) -> TrainResul
         source = LocalFleetSource(bundles, cfg.replicas, database)
     service = RolloutService(source, policy, tasks, cfg.agent, cfg.reward, cfg.rollout, traj_log,
                              metrics.observe_trajectory)
+    if resumed:  # the task order and the sampler go on where the checkpoint left them
+        service.set_rng_state(resumed.get("tasks"))
+        policy.set_rng_state(resumed.get("sampler"))
+
+    def rng_states() -> dict[str, Any]:
+        return {"tasks": service.rng_state(), "sampler": policy.rng_state()}
+
     began = time.perf_counter()
     try:
         async with source:
@@ -345,11 +359,11 @@ async def train(cfg: TrainConfig, on_step: StepHook | None = None) -> TrainResul
                     if reporter is not None:
                         reporter.report_step(record)
                     if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.steps:
-                        await asyncio.to_thread(learner.save, run_dir / "checkpoints", tokenizer, step + 1)
+                        await asyncio.to_thread(learner.save, run_dir / "checkpoints", tokenizer, step + 1, rng_states())
             finally:
                 await service.stop()  # before the fleet goes away
             if cfg.steps > start_step:
-                await asyncio.to_thread(learner.save, run_dir / "checkpoints", tokenizer, cfg.steps)
+                await asyncio.to_thread(learner.save, run_dir / "checkpoints", tokenizer, cfg.steps, rng_states())
     finally:
         traj_log.close()
         if reporter is not None:

@@ -115,5 +115,15 @@ class LocalPolicy:
                 self.model.load_state_dict(state_dict)
             self.version = version
 
+    def rng_state(self) -> torch.Tensor:
+        """The sampler's generator (for a checkpoint: a resumed run samples on where it stopped)."""
+        with self._lock:
+            return self._generator.get_state()
+
+    def set_rng_state(self, state: torch.Tensor | None) -> None:
+        if state is not None:
+            with self._lock:
+                self._generator.set_state(state)
+
     async def close(self) -> None:
         return None

@@ -245,6 +245,15 @@ class RolloutService:
         self.wait_s = 0.0  # time the learner spent waiting in next_groups()
         self.policy_failure: PolicyUnavailable | None = None  # once set, no new episode starts
 
+    def rng_state(self) -> dict[str, Any]:
+        """Where the task order stands (for a checkpoint: a resumed run sees the same tasks next)."""
+        return {"rng": self._rng.getstate(), "order": [(t.env, t.task_id) for t in self._order]}
+
+    def set_rng_state(self, state: dict[str, Any] | None) -> None:
+        if state:
+            self._rng.setstate(state["rng"])
+            self._order = [TaskRef(env, task_id) for env, task_id in state["order"]]
+
     def next_task(self) -> TaskRef:
         """Tasks in a fresh shuffled order each pass, so every task is seen equally often."""
         if not self._order:
