@@ -193,11 +193,10 @@ def test_default_render_objects_and_labels(helm: str) -> None:
 
 OPERATOR_RULES = {
     ("awm.dev", "envfleets"): {"get", "list", "watch", "patch"},
-    ("awm.dev", "envclaims"): {"get", "list", "watch", "patch"},
+    ("awm.dev", "envclaims"): {"get", "list", "watch"},
     ("awm.dev", "envfleets/status"): {"get", "patch"},
     ("awm.dev", "envclaims/status"): {"get", "patch"},
     ("awm.dev", "envfleets/finalizers"): {"update"},
-    ("awm.dev", "envclaims/finalizers"): {"update"},
     ("", "pods"): {"get", "list", "watch", "create", "delete"},
     ("", "configmaps"): {"get", "create", "patch"},  # each fleet's allocation ledger
     ("", "secrets"): {"get"},
@@ -626,7 +625,7 @@ def test_install_validate_uninstall(cluster, helm: str) -> None:
     denied = [("list", "secrets"), ("create", "secrets"), ("create", "envclaims.awm.dev"),
               ("create", "deployments.apps"), ("create", "pods/exec"), ("patch", "campaigns.awm.dev"),
               ("create", "campaigns.awm.dev"), ("delete", "jobs.batch"), ("patch", "jobs.batch"),
-              ("delete", "configmaps")]
+              ("delete", "configmaps"), ("patch", "envclaims.awm.dev")]
     for verb, resource in allowed + denied:
         resource, _, sub = resource.partition("/")
         r = kubectl(cp, "auth", "can-i", verb, resource, *(["--subresource", sub] if sub else []),
@@ -677,6 +676,65 @@ def test_install_validate_uninstall(cluster, helm: str) -> None:
     # CRDs stay (Helm never deletes crds/ objects); removing them is a deliberate step.
     kubectl(cp, "get", "crd", "envfleets.awm.dev", "envclaims.awm.dev", "campaigns.awm.dev")
     kubectl(cp, "delete", "crd", "envfleets.awm.dev", "envclaims.awm.dev", "campaigns.awm.dev", "--wait=true")
+
+
+@pytest.mark.slow
+def test_the_operator_works_under_the_charts_rbac(cluster, helm: str, admin_dsn: str, tmp_path: Path) -> None:
+    """The operator with the chart's ServiceAccount token (not cluster admin) and the settings of
+    the chart's Deployment: a fleet gets its pods and its Ready status, a claim binds and is
+    released, the fleet's deletion removes pods, ledger and finalizer. A verb the Role lacks, or
+    one it grants that this needs, shows here (kwok plays the kubelet; the operator runs here)."""
+    from awm_operator.config import OperatorConfig
+    from awm_operator.main import InThread
+
+    from urllib.parse import quote
+
+    from psycopg.conninfo import conninfo_to_dict
+
+    cp, env, ns = cluster, cluster.env(), "awm-rbac"
+    db = conninfo_to_dict(admin_dsn)  # the chart takes a URL
+    url = (f"postgresql://{db['user']}:{quote(db['password'], safe='')}@/{db['dbname']}"
+           f"?host={quote(db['host'], safe='')}&port={db.get('port', 5432)}")
+    run(helm, "install", RELEASE, str(CHART), "--namespace", ns, "--create-namespace", "--set", "postgres.enabled=false",
+        "--set-string", f"externalDatabase.dsn={url}", env=env, timeout=180)
+    try:
+        kubeconfig = yaml.safe_load(Path(cp.kubeconfig).read_text())
+        token = kubectl(cp, "-n", ns, "create", "token", "awm-operator").stdout.strip()
+        kubeconfig["users"] = [{"name": "awm-operator", "user": {"token": token}}]
+        for context in kubeconfig["contexts"]:
+            context["context"]["user"] = "awm-operator"
+        as_operator = tmp_path / "operator.kubeconfig"
+        as_operator.write_text(yaml.safe_dump(kubeconfig))
+        manifest = yaml.safe_load_all(run(helm, "get", "manifest", RELEASE, "--namespace", ns, env=env).stdout)
+        deployment = next(d for d in manifest if d and d["kind"] == "Deployment")
+        container = deployment["spec"]["template"]["spec"]["containers"][0]
+        cfg = OperatorConfig.from_env({e["name"]: e["value"] for e in container["env"] if "value" in e})
+        cfg.api_host, cfg.api_port, cfg.metrics_port, cfg.reset_timeout = "127.0.0.1", 0, 0, 2.0
+        assert cfg.namespaces == [ns] and cfg.peering == RELEASE
+
+        def status(kind: str, name: str) -> dict[str, Any]:
+            r = kubectl(cp, "-n", ns, "get", kind, name, "-o", "json", check=False)
+            return json.loads(r.stdout).get("status", {}) if r.returncode == 0 else {}
+
+        with InThread(cfg, str(as_operator)):
+            fleet = {"apiVersion": "awm.dev/v1alpha1", "kind": "EnvFleet", "metadata": {"name": "rbac"},
+                     "spec": {"environments": ["crm"], "replicas": 2, "catalog": {},
+                              "database": {"secretName": "awm-database"}}}
+            kubectl(cp, "-n", ns, "apply", "-f", "-", input=json.dumps(fleet))
+            wait_for("the fleet Ready", lambda: status("envfleet", "rbac").get("ready") == 2, timeout=90)
+            claim = {"apiVersion": "awm.dev/v1alpha1", "kind": "EnvClaim", "metadata": {"name": "one"},
+                     "spec": {"fleet": "rbac", "count": 1}}
+            kubectl(cp, "-n", ns, "apply", "-f", "-", input=json.dumps(claim))
+            wait_for("the claim Bound", lambda: status("envclaim", "one").get("phase") == "Bound", timeout=60)
+            wait_for("the fleet's status to count it", lambda: status("envfleet", "rbac").get("allocated") == 1)
+            kubectl(cp, "-n", ns, "delete", "envclaim", "one", "--wait=true", "--timeout=60s")
+            wait_for("the instance back (reset, or replaced)", lambda: status("envfleet", "rbac").get("allocated") == 0
+                     and status("envfleet", "rbac").get("ready") == 2, timeout=90)
+            kubectl(cp, "-n", ns, "delete", "envfleet", "rbac", "--wait=true", "--timeout=90s")
+            wait_for("its pods gone", lambda: not names(cp, "pods", "awm.dev/fleet=rbac", namespace=ns), timeout=60)
+    finally:
+        run(helm, "uninstall", RELEASE, "--namespace", ns, "--wait", "--timeout", "120s", env=env, timeout=180)
+        kubectl(cp, "delete", "namespace", ns, "--wait=false", check=False)
 
 
 def test_operator_env_configures_campaigns(helm: str) -> None:

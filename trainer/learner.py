@@ -370,9 +370,9 @@ async def train(cfg: TrainConfig, on_step: StepHook | None = None) -> TrainResul
             await reporter.aclose()
         if database is not None:
             await asyncio.to_thread(database.close)
-    records = metrics_log.read()
-    if records:
-        plot_reward_curve(records, run_dir / "reward_curve.png")
+        records = metrics_log.read()
+        if records:  # a run that failed part way still shows its curve so far
+            plot_reward_curve(records, run_dir / "reward_curve.png")
     rewards = [r["reward_mean"] for r in records if r.get("reward_mean") is not None]
     return TrainResult(run_dir, len(records), rewards[0] if rewards else None,
                        rewards[-1] if rewards else None, records)

@@ -60,8 +60,12 @@ async def login(memo: kopf.Memo, **kwargs: Any) -> kopf.ConnectionInfo | None:
     if not memo.get("kubeconfig"):
         return await kopf.login_via_async_client(**kwargs)
     c = await load_configuration(memo.kubeconfig)
+    # a token user (a ServiceAccount's, a cloud login's) as well as a client certificate
+    auth = (c.api_key or {}).get("authorization") or (c.api_key or {}).get("BearerToken")
+    scheme, _, token = auth.partition(" ") if auth else ("", "", "")
     return kopf.ConnectionInfo(server=c.host, ca_path=c.ssl_ca_cert, insecure=not c.verify_ssl,
-                               certificate_path=c.cert_file, private_key_path=c.key_file)
+                               certificate_path=c.cert_file, private_key_path=c.key_file,
+                               scheme=scheme or None, token=token or None)
 
 
 @kopf.on.startup()
