@@ -88,6 +88,12 @@ def test_awm_train_runs_resumes_and_its_checkpoint_evaluates(pg, tmp_path):
     assert second.returncode == 0, second.stderr[-3000:]
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3]
+    # the trajectory log says which groups each step trained on, and where the resumed run began
+    events = [json.loads(line) for line in (run / "trajectories.jsonl").read_text().splitlines()]
+    marks = [(e["event"], e["step"]) for e in events if e["event"] in ("step", "resume")]
+    assert marks == [("step", 1), ("step", 2), ("resume", 2), ("step", 3)]
+    ended = {e["group_id"] for e in events if e["event"] == "end"}
+    assert all(e["groups"] and set(e["groups"]) <= ended for e in events if e["event"] == "step")
     assert json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])["reward_mean"] != -7.0
     assert "step    1" not in second.stdout and "step    3" in second.stdout
     state = (run / "checkpoints" / "latest").read_text()

@@ -350,8 +350,13 @@ async def train(cfg: TrainConfig, on_step: StepHook | None = None) -> TrainResul
             try:
                 if cfg.mode == "async":
                     service.start()
+                if start_step:  # episodes after this line are the resumed run's (a redone step's too)
+                    traj_log.write("resume", {"step": start_step, "version": learner.version})
                 for step in range(start_step, cfg.steps):
                     record = await _train_step(cfg, step, service, learner, policy, began)
+                    # which groups this step trained on: the log's episodes joined to their step
+                    traj_log.write("step", {"step": record["step"], "version": record["version"],
+                                            "groups": record.pop("group_ids")})
                     metrics_log.write(record)
                     metrics.observe_step(record)
                     if on_step:
@@ -400,7 +405,8 @@ async def _train_step(cfg: TrainConfig, step: int, service: Any, learner: Learne
     step_s = time.perf_counter() - t0
     trajectories = [t for g in groups for t in g.trajectories]
     tokens = sum(t.generated_tokens for t in trajectories)
-    return {"step": step + 1, "version": learner.version, **reward_summary(trajectories),
+    return {"step": step + 1, "version": learner.version, "group_ids": [g.group_id for g in groups],
+            **reward_summary(trajectories),
             "zero_advantage_groups": batch.zero_advantage_groups,
             "tool_calls": sum(t.tool_calls for t in trajectories), "generated_tokens": tokens,
             "rollouts_per_s": round(len(trajectories) / step_s, 3), "tokens_per_s": round(tokens / step_s, 3),
