@@ -355,6 +355,7 @@ async def test_the_client_asks_again_when_a_standby_answers() -> None:
         alloc = AllocationClient("http://op:8080", "ns", "f", client=http)
         assert (await alloc.claim(count=1))["id"] == "api_1"
         assert seen == [("POST", "keep-alive"), ("POST", "close"), ("POST", "close")]
+        assert "connection" not in http.headers  # the caller's client is left as it was
         seen.clear()
         seen.extend([("x", None)] * 2)  # no more standbys
         with pytest.raises(AllocationError) as err:

@@ -107,6 +107,17 @@ async def test_unreachable_instances_are_masked_kept_out_and_skipped(notes, note
         await pool.release(lease)
     await pool.close()
 
+    # waiting while another episode holds the only instance is not a broken fleet, however long
+    busy = PoolSource([Lease("notes", "only", notes.mcp_url, notes.control_url)], ready_timeout_s=0.5,
+                      claim_timeout_s=0.3)
+    held = await busy.claim("notes")
+    second = asyncio.ensure_future(busy.claim("notes"))
+    await asyncio.sleep(1.0)
+    assert not second.done()
+    await busy.release(held)
+    assert await asyncio.wait_for(second, 10) is held
+    await busy.close()
+
     gone = Lease("notes", "gone", "http://127.0.0.1:9/mcp", "http://127.0.0.1:9")
     fresh = Lease("notes", "fresh", notes.mcp_url, notes.control_url)
     pool = PoolSource([gone, fresh], ready_timeout_s=0.5, claim_timeout_s=2)

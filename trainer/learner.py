@@ -172,7 +172,10 @@ class Learner:
         torch.set_rng_state(state["torch_rng"])
         random.setstate(state["python_rng"])
         if state.get("cuda_rng") is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["cuda_rng"])
+            try:
+                torch.cuda.set_rng_state_all(state["cuda_rng"])
+            except (RuntimeError, ValueError) as exc:  # another GPU count or kind than the checkpoint's
+                log.warning("not restoring the CUDA random state (%s): resumed on different hardware", exc)
         return int(state["step"]), dict(state.get("extra") or {})
 
 
@@ -364,11 +367,13 @@ async def train(cfg: TrainConfig, on_step: StepHook | None = None) -> TrainResul
                     if reporter is not None:
                         reporter.report_step(record)
                     if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.steps:
-                        await asyncio.to_thread(learner.save, run_dir / "checkpoints", tokenizer, step + 1, rng_states())
+                        extra = await asyncio.to_thread(rng_states)  # waits for the sampler's lock: not on the loop
+                        await asyncio.to_thread(learner.save, run_dir / "checkpoints", tokenizer, step + 1, extra)
             finally:
                 await service.stop()  # before the fleet goes away
             if cfg.steps > start_step:
-                await asyncio.to_thread(learner.save, run_dir / "checkpoints", tokenizer, cfg.steps, rng_states())
+                extra = await asyncio.to_thread(rng_states)
+                await asyncio.to_thread(learner.save, run_dir / "checkpoints", tokenizer, cfg.steps, extra)
     finally:
         traj_log.close()
         if reporter is not None:

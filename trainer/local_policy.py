@@ -123,7 +123,10 @@ class LocalPolicy:
     def set_rng_state(self, state: torch.Tensor | None) -> None:
         if state is not None:
             with self._lock:
-                self._generator.set_state(state)
+                try:
+                    self._generator.set_state(state)
+                except (RuntimeError, ValueError):  # a GPU checkpoint resumed on the CPU, or back
+                    pass  # sampling goes on from this run's seed instead
 
     async def close(self) -> None:
         return None

@@ -79,6 +79,7 @@ class PoolSource(InstanceSource):
         self._checks: set[asyncio.Task[None]] = set()
         self.ready_timeout_s = ready_timeout_s
         self.claim_timeout_s = claim_timeout_s
+        self._leased: dict[str, int] = {}  # per environment: instances claimed and not yet released
         for lease in leases:
             self._queues.setdefault(lease.env, asyncio.Queue()).put_nowait(lease)
 
@@ -90,23 +91,35 @@ class PoolSource(InstanceSource):
 
     async def claim(self, env: str) -> Lease:
         """A connected instance of ``env``. One that cannot be reached goes to a background check
-        and the next one is tried: a dead instance is our failure, never the episode's. With no
-        instance of ``env`` reachable for ``claim_timeout_s``: :class:`InstancesUnavailable`."""
+        and the next one is tried: a dead instance is our failure, never the episode's. Waiting
+        while others use every instance is normal; when none of ``env``'s instances is in use or
+        free for ``claim_timeout_s`` (all are down): :class:`InstancesUnavailable`."""
         if env not in self._queues:
             raise KeyError(f"no instances of environment {env!r}")
-        deadline = time.monotonic() + self.claim_timeout_s
-        last = "none became free"
+        queue = self._queues[env]
+        down_since: float | None = None
+        last = "every instance is being checked"
         while True:
-            try:
-                lease = await asyncio.wait_for(self._queues[env].get(), max(deadline - time.monotonic(), 0.001))
-            except (TimeoutError, asyncio.TimeoutError):
+            now = time.monotonic()
+            if self._leased.get(env, 0) or not queue.empty():
+                down_since = None  # the pool works: others hold the instances, or one is free
+            elif down_since is None:
+                down_since = now
+            elif now - down_since >= self.claim_timeout_s:
                 raise InstancesUnavailable(f"no instance of {env!r} could be used for {self.claim_timeout_s:g} s "
-                                           f"(last: {last})") from None
+                                           f"(last: {last})")
+            try:
+                async with asyncio.timeout(min(5.0, self.claim_timeout_s)):
+                    lease = await queue.get()
+            except TimeoutError:
+                continue
             if lease.handle is not None:
+                self._leased[env] = self._leased.get(env, 0) + 1
                 return lease
             try:
                 lease.handle = await EnvHandle.connect(lease.mcp_url, lease.control_url, lease.env, lease.name,
                                                        lease.scenario)
+                self._leased[env] = self._leased.get(env, 0) + 1
                 return lease
             except asyncio.CancelledError:
                 self._queues[env].put_nowait(lease)
@@ -117,6 +130,7 @@ class PoolSource(InstanceSource):
                 self._recheck(lease)
 
     async def release(self, lease: Lease, healthy: bool = True) -> None:
+        self._leased[lease.env] = max(self._leased.get(lease.env, 0) - 1, 0)
         if healthy:
             self._queues[lease.env].put_nowait(lease)
         else:

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import httpx
@@ -69,19 +70,31 @@ class AllocationClient:
         return self._result(await self._request(method, path, json=body))
 
     async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        """With several operator replicas behind one Service, a standby answers 503 and did
-        nothing: ask again on a new connection (the Service balances per connection), so the
-        request reaches the active replica. A 503 from the active one (its fleet's claims still
-        loading) is retried the same way."""
+        """With several operator replicas behind one Service, a standby answers 503 at once and
+        did nothing: ask again on a new connection (the Service balances per connection) until
+        the active replica answers. A slow 503 (an active replica that lost its lease while the
+        claim waited) is returned as it is: the caller's own deadline decides."""
         delay = 0.1
         for attempt in range(self.standby_retries + 1):
-            headers = {"Connection": "close"} if attempt else None
-            r = await self._client.request(method, self.base + path, headers=headers, **kwargs)
-            if r.status_code != 503 or attempt == self.standby_retries:
+            started = time.monotonic()
+            r = await self._client.request(method, self.base + path, **kwargs)
+            if r.status_code != 503 or attempt == self.standby_retries or time.monotonic() - started > 2.0:
+                if attempt and not self._own:
+                    self._client.headers.pop("Connection", None)
                 return r
+            await self._new_connection()
             await asyncio.sleep(delay)
             delay = min(delay * 2, 2.0)
         raise AssertionError("unreachable")
+
+    async def _new_connection(self) -> None:
+        """Drop the pooled connection to the standby: our own client is replaced; a caller's
+        client gets ``Connection: close`` on its next request instead."""
+        if self._own:
+            old, self._client = self._client, httpx.AsyncClient(timeout=self._client.timeout)
+            await old.aclose()
+        else:
+            self._client.headers["Connection"] = "close"
 
     @staticmethod
     def _result(r: httpx.Response) -> dict[str, Any]:
