@@ -392,7 +392,7 @@ class CampaignState:
     busy: bool = False                        # a task is creating or finishing it
     settled: bool = False                     # finished and cleaned up: nothing more to do
     pending: dict[str, Any] = field(default_factory=dict)
-    last_flush: float = 0.0
+    last_flush: float = float("-inf")  # never: the first report goes out at once (monotonic may be small)
     flush_scheduled: bool = False
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 

@@ -61,7 +61,7 @@ class Reconciler:
     ctx: Context
     gate: ScaleDownGate = field(default_factory=lambda: ScaleDownGate(30.0))
     last_status: dict[str, Any] = field(default_factory=dict)
-    last_status_at: float = 0.0
+    last_status_at: float = float("-inf")
     last_sweep: float = field(default_factory=time.monotonic)
     orphans: dict[str, float] = field(default_factory=dict)
     conditions: dict[str, dict[str, Any]] = field(default_factory=dict)
