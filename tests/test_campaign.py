@@ -344,6 +344,27 @@ async def test_progress_is_coalesced_into_few_status_writes() -> None:
     registry.close()
 
 
+async def test_the_first_report_goes_out_at_once_on_a_fresh_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """time.monotonic() counts from boot: on a machine up for less than status_interval, "never
+    flushed" must still mean "flush now" (it once meant waiting out the rest of the hour)."""
+    import time as _time
+    from types import SimpleNamespace
+
+    # the campaigns module's clock only (the event loop keeps its own)
+    monkeypatch.setattr(cp, "time", SimpleNamespace(monotonic=lambda: 5.0, time=_time.time))
+    ctx = FakeContext()
+    registry = cp.Campaigns(ctx, cp.CampaignSettings(status_interval=3600))  # type: ignore[arg-type]
+    state = registry.observe({"metadata": {"namespace": "rl", "name": "run", "uid": "u1"},
+                              "status": {"phase": "Pending"}, "spec": {}})
+    registry.report(state, {"step": 1})
+    for _ in range(100):
+        if ctx.kube.patches:
+            break
+        await asyncio.sleep(0.01)
+    assert ctx.kube.patches and ctx.kube.patches[0]["step"] == 1
+    registry.close()
+
+
 def test_observe_never_goes_back() -> None:
     registry = cp.Campaigns(FakeContext(), cp.CampaignSettings())  # type: ignore[arg-type]
     obj = {"metadata": {"namespace": "rl", "name": "run", "uid": "u1"}, "status": {"phase": "Succeeded"}, "spec": {}}
