@@ -97,23 +97,37 @@ def test_awm_eval_reports_pass_at_k_per_environment(pg, tmp_path):
 
 def test_awm_eval_keeps_what_finished_when_the_endpoint_goes_away(pg, tmp_path):
     """add_note's episodes finish; then the endpoint fails for good: exit 3 with a partial
-    report (marked incomplete) and the finished trajectories kept."""
+    report (marked incomplete) and the finished trajectories kept. Running episodes finish; none
+    starts after the failure."""
+    import threading
+
+    lock, add_started, both_started = threading.Lock(), [0], threading.Event()
+
     def answer(stage, body, index):
         instruction = next(m["content"] for m in body["messages"] if m["role"] == "user")
         if not instruction.startswith("Add a note"):
+            # fail for good once add_note's two episodes are under way (until then: busy, retried)
+            if not both_started.is_set():
+                return Reply("busy", status=503)
             return Reply("endpoint is gone", status=401)
         if sum(1 for m in body["messages"] if m["role"] == "assistant") == 0:
+            with lock:
+                add_started[0] += 1
+                if add_started[0] == 2:
+                    both_started.set()
             return Reply('<tool_call>{"name": "add_note", "arguments": {"title": "groceries", "body": "milk, eggs"}}'
                          '</tool_call>')
         return Reply("Added.")
 
     out = tmp_path / "eval"
-    result = awm_eval(answer, pg, "--task", "add_note", "--task", "count_notes", "-k", "2", "--out", str(out))
+    # 4 instances: both groups start together; count_notes' failure stops the run, add_note's finish
+    result = awm_eval(answer, pg, "--task", "add_note", "--task", "count_notes", "-k", "2", "--replicas", "4",
+                      "--out", str(out))
     assert result.returncode == 3, result.stderr[-3000:]
     assert "policy endpoint is unavailable" in result.stderr and "HTTP 401" in result.stderr
     report = json.loads((out / "eval.json").read_text())
     assert report["incomplete"].startswith("policy unavailable") and report["tasks_selected"] == 2
-    # 2 instances, groups of 2: one group at a time, add_note's first
+    assert len(report["tasks"]) == 1, result.stdout[-2000:] + result.stderr[-3000:]
     (finished,) = report["tasks"]
     assert (finished["task_id"], finished["pass_at_1"]) == ("add_note", 1.0)
     ends = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
