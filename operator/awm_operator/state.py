@@ -311,14 +311,18 @@ class Fleet:
         a fixed fleet for a claim that can never bind). Claims for any environment need no
         floor: the total serves them."""
         need = dict.fromkeys(environments, 0)
-        free = dict.fromkeys(environments, 0)
-        for p in self.pods.values():
-            if p.deleting or p.failed or p.env not in need:
-                continue
-            if p.name in self.owner:
+        for name in self.owner:
+            p = self.pods.get(name)
+            if p is not None and not p.deleting and p.env in need:
                 need[p.env] += 1
-            elif p.name not in self.reserved:
-                free[p.env] += 1
+        if not self.pending:  # the usual pass: no scan of every pod
+            return need
+        free = dict.fromkeys(environments, 0)
+        if any(req.group_size for req in self.pending.values()):
+            for p in self.pods.values():
+                if not (p.deleting or p.failed) and p.env in free and p.name not in self.owner \
+                        and p.name not in self.reserved:
+                    free[p.env] += 1
         room = replicas - sum(need.values())
         for req in self.pending.values():
             if req.count > room:
