@@ -232,6 +232,17 @@ def test_claims_bind_and_release(cluster: Cluster, operator: InThread, env_serve
     wait_for("all 12 back in the pool", lambda: cluster.ready("pool", 12) and not cluster.ledger("pool"))
     assert metric(operator, "awm_instances_released_total", fleet="pool", result="returned") - resets_before == 9
 
+    # An EnvClaim with a TTL gives its instances back by itself, and says so: phase Expired.
+    timed = claim_of(cluster, "timed", {"fleet": "pool", "count": 2, "ttlSeconds": 2})
+    assert timed["phase"] == "Bound" and len(timed["instances"]) == 2
+    expired = wait_for("the claim Expired", lambda: (s := cluster.status("envclaims", "timed")).get("phase")
+                       == "Expired" and s, timeout=30)
+    assert expired["instances"] == [] and "ttlSeconds" in expired["message"]
+    wait_for("its instances back in the pool", lambda: cluster.ready("pool", 12) and not cluster.ledger("pool"))
+    time.sleep(1)
+    assert cluster.status("envclaims", "timed")["phase"] == "Expired"  # not bound again
+    cluster.delete("envclaims", "timed")
+
 
 def test_a_claim_for_a_missing_fleet_says_so_and_binds_when_it_appears(cluster: Cluster, operator: InThread,
                                                                      env_server: str) -> None:

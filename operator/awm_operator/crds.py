@@ -140,6 +140,9 @@ class EnvClaimSpec(_Spec):
     environment: str | None = Field(None, description="Only instances of this environment.")
     group_size: int | None = Field(None, alias="groupSize", ge=1, le=MAX_REPLICAS, description=(
         "GRPO: bind count/groupSize groups, each of groupSize instances of one environment."))
+    ttl_seconds: int | None = Field(None, alias="ttlSeconds", ge=1, le=7 * 86400, description=(
+        "Release the instances this long after binding (phase Expired), so a claim whose user "
+        "crashed does not hold them forever. Unset: held until the EnvClaim is deleted."))
 
 
 class ClaimedInstance(_Spec):
@@ -151,8 +154,9 @@ class ClaimedInstance(_Spec):
 
 
 class EnvClaimStatus(_Spec):
-    phase: Literal["Pending", "Bound", "Degraded", "Failed"] = Field("Pending", description=(
-        "Degraded: bound, but some instances were lost (pod deleted, evicted or failed)."))
+    phase: Literal["Pending", "Bound", "Degraded", "Failed", "Expired"] = Field("Pending", description=(
+        "Degraded: bound, but some instances were lost (pod deleted, evicted or failed). Expired: "
+        "ttlSeconds ran out and the instances went back to the pool."))
     message: str = ""
     instances: list[ClaimedInstance] = Field(default_factory=list)
     lost: list[str] = Field(default_factory=list, description="Pods of lost instances.")

@@ -189,7 +189,7 @@ async def claim_event(event: kopf.RawEvent, namespace: str, name: str, memo: kop
         return
     ctx.known_claims.add((namespace, cid))
     phase = (obj.get("status") or {}).get("phase")
-    if phase in ("Bound", "Degraded", "Failed") or uid in tasks or uid in memo.claims_done:
+    if phase in ("Bound", "Degraded", "Failed", "Expired") or uid in tasks or uid in memo.claims_done:
         return
     tasks[uid] = asyncio.create_task(_bind(memo, namespace, name, uid, obj.get("spec") or {}))
 
@@ -210,13 +210,14 @@ async def _bind(memo: kopf.Memo, namespace: str, name: str, uid: str, raw_spec: 
         cid = claim_id(name, uid)
         try:
             try:
-                bound = await ctx.allocator.claim(fleet, cid, req, wait=0, source="envclaim")
+                bound = await ctx.allocator.claim(fleet, cid, req, wait=0, source="envclaim", ttl=spec.ttl_seconds)
             except (Unavailable, NotActive) as exc:
                 message = str(exc)
                 if fleet.spec is None and not fleet.uid:  # a typo, or a fleet applied after its claim
                     message = f"EnvFleet {spec.fleet!r} not found in namespace {namespace}: waiting for it"
                 await _status(ctx, namespace, name, {"phase": "Pending", "message": message})
-                bound = await ctx.allocator.claim(fleet, cid, req, wait=None, source="envclaim")
+                bound = await ctx.allocator.claim(fleet, cid, req, wait=None, source="envclaim",
+                                                  ttl=spec.ttl_seconds)
         except ClaimError as exc:
             await _status(ctx, namespace, name, {"phase": "Failed", "message": str(exc)})
             return

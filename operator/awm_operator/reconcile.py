@@ -69,6 +69,7 @@ class Reconciler:
     index_read: tuple[str, float] = ("", 0.0)  # (selector and catalog, when) the index was last read
     index_error: str | None = None
     index_task: asyncio.Task[None] | None = None  # a catalog index read in flight
+    expiring: set[str] = field(default_factory=set)  # claims being released in the background
 
     def __post_init__(self) -> None:
         self.gate = ScaleDownGate(self.ctx.config.scale_down_delay)
@@ -275,13 +276,13 @@ class Reconciler:
         wall = time.time()
         next_expiry: float | None = None
         for claim, record in list(fleet.claims.items()):
-            if claim in fleet.releasing:
+            if claim in fleet.releasing or claim in self.expiring:
                 continue
             if record.expires is not None:
                 if record.expires <= wall:
                     log.info("fleet %s/%s: claim %s expired; releasing it", fleet.namespace, fleet.name, claim)
                     ctx.metrics.claims_expired.labels(fleet.namespace, fleet.name).inc()
-                    self.release_later(claim)
+                    self.release_later(claim, expired=not claim.startswith("api_"))
                     continue
                 next_expiry = min(next_expiry or record.expires, record.expires)
             if claim.startswith("api_") or (fleet.namespace, claim) in ctx.known_claims:
@@ -299,15 +300,28 @@ class Reconciler:
         if next_expiry is not None:
             asyncio.get_running_loop().call_later(max(0.0, next_expiry - wall) + 0.05, fleet.poke)
 
-    def release_later(self, claim: str) -> None:
+    def release_later(self, claim: str, expired: bool = False) -> None:
+        """Release a claim in the background; an EnvClaim whose TTL ran out first says so in its
+        status (phase Expired, no instances), so nobody keeps using instances now in the pool."""
         fleet = self.fleet
+        self.expiring.add(claim)
 
         async def release() -> None:
             try:
+                if expired:
+                    status = {"phase": "Expired", "instances": [], "lost": [],
+                              "message": "ttlSeconds ran out: the instances went back to the pool"}
+                    try:
+                        await self.ctx.kube.patch_status("envclaims", fleet.namespace, claim.rsplit(".", 1)[0], status)
+                    except ApiError as exc:
+                        if exc.status != 404:
+                            raise
                 await self.ctx.allocator.release(fleet, claim)
             except Exception as exc:  # noqa: BLE001 - the next pass tries again
                 log.warning("fleet %s/%s: releasing claim %s failed: %s", fleet.namespace, fleet.name, claim, exc)
                 asyncio.get_running_loop().call_later(2.0, fleet.poke)
+            finally:
+                self.expiring.discard(claim)
 
         task = asyncio.create_task(release())
         _background.add(task)  # keep a reference until it is done
