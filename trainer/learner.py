@@ -25,6 +25,7 @@ import json
 import logging
 import random
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
@@ -73,7 +74,6 @@ class Learner:
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.version = 0
         self.step_count = 0
-        self._episode_tokens: dict[str, int] = {}  # generated tokens per episode of the current step
 
     def sequence_logprobs(self, model: Any, ids: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
         """Log-prob of token t given tokens < t, for t = 1..T-1 (shape ``[B, T-1]``)."""
@@ -81,7 +81,7 @@ class Learner:
             logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1]
         return token_logprobs(self.sampling.logits_to_logprobs(logits), ids[:, 1:])
 
-    def _pad(self, seqs: list[Sequence]) -> tuple[torch.Tensor, ...]:
+    def _pad(self, seqs: list[Sequence], episode_tokens: Counter[Any]) -> tuple[torch.Tensor, ...]:
         width = max(len(s.input_ids) for s in seqs)
         ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
         attention = torch.zeros((len(seqs), width), dtype=torch.long)
@@ -94,8 +94,7 @@ class Learner:
             mask[i, :n] = torch.tensor(s.loss_mask, dtype=torch.float32)
             old[i, :n] = torch.tensor(s.old_logprobs, dtype=torch.float32)
         advantages = torch.tensor([s.advantage for s in seqs], dtype=torch.float32)
-        seq_tokens = torch.tensor([self._episode_tokens.get(s.episode_id, s.generated) if s.episode_id else s.generated
-                                   for s in seqs], dtype=torch.float32)
+        seq_tokens = torch.tensor([episode_tokens[s.episode_id or id(s)] for s in seqs], dtype=torch.float32)
         # Position 0 is never predicted; shift everything to align with the log-probs of tokens 1..T-1.
         batch = (ids, attention, mask[:, 1:], old[:, 1:], advantages, seq_tokens)
         return tuple(t.to(self.device, non_blocking=True) for t in batch)
@@ -108,16 +107,14 @@ class Learner:
                     "clip_fraction": None, "ratio_mean": None, "grad_norm": None}
         cfg = self.cfg
         # seq_mean weighs episodes, not rows: an episode the history window split is one episode
-        self._episode_tokens = {}
+        episode_tokens: Counter[Any] = Counter()
         for s in seqs:
-            if s.episode_id:
-                self._episode_tokens[s.episode_id] = self._episode_tokens.get(s.episode_id, 0) + s.generated
-        episodes = len({s.episode_id for s in seqs if s.episode_id}) + sum(1 for s in seqs if not s.episode_id)
-        normalizer = float(sum(s.generated for s in seqs)) if cfg.loss_agg == "token_mean" else float(episodes)
+            episode_tokens[s.episode_id or id(s)] += s.generated
+        normalizer = float(sum(s.generated for s in seqs)) if cfg.loss_agg == "token_mean" else float(len(episode_tokens))
         self.optimizer.zero_grad(set_to_none=True)
         totals = {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "ratio_mean": 0.0, "tokens": 0}
         for i in range(0, len(seqs), cfg.micro_batch_size):
-            ids, attention, mask, old, advantages, seq_tokens = self._pad(seqs[i:i + cfg.micro_batch_size])
+            ids, attention, mask, old, advantages, seq_tokens = self._pad(seqs[i:i + cfg.micro_batch_size], episode_tokens)
             logp = self.sequence_logprobs(self.model, ids, attention)
             # Unknown sampling log-probs (an endpoint that returns none): on-policy, ratio 1.
             old = torch.where(torch.isnan(old), logp.detach(), old)
