@@ -2,6 +2,9 @@
 
 All database work runs on one executor thread (the reset engine owns one connection and one
 transaction); the event loop stays free to answer health checks while a tool or verifier runs.
+Tool and verifier code runs in confined worker processes (:mod:`awm.sandbox`), driven from that
+thread: a worker that loops, crashes or misbehaves is killed and replaced, and the instance
+keeps serving.
 """
 
 from __future__ import annotations
@@ -16,10 +19,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, TypeVar
 
 from awm.bundle import EnvBundle
+from awm.sandbox.pool import WeakIsolation, WorkerFailure, WorkerPool, WorkerSpec
 from envserver.metrics import Metrics
 from envserver.reset import DatabaseLost, EpisodeDatabase
 from envserver.tools import AGENT_FAULTS, ToolFailure, ToolRuntime
-from envserver.verify import Verdict, VerifierPool
+from envserver.verify import Verdict, verify_in_worker
 
 T = TypeVar("T")
 log = logging.getLogger("awm.envserver")
@@ -45,12 +49,14 @@ class Episode:
 
 class EnvInstance:
     def __init__(self, bundle: EnvBundle, dsn: str, name: str, verifier_workers: int = 1,
-                 exit_when_wedged: bool = True) -> None:
+                 exit_when_wedged: bool = True, allow_weak_isolation: bool = False) -> None:
         self.bundle = bundle
         self.name = name
         self.runtime = ToolRuntime(bundle)
         self.db = EpisodeDatabase(dsn, statement_timeout_ms=int(bundle.limits.tool_timeout_s * 1000))
-        self.pool = VerifierPool(verifier_workers, bundle.limits.verifier_memory_mb)
+        # One pool runs both tools and verifiers (never at once: both hold the instance lock).
+        self.pool = WorkerPool(WorkerSpec(memory_mb=bundle.limits.verifier_memory_mb, load=self.runtime.load,
+                                          allow_weak_isolation=allow_weak_isolation), size=verifier_workers)
         self.metrics = Metrics(bundle.name, name)
         self.episode: Episode | None = None
         self.wedged = False
@@ -65,10 +71,11 @@ class EnvInstance:
     async def start(self) -> None:
         await self._db(self.db.connect)
         await self._db(lambda: self.db.reset(verify=True))  # prove the clone is pristine
-        await self.pool.start()
+        await asyncio.get_running_loop().run_in_executor(None, self.pool.start)
+        log.info("worker isolation: %s", self.pool.isolation)
 
     async def close(self) -> None:
-        await self.pool.close()
+        self.pool.close()
         await self._db(self.db.close)
         self._executor.shutdown(wait=False, cancel_futures=True)
 
@@ -85,23 +92,36 @@ class EnvInstance:
             if self.wedged:
                 raise ToolFailure("unavailable", "environment instance is restarting")
             args = self.runtime.validate(name, arguments)
-            call = self.runtime.bind(name, args)
+            request = self.runtime.request(name, args)
+            timeout_s = self.bundle.limits.tool_timeout_s
             async with self._lock:
                 if self.episode is not None:
                     self.episode.tool_calls += 1
                 if self.episode is not None and self.episode.lost:
                     raise ToolFailure("unavailable", "episode lost; the environment must be reset")
-                future = self._db(lambda: self.db.tool_call(call))
+                future = self._db(lambda: self.db.run_code(self.pool, request, timeout_s, writes=True))
                 try:
-                    return await asyncio.wait_for(future, self.bundle.limits.tool_timeout_s)
+                    # The worker's deadline is enforced on the database thread; this outer one only
+                    # catches a thread stuck in the database past its statement timeout.
+                    reply, state = await asyncio.wait_for(future, timeout_s * 2 + 30)
                 except asyncio.TimeoutError:
-                    self._wedge(f"tool {name} ran past {self.bundle.limits.tool_timeout_s:g} s")
-                    raise ToolFailure("timeout", f"{name} did not finish within "
-                                                 f"{self.bundle.limits.tool_timeout_s:g} s") from None
+                    self._wedge(f"tool {name} ran past {timeout_s:g} s")
+                    raise ToolFailure("timeout", f"{name} did not finish within {timeout_s:g} s") from None
+                except WorkerFailure as exc:
+                    self.metrics.worker_restarts.labels(exc.kind).inc()
+                    if exc.kind == "timeout":
+                        raise ToolFailure("timeout", f"{name} did not finish within {timeout_s:g} s") from None
+                    if exc.kind == "start":
+                        raise ToolFailure("unavailable", f"{name}: {exc}") from None
+                    raise ToolFailure("tool_crashed", f"{name}: {exc}") from None
+                except WeakIsolation as exc:
+                    raise ToolFailure("unavailable", str(exc)) from None
                 except DatabaseLost as exc:
                     self._lose(str(exc))
                     raise ToolFailure("unavailable", "environment database unavailable; "
                                                      "the episode is void") from exc
+                return self.runtime.outcome(name, reply, bool(state.get("timed_out")),
+                                            bool(state.get("rolled_back")))
         except ToolFailure as failure:
             outcome = failure.kind
             raise
@@ -146,6 +166,10 @@ class EnvInstance:
             if not was_connected:
                 self.metrics.db_reconnects.inc()
             self.metrics.resets.labels(result.strategy).observe(result.ms / 1000)
+            if result.escaped:
+                self.metrics.escapes.inc()
+                log.warning("episode escaped its transaction (%s): state repaired from the snapshot",
+                            result.escaped)
             self.episode = Episode(uuid.uuid4().hex, task_id)
         return {
             "episode_id": self.episode.id,
@@ -155,6 +179,7 @@ class EnvInstance:
             "strategy": result.strategy,
             "pristine": result.pristine,
             "repaired": result.repaired,
+            "escaped": result.escaped,
         }
 
     async def verify(self, final_answer: str | None) -> dict[str, Any]:
@@ -170,20 +195,17 @@ class EnvInstance:
             verdict = Verdict("error", "episode lost: database connection is down", "infra")
         else:
             code = "\n\n".join(x for x in (self.bundle.verifier_prelude, task.verifier.code) if x)
-
-            async def answer_query(initial: bool, sql: str, params: list[Any]) -> list[dict[str, Any]]:
+            timeout_s = self.bundle.limits.verifier_timeout_s
+            async with self._lock:
                 try:
-                    return await self._db(lambda: self.db.read_query(initial, sql, params))
+                    images = await self._sqlite_images() if task.verifier.inputs == "sqlite" else None
+                    verdict = await self._db(lambda: verify_in_worker(
+                        self.db, self.pool, code, task.verifier.entrypoint, final_answer, timeout_s, images))
                 except DatabaseLost as exc:
                     self._lose(str(exc))
-                    raise
-
-            async with self._lock:
-                if task.verifier.inputs == "sqlite":
-                    verdict = await self._verify_with_files(code, task.verifier.entrypoint, final_answer)
-                else:
-                    verdict = await self.pool.verify(code, task.verifier.entrypoint, final_answer,
-                                                     self.bundle.limits.verifier_timeout_s, answer_query)
+                    verdict = Verdict("error", f"episode lost: {exc}", "infra")
+                except Exception as exc:  # noqa: BLE001 - reported as the verdict
+                    verdict = Verdict("error", f"could not prepare the verification: {exc}", "infra")
             if episode.lost:  # lost while the verifier was reading
                 verdict = Verdict("error", f"episode lost: {episode.lost}", "infra", verdict.ms)
         self.metrics.episodes.labels(verdict.verdict).inc()
@@ -203,24 +225,15 @@ class EnvInstance:
             "tool_calls": episode.tool_calls,
         }
 
-    async def _verify_with_files(self, code: str, entrypoint: str, final_answer: str | None) -> Verdict:
-        """AWM convention: the verifier reads SQLite files of the snapshot and of the final state,
-        written for this verification only (``envserver/sqlite_export.py``)."""
-        from envserver.sqlite_export import VerifierFiles, build_sqlite
+    async def _sqlite_images(self) -> dict[str, bytes]:
+        """AWM convention: SQLite images of the snapshot (built once) and of the final state."""
+        from envserver.sqlite_export import build_sqlite
 
         ddl = self.bundle.database.sqlite_ddl or ""
-        try:
-            if self._initial_sqlite is None:
-                self._initial_sqlite = await self._db(lambda: build_sqlite(ddl, self.db.read_tables(True)))
-            final = await self._db(lambda: build_sqlite(ddl, self.db.read_tables(False)))
-        except DatabaseLost as exc:
-            self._lose(str(exc))
-            return Verdict("error", f"episode lost: {exc}", "infra")
-        except Exception as exc:  # noqa: BLE001 - reported as the verdict
-            return Verdict("error", f"could not write the verifier's SQLite files: {exc}", "infra")
-        with VerifierFiles(self._initial_sqlite, final) as files:
-            return await self.pool.verify(code, entrypoint, final_answer, self.bundle.limits.verifier_timeout_s,
-                                          _no_queries, files=files)
+        if self._initial_sqlite is None:
+            self._initial_sqlite = await self._db(lambda: build_sqlite(ddl, self.db.read_tables(True)))
+        final = await self._db(lambda: build_sqlite(ddl, self.db.read_tables(False)))
+        return {"initial": self._initial_sqlite, "final": final}
 
     async def diff(self) -> dict[str, Any]:
         async with self._lock:
@@ -243,12 +256,10 @@ class EnvInstance:
             "instance": self.name,
             "tools": [t.name for t in self.bundle.tools],
             "tasks": [{"id": t.id, "instruction": t.instruction} for t in self.bundle.tasks],
+            # What confines tool and verifier code here (the layers applied, and any missing).
+            "isolation": self.pool.isolation,
             "verifier_isolation": self.pool.isolation,
         }
-
-
-async def _no_queries(initial: bool, sql: str, params: list[Any]) -> list[dict[str, Any]]:
-    raise RuntimeError("a verifier that reads SQLite files has no query views")
 
 
 def is_agent_fault(kind: str) -> bool:

@@ -31,5 +31,10 @@ class Metrics:
         self.verify_latency = Histogram("awm_verify_seconds", "Verification latency.", buckets=_FAST, registry=r)
         self.db_reconnects = Counter("awm_db_reconnects_total", "Reconnections after a lost database.",
                                      registry=r)
+        self.worker_restarts = Counter("awm_worker_restarts_total",
+                                       "Sandbox workers killed and replaced, by reason (timeout, crash, protocol).",
+                                       ["reason"], registry=r)
+        self.escapes = Counter("awm_episode_escapes_total",
+                               "Resets that did not trust the fast path and repaired from the snapshot.", registry=r)
         for outcome in ("complete", "incomplete", "error"):
             self.episodes.labels(outcome)

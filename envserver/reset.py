@@ -5,11 +5,18 @@ episode runs inside **one transaction**; each tool call runs inside a SAVEPOINT 
 tool's partial writes roll back alone); reset is ``ROLLBACK`` plus ``setval`` of every sequence
 (ROLLBACK does not rewind sequences) plus ``BEGIN``, sent as one round trip (~1 ms).
 
-If anything ever escapes the transaction (tool code reaching past the ``db`` handle to COMMIT,
-or rows changed from outside), the episode is marked *escaped* and the next reset takes the
-**dirty-table fallback**: compare per-table checksums with the snapshot's and refill only the
-tables that differ from the ``awm_snapshot`` copy. ``reset(verify=True)`` always checksums and
-falls back on any mismatch, which is how pristine state is proven at runtime and in tests.
+Untrusted code never holds this connection: it runs in a confined worker (:mod:`awm.sandbox`)
+and sends statements, which :meth:`EpisodeDatabase.run_code` executes here, one at a time, after
+the statement guard, with the transaction checked after each. Each reset also proves, in the same
+round trip as its ROLLBACK, that the transaction being rolled back is the one the episode began
+with (``transaction_timestamp()`` recorded at BEGIN), and releases session-level state a statement
+could leave behind (advisory locks, LISTEN). The instance role may hold only this one connection.
+
+On any doubt (a transaction that is not the episode's, a statement that ended it), the episode
+is marked *escaped* and the reset takes the **dirty-table fallback**: compare per-table checksums
+with the snapshot's and refill only the tables that differ from the ``awm_snapshot`` copy. The
+reset response and the metrics say so. ``reset(verify=True)`` always checksums and falls back on
+any mismatch, which is how pristine state is proven at runtime and in tests.
 
 Not thread-safe on purpose: the env server runs every call on one executor thread.
 """
@@ -27,7 +34,8 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_e
 
 from awm.postgres import snapshot as snap
 from awm.postgres.provision import READER_ROLE
-from envserver.dbapi import Db, to_json_value, check_statement
+from awm.sandbox.pool import WorkerPool
+from envserver.dbapi import Db, ResultTooLarge, SqlForbidden, check_statement, execute_untrusted, to_json_value
 
 T = TypeVar("T")
 
@@ -46,6 +54,7 @@ class ResetResult:
     strategy: str  # "rollback" or "restore"
     pristine: bool | None  # None when not checked
     repaired: list[str]
+    escaped: str | None = None  # why the fast path was not trusted, when it was not
 
 
 class EpisodeDatabase:
@@ -60,6 +69,8 @@ class EpisodeDatabase:
         self._expected: snap.Checksum | None = None
         self._tables: list[str] = []
         self._keys: dict[str, list[str]] = {}
+        self._episode_tx: str | None = None  # transaction_timestamp() of the episode's BEGIN
+        self.escape_reason: str | None = None
 
     # -- connection ------------------------------------------------------------------------
 
@@ -77,11 +88,17 @@ class EpisodeDatabase:
         conn = self.conn
         assert conn is not None
         self._sequences = snap.stored_sequences(conn)
-        self._reset_sql = f"ROLLBACK; RESET ALL; RESET ROLE; {snap.restore_sequences_sql(self._sequences)}; BEGIN"
+        # One round trip: prove which transaction ends, end it, clear session state, rewind the
+        # sequences, begin the next episode and note its identity.
+        self._reset_sql = ("SELECT transaction_timestamp()::text; ROLLBACK; RESET ALL; RESET ROLE; UNLISTEN *; "
+                           "SELECT pg_advisory_unlock_all(); "
+                           f"{snap.restore_sequences_sql(self._sequences)}; BEGIN; "
+                           "SELECT transaction_timestamp()::text")
         self._expected = snap.stored_checksum(conn)
         self._tables = snap.public_tables(conn)
         self._keys = snap.primary_keys(conn)
         self.lost = False
+        self._episode_tx = None
 
     def close(self) -> None:
         if self.conn is not None:
@@ -117,12 +134,16 @@ class EpisodeDatabase:
             self.connect()
             verify = True  # after a crash or restart, prove the state instead of assuming it
         try:
-            self._guard(lambda c: c.execute(self._reset_sql))
+            ended, began = self._guard(self._run_reset)
         except DatabaseLost:
             # The server went away between episodes (a restart, a failover): reconnect once.
             self.connect()
             verify = True
-            self._guard(lambda c: c.execute(self._reset_sql))
+            ended, began = self._guard(self._run_reset)
+        if self._episode_tx is not None and ended != self._episode_tx and not self.escaped:
+            self._escape("the transaction rolled back was not the episode's own")
+        self._episode_tx = began
+        escaped = self.escape_reason if self.escaped else None
         if self.escaped or verify:
             bad = self.mismatches()
             if bad:
@@ -132,7 +153,24 @@ class EpisodeDatabase:
                     raise NotPristine(f"state differs from the snapshot after restore: {bad}")
             pristine = True
             self.escaped = False
-        return ResetResult((time.perf_counter() - start) * 1000, strategy, pristine, repaired)
+            self.escape_reason = None
+        return ResetResult((time.perf_counter() - start) * 1000, strategy, pristine, repaired, escaped)
+
+    def _run_reset(self, conn: psycopg.Connection) -> tuple[str | None, str | None]:
+        if conn.info.transaction_status == pq.TransactionStatus.INERROR:
+            self._escape("the episode transaction was left in an error state")
+            conn.execute("ROLLBACK")
+        cur = conn.execute(self._reset_sql)
+        ended = cur.fetchone()
+        began = None
+        while cur.nextset():
+            if cur.description is not None:
+                began = cur.fetchone()
+        return (ended[0] if ended else None), (began[0] if began else None)
+
+    def _escape(self, reason: str) -> None:
+        self.escaped = True
+        self.escape_reason = self.escape_reason or reason
 
     def _restore(self, bad: list[str]) -> list[str]:
         tables = [t for t in bad if not t.startswith("sequence ")]
@@ -140,6 +178,8 @@ class EpisodeDatabase:
         self.conn.execute("ROLLBACK")
         snap.restore_tables(self.conn, tables, self._sequences)
         self.conn.execute("BEGIN")
+        row = self.conn.execute("SELECT transaction_timestamp()::text").fetchone()
+        self._episode_tx = row[0] if row else None
         return bad
 
     def mismatches(self) -> list[str]:
@@ -149,30 +189,78 @@ class EpisodeDatabase:
 
     # -- episode work ----------------------------------------------------------------------
 
-    def tool_call(self, fn: Callable[[Db], T]) -> T:
-        """Run one tool's code in a savepoint: an exception rolls back its writes alone."""
+    def run_code(self, pool: WorkerPool, message: dict[str, Any], timeout_s: float,
+                 writes: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Run untrusted code in a worker; answer its statements on this connection.
 
-        def run(conn: psycopg.Connection) -> T:
-            conn.execute("SAVEPOINT awm_tool")
+        ``writes``: a tool call, inside ``SAVEPOINT awm_tool`` (rolled back if the call fails);
+        otherwise a verifier, whose queries run read-only (:meth:`read_query`). Returns the
+        worker's final reply and what happened on the database side (``timed_out``). A worker
+        failure (:class:`awm.sandbox.pool.WorkerFailure`) propagates after the rollback."""
+        state: dict[str, Any] = {"timed_out": False, "failed_statement": False}
+
+        def handle(request: dict[str, Any]) -> dict[str, Any]:
+            op = request.get("op")
+            sql_text, params = request.get("sql"), request.get("params")
+            if not isinstance(sql_text, str):
+                return {"error": {"kind": "forbidden", "message": "the statement must be a string"}}
             try:
-                result = fn(Db(conn))
-            except BaseException:
-                if not conn.broken:
-                    if conn.info.transaction_status == pq.TransactionStatus.IDLE:
-                        self.escaped = True
-                        conn.execute("BEGIN")
-                    else:
-                        conn.execute("ROLLBACK TO SAVEPOINT awm_tool")
+                if writes and op == "sql":
+                    return execute_untrusted(self.conn, sql_text, params, str(request.get("fetch", "dicts")))
+                if not writes and op == "query":
+                    rows = self.read_query(request.get("db") == "initial", sql_text,
+                                           params if isinstance(params, list) else [])
+                    return {"rows": rows}
+                return {"error": {"kind": "forbidden", "message": f"{op!r} is not allowed here"}}
+            except (SqlForbidden, ResultTooLarge) as exc:
+                kind = "forbidden" if isinstance(exc, SqlForbidden) else "too_large"
+                return {"error": {"kind": kind, "message": str(exc)}}
+            except psycopg.errors.QueryCanceled as exc:
+                state["timed_out"] = True
+                return {"error": {"kind": "timeout", "message": _first_line(exc), "sqlstate": exc.sqlstate}}
+            except psycopg.OperationalError:
                 raise
-            if conn.info.transaction_status == pq.TransactionStatus.IDLE:
-                # The tool ended the episode transaction behind the handle's back.
-                self.escaped = True
-                conn.execute("BEGIN")
-            else:
-                conn.execute("RELEASE SAVEPOINT awm_tool")
-            return result
+            except psycopg.Error as exc:
+                state["failed_statement"] = True
+                return {"error": {"kind": "db", "message": _first_line(exc), "sqlstate": exc.sqlstate}}
+            finally:
+                self._check_transaction()
+
+        def run(conn: psycopg.Connection) -> tuple[dict[str, Any], dict[str, Any]]:
+            if not writes:
+                return pool.run(message, handle, timeout_s), state
+            conn.execute("SAVEPOINT awm_tool")
+            ok = False
+            try:
+                reply = pool.run(message, handle, timeout_s)
+                ok = reply.get("op") == "result"
+                return reply, state
+            finally:
+                if not conn.broken:
+                    state["rolled_back"] = not self._end_call(conn, ok)
 
         return self._guard(run)
+
+    def _check_transaction(self) -> None:
+        """After every statement of untrusted code: the episode transaction must still be open."""
+        conn = self.conn
+        if conn is not None and not conn.broken and conn.info.transaction_status == pq.TransactionStatus.IDLE:
+            self._escape("a statement ended the episode transaction")
+            conn.execute("BEGIN")
+
+    def _end_call(self, conn: psycopg.Connection, ok: bool) -> bool:
+        """Keep the call's writes if it succeeded and its transaction is sound; True if kept."""
+        status = conn.info.transaction_status
+        if status == pq.TransactionStatus.IDLE:
+            self._escape("the episode transaction ended during a tool call")
+            conn.execute("BEGIN")
+            return False
+        if ok and status == pq.TransactionStatus.INTRANS:
+            conn.execute("RELEASE SAVEPOINT awm_tool")
+            return True
+        conn.execute("ROLLBACK TO SAVEPOINT awm_tool")
+        conn.execute("RELEASE SAVEPOINT awm_tool")
+        return False
 
     @contextmanager
     def _read_only(self, schema: str) -> Iterator[psycopg.Connection]:
@@ -222,6 +310,10 @@ class EpisodeDatabase:
         bad = current.mismatches(self._expected)
         return {"pristine": not bad, "mismatches": bad, "digest": current.digest,
                 "snapshot_digest": self._expected.digest}
+
+
+def _first_line(exc: psycopg.Error) -> str:
+    return (exc.diag.message_primary or str(exc)).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
 __all__ = ["EpisodeDatabase", "DatabaseLost", "NotPristine", "ResetResult", "to_json_value"]

@@ -1,28 +1,34 @@
-"""The tool runtime: compiles a bundle's tool code once and calls it with validated arguments.
+"""The tool runtime: argument validation, the request each call sends to a worker, and the class
+of every outcome.
 
-Every failure has a class, so that a trainer can tell the agent's mistakes from ours (the
-reference system scores a server bug as the agent's format error):
+Tool code never runs in this process: it runs in a confined worker (:mod:`awm.sandbox`), and
+this module only turns a validated call into the worker's request and the worker's reply into a
+result or a classified failure. Every failure has a class, so that a trainer can tell the agent's
+mistakes from ours (the reference system scores a server bug as the agent's format error):
 
 * ``invalid_arguments`` - the arguments do not match the tool's input schema (agent's fault);
 * ``tool_error``        - the tool refused the request, e.g. an unknown id (agent's fault);
 * ``tool_crashed``      - the tool's code raised something else (environment bug);
 * ``timeout``           - the tool ran past its time limit (environment bug);
-* ``unavailable``       - the database went away (infrastructure).
+* ``unavailable``       - the database or the worker went away (infrastructure).
 """
 
 from __future__ import annotations
 
 import json
+import re
+import urllib.parse
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import jsonschema
-import psycopg
 
-from awm.bundle import EnvBundle
-from envserver.dbapi import Db, ToolError, to_json_value
+from awm.bundle import EnvBundle, Route
+from envserver.dbapi import to_json_value
 
 AGENT_FAULTS = {"invalid_arguments", "tool_error"}
+# SQLSTATE classes of errors caused by argument values (a constraint, a bad cast): the agent's.
+_AGENT_SQLSTATES = ("22", "23")
 
 
 @dataclass
@@ -36,32 +42,22 @@ class ToolFailure(Exception):
 
 class ToolRuntime:
     def __init__(self, bundle: EnvBundle) -> None:
-        namespace: dict[str, Any] = {"ToolError": ToolError, "__name__": f"awm_tools_{bundle.name}"}
-        exec(compile(bundle.tool_prelude or "", f"<{bundle.name} tool prelude>", "exec"), namespace)
-        self._functions: dict[str, Callable[..., Any]] = {}
         self._validators: dict[str, jsonschema.protocols.Validator] = {}
-        self._routes = {t.name: t.route for t in bundle.tools if t.route is not None}
-        self._app = None
-        if self._routes and bundle.app is not None:
-            # Tools that are routes of the bundle's app (imported AWM environments).
-            from envserver.asgi_runtime import AppRuntime  # imports FastAPI/SQLAlchemy only if needed
-
-            self._app = AppRuntime(bundle.app, bundle.name)
+        self._routes: dict[str, Route] = {}
         for tool in bundle.tools:
             if tool.route is not None:
-                self._add_validator(tool.name, tool.input_schema)
-                continue
-            exec(compile(tool.code, f"<tool {tool.name}>", "exec"), namespace)
-            fn = namespace.get(tool.name)
-            if not callable(fn):
-                raise ValueError(f"tool {tool.name!r}: its code does not define {tool.name}()")
-            self._functions[tool.name] = fn
-            self._add_validator(tool.name, tool.input_schema)
-
-    def _add_validator(self, name: str, schema: dict[str, Any]) -> None:
-        cls = jsonschema.validators.validator_for(schema)
-        cls.check_schema(schema)
-        self._validators[name] = cls(schema)
+                if bundle.app is None:
+                    raise ValueError(f"tool {tool.name!r} is a route, but the bundle has no app")
+                self._routes[tool.name] = tool.route
+            cls = jsonschema.validators.validator_for(tool.input_schema)
+            cls.check_schema(tool.input_schema)
+            self._validators[tool.name] = cls(tool.input_schema)
+        # What every worker loads once: the code of the Python tools, and the app if any.
+        self.load: dict[str, Any] = {
+            "prelude": bundle.tool_prelude or "",
+            "tools": [{"name": t.name, "code": t.code} for t in bundle.tools if t.route is None],
+            "app": {"code": bundle.app.code, "name": bundle.name} if self._routes and bundle.app else None,
+        }
 
     @property
     def names(self) -> list[str]:
@@ -81,29 +77,100 @@ class ToolRuntime:
             raise ToolFailure("invalid_arguments", f"{name}: {detail}")
         return arguments
 
-    def bind(self, name: str, arguments: dict[str, Any]) -> Callable[[Db], Any]:
-        """A callable for the reset engine's ``tool_call``, translating failures into classes."""
+    def request(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        """The worker request for one validated call."""
         route = self._routes.get(name)
-        if route is not None and self._app is not None:
-            return self._app.bind(name, route, arguments)  # classifies its own failures
-        fn = self._functions[name]
+        if route is None:
+            return {"op": "call", "tool": name, "arguments": arguments}
+        method, url, query, body = build_request(route, arguments)
+        return {"op": "call", "tool": name, "request": {"method": method, "url": url, "query": query, "body": body}}
 
-        def call(db: Db) -> Any:
-            try:
-                return to_json_value(fn(db, **arguments))
-            except ToolError as exc:
-                raise ToolFailure("tool_error", str(exc) or type(exc).__name__) from exc
-            except psycopg.OperationalError:
-                raise  # connection trouble: the reset engine turns it into DatabaseLost
-            except psycopg.Error as exc:
-                # SQL errors caused by argument values (a constraint, a bad cast) are reported to
-                # the agent with the database's message, which names the offending constraint.
-                first = (exc.diag.message_primary or str(exc)).strip()
-                raise ToolFailure("tool_error", f"database rejected the request: {first}") from exc
-            except Exception as exc:  # noqa: BLE001 - untrusted code
-                raise ToolFailure("tool_crashed", f"{type(exc).__name__}: {exc}") from exc
+    def outcome(self, name: str, reply: dict[str, Any], timed_out: bool, rolled_back: bool) -> Any:
+        """The worker's final reply as a result, or a :class:`ToolFailure` with its class."""
+        if timed_out:
+            raise ToolFailure("timeout", f"{name}: a statement ran past the tool's time limit")
+        if reply.get("op") == "failed":
+            raise _failure(name, reply, route=name in self._routes)
+        if reply.get("op") != "result":
+            raise ToolFailure("tool_crashed", f"{name}: the worker sent {reply.get('op')!r}")
+        if name in self._routes:
+            value = _http_result(name, reply.get("status"), reply.get("body"))
+        else:
+            value = to_json_value(reply.get("value"))
+        if rolled_back:  # the code swallowed a database error: its writes did not survive
+            raise ToolFailure("tool_crashed", f"{name}: a statement failed inside the tool and its writes "
+                                              "were rolled back")
+        return value
 
-        return call
+
+def _failure(name: str, reply: dict[str, Any], route: bool) -> ToolFailure:
+    kind = str(reply.get("kind", "exception"))
+    reason = str(reply.get("reason", ""))[:2000]
+    if kind == "tool_error":
+        return ToolFailure("tool_error", reason or "tool error")
+    if kind == "db":
+        sqlstate = str(reply.get("sqlstate") or "")
+        # A Python tool's SQL error is reported to the agent with the database's message (which
+        # names the offending constraint); an app's only when the request's values caused it.
+        if not route or sqlstate[:2] in _AGENT_SQLSTATES:
+            return ToolFailure("tool_error", f"{name}: database rejected the request: {reason}" if route
+                               else f"database rejected the request: {reason}")
+        return ToolFailure("tool_crashed", f"{name}: {reason}")
+    if kind == "timeout":
+        return ToolFailure("timeout", f"{name}: {reason}")
+    if kind == "forbidden":
+        return ToolFailure("tool_crashed", f"{name}: {reason}")
+    if kind == "memory":
+        return ToolFailure("tool_crashed", f"{name}: MemoryError: the tool ran out of its memory limit")
+    return ToolFailure("tool_crashed", f"{name}: {reason}")
+
+
+def build_request(route: Route, arguments: dict[str, Any]) -> tuple[str, str, list[tuple[str, Any]], dict[str, Any] | None]:
+    """Split validated arguments into path, query and JSON body. ``None`` means "not given":
+    generated update routes use ``exclude_unset``, so an explicit null would clear a field."""
+    path = route.path
+    query: list[tuple[str, Any]] = []
+    body: dict[str, Any] = {}
+    for name, value in arguments.items():
+        if value is None:
+            continue
+        where = route.params.get(name, "body" if route.method in ("POST", "PUT", "PATCH") else "query")
+        if where == "path":
+            path = path.replace("{" + name + "}", urllib.parse.quote(_scalar_text(value), safe=""))
+        elif where == "query":
+            for item in value if isinstance(value, list) else [value]:
+                query.append((name, _scalar_text(item)))
+        else:
+            body[name] = value
+    missing = re.findall(r"{([^}]+)}", path)
+    if missing:
+        raise ToolFailure("invalid_arguments", f"missing path argument(s): {', '.join(missing)}")
+    send_body = bool(body) or route.method in ("POST", "PUT", "PATCH") and "body" in route.params.values()
+    return route.method, path, query, body if send_body else None
+
+
+def _scalar_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (dict, list)):
+        return json.dumps(value)
+    return str(value)
+
+
+def _http_result(tool: str, status: Any, text: Any) -> Any:
+    """An app's HTTP response: 2xx is the result; 4xx is the agent's (``tool_error``), 5xx ours."""
+    status = int(status) if isinstance(status, int) else 500
+    text = text if isinstance(text, str) else ""
+    try:
+        payload = json.loads(text) if text else None
+    except ValueError:
+        payload = text
+    if status < 400:
+        return to_json_value(payload)
+    detail = payload.get("detail", payload) if isinstance(payload, dict) else payload
+    message = detail if isinstance(detail, str) else json.dumps(detail, ensure_ascii=False, default=str)
+    kind = "tool_error" if status < 500 else "tool_crashed"
+    raise ToolFailure(kind, f"{tool}: HTTP {status}: {message[:2000]}")
 
 
 def render(result: Any) -> str:

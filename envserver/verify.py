@@ -1,26 +1,23 @@
-"""The verifier pool: warm sandboxed worker processes, and the verdicts they produce.
+"""Verifications: a task's verifier code run in a confined worker, and the verdict it produces.
 
-A worker (:mod:`envserver.sandbox`) is started ahead of time so that a verification costs a pipe
-round trip, not an interpreter start. A worker that crashes, times out or runs out of memory is
-killed and replaced in the background; its verdict is ``error`` with the reason, and the server
-keeps serving. Queries the verifier makes are answered by ``answer_query`` (the reset engine's
-read-only path) while the worker waits.
+The verifier runs in the instance's worker pool (:mod:`awm.sandbox`), never in this process. It
+reads the database through ``final.query(...)`` / ``initial.query(...)``, which the reset engine
+answers read-only inside the episode (:meth:`envserver.reset.EpisodeDatabase.read_query`), or, for
+AWM-style verifiers (``inputs: sqlite``), from SQLite images of the snapshot and of the final
+state that the worker opens in memory. A verifier that crashes, loops, runs out of memory or
+breaks the protocol gets verdict ``error`` with the reason; its worker is replaced and the
+instance keeps serving.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import json
 import os
-import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any
 
-SANDBOX = Path(__file__).with_name("sandbox.py")
-QueryFn = Callable[[bool, str, list[Any]], Awaitable[list[dict[str, Any]]]]
+from awm.sandbox.pool import WeakIsolation, WorkerFailure, WorkerPool
+from envserver.reset import EpisodeDatabase
 
 
 @dataclass
@@ -35,120 +32,44 @@ class Verdict:
         return 1.0 if self.verdict == "complete" else 0.0
 
 
-class _Worker:
-    def __init__(self, proc: asyncio.subprocess.Process, isolation: str) -> None:
-        self.proc = proc
-        self.isolation = isolation
-
-    async def send(self, message: dict[str, Any]) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps(message, default=str).encode() + b"\n")
-        await self.proc.stdin.drain()
-
-    async def receive(self) -> dict[str, Any] | None:
-        assert self.proc.stdout is not None
-        line = await self.proc.stdout.readline()
-        return json.loads(line) if line else None
-
-    def kill(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            self.proc.kill()
-
-
-class VerifierPool:
-    def __init__(self, size: int = 1, memory_mb: int = 512) -> None:
-        self.size = size
-        self.memory_mb = memory_mb
-        self._idle: asyncio.Queue[_Worker] = asyncio.Queue()
-        self._spawning: set[asyncio.Task[None]] = set()
-        self._all: set[_Worker] = set()
-        self.isolation = "unknown"
-
-    async def start(self) -> None:
-        await asyncio.gather(*(self._spawn() for _ in range(self.size)))
-
-    @property
-    def ready(self) -> bool:
-        return not self._idle.empty() or bool(self._spawning)
-
-    async def _spawn(self) -> None:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-I", "-S", str(SANDBOX), str(self.memory_mb),
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.DEVNULL, env={"PATH": "/usr/bin:/bin"}, cwd="/",
-            limit=64 * 1024 * 1024,
-        )
-        worker = _Worker(proc, "")
-        hello = await asyncio.wait_for(worker.receive(), timeout=30)
-        if not hello or hello.get("op") != "ready":
-            worker.kill()
-            raise RuntimeError("verifier worker failed to start")
-        worker.isolation = self.isolation = hello.get("isolation", "none")
-        self._all.add(worker)
-        await self._idle.put(worker)
-
-    def _replace(self, worker: _Worker) -> None:
-        worker.kill()
-        self._all.discard(worker)
-        task = asyncio.get_running_loop().create_task(self._spawn())
-        self._spawning.add(task)
-        task.add_done_callback(self._spawning.discard)
-
-    async def verify(self, code: str, entrypoint: str, answer: str | None, timeout_s: float,
-                     answer_query: QueryFn, files: dict[str, str] | None = None) -> Verdict:
-        """``files`` (``{"initial": path, "final": path}``) switches to the AWM convention:
-        the verifier gets those SQLite files instead of query views."""
-        start = time.perf_counter()
-        worker = await self._idle.get()
-        try:
-            verdict = await asyncio.wait_for(
-                self._exchange(worker, code, entrypoint, answer, answer_query, files), timeout_s)
-        except asyncio.TimeoutError:
+def verify_in_worker(db: EpisodeDatabase, pool: WorkerPool, code: str, entrypoint: str, answer: str | None,
+                     timeout_s: float, sqlite_images: dict[str, bytes] | None = None) -> Verdict:
+    """Run one verifier (on the database thread). ``sqlite_images`` (``{"initial", "final"}``)
+    switches to the AWM convention: the verifier gets SQLite databases instead of query views."""
+    start = time.perf_counter()
+    message: dict[str, Any] = {"op": "verify", "code": code, "entrypoint": entrypoint, "answer": answer}
+    if sqlite_images:
+        message["files"] = sqlite_images
+    try:
+        reply, _ = db.run_code(pool, message, timeout_s, writes=False)
+        verdict = _verdict(reply)
+    except WorkerFailure as exc:
+        if exc.kind == "timeout":
             verdict = Verdict("error", f"verifier timed out after {timeout_s:g} s", "timeout")
-        except Exception as exc:  # noqa: BLE001 - reported as the verdict, server keeps serving
-            verdict = Verdict("error", f"verifier infrastructure failure: {exc}", "infra")
-        if verdict.verdict == "error":
-            self._replace(worker)  # never reuse a worker after a failure: its state is unknown
+        elif exc.kind == "start":
+            verdict = Verdict("error", f"verifier worker unavailable: {exc}", "infra")
         else:
-            self._idle.put_nowait(worker)
-        verdict.ms = (time.perf_counter() - start) * 1000
-        return verdict
+            verdict = Verdict("error", f"verifier {exc}", "crash")
+    except WeakIsolation as exc:
+        verdict = Verdict("error", str(exc), "infra")
+    verdict.ms = (time.perf_counter() - start) * 1000
+    return verdict
 
-    async def _exchange(self, worker: _Worker, code: str, entrypoint: str, answer: str | None,
-                        answer_query: QueryFn, files: dict[str, str] | None = None) -> Verdict:
-        message = {"op": "verify", "code": code, "entrypoint": entrypoint, "answer": answer}
-        if files:
-            message["files"] = files
-        await worker.send(message)
-        while True:
-            message = await worker.receive()
-            if message is None:
-                code_ = await worker.proc.wait()
-                return Verdict("error", f"verifier process died (exit code {code_})", "crash")
-            op = message.get("op")
-            if op == "query":
-                try:
-                    rows = await answer_query(message.get("db") == "initial", str(message.get("sql", "")),
-                                              list(message.get("params") or []))
-                    await worker.send({"rows": rows})
-                except Exception as exc:  # noqa: BLE001 - the verifier sees the SQL error
-                    await worker.send({"error": f"{type(exc).__name__}: {exc}".strip()})
-            elif op == "done":
-                complete = bool(message.get("complete"))
-                return Verdict("complete" if complete else "incomplete", str(message.get("reason", "")))
-            elif op == "failed":
-                return Verdict("error", str(message.get("reason", "")), str(message.get("kind", "exception")))
-            else:
-                return Verdict("error", f"verifier sent an unknown message {op!r}", "crash")
 
-    async def close(self) -> None:
-        for task in list(self._spawning):
-            task.cancel()
-        for worker in list(self._all):
-            worker.kill()
-            with contextlib.suppress(Exception):
-                await worker.proc.wait()
-        self._all.clear()
+def _verdict(reply: dict[str, Any]) -> Verdict:
+    op = reply.get("op")
+    if op == "done":
+        if not isinstance(reply.get("complete"), bool):
+            return Verdict("error", "verifier reply without a verdict", "crash")
+        return Verdict("complete" if reply["complete"] else "incomplete", str(reply.get("reason", ""))[:2000])
+    if op == "failed":
+        kind = str(reply.get("kind", "exception"))
+        kind = {"memory": "memory", "query": "query"}.get(kind, "exception")
+        reason = str(reply.get("reason", ""))[:2000]
+        if kind == "memory":
+            reason = "verifier exceeded its memory limit"
+        return Verdict("error", reason, kind)
+    return Verdict("error", f"verifier sent an unknown message {op!r}", "crash")
 
 
 def scrubbed_env() -> dict[str, str]:

@@ -106,10 +106,12 @@ async def test_tool_cannot_end_the_episode_transaction(control, mcp):
     for statement in ("COMMIT", "select 1; commit", "SET ROLE awm", "select set_config('role', 'awm', false)"):
         out = await mcp.call_tool("run_sql", {"statement": statement})
         assert out.is_error, statement
-    out = await mcp.call_tool("sneaky_commit", {"title": "escaped"})  # reaches past the handle
-    assert not out.is_error
+    # Tool code runs in a worker that holds no connection: there is nothing to reach past.
+    out = await mcp.call_tool("sneaky_commit", {"title": "escaped"})
+    assert out.is_error and out.error_kind == "tool_crashed" and "_conn" in out.text
     reset = await control.reset(None)
-    assert reset["strategy"] == "restore" and reset["pristine"] is True and reset["repaired"] == ["notes"]
+    assert reset["strategy"] == "rollback" and reset["escaped"] is None
+    assert (await control.checksum())["pristine"] is True
 
 
 async def test_control_api_errors(control, notes):
@@ -136,9 +138,9 @@ async def test_verify_before_reset_is_refused(admin_dsn, notes_bundle):
 @pytest.mark.parametrize("task, kind, fragment", [
     ("loops_forever", "timeout", "timed out"),
     ("eats_memory", "memory", "memory limit"),
-    ("opens_socket", "exception", "socket"),
+    ("opens_socket", "exception", "Operation not permitted"),
     ("kills_itself", "crash", "died"),
-    ("tries_to_write", "exception", "permission denied"),
+    ("tries_to_write", "query", "not allowed"),
 ])
 async def test_misbehaving_verifiers_give_error_verdicts_and_the_server_stays_up(control, mcp, task, kind, fragment):
     await control.reset(task)
@@ -161,7 +163,8 @@ async def test_no_secret_reaches_untrusted_code(control, mcp):
 async def test_info_health_and_metrics(control, mcp, notes):
     info = await control.info()
     assert info["env"] == "notes" and len(info["tasks"]) == 9
-    assert info["verifier_isolation"] in ("netns,nobody", "nobody", "none")
+    isolation = info["isolation"]
+    assert isolation["strong"] is True and {"seccomp", "landlock", "rlimits"} <= set(isolation["applied"])
     await control.reset("add_note")
     await mcp.call_tool("list_notes", {})
     await mcp.call_tool("add_note", {"title": 1})
@@ -180,16 +183,19 @@ async def test_info_health_and_metrics(control, mcp, notes):
     assert any(name == "awm_verifier_errors_total" for name, _ in samples)
 
 
-async def test_wedged_tool_times_out_and_the_fleet_restarts_the_instance(notes_fleet, control, mcp):
+async def test_looping_tool_times_out_and_the_instance_keeps_serving(notes_fleet, control, mcp, notes):
+    """The worker running a looping tool is killed at the time limit and replaced; the env server
+    itself never stops (no restart, same process), and the next episode is pristine."""
     handle = notes_fleet.instances[0]
-    pid = handle.pid
+    pid, restarts = handle.pid, handle.restarts
     await control.reset(None)
+    await mcp.call_tool("add_note", {"title": "before the loop"})
     out = await mcp.call_tool("spin", {"seconds": 30})
     assert out.is_error and out.error_kind == "timeout"
-    for _ in range(200):  # the instance exits; the supervisor starts it again on the same ports
-        await asyncio.sleep(0.1)
-        if handle.pid != pid and await control.ready():
-            break
-    assert handle.pid != pid and handle.restarts >= 1
-    async with McpSession(handle.mcp_url) as fresh:
-        assert not (await fresh.call_tool("list_notes", {})).is_error
+    assert not (await mcp.call_tool("list_notes", {})).is_error
+    assert handle.pid == pid and handle.restarts == restarts
+    reset = await control.reset(None)
+    assert reset["strategy"] == "rollback" and (await control.checksum())["pristine"] is True
+    async with httpx.AsyncClient() as client:
+        text = (await client.get(notes.control_url + "/metrics")).text
+    assert 'awm_worker_restarts_total{reason="timeout"}' in text

@@ -2,9 +2,41 @@
 
 import psycopg
 import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from awm.postgres import provision
+from awm.sandbox.pool import WorkerPool, WorkerSpec
 from envserver.reset import EpisodeDatabase
+
+# Tool code for these tests, run in a real confined worker as the env server runs it.
+TOOLS = {
+    "write_a_lot": """
+def write_a_lot(db):
+    for i in range(5):
+        db.execute("INSERT INTO notes (user_id, title) VALUES (1, %s)", f"n{i}")
+    db.execute("UPDATE notes SET body = 'changed' WHERE id = 2")
+    db.execute("DELETE FROM tags WHERE note_id = 1")
+    db.execute("INSERT INTO users (name) VALUES ('Mallory')")
+""",
+    "run": """
+def run(db, sql, scalar=False):
+    return db.scalar(sql) if scalar else db.execute(sql)
+""",
+    "crash": """
+def crash(db):
+    db.execute("UPDATE notes SET body = 'lost' WHERE id = 2")
+    raise RuntimeError("boom")
+""",
+}
+
+
+@pytest.fixture(scope="module")
+def pool():
+    spec = WorkerSpec(load={"prelude": "", "tools": [{"name": k, "code": v} for k, v in TOOLS.items()]})
+    pool = WorkerPool(spec)
+    pool.start()
+    yield pool
+    pool.close()
 
 
 @pytest.fixture
@@ -19,20 +51,19 @@ def episode_db(admin_dsn, notes_bundle):
     provision.drop_instance(admin_dsn, instance.dbname)
 
 
-def _write_a_lot(db: EpisodeDatabase) -> None:
-    def work(h):
-        for i in range(5):
-            h.execute("INSERT INTO notes (user_id, title) VALUES (1, %s)", f"n{i}")
-        h.execute("UPDATE notes SET body = 'changed' WHERE id = 2")
-        h.execute("DELETE FROM tags WHERE note_id = 1")
-        h.execute("INSERT INTO users (name) VALUES ('Mallory')")
-    db.tool_call(work)
+def call(db: EpisodeDatabase, pool: WorkerPool, tool: str, **arguments):
+    reply, _ = db.run_code(pool, {"op": "call", "tool": tool, "arguments": arguments}, 10, writes=True)
+    return reply
 
 
-def test_reset_restores_rows_and_sequences(episode_db):
+def _write_a_lot(db: EpisodeDatabase, pool: WorkerPool) -> None:
+    assert call(db, pool, "write_a_lot")["op"] == "result"
+
+
+def test_reset_restores_rows_and_sequences(episode_db, pool):
     db, _ = episode_db
     for _ in range(3):
-        _write_a_lot(db)
+        _write_a_lot(db, pool)
         assert db.diff() == {
             "notes": {"inserted": 5, "updated": 1, "deleted": 0},
             "tags": {"inserted": 0, "updated": 0, "deleted": 1},
@@ -45,43 +76,47 @@ def test_reset_restores_rows_and_sequences(episode_db):
     # The next id handed out is the same in every episode (ROLLBACK alone would drift).
     ids = set()
     for _ in range(3):
-        ids.add(db.tool_call(lambda h: h.scalar("INSERT INTO notes (user_id, title) VALUES (1, 'x') RETURNING id")))
+        ids.add(call(db, pool, "run", sql="INSERT INTO notes (user_id, title) VALUES (1, 'x') RETURNING id",
+                     scalar=True)["value"])
         db.reset()
     assert ids == {5}
 
 
-def test_failed_tool_rolls_back_only_its_own_writes(episode_db):
+def test_failed_tool_rolls_back_only_its_own_writes(episode_db, pool):
     db, _ = episode_db
-    db.tool_call(lambda h: h.execute("UPDATE notes SET body = 'kept' WHERE id = 1"))
-
-    def crash(h):
-        h.execute("UPDATE notes SET body = 'lost' WHERE id = 2")
-        raise RuntimeError("boom")
-
-    with pytest.raises(RuntimeError):
-        db.tool_call(crash)
+    call(db, pool, "run", sql="UPDATE notes SET body = 'kept' WHERE id = 1")
+    reply = call(db, pool, "crash")
+    assert reply["op"] == "failed" and "boom" in reply["reason"]
     assert db.diff() == {"notes": {"inserted": 0, "updated": 1, "deleted": 0}}
-    assert db.tool_call(lambda h: h.scalar("SELECT body FROM notes WHERE id = 2")) == "a faster reset"
+    assert call(db, pool, "run", sql="SELECT body FROM notes WHERE id = 2", scalar=True)["value"] == "a faster reset"
 
 
-def test_escaped_commit_is_repaired_by_the_dirty_table_fallback(episode_db):
+def test_a_replaced_transaction_is_caught_by_the_next_plain_reset(episode_db):
+    """Whatever ends the episode's transaction and starts another (here the test does it on the
+    server's own connection), the next reset sees that the transaction it rolls back is not the
+    episode's, and repairs from the snapshot instead of trusting the fast path."""
     db, _ = episode_db
-
-    def sneaky(h):
-        h.execute("DELETE FROM tags")
-        h._conn.execute("COMMIT")  # reaches past the handle: the write is now durable
-
-    db.tool_call(sneaky)
-    assert db.escaped
+    db.conn.execute("DELETE FROM tags")
+    db.conn.execute("COMMIT")  # the delete is now durable
+    db.conn.execute("BEGIN")
     result = db.reset()
-    assert result.strategy == "restore" and result.pristine is True
-    assert result.repaired == ["tags"]
+    assert result.escaped and "not the episode's" in result.escaped
+    assert result.strategy == "restore" and result.pristine is True and result.repaired == ["tags"]
     assert db.checksum()["pristine"]
+    assert db.reset().strategy == "rollback"  # and the next episode is back on the fast path
 
 
-def test_changes_from_outside_are_found_by_an_on_demand_check(episode_db):
+def test_a_second_connection_as_the_instance_role_is_refused(episode_db):
     db, instance = episode_db
-    with psycopg.connect(instance.dsn, autocommit=True) as other:
+    with pytest.raises(psycopg.OperationalError, match="too many connections"):
+        psycopg.connect(instance.dsn, autocommit=True)
+
+
+def test_changes_from_outside_are_found_by_an_on_demand_check(episode_db, admin_dsn):
+    db, instance = episode_db
+    params = conninfo_to_dict(admin_dsn)
+    params["dbname"] = instance.dbname
+    with psycopg.connect(make_conninfo(**params), autocommit=True) as other:  # e.g. an operator's hands
         other.execute("UPDATE users SET name = 'Eve' WHERE id = 2")
         other.execute("SELECT nextval('notes_id_seq')")
     assert db.reset().pristine is None  # the fast path does not look...
@@ -91,9 +126,9 @@ def test_changes_from_outside_are_found_by_an_on_demand_check(episode_db):
     assert db.checksum()["pristine"]
 
 
-def test_verifier_reads_are_read_only_and_see_the_episode(episode_db):
+def test_verifier_reads_are_read_only_and_see_the_episode(episode_db, pool):
     db, _ = episode_db
-    db.tool_call(lambda h: h.execute("UPDATE notes SET title = 'renamed' WHERE id = 1"))
+    call(db, pool, "run", sql="UPDATE notes SET title = 'renamed' WHERE id = 1")
     assert db.read_query(False, "SELECT title FROM notes WHERE id = 1", []) == [{"title": "renamed"}]
     assert db.read_query(True, "SELECT title FROM notes WHERE id = 1", []) == [{"title": "todo"}]
     with pytest.raises(psycopg.errors.InsufficientPrivilege):

@@ -253,7 +253,30 @@ def _move_sequences_past_seed(db: psycopg.Connection) -> None:
         ).format(seq=sql.Literal(f"public.{seq}"), c=sql.Identifier(column), t=sql.Identifier(table)))
 
 
+# Built-in functions no instance may call: session-level state that survives ROLLBACK (advisory
+# locks), messages to other sessions, and server-side files. Revoked in the template, so every
+# clone inherits it; the statement guard refuses them too, and each reset unlocks all locks.
+REVOKED_FUNCTIONS = (
+    "pg_advisory_lock(bigint)", "pg_advisory_lock(integer, integer)",
+    "pg_advisory_lock_shared(bigint)", "pg_advisory_lock_shared(integer, integer)",
+    "pg_try_advisory_lock(bigint)", "pg_try_advisory_lock(integer, integer)",
+    "pg_try_advisory_lock_shared(bigint)", "pg_try_advisory_lock_shared(integer, integer)",
+    "pg_notify(text, text)", "lo_import(text)", "lo_import(text, oid)", "lo_export(oid, text)",
+)
+
+
+def _revoke_functions(db: psycopg.Connection) -> None:
+    for signature in REVOKED_FUNCTIONS:
+        try:
+            db.execute(f"REVOKE EXECUTE ON FUNCTION pg_catalog.{signature} FROM PUBLIC")
+        except psycopg.errors.InsufficientPrivilege:
+            log.warning("cannot revoke %s from PUBLIC (the admin role is not a superuser): the "
+                        "statement guard and the reset still stop it", signature)
+            return
+
+
 def _grant(db: psycopg.Connection) -> None:
+    _revoke_functions(db)
     tool, reader = sql.Identifier(TOOL_ROLE), sql.Identifier(READER_ROLE)
     for statement in (
         "REVOKE ALL ON SCHEMA public FROM PUBLIC",
@@ -296,7 +319,8 @@ def create_instance(admin_dsn: str, template: Template, name: str,
     db, role = sql.Identifier(name), sql.Identifier(name)
     with _admin(admin_dsn) as conn:
         _drop(conn, name)
-        conn.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {} IN ROLE {}, {} CONNECTION LIMIT 8").format(
+        # One connection: the env server's. A stolen password cannot open a second one beside it.
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {} IN ROLE {}, {} CONNECTION LIMIT 1").format(
             role, sql.Literal(password), sql.Identifier(TOOL_ROLE), sql.Identifier(READER_ROLE)))
         conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(db, sql.Identifier(template.dbname)))
         conn.execute(sql.SQL("REVOKE ALL ON DATABASE {} FROM PUBLIC").format(db))

@@ -1,0 +1,280 @@
+"""Kernel confinement of a worker process that is about to run untrusted code.
+
+Applied once, in the worker, after its imports and before it reads any untrusted code. Every
+layer is enforced by the kernel; nothing depends on the confined Python code behaving:
+
+1. **User and network namespaces** (``unshare(CLONE_NEWUSER | CLONE_NEWNET)``): the worker keeps
+   no capability in the host's namespaces (even when started as root) and sees no network
+   interface. Kubernetes' ``RuntimeDefault`` seccomp profile forbids ``unshare``; the other layers
+   do not need it, and the report says it is missing.
+2. **rlimits**: address space, CPU seconds, no file writes (``RLIMIT_FSIZE = 0``), no core files,
+   a handful of descriptors, no new processes (``RLIMIT_NPROC = 0``).
+3. **Landlock** (kernel ≥ 5.13): the filesystem is read-only and limited to the given paths (the
+   Python installation); TCP bind/connect are refused (ABI ≥ 4); signals to processes outside the
+   worker and abstract unix sockets are refused (ABI ≥ 6).
+4. **seccomp** through libseccomp (``pyseccomp`` bindings): no sockets, no ``execve``, no
+   ``fork``/``clone`` (so no threads either), no ``ptrace`` or cross-process memory access, no
+   signals except to itself, no namespace, mount, BPF, keyring or module calls. Installed last,
+   with ``no_new_privs``.
+
+:func:`probe` tells, without confining anything, which layers this kernel offers; the env server
+reports it at start and in ``/info`` and refuses untrusted code when a required layer is missing
+(unless told to accept weaker isolation).
+
+Landlock is called through ``ctypes`` here: its one Python binding on PyPI (``landlock``) is a
+development release that handles the filesystem only, not the network and signal scopes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import resource
+import signal
+from dataclasses import dataclass, field
+
+# Layers without which untrusted code is not run (unless the operator accepts weaker isolation).
+REQUIRED = ("seccomp", "landlock")
+
+_CLONE_NEWUSER = 0x10000000
+_CLONE_NEWNET = 0x40000000
+_PR_SET_NO_NEW_PRIVS = 38
+_PR_SET_PDEATHSIG = 1
+
+_SYS_LANDLOCK_CREATE_RULESET = 444
+_SYS_LANDLOCK_ADD_RULE = 445
+_SYS_LANDLOCK_RESTRICT_SELF = 446
+_LANDLOCK_CREATE_RULESET_VERSION = 1
+_LANDLOCK_RULE_PATH_BENEATH = 1
+_FS_READ_FILE, _FS_READ_DIR = 1 << 2, 1 << 3
+_NET_BIND_TCP, _NET_CONNECT_TCP = 1, 2
+_SCOPE_ABSTRACT_UNIX_SOCKET, _SCOPE_SIGNAL = 1, 2
+
+# Syscalls a worker never needs once it runs untrusted code (EPERM, or ENOSYS for clone3 so that
+# libc falls back to clone, which is refused too).
+DENIED_SYSCALLS = (
+    # processes and threads
+    "fork", "vfork", "clone", "execve", "execveat",
+    # network and IPC outside the inherited pipes
+    "socket", "socketpair", "connect", "bind", "listen", "accept", "accept4",
+    "shmget", "shmat", "msgget", "semget", "mq_open",
+    # other processes
+    "ptrace", "process_vm_readv", "process_vm_writev", "pidfd_open", "pidfd_getfd",
+    "pidfd_send_signal", "rt_sigqueueinfo", "rt_tgsigqueueinfo", "process_madvise", "kcmp",
+    # privileges, namespaces, mounts
+    "setuid", "setgid", "setreuid", "setregid", "setresuid", "setresgid", "setgroups",
+    "setfsuid", "setfsgid", "capset", "unshare", "setns", "mount", "umount2", "pivot_root",
+    "chroot", "move_mount", "open_tree", "fsopen", "fsmount", "fsconfig", "fspick",
+    "mount_setattr",
+    # kernel facilities
+    "bpf", "perf_event_open", "userfaultfd", "keyctl", "add_key", "request_key",
+    "io_uring_setup", "io_uring_enter", "io_uring_register", "init_module", "finit_module",
+    "delete_module", "kexec_load", "kexec_file_load", "reboot", "swapon", "swapoff",
+    "personality", "open_by_handle_at", "name_to_handle_at", "acct", "quotactl",
+    "settimeofday", "clock_settime", "adjtimex", "clock_adjtime", "sethostname",
+    "setdomainname", "iopl", "ioperm", "lookup_dcookie", "fanotify_init", "syslog",
+    "vhangup", "mbind", "migrate_pages", "move_pages", "set_mempolicy",
+)
+
+
+class ConfinementError(RuntimeError):
+    """A required layer could not be applied."""
+
+
+@dataclass
+class Report:
+    """What was applied, layer by layer (``missing`` names what this kernel or runtime lacks)."""
+
+    applied: list[str] = field(default_factory=list)
+    missing: dict[str, str] = field(default_factory=dict)
+    landlock_abi: int = 0
+
+    @property
+    def strong(self) -> bool:
+        return all(layer in self.applied for layer in REQUIRED)
+
+    def as_dict(self) -> dict[str, object]:
+        return {"applied": self.applied, "missing": self.missing, "landlock_abi": self.landlock_abi,
+                "strong": self.strong}
+
+
+@dataclass
+class Limits:
+    memory_mb: int = 512
+    cpu_s: int = 3600  # over the worker's whole life; the caller enforces per-call wall time
+    open_files: int = 64
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _syscall(libc: ctypes.CDLL, number: int, *args: object) -> int:
+    ctypes.set_errno(0)
+    result = libc.syscall(ctypes.c_long(number), *args)
+    if result < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return result
+
+
+def landlock_abi() -> int:
+    """The kernel's Landlock ABI version, 0 when Landlock is absent or disabled."""
+    try:
+        return _syscall(_libc(), _SYS_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0),
+                        ctypes.c_uint32(_LANDLOCK_CREATE_RULESET_VERSION))
+    except OSError:
+        return 0
+
+
+def seccomp_problem() -> str | None:
+    """Why seccomp filters cannot be installed here, or None."""
+    try:
+        import pyseccomp  # noqa: F401 - loads libseccomp
+    except Exception as exc:  # noqa: BLE001 - OSError when libseccomp.so is missing
+        return f"libseccomp unavailable: {exc}"
+    try:
+        with open("/proc/self/status") as status:
+            if not any(line.startswith("Seccomp:") for line in status):
+                return "kernel without seccomp"
+    except OSError:
+        pass
+    return None
+
+
+def probe() -> Report:
+    """Which required layers this machine offers (nothing is applied)."""
+    report = Report(landlock_abi=landlock_abi())
+    if report.landlock_abi:
+        report.applied.append("landlock")
+    else:
+        report.missing["landlock"] = "kernel without Landlock (needs Linux >= 5.13 with landlock in lsm=)"
+    problem = seccomp_problem()
+    if problem is None:
+        report.applied.append("seccomp")
+    else:
+        report.missing["seccomp"] = problem
+    return report
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """SIGKILL this process when its parent dies; exit now if it already has."""
+    _libc().prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent_pid:
+        os._exit(0)
+
+
+def _namespaces(report: Report) -> None:
+    libc = _libc()
+    if libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNET) == 0:
+        report.applied += ["userns", "netns"]
+        return
+    # As root without a user namespace a network namespace alone still works.
+    if libc.unshare(_CLONE_NEWNET) == 0:
+        report.applied.append("netns")
+        report.missing["userns"] = os.strerror(ctypes.get_errno())
+    else:
+        report.missing["userns"] = report.missing["netns"] = os.strerror(ctypes.get_errno())
+
+
+def _rlimits(limits: Limits, report: Report) -> None:
+    memory = limits.memory_mb * 1024 * 1024
+    for name, value in (("RLIMIT_AS", memory), ("RLIMIT_CPU", limits.cpu_s), ("RLIMIT_FSIZE", 0),
+                        ("RLIMIT_CORE", 0), ("RLIMIT_NOFILE", limits.open_files), ("RLIMIT_NPROC", 0),
+                        ("RLIMIT_MEMLOCK", 0), ("RLIMIT_MSGQUEUE", 0)):
+        resource.setrlimit(getattr(resource, name), (value, value))
+    report.applied.append("rlimits")
+
+
+class _RulesetAttr(ctypes.Structure):
+    _fields_ = [("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64),
+                ("scoped", ctypes.c_uint64)]
+
+
+class _PathBeneathAttr(ctypes.Structure):
+    _pack_ = 1  # the kernel's struct is packed
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+def _fs_rights(abi: int) -> int:
+    rights = (1 << 13) - 1  # EXECUTE .. MAKE_SYM (ABI 1)
+    if abi >= 2:
+        rights |= 1 << 13  # REFER
+    if abi >= 3:
+        rights |= 1 << 14  # TRUNCATE
+    if abi >= 5:
+        rights |= 1 << 15  # IOCTL_DEV
+    return rights
+
+
+def _landlock(read_paths: list[str], report: Report) -> None:
+    abi = report.landlock_abi = landlock_abi()
+    if abi < 1:
+        report.missing["landlock"] = "kernel without Landlock (needs Linux >= 5.13 with landlock in lsm=)"
+        return
+    libc = _libc()
+    attr = _RulesetAttr(_fs_rights(abi), (_NET_BIND_TCP | _NET_CONNECT_TCP) if abi >= 4 else 0,
+                        (_SCOPE_ABSTRACT_UNIX_SOCKET | _SCOPE_SIGNAL) if abi >= 6 else 0)
+    # Older kernels reject fields they do not know: pass only the prefix this ABI understands.
+    size = 8 if abi < 4 else 16 if abi < 6 else 24
+    ruleset = _syscall(libc, _SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(size),
+                       ctypes.c_uint32(0))
+    try:
+        for path in read_paths:
+            try:
+                fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            except OSError:
+                continue  # a path this installation does not have
+            try:
+                is_dir = os.path.isdir(path)
+                rule = _PathBeneathAttr(_FS_READ_FILE | (_FS_READ_DIR if is_dir else 0), fd)
+                _syscall(libc, _SYS_LANDLOCK_ADD_RULE, ctypes.c_int(ruleset),
+                         ctypes.c_int(_LANDLOCK_RULE_PATH_BENEATH), ctypes.byref(rule), ctypes.c_uint32(0))
+            finally:
+                os.close(fd)
+        if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            raise ConfinementError("prctl(PR_SET_NO_NEW_PRIVS) failed")
+        _syscall(libc, _SYS_LANDLOCK_RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(0))
+    finally:
+        os.close(ruleset)
+    report.applied.append("landlock")
+    if abi < 4:
+        report.missing["landlock-net"] = f"Landlock ABI {abi} < 4"
+    if abi < 6:
+        report.missing["landlock-scope"] = f"Landlock ABI {abi} < 6 (signals to other processes rest on seccomp)"
+
+
+def _seccomp(report: Report) -> None:
+    problem = seccomp_problem()
+    if problem is not None:
+        report.missing["seccomp"] = problem
+        return
+    import pyseccomp as sc
+
+    deny = sc.ERRNO(errno.EPERM)
+    flt = sc.SyscallFilter(defaction=sc.ALLOW)
+    for name in DENIED_SYSCALLS:
+        try:
+            flt.add_rule(deny, name)
+        except (OSError, ValueError):
+            pass  # not a syscall on this architecture
+    flt.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
+    me = os.getpid()
+    # Signals only to itself (raise(), abort()): kill(0 or -pgrp) and other pids are refused.
+    flt.add_rule(deny, "kill", sc.Arg(0, sc.NE, me))
+    flt.add_rule(deny, "tgkill", sc.Arg(0, sc.NE, me))
+    flt.add_rule(deny, "tkill", sc.Arg(0, sc.NE, me))
+    flt.load()  # sets no_new_privs itself (libseccomp's default)
+    report.applied.append("seccomp")
+
+
+def confine(read_paths: list[str], limits: Limits) -> Report:
+    """Apply every layer this kernel offers, strongest last. Irreversible for this process."""
+    report = Report()
+    seccomp_problem()  # loads libseccomp (and runs ldconfig) while files and processes are allowed
+    _namespaces(report)
+    _rlimits(limits, report)
+    _landlock(read_paths, report)
+    _seccomp(report)
+    return report

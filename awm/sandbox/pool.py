@@ -1,0 +1,299 @@
+"""The server side of the workers: start them confined, talk to them, kill and replace them.
+
+A worker is started ahead of time (an interpreter start costs ~50 ms; an app's import more), so a
+tool call or a verification costs pipe round trips. Everything is synchronous and meant to be
+driven from one thread (the env server's database thread): while a worker runs a call, its
+``sql``/``query`` requests are answered by the ``handle`` callback of the caller, which owns the
+database connection. The worker is never trusted: a message that is malformed, too large, out of
+turn or late gets it killed (``SIGKILL``) and replaced, and the caller gets a :class:`WorkerFailure`
+saying why. A replacement is spawned by a dedicated long-lived thread (``PR_SET_PDEATHSIG`` fires
+when the *thread* that spawned a child ends, so short-lived threads must not spawn workers).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import select
+import subprocess
+import sys
+import sysconfig
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from awm.sandbox import codec, confine
+
+MAX_MESSAGE = 64 * 1024 * 1024  # one line from a worker (a result, a query's SQL)
+START_TIMEOUT_S = 60.0
+Handler = Callable[[dict[str, Any]], dict[str, Any]]
+
+_BOOT = ("import json, sys; c = json.loads(sys.argv[1]); sys.path[:0] = c['sys_path']; "
+         "from awm.sandbox.worker import main; main()")
+_OWN_PACKAGES = ("awm", "envserver", "trainer", "awm_operator")
+
+
+class WorkerFailure(Exception):
+    """The worker failed the call: ``kind`` is timeout | crash | protocol | start."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class WeakIsolation(RuntimeError):
+    """A required confinement layer is missing and weaker isolation was not accepted."""
+
+
+@dataclass
+class WorkerSpec:
+    """What every worker of a pool is started with and loaded with."""
+
+    memory_mb: int = 512
+    load: dict[str, Any] = field(default_factory=dict)  # the ``load`` request: tools, prelude, app
+    allow_weak_isolation: bool = False
+
+    @property
+    def app(self) -> bool:
+        return bool(self.load.get("app"))
+
+
+def _package_root() -> str:
+    return str(Path(__file__).resolve().parents[2])
+
+
+def _site_dirs() -> list[str]:
+    paths = sysconfig.get_paths()
+    return sorted({os.path.realpath(paths[k]) for k in ("purelib", "platlib")})
+
+
+def read_paths(app: bool) -> list[str]:
+    """What a worker may read once confined: the standard library, shared libraries, time zones;
+    for apps also the installed packages, except this project's own."""
+    stdlib = os.path.realpath(sysconfig.get_path("stdlib"))
+    paths = {stdlib, os.path.realpath(os.path.dirname(os.__file__)), "/usr/share/zoneinfo"}
+    dynload = sysconfig.get_config_var("DESTSHARED")
+    if dynload:
+        paths.add(os.path.realpath(dynload))
+    for lib in ("/lib", "/lib64", "/usr/lib", "/usr/lib64", "/usr/local/lib", sysconfig.get_config_var("LIBDIR")):
+        if lib and os.path.isdir(lib):
+            paths.add(os.path.realpath(lib))
+    if app:
+        for site in _site_dirs():
+            for entry in os.listdir(site):
+                base = entry.split("-")[0].split(".")[0]
+                if base in _OWN_PACKAGES or entry.startswith("__editable__") or entry.endswith(".pth"):
+                    continue
+                paths.add(os.path.join(site, entry))
+    return sorted(paths)
+
+
+class Worker:
+    """One running worker and its pipes."""
+
+    def __init__(self, spec: WorkerSpec) -> None:
+        sites = _site_dirs()
+        root = _package_root()
+        config = {
+            "parent": os.getpid(),
+            "memory_mb": spec.memory_mb,
+            "app": spec.app,
+            "sys_path": [root, *sites] if root not in sites else sites,
+            "drop_paths": [root] if root not in sites else [],
+            "read_paths": read_paths(spec.app),
+        }
+        self.proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", _BOOT, json.dumps(config)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            env={}, cwd="/", close_fds=True,
+        )
+        self._buffer = b""
+        self.isolation: dict[str, Any] = {}
+        self.calls = 0
+        try:
+            hello = self._read(time.monotonic() + START_TIMEOUT_S)
+            if hello.get("op") != "ready":
+                raise WorkerFailure("start", f"worker said {hello.get('op')!r} instead of ready")
+            self.isolation = dict(hello.get("isolation") or {})
+            if not self.isolation.get("strong") and not spec.allow_weak_isolation:
+                raise WeakIsolation(
+                    "refusing to run untrusted code: confinement layers missing: "
+                    + json.dumps(self.isolation.get("missing")) + " (accept weaker isolation explicitly "
+                    "with --allow-weak-isolation / AWM_ALLOW_WEAK_ISOLATION=1)")
+            reply = self.request({"op": "load", **spec.load}, _no_sql, START_TIMEOUT_S)
+            if reply.get("op") != "loaded":
+                raise WorkerFailure("start", f"code failed to load: {reply.get('reason', reply)}")
+        except BaseException:
+            self.kill()
+            raise
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None:
+                pipe.close()
+
+    def _died(self) -> WorkerFailure:
+        code = self.proc.wait()
+        how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+        return WorkerFailure("crash", f"worker process died ({how})")
+
+    def _read(self, deadline: float) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self._buffer:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise WorkerFailure("timeout", "ran past its time limit")
+            ready, _, _ = select.select([fd], [], [], remaining)
+            if not ready:
+                continue
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                raise self._died()
+            self._buffer += chunk
+            if len(self._buffer) > MAX_MESSAGE and b"\n" not in self._buffer:
+                raise WorkerFailure("protocol", f"worker sent a message over {MAX_MESSAGE >> 20} MiB")
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        try:
+            return codec.decode(line)
+        except (ValueError, TypeError) as exc:
+            raise WorkerFailure("protocol", f"worker sent a malformed message: {exc}") from None
+
+    def _send(self, message: dict[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(codec.encode(message))
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            raise self._died() from None
+
+    def request(self, message: dict[str, Any], handle: Handler, timeout_s: float) -> dict[str, Any]:
+        """Send one request; answer the worker's ``sql``/``query`` requests with ``handle`` until it
+        sends its final reply. Raises :class:`WorkerFailure`; the worker must then be killed."""
+        deadline = time.monotonic() + timeout_s
+        self.calls += 1
+        self._send(message)
+        while True:
+            reply = self._read(deadline)
+            if reply.get("op") in ("sql", "query"):
+                answer = handle(reply)
+                if time.monotonic() > deadline:
+                    raise WorkerFailure("timeout", "ran past its time limit")
+                self._send(answer)
+                continue
+            if self._buffer:
+                raise WorkerFailure("protocol", "worker sent more than one final reply")
+            return reply
+
+
+def _no_sql(message: dict[str, Any]) -> dict[str, Any]:
+    return {"error": {"kind": "forbidden", "message": "no database access while code is loading"}}
+
+
+class WorkerPool:
+    """``size`` warm workers; a failed one is killed and replaced in the background."""
+
+    def __init__(self, spec: WorkerSpec, size: int = 1) -> None:
+        self.spec = spec
+        self.size = size
+        self._idle: queue.Queue[Worker | BaseException] = queue.Queue()
+        self._spawner = ThreadPoolExecutor(1, thread_name_prefix="awm-worker-spawn")
+        self._live: set[Worker] = set()
+        self._pending: set[Future[None]] = set()
+        self._lock = threading.Lock()
+        self.isolation: dict[str, Any] = {}
+        self.replaced = 0
+        self.closed = False
+
+    def start(self) -> None:
+        """Start every worker now (blocking); raises what the first one raised."""
+        futures = [self._spawn() for _ in range(self.size)]
+        for future in futures:
+            future.result()
+        first = self._idle.get()
+        if isinstance(first, BaseException):
+            raise first
+        self._idle.put(first)
+
+    def _spawn(self) -> Future[None]:
+        def spawn() -> None:
+            if self.closed:
+                return
+            try:
+                worker = Worker(self.spec)
+            except BaseException as exc:  # noqa: BLE001 - handed to the next caller
+                self._idle.put(exc)
+                return
+            with self._lock:
+                self._live.add(worker)
+            self.isolation = worker.isolation
+            self._idle.put(worker)
+
+        future = self._spawner.submit(spawn)
+        self._pending.add(future)
+        future.add_done_callback(self._pending.discard)
+        return future
+
+    @property
+    def ready(self) -> bool:
+        return not self.closed and (self._idle.qsize() > 0 or bool(self._pending))
+
+    def _acquire(self, timeout_s: float) -> Worker:
+        try:
+            item = self._idle.get(timeout=timeout_s)
+        except queue.Empty:
+            raise WorkerFailure("start", "no worker became ready in time") from None
+        if isinstance(item, BaseException):
+            self._spawn()  # try again for the next caller
+            if isinstance(item, WeakIsolation):
+                raise item
+            raise WorkerFailure("start", f"worker failed to start: {item}") from item
+        return item
+
+    def _replace(self, worker: Worker) -> None:
+        worker.kill()
+        with self._lock:
+            self._live.discard(worker)
+        self.replaced += 1
+        self._spawn()
+
+    def run(self, message: dict[str, Any], handle: Handler, timeout_s: float) -> dict[str, Any]:
+        """One request on a warm worker. On any :class:`WorkerFailure` the worker is replaced."""
+        worker = self._acquire(max(timeout_s, START_TIMEOUT_S))
+        try:
+            reply = worker.request(message, handle, timeout_s)
+        except BaseException:
+            self._replace(worker)
+            raise
+        self._idle.put(worker)
+        return reply
+
+    def pids(self) -> list[int]:
+        with self._lock:
+            return [w.pid for w in self._live]
+
+    def close(self) -> None:
+        self.closed = True
+        for future in list(self._pending):
+            future.cancel()
+        self._spawner.shutdown(wait=True, cancel_futures=True)
+        with self._lock:
+            workers, self._live = list(self._live), set()
+        for worker in workers:
+            worker.kill()
+
+
+def isolation_facilities() -> dict[str, Any]:
+    """What this machine offers, without starting a worker (for ``/info`` and start-up logs)."""
+    return confine.probe().as_dict()

@@ -1,0 +1,318 @@
+"""The worker process: where untrusted code (tools, verifiers, imported apps) runs.
+
+Started by :mod:`awm.sandbox.pool` with an empty environment, ``python -I -S``, and a JSON
+configuration as its only argument. Before it reads any untrusted code it confines itself
+(:mod:`awm.sandbox.confine`): namespaces, rlimits, Landlock, seccomp. It holds no database
+connection and no credential: every SQL statement becomes a request on its pipe, which the
+server runs inside the episode's savepoint (and refuses if it would escape it).
+
+Protocol (one JSON object per line, :mod:`awm.sandbox.codec`), on private copies of stdin and
+stdout; descriptors 0, 1 and 2 become ``/dev/null`` so that ``print`` reaches nobody.
+
+* worker → server ``ready`` with the confinement report, once.
+* server → worker ``load`` (tool prelude, tools, optional app) → ``loaded`` | ``failed``.
+* server → worker ``call`` → any number of ``sql`` requests (each answered) → ``result`` | ``failed``.
+* server → worker ``verify`` → any number of ``query`` requests → ``done`` | ``failed``.
+
+Everything the worker sends is untrusted input to the server, which validates it and keeps its
+own clock; a worker that breaks the protocol, dies or runs late is killed and replaced.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from typing import Any, Callable
+
+from awm.sandbox import codec, confine
+
+# Modules generated code commonly uses, imported before confinement (Landlock still allows the
+# standard library to be read afterwards; this only saves the first call's import time).
+import collections, datetime, decimal, fractions, functools, itertools, math, random, re, statistics, string  # noqa: E401,F401
+import inspect
+import sqlite3
+import urllib.parse
+
+MAX_REASON = 2000
+
+
+class ToolError(Exception):
+    """Raised by tool code for a request the agent got wrong; its message goes to the agent."""
+
+
+class DatabaseError(Exception):
+    """The server refused or the database rejected a statement (``sqlstate`` tells which)."""
+
+    def __init__(self, message: str, kind: str, sqlstate: str | None = None) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.sqlstate = sqlstate
+
+
+class VerifierQueryError(DatabaseError):
+    pass
+
+
+class Channel:
+    def __init__(self, reader: Any, writer: Any) -> None:
+        self._reader = reader
+        self._writer = writer
+
+    def send(self, message: dict[str, Any]) -> None:
+        self._writer.write(codec.encode(message))
+        self._writer.flush()
+
+    def receive(self) -> dict[str, Any] | None:
+        line = self._reader.readline()
+        return codec.decode(line) if line else None
+
+    def request(self, message: dict[str, Any]) -> dict[str, Any]:
+        self.send(message)
+        reply = self.receive()
+        if reply is None:
+            os._exit(0)  # the server is gone
+        return reply
+
+
+CHANNEL: Channel | None = None
+
+
+def sql_request(sql: str, params: Any, **extra: Any) -> dict[str, Any]:
+    """One statement through the server; raises :class:`DatabaseError` with the server's reason."""
+    assert CHANNEL is not None
+    reply = CHANNEL.request({"op": "sql", "sql": sql, "params": params, **extra})
+    error = reply.get("error")
+    if error:
+        raise DatabaseError(str(error.get("message", "")), str(error.get("kind", "db")), error.get("sqlstate"))
+    return reply
+
+
+class Db:
+    """The ``db`` a Python tool receives: ``%s`` placeholders, one statement per call."""
+
+    __slots__ = ()
+
+    def query(self, sql: str, *params: Any) -> list[dict[str, Any]]:
+        return sql_request(sql, list(params), fetch="dicts")["rows"]
+
+    def one(self, sql: str, *params: Any) -> dict[str, Any] | None:
+        rows = self.query(sql, *params)
+        return rows[0] if rows else None
+
+    def scalar(self, sql: str, *params: Any) -> Any:
+        row = self.one(sql, *params)
+        return next(iter(row.values())) if row else None
+
+    def execute(self, sql: str, *params: Any) -> int:
+        """Run a write; returns the number of rows affected."""
+        return int(sql_request(sql, list(params), fetch="none")["rowcount"])
+
+
+class ReadOnlyDb:
+    """The ``final`` / ``initial`` a verifier receives: read-only queries, never writes."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def query(self, sql: str, *params: Any) -> list[dict[str, Any]]:
+        assert CHANNEL is not None
+        reply = CHANNEL.request({"op": "query", "db": self._name, "sql": sql, "params": list(params)})
+        if "error" in reply:
+            raise VerifierQueryError(str(reply["error"]), "query")
+        return reply["rows"]
+
+    def one(self, sql: str, *params: Any) -> dict[str, Any] | None:
+        rows = self.query(sql, *params)
+        return rows[0] if rows else None
+
+    def scalar(self, sql: str, *params: Any) -> Any:
+        row = self.one(sql, *params)
+        return next(iter(row.values())) if row else None
+
+
+# -- AWM-style verifiers: SQLite databases handed over as bytes, opened in memory ----------------
+
+_SQLITE_IMAGES: dict[str, bytes] = {}  # the verification's fictional paths -> database bytes
+_REAL_SQLITE_CONNECT = sqlite3.connect
+SQLITE_PATHS = {"initial": "/awm/verify/initial.db", "final": "/awm/verify/final.db"}
+
+
+def _sqlite_connect(database: Any, *args: Any, **kwargs: Any) -> sqlite3.Connection:
+    """``sqlite3.connect`` for verifiers: the episode's databases open in memory, read-only."""
+    uri = bool(kwargs.pop("uri", False))
+    name = os.fsdecode(database) if isinstance(database, (str, bytes, os.PathLike)) else None
+    if name is not None and uri and name.startswith("file:"):
+        name = urllib.parse.unquote(urllib.parse.urlsplit(name).path)
+    image = _SQLITE_IMAGES.get(name or "")
+    if image is None:
+        # Anything else is an ordinary connect; Landlock refuses every real file.
+        return _REAL_SQLITE_CONNECT(database, *args, uri=uri, **kwargs)
+    conn = _REAL_SQLITE_CONNECT(":memory:", *args, **kwargs)
+    conn.deserialize(image)
+    conn.execute("PRAGMA query_only = ON")
+    conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
+    return conn
+
+
+sqlite3.connect = _sqlite_connect  # type: ignore[assignment]
+sqlite3.dbapi2.connect = _sqlite_connect  # type: ignore[assignment]
+
+
+def _call_awm(fn: Callable[..., Any], answer: Any) -> Any:
+    """Call an AWM verifier the way the reference does: by parameter name when it uses the
+    conventional names, else positionally (initial, final, answer)."""
+    values = {"initial_db_path": SQLITE_PATHS["initial"], "final_db_path": SQLITE_PATHS["final"],
+              "final_answer": answer}
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        params = {}  # type: ignore[assignment]
+    named = {k: v for k, v in values.items() if k in params}
+    if named:
+        return fn(**named)
+    kinds = [p.kind for p in params.values()]
+    count = 3 if not kinds or inspect.Parameter.VAR_POSITIONAL in kinds else sum(
+        k in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD) for k in kinds)
+    return fn(*[SQLITE_PATHS["initial"], SQLITE_PATHS["final"], answer][:count])
+
+
+def _normalise(result: Any) -> tuple[bool, str]:
+    if isinstance(result, bool):
+        return result, "verifier returned " + str(result)
+    if isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], bool):
+        return result[0], str(result[1])
+    if isinstance(result, dict):
+        if isinstance(result.get("complete"), bool):
+            return result["complete"], str(result.get("reason", ""))
+        if "result" in result:  # the AWM code-mode convention: {"result": "complete" | "others"}
+            return result["result"] == "complete", str(result.get("reason", result["result"]))
+    raise TypeError(f"verifier returned {type(result).__name__}, expected bool, (bool, reason) or dict")
+
+
+# -- the loop ------------------------------------------------------------------------------------
+
+
+def _failure(exc: BaseException) -> dict[str, Any]:
+    shim = sys.modules.get("awm.sandbox.appshim")
+    classified = shim.classify(exc) if shim is not None else None
+    if classified is not None:
+        return classified
+    if isinstance(exc, ToolError):
+        return {"op": "failed", "kind": "tool_error", "reason": (str(exc) or type(exc).__name__)[:MAX_REASON]}
+    if isinstance(exc, DatabaseError):
+        return {"op": "failed", "kind": exc.kind, "reason": str(exc)[:MAX_REASON], "sqlstate": exc.sqlstate}
+    if isinstance(exc, MemoryError):
+        return {"op": "failed", "kind": "memory", "reason": "ran out of its memory limit"}
+    if isinstance(exc, RecursionError):
+        return {"op": "failed", "kind": "exception", "reason": "RecursionError: maximum recursion depth exceeded"}
+    line = traceback.format_exception_only(type(exc), exc)[-1].strip()
+    return {"op": "failed", "kind": "exception", "reason": line[:MAX_REASON]}
+
+
+class Worker:
+    def __init__(self, channel: Channel) -> None:
+        self.channel = channel
+        self.tools: dict[str, Callable[..., Any]] = {}
+        self.app: Any = None
+        self.verifiers: dict[str, dict[str, Any]] = {}
+
+    def load(self, message: dict[str, Any]) -> dict[str, Any]:
+        namespace: dict[str, Any] = {"ToolError": ToolError, "__name__": "awm_tools"}
+        exec(compile(message.get("prelude") or "", "<tool prelude>", "exec"), namespace)
+        for tool in message.get("tools") or []:
+            exec(compile(tool["code"], f"<tool {tool['name']}>", "exec"), namespace)
+            fn = namespace.get(tool["name"])
+            if not callable(fn):
+                raise ValueError(f"tool {tool['name']!r}: its code does not define {tool['name']}()")
+            self.tools[tool["name"]] = fn
+        app = message.get("app")
+        if app:
+            from awm.sandbox import appshim
+
+            self.app = appshim.AppHost(app["code"], app["name"])
+        return {"op": "loaded"}
+
+    def call(self, message: dict[str, Any]) -> dict[str, Any]:
+        request = message.get("request")
+        if request is not None:
+            if self.app is None:
+                raise RuntimeError("this worker has no app loaded")
+            status, body = self.app.request(request["method"], request["url"], request.get("query") or [],
+                                            request.get("body"))
+            return {"op": "result", "status": status, "body": body}
+        fn = self.tools[message["tool"]]
+        return {"op": "result", "value": fn(Db(), **(message.get("arguments") or {}))}
+
+    def verify(self, message: dict[str, Any]) -> dict[str, Any]:
+        code = message["code"]
+        namespace = self.verifiers.get(code)
+        if namespace is None:
+            namespace = {"__name__": "verifier", "sqlite3": sqlite3, "json": json}
+            exec(compile(code, "<verifier>", "exec"), namespace)
+            self.verifiers[code] = namespace
+        fn = namespace[message["entrypoint"]]
+        files = message.get("files")
+        _SQLITE_IMAGES.clear()
+        try:
+            if files:
+                for key, path in SQLITE_PATHS.items():
+                    _SQLITE_IMAGES[path] = files[key]
+                result = _call_awm(fn, message.get("answer"))
+            else:
+                result = fn(ReadOnlyDb("final"), ReadOnlyDb("initial"), message.get("answer"))
+        finally:
+            _SQLITE_IMAGES.clear()
+        if message.get("evidence"):
+            return {"op": "done", "evidence": result}
+        complete, reason = _normalise(result)
+        return {"op": "done", "complete": complete, "reason": reason[:MAX_REASON]}
+
+    def serve(self) -> None:
+        handlers = {"load": self.load, "call": self.call, "verify": self.verify}
+        while True:
+            message = self.channel.receive()
+            if message is None:
+                return
+            handler = handlers.get(str(message.get("op")))
+            try:
+                if handler is None:
+                    raise ValueError(f"unknown request {message.get('op')!r}")
+                reply = handler(message)
+            except BaseException as exc:  # noqa: BLE001 - every failure of untrusted code is reported
+                reply = _failure(exc)
+            try:
+                self.channel.send(reply)
+            except (TypeError, ValueError) as exc:  # a result that cannot be encoded
+                self.channel.send({"op": "failed", "kind": "exception",
+                                   "reason": f"result is not JSON-serialisable: {exc}"[:MAX_REASON]})
+
+
+def main() -> None:
+    global CHANNEL
+    config = json.loads(sys.argv[1])
+    confine.die_with_parent(int(config["parent"]))
+    reader = os.fdopen(os.dup(0), "rb")
+    writer = os.fdopen(os.dup(1), "wb")
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    os.close(devnull)
+    os.environ.clear()
+    if config.get("app"):
+        from awm.sandbox import appshim
+
+        appshim.prepare()  # imports FastAPI, SQLAlchemy, httpx and builds the event loop
+    # The package's own directory leaves the path: nothing of the server is importable later.
+    for entry in config.get("drop_paths", []):
+        while entry in sys.path:
+            sys.path.remove(entry)
+    report = confine.confine(config["read_paths"], confine.Limits(memory_mb=int(config["memory_mb"])))
+    CHANNEL = Channel(reader, writer)
+    CHANNEL.send({"op": "ready", "isolation": report.as_dict(), "pid": os.getpid()})
+    Worker(CHANNEL).serve()
+
+
+if __name__ == "__main__":
+    main()
