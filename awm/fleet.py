@@ -30,7 +30,8 @@ from awm.postgres import provision
 from awm.postgres.server import EmbeddedPostgres
 
 log = logging.getLogger("awm.fleet")
-_INHERITED = ("PATH", "LANG", "LC_ALL", "TZ", "PYTHONPATH", "HOME", "MALLOC_ARENA_MAX")
+_INHERITED = ("PATH", "LANG", "LC_ALL", "TZ", "PYTHONPATH", "HOME", "MALLOC_ARENA_MAX",
+              "AWM_ALLOW_WEAK_ISOLATION", "AWM_SANDBOX_LAYERS")
 
 
 class FleetError(RuntimeError):

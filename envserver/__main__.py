@@ -40,7 +40,8 @@ async def serve(args: argparse.Namespace) -> None:
         dsn = Path(dsn_file).read_text().strip()
     if not dsn:
         sys.exit("envserver: set AWM_INSTANCE_DSN (or AWM_INSTANCE_DSN_FILE) to the instance's database DSN")
-    instance = EnvInstance(bundle, dsn, args.name or bundle.name, verifier_workers=args.verifier_workers)
+    instance = EnvInstance(bundle, dsn, args.name or bundle.name, verifier_workers=args.verifier_workers,
+                           allow_weak_isolation=args.allow_weak_isolation)
     await instance.start()
     mcp_app = build_mcp(instance).http_app(path="/mcp", json_response=args.json_response,
                                             host_origin_protection=False)
@@ -91,7 +92,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--control-host", help="bind address of the control API (default: --host)")
     parser.add_argument("--mcp-port", type=int, default=8000)
     parser.add_argument("--control-port", type=int, default=8001)
-    parser.add_argument("--verifier-workers", type=int, default=1)
+    parser.add_argument("--verifier-workers", type=int, default=1,
+                        help="confined workers per instance (they run both tools and verifiers)")
+    parser.add_argument("--allow-weak-isolation", action="store_true",
+                        default=os.environ.get("AWM_ALLOW_WEAK_ISOLATION") == "1",
+                        help="run untrusted code even where the kernel lacks Landlock or seccomp "
+                             "(also AWM_ALLOW_WEAK_ISOLATION=1); /info says what is missing")
     parser.add_argument("--sse", dest="json_response", action="store_false",
                         help="answer MCP requests as SSE streams instead of plain JSON")
     args = parser.parse_args(argv)

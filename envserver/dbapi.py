@@ -21,7 +21,7 @@ from psycopg.rows import dict_row, tuple_row
 # is no list of bad spellings to keep complete. The server also sends every statement through the
 # extended protocol (one statement per call) and checks the transaction after it, and the
 # instance role has no DDL or TEMP privilege: this check is the first of three layers.
-_ALLOWED_HEAD = re.compile(r"^(select|with|insert|update|delete|values|table|merge)\b", re.IGNORECASE)
+_ALLOWED_HEAD = re.compile(r"^(select|with|insert|update|delete|values|table|merge|show)\b", re.IGNORECASE)
 # Functions that reach outside the episode transaction or the database, or run SQL text (the
 # *_to_xml family executes a query string, which would bypass this check). Names are compared
 # unquoted and lower-cased, so ``"pg_advisory_lock"(1)`` and ``pg_catalog.PG_ADVISORY_LOCK(1)``

@@ -227,7 +227,7 @@ class EnvInstance:
 
     async def _sqlite_images(self) -> dict[str, bytes]:
         """AWM convention: SQLite images of the snapshot (built once) and of the final state."""
-        from envserver.sqlite_export import build_sqlite
+        from awm.postgres.sqlite_export import build_sqlite
 
         ddl = self.bundle.database.sqlite_ddl or ""
         if self._initial_sqlite is None:

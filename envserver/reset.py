@@ -290,8 +290,8 @@ class EpisodeDatabase:
 
     def read_tables(self, initial: bool) -> dict[str, tuple[list[str], list[tuple[Any, ...]]]]:
         """Every row of every table, read-only (the snapshot copy if ``initial``): the input of
-        the SQLite files that AWM-style verifiers read (``envserver/sqlite_export.py``)."""
-        from envserver.sqlite_export import read_tables
+        the SQLite files that AWM-style verifiers read (``awm/postgres/sqlite_export.py``)."""
+        from awm.postgres.sqlite_export import read_tables
 
         schema = snap.SNAPSHOT_SCHEMA if initial else "public"
 

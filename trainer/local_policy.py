@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from trainer.chatformat import ChatFormat
+from trainer.precision import autocast, cast_weights
 from trainer.policy import PolicyReply
 
 
@@ -53,8 +54,6 @@ class LocalPolicy:
         if share:
             self.model = model
         else:  # a sampler never takes an update: its copy can live in the compute dtype
-            from trainer.learner import cast_weights
-
             self.model = cast_weights(copy.deepcopy(model), dtype).eval()
             for p in self.model.parameters():
                 p.requires_grad_(False)
@@ -86,7 +85,6 @@ class LocalPolicy:
     def generate(self, prompt: list[int]) -> tuple[list[int], list[float]]:
         """Sample until end-of-turn or ``max_new_tokens``; returns ids and their log-probabilities
         (a shared float32 model samples under the same autocast as the learner's forward)."""
-        from trainer.learner import autocast
 
         with autocast(self.device, self.dtype):
             return self._sample(prompt)

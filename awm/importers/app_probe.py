@@ -1,8 +1,9 @@
 """``python -m awm.importers.app_probe``: load one generated FastAPI app and describe it.
 
 Run by the importer in a child process with a scrubbed environment (the app's code is untrusted
-and runs its module body on import), loaded exactly as the env server will load it
-(:class:`envserver.asgi_runtime.AppRuntime`, no database). Reads ``{"code", "name"}`` as JSON on
+and runs its module body on import), confined by the kernel like a sandbox worker
+(:mod:`awm.sandbox.confine`) before the app's code runs, and loaded exactly as a worker loads it
+(:func:`awm.sandbox.appshim.load_app`, no database). Reads ``{"code", "name"}`` as JSON on
 stdin and prints one JSON object: the routes that have an ``operation_id`` (method, path, where
 each parameter goes, which are required, their JSON types) and the ORM's tables (column types,
 and CREATE TABLE statements for PostgreSQL and SQLite, for tables the app creates itself).
@@ -11,6 +12,7 @@ and CREATE TABLE statements for PostgreSQL and SQLite, for tables the app create
 from __future__ import annotations
 
 import json
+import os
 import sys
 import warnings
 from typing import Any
@@ -19,11 +21,10 @@ MARKER = "AWM_PROBE_RESULT "
 
 
 def describe(code: str, name: str) -> dict[str, Any]:
-    from awm.bundle import App
-    from envserver.asgi_runtime import AppRuntime
+    from awm.sandbox.appshim import load_app
 
-    runtime = AppRuntime(App(code=code), name)
-    return {"ok": True, "routes": _routes(runtime.app), "tables": _tables(runtime.module)}
+    module, app = load_app(code, f"awm_app_{name}")
+    return {"ok": True, "routes": _routes(app), "tables": _tables(module)}
 
 
 def _routes(app: Any) -> list[dict[str, Any]]:
@@ -115,9 +116,25 @@ def _tables(module: Any) -> dict[str, Any]:
     return tables
 
 
+def _confine() -> None:
+    """Everything the probe needs is imported first; then the kernel confines this process."""
+    import sqlalchemy.dialects.postgresql  # noqa: F401
+    import sqlalchemy.dialects.sqlite  # noqa: F401
+    import sqlalchemy.schema  # noqa: F401
+
+    from awm.sandbox import appshim, confine
+    from awm.sandbox.pool import read_paths
+
+    appshim.prepare()
+    report = confine.confine(read_paths(app=True), confine.Limits(memory_mb=2048))
+    if not report.strong and os.environ.get("AWM_ALLOW_WEAK_ISOLATION") != "1":
+        raise SystemExit(f"refusing to load untrusted app code: confinement layers missing: {report.missing}")
+
+
 def main() -> None:
     warnings.simplefilter("ignore")
     request = json.loads(sys.stdin.read())
+    _confine()
     try:
         result = describe(request["code"], request["name"])
     except Exception as exc:  # noqa: BLE001 - the importer reports it

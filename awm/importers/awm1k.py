@@ -255,7 +255,7 @@ def _open_source(src: Path) -> _Source:
 
 def probe_app(code: str, name: str, timeout_s: float = 120.0) -> dict[str, Any]:
     """Load the app in a child process with a scrubbed environment and describe it."""
-    env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "PYTHONPATH", "HOME")}
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "PYTHONPATH", "HOME", "AWM_ALLOW_WEAK_ISOLATION")}
     with tempfile.TemporaryDirectory(prefix="awm-probe-") as cwd:
         try:
             done = subprocess.run([sys.executable, "-m", "awm.importers.app_probe"],
@@ -663,9 +663,11 @@ def build_environment(source: _Source, scenario: str, admin_dsn: str, now: dt.da
 
 
 async def check_untouched(bundle: EnvBundle, admin_dsn: str, pool: Any, report: EnvReport) -> None:
-    """Load the bundle as the fleet would, then run every verifier on the untouched snapshot."""
-    from envserver.sqlite_export import VerifierFiles, build_sqlite, read_tables
+    """Load the bundle as the fleet would, then run every verifier on the untouched snapshot, in a
+    confined worker (:mod:`awm.sandbox`), with the snapshot as both its initial and final state."""
     from awm.postgres import snapshot as snap
+    from awm.postgres.sqlite_export import build_sqlite, read_tables
+    from awm.sandbox.pool import WorkerFailure
 
     def load() -> bytes:
         with _Scratch(admin_dsn) as conn:
@@ -674,17 +676,22 @@ async def check_untouched(bundle: EnvBundle, admin_dsn: str, pool: Any, report: 
 
     snapshot = await asyncio.to_thread(load)
 
-    async def no_queries(initial: bool, query: str, params: list[Any]) -> list[dict[str, Any]]:
-        raise RuntimeError("no query views for SQLite verifiers")
+    def no_queries(message: dict[str, Any]) -> dict[str, Any]:
+        return {"error": "no query views for SQLite verifiers"}
 
     for task in bundle.tasks:
-        with VerifierFiles(snapshot, snapshot) as files:
-            verdict = await pool.verify(task.verifier.code, task.verifier.entrypoint, None,
-                                        bundle.limits.verifier_timeout_s, no_queries, files=files)
-        if verdict.verdict == "complete":
+        message = {"op": "verify", "code": task.verifier.code, "entrypoint": task.verifier.entrypoint,
+                   "answer": None, "files": {"initial": snapshot, "final": snapshot}}
+        try:
+            reply = await asyncio.to_thread(pool.run, message, no_queries, bundle.limits.verifier_timeout_s)
+        except WorkerFailure as exc:
+            report.verifier_errors_on_untouched.append({"task": task.id, "reason": f"{exc.kind}: {exc}"})
+            continue
+        if reply.get("op") == "done" and reply.get("complete") is True:
             report.complete_on_untouched.append(task.id)
-        elif verdict.verdict == "error":
-            report.verifier_errors_on_untouched.append({"task": task.id, "reason": f"{verdict.kind}: {verdict.reason}"})
+        elif reply.get("op") != "done":
+            report.verifier_errors_on_untouched.append(
+                {"task": task.id, "reason": f"{reply.get('kind', 'exception')}: {reply.get('reason', '')}"})
 
 
 # -- the whole import ------------------------------------------------------------------------
@@ -713,7 +720,7 @@ async def import_awm_dir_async(src: Path, out: Path, *, admin_dsn: str | None = 
                                now: dt.datetime | None = None, envs: list[str] | None = None,
                                check: bool = True, progress: Any = None) -> ImportReport:
     """See :func:`import_awm_dir`."""
-    from envserver.verify import VerifierPool
+    from awm.sandbox.pool import WorkerPool, WorkerSpec
 
     src, out = Path(src), Path(out)
     now = now or default_reference_time()
@@ -725,11 +732,11 @@ async def import_awm_dir_async(src: Path, out: Path, *, admin_dsn: str | None = 
         scenarios = [s for s in scenarios if s in wanted or env_identifier(s) in wanted]
     out.mkdir(parents=True, exist_ok=True)
     report = ImportReport(str(src), str(out), now.isoformat(sep=" "))
-    pool = VerifierPool(1, Limits().verifier_memory_mb) if check else None
+    pool = WorkerPool(WorkerSpec(memory_mb=Limits().verifier_memory_mb)) if check else None
     with _admin(admin_dsn) as dsn:
         await asyncio.to_thread(provision.ensure_group_roles, dsn)
         if pool is not None:
-            await pool.start()
+            await asyncio.to_thread(pool.start)
         try:
             for scenario in scenarios:
                 if progress:
@@ -747,7 +754,7 @@ async def import_awm_dir_async(src: Path, out: Path, *, admin_dsn: str | None = 
                 report.environments.append(built.report)
         finally:
             if pool is not None:
-                await pool.close()
+                pool.close()
     (out / "report.json").write_text(json.dumps(report.to_json(), indent=2, default=str))
     return report
 

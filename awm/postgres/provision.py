@@ -97,6 +97,8 @@ def template_name(bundle: EnvBundle) -> str:
 
 def ensure_group_roles(admin_dsn: str) -> None:
     with _admin(admin_dsn) as conn:
+        # Fleets, synthesis workers and init containers start at once: one of them at a time.
+        conn.execute("SELECT pg_advisory_lock(hashtext('awm_group_roles'))")
         for role in (TOOL_ROLE, READER_ROLE):
             exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone()
             if not exists:

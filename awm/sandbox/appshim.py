@@ -182,6 +182,9 @@ class _Info:
         return {"standard_conforming_strings": b"on", "client_encoding": b"UTF8"}.get(name)
 
 
+_OPEN: list["PipeConnection"] = []  # connections with a savepoint open, oldest first
+
+
 class PipeConnection:
     """What SQLAlchemy sees as a DBAPI connection: a savepoint on the episode's connection, held by
     the server. It never commits, rolls back or closes the episode transaction."""
@@ -206,11 +209,14 @@ class PipeConnection:
             except worker.DatabaseError as exc:
                 _raise(exc)
             self.savepoint = name
+            _OPEN.append(self)
 
     def _end(self, commit: bool) -> None:
         name, self.savepoint = self.savepoint, None
         if name is None:
             return
+        if self in _OPEN:
+            _OPEN.remove(self)
         with contextlib.suppress(worker.DatabaseError):  # already released by an outer rollback
             if not commit:
                 worker.sql_request(f"ROLLBACK TO SAVEPOINT {name}", None, fetch="none")
@@ -332,7 +338,13 @@ class AppHost:
 
     def request(self, method: str, url: str, query: list[Any], body: Any) -> tuple[int, str]:
         assert _LOOP is not None
-        response = _LOOP.run_until_complete(self._client.request(method, url, params=query, json=body))
+        try:
+            response = _LOOP.run_until_complete(self._client.request(method, url, params=query, json=body))
+        finally:
+            # A session the app never committed nor closed: SQLite would have rolled it back when
+            # the connection went back to the pool, so must we (the tool's savepoint would keep it).
+            for conn in list(_OPEN):
+                conn.rollback()
         return response.status_code, response.text
 
 

@@ -105,6 +105,8 @@ class Worker:
             "sys_path": [root, *sites] if root not in sites else sites,
             "drop_paths": [root] if root not in sites else [],
             "read_paths": read_paths(spec.app),
+            # Benchmarks switch layers off to measure them; anything less than all is weak.
+            "layers": [x for x in os.environ.get("AWM_SANDBOX_LAYERS", ",".join(confine.LAYERS)).split(",") if x],
         }
         self.proc = subprocess.Popen(
             [sys.executable, "-I", "-S", "-c", _BOOT, json.dumps(config)],

@@ -308,7 +308,8 @@ def main() -> None:
     for entry in config.get("drop_paths", []):
         while entry in sys.path:
             sys.path.remove(entry)
-    report = confine.confine(config["read_paths"], confine.Limits(memory_mb=int(config["memory_mb"])))
+    report = confine.confine(config["read_paths"], confine.Limits(memory_mb=int(config["memory_mb"])),
+                             tuple(config.get("layers", confine.LAYERS)))
     CHANNEL = Channel(reader, writer)
     CHANNEL.send({"op": "ready", "isolation": report.as_dict(), "pid": os.getpid()})
     Worker(CHANNEL).serve()

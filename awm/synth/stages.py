@@ -363,8 +363,8 @@ async def stage_verifier(run: Run) -> None:
                     return ["the code must define verify(final, initial, answer)"]
                 task = Task(id=f"t{i}", instruction=text, verifier=Verifier(code=reply.code), solution=[])
                 bundle = base.model_copy(update={"tasks": [task]})
-                async with run.slots, check.served_in_process(run.admin_dsn, bundle) as instance:
-                    return (await check.check_verifiers_untouched(instance, [task])).get(task.id, [])
+                async with run.slots, check.served(run.admin_dsn, bundle) as (control, _):
+                    return (await check.check_verifiers_untouched(control, [task])).get(task.id, [])
 
             reply, errors = await _repair_loop(run, "verifier", prompts.VERIFIER,
                                                prompts.verifier_user(name, dbs[name]["ddl"], excerpt, text),

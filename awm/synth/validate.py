@@ -20,7 +20,7 @@ from psycopg import sql
 from awm.bundle import Database, EnvBundle, SeedTable, Task
 from awm.client import ControlClient, McpSession
 from awm.fleet import Database as FleetDatabase
-from awm.fleet import LocalFleet
+from awm.fleet import FleetError, LocalFleet
 from awm.postgres import provision
 
 
@@ -68,16 +68,13 @@ def check_seed(admin_dsn: str, ddl: str, seed: list[SeedTable]) -> list[str]:
 
 
 async def check_tools(admin_dsn: str, bundle: EnvBundle, examples: dict[str, dict[str, Any]]) -> list[str]:
-    """Load the tool code and call every tool once with its example arguments, in the real
-    runtime; a ``ToolError`` (a refusal) is fine, a crash or a timeout is not."""
-    from envserver.instance import EnvInstance
-    from envserver.tools import ToolFailure, ToolRuntime
+    """Serve the bundle and call every tool once with its example arguments, through MCP; a
+    ``tool_error`` (a refusal) is fine, a crash, a timeout or code that does not load is not.
 
+    The generated code runs only in the env server's confined workers: never in this process,
+    which holds the LLM key and the admin DSN. A tool that loops, forks, allocates 10 GB or calls
+    ``exit`` is killed there and comes back as an error for the next repair attempt."""
     errors = []
-    try:
-        ToolRuntime(bundle)
-    except Exception as exc:  # noqa: BLE001 - untrusted code: every failure is feedback
-        return [f"tool code does not load: {type(exc).__name__}: {exc}"]
     for tool in bundle.tools:
         args = examples.get(tool.name)
         if args is None:
@@ -89,41 +86,49 @@ async def check_tools(admin_dsn: str, bundle: EnvBundle, examples: dict[str, dic
             errors.append(f"{tool.name}: example arguments do not match the input schema: {problems[:3]}")
     if errors:
         return errors
-    async with served_in_process(admin_dsn, bundle) as instance:
-        for tool in bundle.tools:
-            await instance.reset(None)
-            try:
-                await instance.call_tool(tool.name, examples[tool.name])
-            except ToolFailure as failure:
-                if failure.kind not in ("tool_error",):
-                    errors.append(f"{tool.name}({examples[tool.name]}): {failure}")
+    try:
+        async with served(admin_dsn, bundle) as (control, mcp):
+            for tool in bundle.tools:
+                await control.reset(None)
+                outcome = await mcp.call_tool(tool.name, examples[tool.name])
+                if outcome.is_error and outcome.error_kind != "tool_error":
+                    errors.append(f"{tool.name}({examples[tool.name]}): {outcome.text}")
+    except FleetError as exc:
+        return [f"tool code does not load: {_served_error(exc)}"]
     return errors
 
 
 @contextlib.asynccontextmanager
-async def served_in_process(admin_dsn: str, bundle: EnvBundle) -> AsyncIterator[Any]:
-    """A real instance (template, database, role, runtime, verifier pool) without HTTP."""
-    from envserver.instance import EnvInstance
-
-    template = provision.ensure_template(admin_dsn, bundle)
-    name = f"awm_i_synth_{secrets.token_hex(3)}"
-    db = provision.create_instance(admin_dsn, template, name)
-    instance = EnvInstance(bundle, db.dsn, name, exit_when_wedged=False)
+async def served(admin_dsn: str, bundle: EnvBundle) -> AsyncIterator[tuple[ControlClient, McpSession]]:
+    """One real instance of the bundle (template, database, role, env server process with its
+    confined workers), and a control and an MCP client for it."""
+    fleet = LocalFleet([bundle], database=FleetDatabase(admin_dsn), start_timeout_s=60.0)
+    await fleet.start()
     try:
-        await instance.start()
-        yield instance
+        handle = fleet.instances[0]
+        control = ControlClient(handle.control_url)
+        try:
+            async with McpSession(handle.mcp_url) as mcp:
+                yield control, mcp
+        finally:
+            await control.close()
     finally:
-        await instance.close()
-        provision.drop_instance(admin_dsn, name)
+        await fleet.stop()
 
 
-async def check_verifiers_untouched(instance: Any, tasks: list[Task]) -> dict[str, list[str]]:
+def _served_error(exc: FleetError) -> str:
+    """The env server's last words when it could not start (e.g. the tool code does not load)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[-1][-1500:] if lines else "the env server did not start"
+
+
+async def check_verifiers_untouched(control: ControlClient, tasks: list[Task]) -> dict[str, list[str]]:
     """The negative gate, per task: on the pristine snapshot, with no answer, the verifier must
     say incomplete (complete = the task starts done; error = the verifier is broken)."""
     errors: dict[str, list[str]] = {}
     for task in tasks:
-        await instance.reset(task.id)
-        verdict = await instance.verify(None)
+        await control.reset(task.id)
+        verdict = await control.verify(None)
         if verdict["verdict"] == "complete":
             errors[task.id] = ["the verifier says complete on the untouched database: it must check the "
                                f"change the task asks for (reason given: {verdict['reason']})"]

@@ -6,10 +6,9 @@ SQLite databases created from the bundle's ``database.sqlite_ddl``, so column na
 declared types (hence SQLite's affinities) are those the verifier was written for. Values are
 converted the way SQLite stored them: booleans as 0/1, timestamps as ``YYYY-MM-DD HH:MM:SS``.
 
-The files are written per verification into a fresh private directory (mode 0711: the sandbox
-user may open a file whose name it is given, not list the directory), are read-only (0444), and
-are removed when the verdict is in. The sandbox worker opens exactly these two paths, read-only
-and immutable, and nothing else (``envserver/sandbox.py``).
+Nothing is written to disk: the two databases travel to the verifier's confined worker as
+bytes, which it opens in memory, read-only (``awm/sandbox/worker.py``); the verifier sees two
+fictional paths that only its ``sqlite3.connect`` understands.
 """
 
 from __future__ import annotations
@@ -17,12 +16,8 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import json
-import os
-import shutil
-import sqlite3
-import tempfile
 import uuid
-from pathlib import Path
+import sqlite3
 from typing import Any
 
 import psycopg
@@ -84,30 +79,3 @@ def build_sqlite(sqlite_ddl: str, tables: Tables) -> bytes:
 
 def _quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
-
-
-class VerifierFiles:
-    """``with VerifierFiles(initial, final) as paths:`` - the two files, gone afterwards."""
-
-    def __init__(self, initial: bytes, final: bytes, parent: str | None = None) -> None:
-        self._contents = {"initial": initial, "final": final}
-        self._parent = parent
-        self.directory: Path | None = None
-
-    def __enter__(self) -> dict[str, str]:
-        self.directory = Path(tempfile.mkdtemp(prefix="awm-verify-", dir=self._parent))
-        self.directory.chmod(0o711)
-        paths = {}
-        for name, content in self._contents.items():
-            path = self.directory / f"{name}-{uuid.uuid4().hex}.db"
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(content)
-            path.chmod(0o444)
-            paths[name] = str(path)
-        return paths
-
-    def __exit__(self, *exc: object) -> None:
-        if self.directory is not None:
-            shutil.rmtree(self.directory, ignore_errors=True)
-
