@@ -37,6 +37,30 @@ _BOOT = ("import json, sys; c = json.loads(sys.argv[1]); sys.path[:0] = c['sys_p
 _OWN_PACKAGES = ("awm", "envserver", "trainer", "awm_operator")
 
 
+def _host_prefixes() -> list[str]:
+    """Paths of this machine that untrusted code can learn (its own sys.path, module files) and
+    that must not reach an agent or a log through its output."""
+    home = os.path.expanduser("~")
+    found = {_package_root(), sys.prefix, sys.base_prefix, sys.exec_prefix, *_site_dirs(),
+             os.environ.get("AWM_HOME", ""), home if home not in ("/", "") else ""}
+    found |= {os.path.realpath(p) for p in found if p}
+    return sorted((p for p in found if len(p) > 1), key=len, reverse=True)
+
+
+def redact(value: Any, prefixes: list[str]) -> Any:
+    """``value`` with every host path prefix replaced by ``<host>`` (strings, lists, dicts)."""
+    if isinstance(value, str):
+        for prefix in prefixes:
+            if prefix in value:
+                value = value.replace(prefix, "<host>")
+        return value
+    if isinstance(value, list):
+        return [redact(v, prefixes) for v in value]
+    if isinstance(value, dict):
+        return {k: redact(v, prefixes) for k, v in value.items()}
+    return value
+
+
 class WorkerFailure(Exception):
     """The worker failed the call: ``kind`` is timeout | crash | protocol | start."""
 
@@ -114,6 +138,7 @@ class Worker:
             env={}, cwd="/", close_fds=True,
         )
         self._buffer = b""
+        self._prefixes = _host_prefixes()
         self.isolation: dict[str, Any] = {}
         self.calls = 0
         try:
@@ -172,6 +197,15 @@ class Worker:
         except (ValueError, TypeError) as exc:
             raise WorkerFailure("protocol", f"worker sent a malformed message: {exc}") from None
 
+    def quiet(self) -> bool:
+        """Nothing unread on the pipe: a worker speaks only when asked, so anything it sent
+        between calls (from a signal handler, say) means it is not to be trusted again."""
+        assert self.proc.stdout is not None
+        if self._buffer or self.proc.poll() is not None:
+            return False
+        readable, _, _ = select.select([self.proc.stdout.fileno()], [], [], 0)
+        return not readable
+
     def _send(self, message: dict[str, Any]) -> None:
         assert self.proc.stdin is not None
         try:
@@ -196,7 +230,7 @@ class Worker:
                 continue
             if self._buffer:
                 raise WorkerFailure("protocol", "worker sent more than one final reply")
-            return reply
+            return redact(reply, self._prefixes)
 
 
 def _no_sql(message: dict[str, Any]) -> dict[str, Any]:
@@ -273,6 +307,9 @@ class WorkerPool:
     def run(self, message: dict[str, Any], handle: Handler, timeout_s: float) -> dict[str, Any]:
         """One request on a warm worker. On any :class:`WorkerFailure` the worker is replaced."""
         worker = self._acquire(max(timeout_s, START_TIMEOUT_S))
+        while not worker.quiet():
+            self._replace(worker)
+            worker = self._acquire(START_TIMEOUT_S)
         try:
             reply = worker.request(message, handle, timeout_s)
         except BaseException:

@@ -119,8 +119,10 @@ class ReadOnlyDb:
     def query(self, sql: str, *params: Any) -> list[dict[str, Any]]:
         assert CHANNEL is not None
         reply = CHANNEL.request({"op": "query", "db": self._name, "sql": sql, "params": list(params)})
-        if "error" in reply:
-            raise VerifierQueryError(str(reply["error"]), "query")
+        error = reply.get("error")
+        if error:
+            message = error.get("message", error) if isinstance(error, dict) else error
+            raise VerifierQueryError(str(message), "query")
         return reply["rows"]
 
     def one(self, sql: str, *params: Any) -> dict[str, Any] | None:

@@ -1,0 +1,174 @@
+"""The sandbox workers themselves (awm.sandbox): confinement, the protocol's rules, and the server
+side's refusal to trust a worker. The attacks, served through real instances, are in
+test_redteam.py."""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import os
+import time
+import uuid
+
+import pytest
+
+from awm.bundle import EnvBundle
+from awm.sandbox import codec, confine
+from awm.sandbox.pool import WeakIsolation, WorkerFailure, WorkerPool, WorkerSpec, redact
+
+
+def _pool(tools: dict[str, str], **spec) -> WorkerPool:
+    pool = WorkerPool(WorkerSpec(load={"prelude": "", "tools": [{"name": k, "code": v} for k, v in tools.items()]},
+                                 **spec))
+    pool.start()
+    return pool
+
+
+def _no_sql(message):
+    return {"error": {"kind": "forbidden", "message": "no database in this test"}}
+
+
+def test_this_machine_confines_workers_with_every_required_layer():
+    """Landlock and seccomp are what the server insists on; on this machine (and in CI) they must
+    be there, or every env server refuses to run code."""
+    report = confine.probe()
+    assert report.strong, report.missing
+    pool = _pool({"ok": "def ok(db):\n    return 1"})
+    try:
+        assert pool.isolation["strong"] is True
+        assert {"rlimits", "landlock", "seccomp"} <= set(pool.isolation["applied"])
+    finally:
+        pool.close()
+
+
+def test_missing_layers_are_refused_unless_accepted(monkeypatch):
+    monkeypatch.setenv("AWM_SANDBOX_LAYERS", "rlimits")
+    pool = WorkerPool(WorkerSpec(load={"prelude": "", "tools": []}))
+    with pytest.raises(WeakIsolation, match="landlock"):
+        pool.start()
+    pool.close()
+    weak = _pool({"ok": "def ok(db):\n    return 1"}, allow_weak_isolation=True)
+    try:
+        assert weak.isolation["strong"] is False and "seccomp" in weak.isolation["missing"]
+        assert weak.run({"op": "call", "tool": "ok", "arguments": {}}, _no_sql, 5)["value"] == 1
+    finally:
+        weak.close()
+
+
+def test_a_worker_that_speaks_out_of_turn_is_replaced_before_the_next_call():
+    """A signal handler armed by one call writes SQL on the pipe later: nothing it sends between
+    calls is executed, and the worker is replaced."""
+    arm = '''
+def arm(db):
+    import signal, sys
+    w = sys.modules["awm.sandbox.worker"]
+    signal.signal(signal.SIGALRM, lambda *a: w.CHANNEL.send({"op": "sql", "sql": "DELETE FROM t", "params": [], "fetch": "none"}))
+    signal.setitimer(signal.ITIMER_REAL, 0.1)
+    return "armed"
+'''
+    pool = _pool({"arm": arm, "ok": "def ok(db):\n    return 'ok'"})
+    seen = []
+
+    def record(message):
+        seen.append(message)
+        return {"rowcount": 0}
+
+    try:
+        assert pool.run({"op": "call", "tool": "arm", "arguments": {}}, record, 5)["value"] == "armed"
+        first = pool.pids()
+        deadline = time.monotonic() + 5
+        while pool._idle.qsize() and pool._idle.queue[0].quiet() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert pool.run({"op": "call", "tool": "ok", "arguments": {}}, record, 5)["value"] == "ok"
+        assert seen == [] and pool.replaced == 1 and pool.pids() != first
+    finally:
+        pool.close()
+
+
+@pytest.mark.parametrize("code, kind", [
+    ("def t(db):\n    while True:\n        pass", "timeout"),
+    ("def t(db):\n    import os\n    os._exit(3)", "crash"),
+])
+def test_a_looping_or_dying_worker_is_killed_and_replaced(code, kind):
+    pool = _pool({"t": code, "ok": "def ok(db):\n    return 'ok'"})
+    try:
+        with pytest.raises(WorkerFailure) as failure:
+            pool.run({"op": "call", "tool": "t", "arguments": {}}, _no_sql, 1)
+        assert failure.value.kind == kind
+        assert pool.run({"op": "call", "tool": "ok", "arguments": {}}, _no_sql, 5)["value"] == "ok"
+        assert pool.replaced == 1
+    finally:
+        pool.close()
+
+
+def test_workers_die_with_their_server():
+    """A worker asks the kernel for SIGKILL when the process that started it dies."""
+    import subprocess
+    import sys
+
+    script = ("from awm.sandbox.pool import WorkerPool, WorkerSpec\n"
+              "p = WorkerPool(WorkerSpec(load={'prelude': '', 'tools': []}))\n"
+              "p.start()\n"
+              "print(p.pids()[0], flush=True)\n"
+              "import time; time.sleep(60)\n")
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    worker_pid = int(parent.stdout.readline())
+    assert os.path.exists(f"/proc/{worker_pid}")
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while os.path.exists(f"/proc/{worker_pid}") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    gone = not os.path.exists(f"/proc/{worker_pid}") or "Z" in open(f"/proc/{worker_pid}/stat").read().split()[2]
+    assert gone, "the worker outlived its server"
+
+
+def test_host_paths_are_redacted_from_worker_output():
+    import sys
+
+    pool = _pool({"paths": "def paths(db):\n    import sys, json\n    return [sys.path, json.__file__]"})
+    try:
+        value = pool.run({"op": "call", "tool": "paths", "arguments": {}}, _no_sql, 5)["value"]
+    finally:
+        pool.close()
+    text = repr(value)
+    assert sys.base_prefix not in text and "<host>" in text
+    assert redact({"a": [f"{sys.prefix}/x"]}, [sys.prefix]) == {"a": ["<host>/x"]}
+
+
+def test_codec_keeps_database_types():
+    values = {"ts": dt.datetime(2026, 1, 2, 3, 4, 5, 6), "d": dt.date(2026, 1, 2), "t": dt.time(3, 4),
+              "dur": dt.timedelta(seconds=1.5), "dec": decimal.Decimal("19.90"), "id": uuid.uuid4(),
+              "raw": b"\x00\xff", "json": codec.JsonParam({"a": [1]}, True), "plain": [1, "x", None, 2.5]}
+    assert codec.decode(codec.encode(values)) == values
+    with pytest.raises(ValueError):
+        codec.decode(b'{"x": {"$t": "pickle", "v": "..."}}')
+    with pytest.raises(ValueError):
+        codec.decode(b"[1, 2]")
+
+
+async def test_synthesis_reports_hostile_tools_as_repairable_errors(admin_dsn, notes_bundle, monkeypatch):
+    """`awm gen` validates generated tools in the same confined workers: a tool that loops, forks,
+    allocates 10 GB or exits is an error for the next repair attempt, the run goes on, and the
+    LLM key in the synthesising process never reaches the code."""
+    from awm.bundle import Tool
+    from awm.synth.validate import check_tools
+
+    monkeypatch.setenv("AWM_LLM_API_KEY", "sk-synth-must-not-leak")
+    hostile = {
+        "loops": "def loops(db):\n    while True:\n        pass",
+        "forks": "def forks(db):\n    import os\n    return os.fork()",
+        "allocates": "def allocates(db):\n    return len(bytearray(10 * 1024 ** 3))",
+        "exits": "def exits(db):\n    import os\n    os._exit(0)",
+        "reads_key": "def reads_key(db):\n    import os\n    return dict(os.environ)",
+    }
+    tools = [Tool(name=name, description=name, input_schema={"type": "object", "properties": {}}, code=code)
+             for name, code in hostile.items()]
+    bundle = EnvBundle.model_validate({**notes_bundle.model_dump(), "tools": [t.model_dump() for t in tools], "tasks": [],
+                                       "limits": {**notes_bundle.limits.model_dump(), "tool_timeout_s": 2}})
+    errors = await check_tools(admin_dsn, bundle, {name: {} for name in hostile})
+    text = "\n".join(errors)
+    for name in ("loops", "forks", "allocates", "exits"):
+        assert any(e.startswith(f"{name}(") for e in errors), text
+    assert "timeout" in text and "MemoryError" in text and "Operation not permitted" in text
+    assert "sk-synth-must-not-leak" not in text and not any(e.startswith("reads_key(") for e in errors)
