@@ -46,11 +46,26 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
-def children(pid: int) -> list[int]:
+def pss_mb(pid: int) -> float:
+    """Proportional set size: shared pages (the interpreter, libraries) split among their users."""
     try:
-        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) / 1024
     except OSError:
-        return []
+        pass
+    return 0.0
+
+
+def children(pid: int) -> list[int]:
+    """Child processes of every thread of ``pid`` (workers are spawned by a pool thread)."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            found += [int(p) for p in (task / "children").read_text().split()]
+        except OSError:
+            pass
+    return found
 
 
 def read_tool(bundle: EnvBundle) -> tuple[str, dict[str, Any]]:
@@ -99,7 +114,9 @@ async def measure_instance(bundle: EnvBundle, handle, n_resets: int, n_calls: in
             sdk.append((time.perf_counter() - t0) * 1000)
     await control.close()
     server_rss = rss_mb(handle.pid)
-    worker_rss = sum(rss_mb(c) for c in children(handle.pid))
+    workers = children(handle.pid)
+    worker_rss = sum(rss_mb(c) for c in workers)
+    server_pss, worker_pss = pss_mb(handle.pid), sum(pss_mb(c) for c in workers)
     return {
         "tool": tool,
         "reset_p50_ms": pct(reset_ms, 0.5), "reset_p99_ms": pct(reset_ms, 0.99),
@@ -109,8 +126,49 @@ async def measure_instance(bundle: EnvBundle, handle, n_resets: int, n_calls: in
         "tool_call_fastmcp_client_p50_ms": pct(sdk, 0.5), "tool_call_fastmcp_client_p99_ms": pct(sdk, 0.99),
         "episode_overhead_p50_ms": pct(overhead, 0.5),
         "rss_mb_per_instance": round(server_rss + worker_rss, 1),
-        "rss_mb_server": round(server_rss, 1), "rss_mb_verifier_workers": round(worker_rss, 1),
+        "rss_mb_server": round(server_rss, 1), "rss_mb_workers": round(worker_rss, 1),
+        "pss_mb_per_instance": round(server_pss + worker_pss, 1), "pss_mb_server": round(server_pss, 1),
+        "pss_mb_workers": round(worker_pss, 1), "workers": len(workers),
     }
+
+
+# What each confinement layer costs: the same instance measured with layers switched off (weak
+# isolation accepted for the measurement only). "none" is a worker process with no confinement.
+LAYER_STEPS = [("none", ""), ("+namespaces+rlimits", "namespaces,rlimits"),
+               ("+landlock", "namespaces,rlimits,landlock"), ("+seccomp (all)", "namespaces,rlimits,landlock,seccomp")]
+
+
+async def layer_costs(bundle: EnvBundle, database: Database, n_calls: int) -> dict[str, Any]:
+    tool, args = read_tool(bundle)
+    writer = next(t for t in bundle.tasks if len(t.solution) >= 2)
+    out: dict[str, Any] = {}
+    for label, layers in LAYER_STEPS:
+        os.environ["AWM_SANDBOX_LAYERS"] = layers
+        os.environ["AWM_ALLOW_WEAK_ISOLATION"] = "1"
+        try:
+            fleet = LocalFleet([bundle], database=database, fleet_id="layers")
+            await fleet.start()
+        finally:
+            os.environ.pop("AWM_SANDBOX_LAYERS")
+            os.environ.pop("AWM_ALLOW_WEAK_ISOLATION")
+        try:
+            handle = fleet.instances[0]
+            control = ControlClient(handle.control_url)
+            calls, verifies = [], []
+            async with McpSession(handle.mcp_url) as mcp:
+                for _ in range(n_calls):
+                    t0 = time.perf_counter()
+                    await mcp.call_tool(tool, args)
+                    calls.append((time.perf_counter() - t0) * 1000)
+                for _ in range(max(20, n_calls // 10)):
+                    await control.reset(writer.id)
+                    verifies.append((await control.verify(writer.final_answer))["verify_ms"])
+            await control.close()
+            out[label] = {"tool_call_p50_ms": pct(calls, 0.5), "verify_p50_ms": pct(verifies, 0.5),
+                          "worker_pss_mb": round(sum(pss_mb(c) for c in children(handle.pid)), 1)}
+        finally:
+            await fleet.stop()
+    return {"layers": out}
 
 
 async def baseline(bundle: EnvBundle, database: Database, runs: int) -> dict[str, Any]:
@@ -211,6 +269,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         result.update(await baseline(bundle, database, 3 if args.quick else 10))
         result["speedup"] = round(result["baseline_episode_overhead_p50_ms"] / result["episode_overhead_p50_ms"], 1)
         result.update(await throughput(bundle, database, 16, 5 if args.quick else 20))
+        result.update(await layer_costs(bundle, database, 300 if args.quick else 1000))
         import psycopg
         with psycopg.connect(database.admin_dsn) as conn:
             pg_version = conn.execute("SHOW server_version").fetchone()[0]

@@ -131,32 +131,27 @@ def execute_untrusted(conn: psycopg.Connection, sql: str, params: Any, fetch: st
 
     ``fetch`` is ``dicts`` (JSON-ready rows for Python tools), ``tuples`` (typed rows and column
     descriptions for SQLAlchemy) or ``none``. The statement goes through the extended protocol, so
-    the server itself refuses a second statement. Statements that only read go through a
-    server-side cursor, so a huge result set is cut at :data:`MAX_ROWS` instead of filling this
-    process's memory. Raises :class:`SqlForbidden`, :class:`ResultTooLarge` or psycopg's errors.
+    the server itself refuses a second statement. Statements that only read are wrapped in a
+    ``LIMIT``, so a huge result set is cut at :data:`MAX_ROWS` by the database instead of filling
+    this process's memory. Raises :class:`SqlForbidden`, :class:`ResultTooLarge` or psycopg's errors.
     """
     if not isinstance(sql, str):
         raise SqlForbidden("the statement must be a string")
     if not is_app_savepoint(sql):
         check_statement(sql)
     args = _params(params)
-    rows: list[Any]
-    if fetch != "none" and _ROWS_HEAD.match(_NOISE.sub(" ", sql)) and not _WRITES.search(_NOISE.sub(" ", sql)):
-        with conn.cursor(name="awm_untrusted", row_factory=dict_row if fetch == "dicts" else tuple_row) as cur:
-            cur.execute(sql, args)
-            rows = cur.fetchmany(MAX_ROWS + 1)
-            description = cur.description
-            if len(rows) > MAX_ROWS:
-                raise ResultTooLarge(f"the query returned more than {MAX_ROWS} rows")
-            rowcount = len(rows)
-    else:
-        cur = conn.cursor(row_factory=dict_row if fetch == "dicts" else tuple_row)
-        cur.execute(sql, args, prepare=True)
-        description = cur.description
-        rows = cur.fetchmany(MAX_ROWS + 1) if description is not None and fetch != "none" else []
-        if len(rows) > MAX_ROWS:
-            raise ResultTooLarge(f"the statement returned more than {MAX_ROWS} rows")
-        rowcount = cur.rowcount
+    bare = _NOISE.sub(" ", sql)
+    if fetch != "none" and _ROWS_HEAD.match(bare) and not _WRITES.search(bare):
+        # A read: the database stops at MAX_ROWS + 1 rows (wrapping keeps the plan cacheable,
+        # unlike a server-side cursor); the statement inside is the one the guard checked.
+        sql = f"SELECT * FROM (\n{sql.rstrip().rstrip(';')}\n) AS awm_rows LIMIT {MAX_ROWS + 1}"
+    cur = conn.cursor(row_factory=dict_row if fetch == "dicts" else tuple_row)
+    cur.execute(sql, args, prepare=True)
+    description = cur.description
+    rows: list[Any] = cur.fetchmany(MAX_ROWS + 1) if description is not None and fetch != "none" else []
+    if len(rows) > MAX_ROWS:
+        raise ResultTooLarge(f"the statement returned more than {MAX_ROWS} rows")
+    rowcount = cur.rowcount
     reply: dict[str, Any] = {"rowcount": rowcount}
     if fetch == "dicts":
         reply["rows"] = [{k: to_json_value(v) for k, v in row.items()} for row in rows]
