@@ -19,11 +19,11 @@ Code contracts (all code in a bundle is untrusted and runs sandboxed):
 Imported environments (``awm catalog import``, AWM-1K format) use three optional additions:
 
 * ``EnvBundle.app``: a FastAPI + SQLAlchemy application; a tool with a ``route`` is an HTTP
-  route of it (``envserver/asgi_runtime.py`` serves it in-process, inside the episode
-  transaction) instead of a Python function.
+  route of it (``awm/sandbox/appshim.py`` serves it in the confined worker; its statements run
+  inside the episode transaction) instead of a Python function.
 * ``Verifier.inputs = "sqlite"``: the AWM verifier convention,
-  ``<entrypoint>(initial_db_path, final_db_path, final_answer)``, given read-only SQLite files of
-  the snapshot and of the final state, built from ``Database.sqlite_ddl``.
+  ``<entrypoint>(initial_db_path, final_db_path, final_answer)``, given read-only SQLite databases
+  of the snapshot and of the final state (opened in memory), built from ``Database.sqlite_ddl``.
 """
 
 from __future__ import annotations
