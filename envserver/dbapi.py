@@ -1,8 +1,9 @@
-"""The database handle that tool code receives as ``db``.
+"""The server side of untrusted code's SQL: the statement guard and its one way to run.
 
-Tool code is untrusted. The handle exposes four calls, executes exactly one statement per call
-(psycopg's extended protocol refuses a second one), and refuses statements that would end or
-escape the episode transaction (COMMIT, ROLLBACK, SET ROLE, ...). Values come back JSON-ready.
+Tool, verifier and app code runs in a confined worker (``awm/sandbox``) and sends statements over
+a pipe; :func:`execute_untrusted` runs each on the instance's connection (one statement per call,
+psycopg's extended protocol refuses a second), after :func:`check_statement` refuses anything that
+would end or escape the episode transaction. Values come back JSON-ready for Python tools.
 """
 
 from __future__ import annotations
@@ -159,38 +160,3 @@ def execute_untrusted(conn: psycopg.Connection, sql: str, params: Any, fetch: st
         reply["rows"] = rows
         reply["columns"] = [[c.name, c.type_code] for c in description] if description is not None else None
     return reply
-
-
-class Db:
-    """``query``/``one``/``scalar``/``execute`` with ``%s`` placeholders, on one connection."""
-
-    __slots__ = ("_conn",)
-
-    def __init__(self, conn: psycopg.Connection) -> None:
-        self._conn = conn
-
-    def _run(self, sql: str, params: tuple[Any, ...]) -> psycopg.Cursor:
-        check_statement(sql)
-        cur = self._conn.cursor(row_factory=dict_row)
-        # A prepared statement holds exactly one SQL statement, so "SELECT 1; COMMIT" is refused
-        # by the server itself; preparing also makes the repeated statements of a tool cheaper.
-        cur.execute(sql, params, prepare=True)
-        return cur
-
-    def query(self, sql: str, *params: Any) -> list[dict[str, Any]]:
-        cur = self._run(sql, params)
-        if cur.description is None:
-            return []
-        return [{k: to_json_value(v) for k, v in row.items()} for row in cur.fetchall()]
-
-    def one(self, sql: str, *params: Any) -> dict[str, Any] | None:
-        rows = self.query(sql, *params)
-        return rows[0] if rows else None
-
-    def scalar(self, sql: str, *params: Any) -> Any:
-        row = self.one(sql, *params)
-        return next(iter(row.values())) if row else None
-
-    def execute(self, sql: str, *params: Any) -> int:
-        """Run a write; returns the number of rows affected."""
-        return self._run(sql, params).rowcount

@@ -35,7 +35,7 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_e
 from awm.postgres import snapshot as snap
 from awm.postgres.provision import READER_ROLE
 from awm.sandbox.pool import WorkerPool
-from envserver.dbapi import Db, ResultTooLarge, SqlForbidden, check_statement, execute_untrusted, to_json_value
+from envserver.dbapi import ResultTooLarge, SqlForbidden, execute_untrusted, to_json_value
 
 T = TypeVar("T")
 
@@ -279,12 +279,11 @@ class EpisodeDatabase:
     def read_query(self, initial: bool, query: str, params: list[Any]) -> list[dict[str, Any]]:
         """A verifier's query: read-only role, inside a savepoint that is always rolled back.
         ``initial`` reads the snapshot copy instead of the live tables."""
-        check_statement(query)
         schema = snap.SNAPSHOT_SCHEMA if initial else "public"
 
         def run(conn: psycopg.Connection) -> list[dict[str, Any]]:
             with self._read_only(schema):
-                return Db(conn).query(query, *params)
+                return execute_untrusted(conn, query, list(params), "dicts")["rows"]
 
         return self._guard(run)
 

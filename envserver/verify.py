@@ -11,7 +11,6 @@ instance keeps serving.
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -70,8 +69,3 @@ def _verdict(reply: dict[str, Any]) -> Verdict:
             reason = "verifier exceeded its memory limit"
         return Verdict("error", reason, kind)
     return Verdict("error", f"verifier sent an unknown message {op!r}", "crash")
-
-
-def scrubbed_env() -> dict[str, str]:
-    """What a child process of the env server may inherit: nothing secret."""
-    return {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "TZ")}

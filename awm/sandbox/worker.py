@@ -89,13 +89,11 @@ def sql_request(sql: str, params: Any, **extra: Any) -> dict[str, Any]:
     return reply
 
 
-class Db:
-    """The ``db`` a Python tool receives: ``%s`` placeholders, one statement per call."""
-
-    __slots__ = ()
+class _Rows:
+    """``one`` and ``scalar`` on top of a ``query`` that returns a list of row dicts."""
 
     def query(self, sql: str, *params: Any) -> list[dict[str, Any]]:
-        return sql_request(sql, list(params), fetch="dicts")["rows"]
+        raise NotImplementedError
 
     def one(self, sql: str, *params: Any) -> dict[str, Any] | None:
         rows = self.query(sql, *params)
@@ -105,12 +103,19 @@ class Db:
         row = self.one(sql, *params)
         return next(iter(row.values())) if row else None
 
+
+class Db(_Rows):
+    """The ``db`` a Python tool receives: ``%s`` placeholders, one statement per call."""
+
+    def query(self, sql: str, *params: Any) -> list[dict[str, Any]]:
+        return sql_request(sql, list(params), fetch="dicts")["rows"]
+
     def execute(self, sql: str, *params: Any) -> int:
         """Run a write; returns the number of rows affected."""
         return int(sql_request(sql, list(params), fetch="none")["rowcount"])
 
 
-class ReadOnlyDb:
+class ReadOnlyDb(_Rows):
     """The ``final`` / ``initial`` a verifier receives: read-only queries, never writes."""
 
     def __init__(self, name: str) -> None:
@@ -124,14 +129,6 @@ class ReadOnlyDb:
             message = error.get("message", error) if isinstance(error, dict) else error
             raise VerifierQueryError(str(message), "query")
         return reply["rows"]
-
-    def one(self, sql: str, *params: Any) -> dict[str, Any] | None:
-        rows = self.query(sql, *params)
-        return rows[0] if rows else None
-
-    def scalar(self, sql: str, *params: Any) -> Any:
-        row = self.one(sql, *params)
-        return next(iter(row.values())) if row else None
 
 
 # -- AWM-style verifiers: SQLite databases handed over as bytes, opened in memory ----------------
