@@ -72,7 +72,12 @@ class EnvInstance:
         await self._db(self.db.connect)
         await self._db(lambda: self.db.reset(verify=True))  # prove the clone is pristine
         await asyncio.get_running_loop().run_in_executor(None, self.pool.start)
-        log.info("worker isolation: %s", self.pool.isolation)
+        isolation = self.pool.isolation
+        if isolation.get("strong"):
+            log.info("untrusted code confined by %s", ", ".join(isolation.get("applied", [])))
+        else:  # only reachable with --allow-weak-isolation: say so loudly, every start
+            log.warning("WEAK ISOLATION accepted: untrusted code runs without %s",
+                        ", ".join(f"{k} ({v})" for k, v in isolation.get("missing", {}).items()))
 
     async def close(self) -> None:
         self.pool.close()
