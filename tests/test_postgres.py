@@ -98,6 +98,21 @@ def test_bad_seed_row_is_reported_precisely(admin_dsn, notes_bundle):
                             (provision.template_name(broken),)).fetchone()[0] == 0
 
 
+def _connect_once_free(dsn: str) -> psycopg.Connection:
+    """The instance role may hold one connection; the previous test connection's backend may
+    still be exiting (a client's close does not wait for it)."""
+    import time
+
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            return psycopg.connect(dsn, autocommit=True)
+        except psycopg.OperationalError as exc:
+            if "too many connections" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 def test_instance_role_reaches_only_its_own_database(admin_dsn, notes_bundle):
     template = provision.ensure_template(admin_dsn, notes_bundle)
     a = provision.create_instance(admin_dsn, template, "awm_i_iso_a")
@@ -110,7 +125,7 @@ def test_instance_role_reaches_only_its_own_database(admin_dsn, notes_bundle):
         for other in (b.dbname, template.dbname, "postgres", "template1"):
             with pytest.raises(psycopg.OperationalError):
                 psycopg.connect(_dsn(a.dsn, dbname=other))
-        with psycopg.connect(a.dsn, autocommit=True) as conn:
+        with _connect_once_free(a.dsn) as conn:
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 conn.execute("SET ROLE awm")  # no way up to the admin
     finally:
