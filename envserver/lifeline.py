@@ -7,7 +7,8 @@ on, parented to init, for as long as the machine is up. The fleet names itself i
 (``PR_SET_PDEATHSIG``) as the first thing its ``main`` does, then checks that its parent is still
 that process, which closes the race of a parent that died between fork and the ``prctl``. We do not
 use ``preexec_fn`` (unsafe in a process with threads). SIGTERM, not SIGKILL: the server then stops
-as on any other SIGTERM, closing its workers' pipes so they exit too.
+as on any other SIGTERM, closing its workers' pipes so they exit too. The kernel's "parent" is the
+thread that forked: asyncio spawns from its event loop's thread, which outlives the fleet it runs.
 
 Env servers in pods have no ``AWM_PARENT_PID`` (they are the container's main process) and are
 unaffected.
