@@ -21,6 +21,8 @@ import ctypes.util
 import os
 import signal
 import sys
+import threading
+import time
 
 PARENT_ENV = "AWM_PARENT_PID"
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -28,16 +30,23 @@ PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 def die_with_parent(sig: int = signal.SIGTERM) -> None:
     """If ``AWM_PARENT_PID`` names our parent, have the kernel send ``sig`` when it dies; exit now
-    if it is already gone. Raises OSError where the kernel refuses (the child must not run
+    if it is already gone. Raises OSError if the kernel refuses (the child must not run
     unsupervised without saying so)."""
     expected = os.environ.pop(PARENT_ENV, None)
     if not expected:
         return
-    if not sys.platform.startswith("linux"):
-        raise OSError(f"{PARENT_ENV} is set, but PR_SET_PDEATHSIG needs Linux")
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    if libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
-        errno = ctypes.get_errno()
-        raise OSError(errno, f"prctl(PR_SET_PDEATHSIG): {os.strerror(errno)}")
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+            errno = ctypes.get_errno()
+            raise OSError(errno, f"prctl(PR_SET_PDEATHSIG): {os.strerror(errno)}")
+    else:  # no parent-death signal elsewhere (macOS): notice reparenting instead, once a second
+        threading.Thread(target=_watch, args=(int(expected), sig), name="lifeline", daemon=True).start()
     if os.getppid() != int(expected):  # the parent died before the prctl: nobody will signal us
         sys.exit(f"envserver: the process that started us ({expected}) is gone; exiting")
+
+
+def _watch(parent: int, sig: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os.kill(os.getpid(), sig)
