@@ -85,6 +85,7 @@ async def serve(args: argparse.Namespace) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await asyncio.wait([asyncio.create_task(stop.wait()), *tasks], return_when=asyncio.FIRST_COMPLETED)
+    signal.alarm(15)  # a shutdown that hangs (a wedged worker or database) still ends: SIGALRM kills
     for server in servers:
         server.should_exit = True
     await asyncio.gather(*tasks, return_exceptions=True)
