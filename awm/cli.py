@@ -116,15 +116,25 @@ def serve(
     database_url: DbUrlOpt = None,
     verifier_workers: Annotated[int, typer.Option(min=1, help="Warm verifier workers per instance.")] = 1,
     as_json: Annotated[bool, typer.Option("--json", help="Print the instances as JSON lines.")] = False,
+    allowed_host: Annotated[Optional[list[str]], typer.Option(
+        help="Another Host name the instances answer to, besides loopback names and the bind address "
+             "(repeatable; '*' wildcards; also AWM_ALLOWED_HOSTS, comma-separated).")] = None,
+    allowed_origin: Annotated[Optional[list[str]], typer.Option(
+        help="A browser Origin the instances trust besides their own, e.g. https://ui.example.com "
+             "(repeatable; also AWM_ALLOWED_ORIGINS).")] = None,
 ) -> None:
-    """Start N instances of the chosen environments as local processes on one Postgres."""
+    """Start N instances of the chosen environments as local processes on one Postgres.
+
+    Every instance refuses requests whose Host or Origin header is not its own (DNS-rebinding
+    protection, required by the MCP specification): 421 for a Host, 403 for an Origin."""
     from awm.fleet import Database, LocalFleet
 
     bundles = _load(catalog, env)
 
     async def run() -> None:
         database = await asyncio.to_thread(Database.open, database_url)
-        fleet = LocalFleet(bundles, replicas, database, verifier_workers=verifier_workers, host=host)
+        fleet = LocalFleet(bundles, replicas, database, verifier_workers=verifier_workers, host=host,
+                           allowed_hosts=allowed_host, allowed_origins=allowed_origin)
         try:
             with console.status(f"starting {len(bundles) * replicas} instances..."):
                 await fleet.start()

@@ -6,7 +6,9 @@ nothing else of ours), waits for each to announce its URLs, restarts any that di
 ports, and on exit stops them and drops their databases. A fleet that could not clean up (killed,
 machine lost power) leaves databases behind; each instance's database comment names the host and
 the owning process (pid and start time), so the next fleet on that host drops those whose owner is
-gone (``reap_abandoned``; also ``awm postgres gc``).
+gone (``reap_abandoned``; also ``awm postgres gc``). The env servers themselves never outlive the
+fleet's process: each learns its parent's pid (``AWM_PARENT_PID``) and has the kernel stop it when
+that process dies, however it dies (envserver.lifeline).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from awm.postgres.server import EmbeddedPostgres
 
 log = logging.getLogger("awm.fleet")
 _INHERITED = ("PATH", "LANG", "LC_ALL", "TZ", "PYTHONPATH", "HOME", "MALLOC_ARENA_MAX",
-              "AWM_ALLOW_WEAK_ISOLATION", "AWM_SANDBOX_LAYERS")
+              "AWM_ALLOW_WEAK_ISOLATION", "AWM_SANDBOX_LAYERS", "AWM_ALLOWED_HOSTS", "AWM_ALLOWED_ORIGINS")
 
 
 class FleetError(RuntimeError):
@@ -118,7 +120,8 @@ class InstanceHandle:
 class LocalFleet:
     def __init__(self, bundles: list[EnvBundle], replicas: int = 1, database: Database | None = None,
                  verifier_workers: int = 1, host: str = "127.0.0.1", start_timeout_s: float = 120.0,
-                 fleet_id: str | None = None) -> None:
+                 fleet_id: str | None = None, allowed_hosts: list[str] | None = None,
+                 allowed_origins: list[str] | None = None) -> None:
         if replicas < 1:
             raise FleetError("replicas must be at least 1")
         self.bundles = bundles
@@ -126,6 +129,10 @@ class LocalFleet:
         self.database = database
         self.verifier_workers = verifier_workers
         self.host = host
+        # Host names and browser origins the env servers accept besides their own (DNS-rebinding
+        # protection; envserver.hostguard).
+        self.allowed_hosts = list(allowed_hosts or [])
+        self.allowed_origins = list(allowed_origins or [])
         self.start_timeout_s = start_timeout_s
         self.instances: list[InstanceHandle] = []
         self.fleet_id = fleet_id or secrets.token_hex(3)
@@ -177,10 +184,13 @@ class LocalFleet:
     async def _launch(self, handle: InstanceHandle) -> None:
         env = {k: v for k, v in os.environ.items() if k in _INHERITED}
         env["AWM_INSTANCE_DSN"] = handle.db.dsn
+        env["AWM_PARENT_PID"] = str(os.getpid())  # it exits when we do, even by SIGKILL
+        guard_args = [*(a for h in self.allowed_hosts for a in ("--allowed-host", h)),
+                      *(a for o in self.allowed_origins for a in ("--allowed-origin", o))]
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "envserver", "--bundle", str(handle.bundle_path), "--name", handle.name,
             "--host", self.host, "--mcp-port", str(handle.mcp_port), "--control-port", str(handle.control_port),
-            "--verifier-workers", str(self.verifier_workers),
+            "--verifier-workers", str(self.verifier_workers), *guard_args,
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             env=env, start_new_session=True,
         )

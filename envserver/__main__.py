@@ -7,6 +7,10 @@ The DSN comes from the environment, never argv (visible to every user in ``ps``)
 file named by ``AWM_INSTANCE_DSN_FILE`` (a Kubernetes pod's init container writes it there). Port 0 picks a
 free port; once both servers listen the process prints one JSON line on stdout:
 ``{"event": "ready", "mcp_url": ..., "control_url": ...}``.
+
+Both listeners refuse requests whose ``Host`` or ``Origin`` is not this server's (DNS-rebinding
+protection, envserver.hostguard): add names with ``--allowed-host`` / ``AWM_ALLOWED_HOSTS`` and
+browser origins with ``--allowed-origin`` / ``AWM_ALLOWED_ORIGINS`` (comma-separated).
 """
 
 from __future__ import annotations
@@ -23,8 +27,10 @@ from pathlib import Path
 import uvicorn
 
 from awm.bundle import EnvBundle
+from envserver import hostguard
 from envserver.control import build_control
 from envserver.instance import EnvInstance
+from envserver.lifeline import die_with_parent
 from envserver.mcp import build_mcp
 
 
@@ -43,13 +49,17 @@ async def serve(args: argparse.Namespace) -> None:
     instance = EnvInstance(bundle, dsn, args.name or bundle.name, verifier_workers=args.verifier_workers,
                            allow_weak_isolation=args.allow_weak_isolation)
     await instance.start()
+    control_host = args.control_host or args.host
+    hosts = hostguard.allowed_hosts([args.host, control_host], args.allowed_host)
+    origins = hostguard.allowed_origins(args.allowed_origin)
     mcp_app = build_mcp(instance).http_app(path="/mcp", json_response=args.json_response,
-                                            host_origin_protection=False)
-    control_app = build_control(instance)
+                                            host_origin_protection=True, allowed_hosts=hosts,
+                                            allowed_origins=origins)
+    control_app = build_control(instance, middleware=[hostguard.guard(hosts, origins)])
     servers = [
         uvicorn.Server(uvicorn.Config(mcp_app, host=args.host, port=args.mcp_port, log_level="warning",
                                       access_log=False, lifespan="on", timeout_graceful_shutdown=2)),
-        uvicorn.Server(uvicorn.Config(control_app, host=args.control_host or args.host, port=args.control_port,
+        uvicorn.Server(uvicorn.Config(control_app, host=control_host, port=args.control_port,
                                       log_level="warning", access_log=False, lifespan="off",
                                       timeout_graceful_shutdown=2)),
     ]
@@ -76,6 +86,7 @@ async def serve(args: argparse.Namespace) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await asyncio.wait([asyncio.create_task(stop.wait()), *tasks], return_when=asyncio.FIRST_COMPLETED)
+    signal.alarm(15)  # a shutdown that hangs (a wedged worker or database) still ends: SIGALRM kills
     for server in servers:
         server.should_exit = True
     await asyncio.gather(*tasks, return_exceptions=True)
@@ -83,6 +94,7 @@ async def serve(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    die_with_parent()  # first: a local fleet's env server must not outlive the fleet
     parser = argparse.ArgumentParser(prog="python -m envserver", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--bundle", required=True, help="bundle JSON file")
@@ -98,6 +110,12 @@ def main(argv: list[str] | None = None) -> None:
                         default=os.environ.get("AWM_ALLOW_WEAK_ISOLATION") == "1",
                         help="run untrusted code even where the kernel lacks Landlock or seccomp "
                              "(also AWM_ALLOW_WEAK_ISOLATION=1); /info says what is missing")
+    parser.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                        help="another Host name to answer to (repeatable; '*' wildcards; also "
+                             f"{hostguard.HOSTS_ENV}, comma-separated)")
+    parser.add_argument("--allowed-origin", action="append", default=[], metavar="ORIGIN",
+                        help="a browser Origin to trust, e.g. https://ui.example.com (repeatable; also "
+                             f"{hostguard.ORIGINS_ENV})")
     parser.add_argument("--sse", dest="json_response", action="store_false",
                         help="answer MCP requests as SSE streams instead of plain JSON")
     args = parser.parse_args(argv)

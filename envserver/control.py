@@ -16,6 +16,7 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -36,7 +37,8 @@ async def _body(request: Request) -> dict[str, Any]:
     return data
 
 
-def build_control(instance: EnvInstance) -> Starlette:
+def build_control(instance: EnvInstance, middleware: list[Middleware] | None = None) -> Starlette:
+    """The control app; ``middleware`` is the Host/Origin guard (envserver.hostguard)."""
     async def handle(call):  # type: ignore[no-untyped-def]
         try:
             return JSONResponse(await call())
@@ -90,4 +92,4 @@ def build_control(instance: EnvInstance) -> Starlette:
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
-    ])
+    ], middleware=middleware)

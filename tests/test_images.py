@@ -29,6 +29,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import require
+
 ROOT = Path(__file__).resolve().parent.parent
 IMAGES = ROOT / "images"
 NAMES = ["envserver", "operator", "trainer", "catalog"]
@@ -247,11 +249,8 @@ def test_operator_image_entrypoint(tmp_path: Path) -> None:
 
     from tests.test_chart import harness
 
-    if not harness.binaries_present():
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"Kubernetes test binaries missing in {harness.default_bin_dir()} (CI=true)")
-        pytest.skip(f"Kubernetes test binaries missing in {harness.default_bin_dir()}: run k8s/build.sh "
-                    "(the entrypoint's imports were checked)")
+    require(harness.binaries_present(), f"Kubernetes test binaries missing in {harness.default_bin_dir()}: "
+            "run k8s/build.sh (the entrypoint's imports were checked)")
     cp = harness.ControlPlane(nodes=1)
     cp.start(tmp_path / "k8s")
     proc = None
@@ -323,8 +322,9 @@ def test_trainer_image_entrypoint(tmp_path: Path) -> None:
     try:
         torch_version = metadata.version("torch")
     except metadata.PackageNotFoundError:
-        pytest.skip("torch is not installed in the test environment, and the trainer image's "
-                    "`pip install .[trainer]` would download ~3 GB of torch + CUDA wheels")
+        torch_version = None
+    require(torch_version, "torch is not installed in the test environment, and the trainer image's "
+            "`pip install .[trainer]` would download ~3 GB of torch + CUDA wheels")
     built = replay("trainer", tmp_path, preinstall=_seed_torch)
     argv = entrypoint("trainer")
     for sub in ("train", "eval", "agent"):

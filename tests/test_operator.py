@@ -72,7 +72,10 @@ def test_pod_manifest_follows_the_contract() -> None:
     assert server["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "control"}
     assert server["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "control"}
     # The env server reads its DSN from a file and never sees the admin Secret.
-    assert {e["name"] for e in server["env"]} == {"POD_NAME", "AWM_INSTANCE_DSN_FILE"}
+    assert {e["name"] for e in server["env"]} == {"POD_NAME", "AWM_INSTANCE_DSN_FILE", "AWM_ALLOWED_HOSTS"}
+    # It answers to Services in its namespace (and to its pod IP by itself), to nothing else.
+    assert {e["name"]: e.get("value") for e in server["env"]}["AWM_ALLOWED_HOSTS"] == \
+        f"*.{meta['namespace']}.svc,*.{meta['namespace']}.svc.cluster.local"
     assert "secretKeyRef" not in json.dumps(server)
     for c in (bundle, prov, server):
         sc = c["securityContext"]

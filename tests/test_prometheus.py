@@ -4,7 +4,6 @@ CI installs Prometheus from Debian's packages (.ci/run); elsewhere the test is s
 binary is missing, except under CI=true where a missing Prometheus is a failure."""
 
 import asyncio
-import os
 import shutil
 import socket
 import subprocess
@@ -14,6 +13,7 @@ import httpx
 import pytest
 
 from awm.client import ControlClient, McpSession
+from tests.conftest import require
 
 PROMETHEUS = shutil.which("prometheus")
 
@@ -26,10 +26,7 @@ def _free_port() -> int:
 
 @pytest.fixture
 def prometheus_bin():
-    if PROMETHEUS is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("prometheus is not installed (CI must install it)")
-        pytest.skip("prometheus not installed")
+    require(PROMETHEUS is not None, "prometheus is not installed (.ci/run installs it from Debian's packages)")
     return PROMETHEUS
 
 
