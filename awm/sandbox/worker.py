@@ -220,7 +220,10 @@ class Worker:
         namespace: dict[str, Any] = {"ToolError": ToolError, "__name__": "awm_tools"}
         exec(compile(message.get("prelude") or "", "<tool prelude>", "exec"), namespace)
         for tool in message.get("tools") or []:
-            exec(compile(tool["code"], f"<tool {tool['name']}>", "exec"), namespace)
+            try:
+                exec(compile(tool["code"], f"<tool {tool['name']}>", "exec"), namespace)
+            except Exception as exc:  # the load error names the tool, for the repair prompt
+                raise RuntimeError(f"tool {tool['name']}: {type(exc).__name__}: {exc}") from None
             fn = namespace.get(tool["name"])
             if not callable(fn):
                 raise ValueError(f"tool {tool['name']!r}: its code does not define {tool['name']}()")

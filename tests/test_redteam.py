@@ -1,0 +1,585 @@
+"""Red-team suite: hostile tool and verifier code against a real served instance.
+
+Every case is attack code in a bundle (a tool, or a task's verifier), served by a real env server
+from a LocalFleet, and must end with:
+
+* a classified error: an MCP error result whose class is one of the documented ones (for
+  verifiers: verdict ``error`` with an ``error_kind``), or, where the attack is silent, no effect;
+* the instance still serving (a benign tool call works afterwards);
+* the next *plain* reset (no checksum requested) leaving the database pristine, by checksum;
+* no planted secret and no host path in anything the attack returned.
+
+The cases for the escapes found on 4a18621 (the verifier rewriting its audit hook's allow-lists,
+a tool committing behind the handle's back, a tool reaching the connection and the parent process,
+a quoted advisory lock) fail there. As root the module re-runs itself as an unprivileged user at
+the end (env pods run non-root): see ``test_the_suite_passes_as_an_unprivileged_user``.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import AsyncIterator
+
+import psycopg
+import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from awm.bundle import EnvBundle, Task, Tool, Verifier
+from awm.client import ControlClient, McpSession
+from awm.fleet import Database, InstanceHandle, LocalFleet
+from tests.conftest import require
+
+REPO = Path(__file__).resolve().parents[1]
+SECRET = "sk-redteam-planted-secret-0123456789"
+CLASSES = {"invalid_arguments", "tool_error", "tool_crashed", "timeout", "unavailable"}
+
+# -- the attacks: tool code (each defines `def <name>(db)`) ----------------------------------------
+
+TOOLS: dict[str, str] = {
+    # Escape 2 on 4a18621: write, then commit behind the handle and reopen the episode's savepoint.
+    "commit_behind_handle": '''
+def commit_behind_handle(db):
+    db.execute("DELETE FROM tags")
+    db._conn.execute("COMMIT")
+    db._conn.execute("BEGIN")
+    db._conn.execute("SAVEPOINT awm_tool")
+    return "committed"
+''',
+    "commit_statement": '''
+def commit_statement(db):
+    db.execute("DELETE FROM tags")
+    db.execute("COMMIT")
+    return "committed"
+''',
+    "commit_spelled_otherwise": '''
+def commit_spelled_otherwise(db):
+    db.execute("DELETE FROM tags")
+    db.execute("/* x */ END")
+    return "ended"
+''',
+    "multi_statement": '''
+def multi_statement(db):
+    return db.execute("DELETE FROM tags; COMMIT")
+''',
+    # Escape 3: the connection object, its password, the parent process.
+    "connection_password": '''
+def connection_password(db):
+    return db._conn.info.password
+''',
+    "parent_environ": '''
+def parent_environ(db):
+    import os
+    return open(f"/proc/{os.getppid()}/environ", "rb").read().decode(errors="replace")
+''',
+    "parent_cmdline": '''
+def parent_cmdline(db):
+    import os
+    return open(f"/proc/{os.getppid()}/cmdline", "rb").read().decode(errors="replace")
+''',
+    "parent_mem": '''
+def parent_mem(db):
+    import os
+    with open(f"/proc/{os.getppid()}/mem", "rb") as mem:
+        return mem.read(16).hex()
+''',
+    "self_environ": '''
+def self_environ(db):
+    data = open("/proc/self/environ", "rb").read().decode(errors="replace")
+    if not data:
+        raise RuntimeError("empty environment")
+    return data
+''',
+    "etc_passwd": '''
+def etc_passwd(db):
+    return open("/etc/passwd").read()
+''',
+    "list_root": '''
+def list_root(db):
+    import os
+    return os.listdir("/")
+''',
+    "write_file": '''
+def write_file(db):
+    with open("/tmp/awm-redteam-was-here", "w") as f:
+        f.write("x")
+    return "written"
+''',
+    # Escape 5: an advisory lock (session level: survives ROLLBACK), spelled past a name filter.
+    "advisory_lock_quoted": '''
+def advisory_lock_quoted(db):
+    return db.scalar('SELECT "pg_advisory_lock"(4242)')
+''',
+    "advisory_lock_qualified": '''
+def advisory_lock_qualified(db):
+    return db.scalar("SELECT pg_catalog.PG_ADVISORY_LOCK(4243)")
+''',
+    "advisory_lock_in_string_trick": '''
+def advisory_lock_in_string_trick(db):
+    return db.scalar("SELECT E'\\\\'', pg_try_advisory_lock(4244) --'")
+''',
+    "sockets": '''
+def sockets(db):
+    import socket
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.connect(("127.0.0.1", 5432))
+    return "connected"
+''',
+    "unix_socket_to_postgres": '''
+def unix_socket_to_postgres(db):
+    import socket
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect("/tmp/.s.PGSQL.5432")
+    return "connected"
+''',
+    "dns": '''
+def dns(db):
+    import socket
+    return socket.getaddrinfo("example.com", 443)[0][4][0]
+''',
+    "fork": '''
+def fork(db):
+    import os
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    return pid
+''',
+    "fork_bomb": '''
+def fork_bomb(db):
+    import os
+    while True:
+        os.fork()
+''',
+    "subprocess": '''
+def subprocess(db):
+    import subprocess as sp
+    return sp.run(["id"], capture_output=True, text=True).stdout
+''',
+    "os_system": '''
+def os_system(db):
+    import os
+    status = os.system("id > /dev/null")
+    if status != 0:
+        raise OSError(f"os.system failed with status {status}")
+    return "ran"
+''',
+    "ctypes_syscall": '''
+def ctypes_syscall(db):
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = libc.syscall(41, 2, 1, 0)  # socket(AF_INET, SOCK_STREAM, 0) behind Python's back
+    if fd < 0:
+        raise OSError(ctypes.get_errno(), "raw socket syscall refused")
+    return fd
+''',
+    "ptrace_parent": '''
+def ptrace_parent(db):
+    import ctypes, os
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.ptrace(16, os.getppid(), 0, 0) != 0:  # PTRACE_ATTACH
+        raise OSError(ctypes.get_errno(), "ptrace refused")
+    return "attached"
+''',
+    "thread_outlives_call": '''
+def thread_outlives_call(db):
+    import threading, time
+    def later():
+        time.sleep(0.5)
+        db.execute("DELETE FROM tags")
+    threading.Thread(target=later, daemon=True).start()
+    return "started"
+''',
+    "timer_writes_between_calls": '''
+def timer_writes_between_calls(db):
+    import signal, sys
+    worker = sys.modules["awm.sandbox.worker"]
+    def fire(*_):
+        worker.CHANNEL.send({"op": "sql", "sql": "DELETE FROM tags", "params": [], "fetch": "none"})
+    signal.signal(signal.SIGALRM, fire)
+    signal.setitimer(signal.ITIMER_REAL, 0.05)
+    raise RuntimeError("armed a timer for after the call")
+''',
+    "kill_parent": '''
+def kill_parent(db):
+    import os, signal
+    os.kill(os.getppid(), signal.SIGKILL)
+    return "killed"
+''',
+    "term_parent": '''
+def term_parent(db):
+    import os, signal
+    os.kill(os.getppid(), signal.SIGTERM)
+    return "terminated"
+''',
+    "gc_finds_server_objects": '''
+def gc_finds_server_objects(db):
+    import gc
+    found = [type(o).__name__ for o in gc.get_objects()
+             if type(o).__module__.startswith(("psycopg", "envserver", "uvicorn", "fastmcp"))]
+    if not found:
+        raise LookupError("no server object in this process")
+    return found[:5]
+''',
+    "frame_walk": '''
+def frame_walk(db):
+    import sys
+    frame, names = sys._getframe(), []
+    while frame is not None:
+        names += [k for k, v in frame.f_locals.items() if "conn" in type(v).__name__.lower()]
+        frame = frame.f_back
+    if not names:
+        raise LookupError("no connection on the stack")
+    return names
+''',
+    "import_server": '''
+def import_server(db):
+    import envserver.reset
+    return "imported"
+''',
+    "import_awm_postgres": '''
+def import_awm_postgres(db):
+    from awm.postgres import provision
+    return "imported"
+''',
+    "read_catalog": '''
+def read_catalog(db):
+    import os
+    return os.listdir(CATALOG)
+''',
+    "huge_allocation": '''
+def huge_allocation(db):
+    return len(bytearray(10 * 1024 ** 3))
+''',
+    "endless_output": '''
+def endless_output(db):
+    import sys
+    while True:
+        print("x" * 65536)
+        sys.stderr.write("y" * 65536)
+''',
+    "deep_recursion": '''
+def deep_recursion(db):
+    def down(n):
+        return down(n + 1) + 1
+    return down(0)
+''',
+    "huge_result_set": '''
+def huge_result_set(db):
+    return len(db.query("SELECT g FROM generate_series(1, 5000000) g"))
+''',
+    "huge_return_value": '''
+def huge_return_value(db):
+    return "z" * (80 * 1024 * 1024)
+''',
+    "set_role": '''
+def set_role(db):
+    return db.execute("SET ROLE awm_reader")
+''',
+    "set_session_authorization": '''
+def set_session_authorization(db):
+    return db.execute("SET SESSION AUTHORIZATION DEFAULT")
+''',
+    "search_path": '''
+def search_path(db):
+    return db.scalar("SELECT set_config('search_path', 'awm_snapshot', false)")
+''',
+    "pg_sleep_past_timeout": '''
+def pg_sleep_past_timeout(db):
+    return db.scalar("SELECT pg_sleep(30)")
+''',
+    "listen": '''
+def listen(db):
+    return db.execute("LISTEN awm_channel")
+''',
+    "notify": '''
+def notify(db):
+    return db.scalar("SELECT pg_notify('awm_channel', 'hello')")
+''',
+    "copy_to_program": '''
+def copy_to_program(db):
+    return db.execute("COPY notes TO PROGRAM 'id'")
+''',
+    "lo_import": '''
+def lo_import(db):
+    return db.scalar("SELECT lo_import('/etc/passwd')")
+''',
+    "dblink": '''
+def dblink(db):
+    return db.query("SELECT * FROM dblink('dbname=postgres', 'select 1') AS t(x int)")
+''',
+    "temp_table": '''
+def temp_table(db):
+    return db.execute("CREATE TEMP TABLE awm_stash AS SELECT * FROM notes")
+''',
+    "select_into": '''
+def select_into(db):
+    return db.execute("SELECT * INTO awm_stash FROM notes")
+''',
+    "prepared_statement": '''
+def prepared_statement(db):
+    return db.execute("PREPARE awm_stash AS DELETE FROM tags")
+''',
+    "xml_query_runs_sql": '''
+def xml_query_runs_sql(db):
+    return db.scalar("SELECT query_to_xml('select pg_advisory_lock(7)', true, true, '')")
+''',
+    "sys_exit": '''
+def sys_exit(db):
+    raise SystemExit(0)
+''',
+    "os_exit": '''
+def os_exit(db):
+    import os
+    os._exit(0)
+''',
+    "loops_forever": '''
+def loops_forever(db):
+    while True:
+        pass
+''',
+}
+
+# -- verifier attacks (each a task whose verifier is the attack) -----------------------------------
+
+VERIFIERS: dict[str, str] = {
+    # Escape 1 on 4a18621: the audit hook's allow-lists lived in the verifier's own interpreter.
+    "rebinds_prefixes": '''
+def verify(final, initial, answer):
+    import os, sys
+    sys.modules["__main__"]._ALLOWED_PREFIXES = ("/",)
+    hostname = open("/etc/hostname").read()
+    cmdline = open(f"/proc/{os.getppid()}/cmdline", "rb").read()
+    return True, hostname + cmdline.decode(errors="replace")
+''',
+    "rebinds_blocked": '''
+def verify(final, initial, answer):
+    import socket, sys
+    sys.modules["__main__"]._BLOCKED = ()
+    socket.socket().connect(("127.0.0.1", 5432))
+    return True, "connected"
+''',
+    "verifier_writes": '''
+def verify(final, initial, answer):
+    final.query("DELETE FROM tags")
+    return True, "deleted"
+''',
+    "verifier_reads_secrets": '''
+def verify(final, initial, answer):
+    import os
+    return True, open(f"/proc/{os.getppid()}/environ", "rb").read().decode(errors="replace")
+''',
+    "verifier_loops": '''
+def verify(final, initial, answer):
+    while True:
+        pass
+''',
+    "verifier_memory": '''
+def verify(final, initial, answer):
+    return True, str(len(bytearray(10 * 1024 ** 3)))
+''',
+    "verifier_forks": '''
+def verify(final, initial, answer):
+    import os
+    return True, str(os.fork())
+''',
+    "verifier_sqlite_other_file": '''
+def verify(final, initial, answer):
+    import sqlite3
+    return True, str(sqlite3.connect("/etc/passwd").execute("select 1").fetchall())
+''',
+}
+
+
+def _hostile_bundle(base: EnvBundle) -> EnvBundle:
+    # The catalog's real location, written into the attack as a guess would be.
+    prelude = f"\nCATALOG = {str(REPO / 'tests' / 'fixtures')!r}\n"
+    tools = [Tool(name=name, description=f"(red team) {name}", input_schema={"type": "object", "properties": {}},
+                  code=code.strip() + "\n") for name, code in TOOLS.items()]
+    tasks = [Task(id=name, instruction=f"(red team) {name}", solution=[], verifier=Verifier(code=code.strip() + "\n",
+                                                                              entrypoint="verify"))
+             for name, code in VERIFIERS.items()]
+    data = base.model_dump()
+    data["scenario"]["name"] = "redteam"
+    data["tools"] = [t.model_dump() for t in base.tools] + [t.model_dump() for t in tools]
+    data["tasks"] = [t.model_dump() for t in base.tasks if t.id == "add_note"] + [t.model_dump() for t in tasks]
+    data["tool_prelude"] = (data.get("tool_prelude") or "") + prelude
+    data["limits"] = {**data["limits"], "tool_timeout_s": 2, "verifier_timeout_s": 2, "verifier_memory_mb": 256}
+    return EnvBundle.model_validate(data)
+
+
+@pytest.fixture(scope="module")
+async def redteam(admin_dsn: str, notes_bundle: EnvBundle) -> AsyncIterator[tuple[InstanceHandle, LocalFleet]]:
+    os.environ["OPENAI_API_KEY"] = SECRET  # in the fleet's own environment: it must reach nothing
+    fleet = LocalFleet([_hostile_bundle(notes_bundle)], replicas=1, database=Database(admin_dsn))
+    await fleet.start()
+    yield fleet.instances[0], fleet
+    await fleet.stop()
+    os.environ.pop("OPENAI_API_KEY", None)
+
+
+@pytest.fixture
+async def clients(redteam) -> AsyncIterator[tuple[ControlClient, McpSession]]:
+    handle, _ = redteam
+    control = ControlClient(handle.control_url)
+    async with McpSession(handle.mcp_url) as mcp:
+        yield control, mcp
+    await control.close()
+
+
+def _forbidden_strings(handle: InstanceHandle, admin_dsn: str) -> list[str]:
+    password = conninfo_to_dict(handle.db.dsn).get("password") or ""
+    admin_password = conninfo_to_dict(admin_dsn).get("password") or ""
+    paths = {str(REPO), sys.prefix, sys.base_prefix, os.environ.get("AWM_HOME", ""), str(Path.home())}
+    return [s for s in (SECRET, password, admin_password, *paths) if s and len(s) > 4]
+
+
+async def _after(control: ControlClient, mcp: McpSession) -> None:
+    """The instance still serves, and a plain reset leaves the database pristine."""
+    benign = await mcp.call_tool("list_notes", {})
+    assert not benign.is_error, benign.text
+    reset = await control.reset(None)  # the fast path, no checksum requested
+    assert reset["pristine"] is None or reset["pristine"] is True
+    checksum = await control.checksum()
+    assert checksum["pristine"], checksum["mismatches"]
+
+
+def _leaks(text: str, forbidden: list[str]) -> list[str]:
+    return [s for s in forbidden if s in text]
+
+
+@pytest.mark.parametrize("tool", sorted(TOOLS))
+async def test_hostile_tool(tool, redteam, clients, admin_dsn):
+    handle, _ = redteam
+    control, mcp = clients
+    await control.reset(None)
+    out = await mcp.call_tool(tool, {})
+    assert out.is_error, f"{tool} succeeded: {out.text[:500]}"
+    assert out.error_kind in CLASSES, out.text[:500]
+    assert not _leaks(out.text, _forbidden_strings(handle, admin_dsn)), out.text[:500]
+    await _after(control, mcp)
+
+
+@pytest.mark.parametrize("task", sorted(VERIFIERS))
+async def test_hostile_verifier(task, redteam, clients, admin_dsn):
+    handle, _ = redteam
+    control, mcp = clients
+    await control.reset(task)
+    verdict = await control.verify("done")
+    assert verdict["verdict"] == "error" and verdict["error_kind"], verdict
+    assert verdict["reward"] == 0.0
+    assert not _leaks(verdict["reason"], _forbidden_strings(handle, admin_dsn)), verdict["reason"]
+    await _after(control, mcp)
+
+
+async def test_escaped_writes_never_reach_the_next_episode(redteam, clients):
+    """Whatever the commit attempts did, the next episode starts from the snapshot's rows."""
+    control, mcp = clients
+    await control.reset(None)
+    for tool in ("commit_behind_handle", "commit_statement", "commit_spelled_otherwise", "multi_statement",
+                 "thread_outlives_call", "timer_writes_between_calls"):
+        await mcp.call_tool(tool, {})
+    await control.reset(None)
+    tags = await mcp.call_tool("list_notes", {})
+    assert not tags.is_error
+    assert (await control.checksum())["pristine"] is True
+    assert (await control.diff())["tables"] == {}
+
+
+async def test_no_advisory_lock_survives(redteam, clients, admin_dsn):
+    """Session-level advisory locks outlive ROLLBACK: none may be taken, however spelled."""
+    handle, _ = redteam
+    control, mcp = clients
+    await control.reset(None)
+    for tool in ("advisory_lock_quoted", "advisory_lock_qualified", "advisory_lock_in_string_trick",
+                 "xml_query_runs_sql"):
+        await mcp.call_tool(tool, {})
+    await control.reset(None)
+    with psycopg.connect(admin_dsn, autocommit=True) as admin:
+        held = admin.execute("SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database "
+                             "WHERE l.locktype = 'advisory' AND d.datname = %s", (handle.db.dbname,)).fetchone()[0]
+    assert held == 0
+
+
+async def test_a_stolen_password_opens_no_second_connection(redteam, clients):
+    """Even with the instance's password (which no untrusted code can read), a second connection
+    beside the env server's is refused: the role may hold one."""
+    handle, _ = redteam
+    with pytest.raises(psycopg.OperationalError, match="too many connections"):
+        psycopg.connect(handle.db.dsn, connect_timeout=5)
+
+
+async def test_the_server_survived_every_signal(redteam, clients):
+    handle, _ = redteam
+    control, mcp = clients
+    for tool in ("kill_parent", "term_parent"):
+        out = await mcp.call_tool(tool, {})
+        assert out.is_error
+    state = Path(f"/proc/{handle.pid}/stat").read_text().split(")")[1].split()[0]
+    assert state not in ("T", "Z"), f"env server state {state}"
+    assert await control.ready()
+    assert handle.restarts == 0
+
+
+async def test_isolation_is_reported_strong(redteam, clients):
+    control, _ = clients
+    info = await control.info()
+    assert info["isolation"]["strong"] is True, info["isolation"]
+    assert {"landlock", "seccomp", "rlimits"} <= set(info["isolation"]["applied"])
+
+
+# -- the same suite as an unprivileged user ------------------------------------------------------
+
+RUNNER = "awm-redteam"
+
+
+def _allow_traversal(path: Path) -> None:
+    """o+x on ``path``'s ancestors and o+rX below it: the unprivileged user must read the project,
+    its virtual environment and the Python installation (as awm/postgres/server.py does for the
+    Postgres binaries)."""
+    for part in [path, *path.parents]:
+        mode = part.stat().st_mode
+        if not mode & stat.S_IXOTH:
+            part.chmod(mode | stat.S_IXOTH)
+
+
+def _ensure_user() -> pwd.struct_passwd:
+    try:
+        return pwd.getpwnam(RUNNER)
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", RUNNER],
+                       check=True, capture_output=True)
+        return pwd.getpwnam(RUNNER)
+
+
+def test_the_suite_passes_as_an_unprivileged_user():
+    """CI runs as root; env pods do not. As root, re-run this module as a second, non-root uid
+    (the whole stack: embedded Postgres, env server, workers) and require it to pass."""
+    if os.geteuid() != 0:
+        return  # this run *is* the unprivileged one
+    require(Path("/usr/sbin/useradd").exists() or Path("/sbin/useradd").exists(), "useradd is needed")
+    user = _ensure_user()
+    for path in (REPO, Path(sys.prefix), Path(sys.base_prefix), Path(sys.executable).resolve().parent):
+        _allow_traversal(path)
+    # A short path: Postgres' Unix socket path must stay under 108 bytes.
+    home = Path(tempfile.mkdtemp(prefix="awm-rt-"))
+    os.chown(home, user.pw_uid, user.pw_gid)
+    _allow_traversal(home)
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "AWM_HOME": str(home / "awm"),
+           "CI": os.environ.get("CI", ""), "LANG": "C.UTF-8"}
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp", str(home / "pytest"),
+               str(Path(__file__)), "-k", "not unprivileged"]
+    try:
+        done = subprocess.run(["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--clear-groups", "--",
+                               *command], cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+    tail = (done.stdout + done.stderr)[-4000:]
+    assert done.returncode == 0, tail
+    assert " passed" in tail and " failed" not in tail, tail
