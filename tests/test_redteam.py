@@ -29,7 +29,7 @@ from typing import AsyncIterator
 
 import psycopg
 import pytest
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.conninfo import conninfo_to_dict
 
 from awm.bundle import EnvBundle, Task, Tool, Verifier
 from awm.client import ControlClient, McpSession
