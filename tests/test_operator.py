@@ -648,3 +648,31 @@ def test_envserver_reads_its_dsn_from_a_file(admin_dsn: str, notes_bundle, tmp_p
         proc.terminate()
         proc.wait(10)
         provision.drop_instance(admin_dsn, inst.dbname)
+
+
+def test_fleet_security_runtime_class_and_weakening_annotations() -> None:
+    """A template that unconfines the env server is refused unless the fleet says so explicitly;
+    that explicit choice reaches the env server (it then accepts a node without Landlock or
+    seccomp); a RuntimeClass (gVisor, Kata) comes from the chart or the fleet."""
+    from awm_operator.config import OperatorConfig
+    from awm_operator.crds import EnvFleetSpec
+    from awm_operator.pods import pod_manifest
+
+    base = {"environments": ["crm"], "catalog": {"image": "cat:1"}, "database": {"secretName": "db"}}
+    unconfined = {"annotations": {"container.apparmor.security.beta.kubernetes.io/envserver": "unconfined"}}
+    with pytest.raises(ValueError, match="allowWeakerIsolation"):
+        EnvFleetSpec.model_validate({**base, "template": unconfined})
+    spec = EnvFleetSpec.model_validate({**base, "template": unconfined, "security": {"allowWeakerIsolation": True}})
+    cfg = OperatorConfig.from_env({"AWM_ENVSERVER_RUNTIME_CLASS": "gvisor"})
+    pod = pod_manifest("f", "ns", "uid", spec, "crm", cfg)
+    env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+    assert env["AWM_ALLOW_WEAK_ISOLATION"] == "1" and pod["spec"]["runtimeClassName"] == "gvisor"
+    strict = EnvFleetSpec.model_validate({**base, "template": {"runtimeClassName": "kata"}})
+    pod = pod_manifest("f", "ns", "uid", strict, "crm", OperatorConfig.from_env({}))
+    env = {e["name"] for e in pod["spec"]["containers"][0]["env"]}
+    assert "AWM_ALLOW_WEAK_ISOLATION" not in env and pod["spec"]["runtimeClassName"] == "kata"
+    security = pod["spec"]["containers"][0]["securityContext"]
+    assert security == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "runAsNonRoot": True,
+                        "capabilities": {"drop": ["ALL"]}}
+    assert pod["spec"]["automountServiceAccountToken"] is False
+    assert pod["spec"]["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}

@@ -29,6 +29,7 @@ class OperatorConfig:
     log_level: str = "info"
     envserver_image: str = "awm-envserver:0.1.0"
     envserver_pull_policy: str = "IfNotPresent"
+    envserver_runtime_class: str = ""  # RuntimeClass of env pods (gVisor, Kata); "" = the cluster's default
     envserver_resources: dict[str, Any] = field(default_factory=lambda: {
         "requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}})
     catalog_image: str = "awm-catalog:0.1.0"
@@ -67,6 +68,7 @@ class OperatorConfig:
         cfg.envserver_image = e.get("AWM_ENVSERVER_IMAGE", cfg.envserver_image)
         cfg.envserver_pull_policy = e.get("AWM_ENVSERVER_IMAGE_PULL_POLICY", cfg.envserver_pull_policy)
         cfg.envserver_resources = _json(e.get("AWM_ENVSERVER_RESOURCES"), cfg.envserver_resources)
+        cfg.envserver_runtime_class = e.get("AWM_ENVSERVER_RUNTIME_CLASS", cfg.envserver_runtime_class)
         cfg.catalog_image = e.get("AWM_CATALOG_IMAGE", cfg.catalog_image)
         cfg.catalog_path = e.get("AWM_CATALOG_PATH", cfg.catalog_path)
         cfg.catalog_pull_policy = e.get("AWM_CATALOG_IMAGE_PULL_POLICY", cfg.catalog_pull_policy)

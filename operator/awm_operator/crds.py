@@ -66,8 +66,23 @@ class DatabaseRef(_Spec):
         "provisioning init container and the operator read it; the env server never sees it."))
 
 
+# Pod annotations that switch a container's confinement off (AppArmor, the legacy seccomp ones).
+WEAKENING_ANNOTATIONS = ("container.apparmor.security.beta.kubernetes.io/", "seccomp.security.alpha.kubernetes.io/",
+                         "seccomp.security.beta.kubernetes.io/")
+
+
+class FleetSecurity(_Spec):
+    allow_weaker_isolation: bool = Field(False, alias="allowWeakerIsolation", description=(
+        "Run untrusted tool and verifier code even where the node lacks Landlock or seccomp (the env "
+        "server otherwise refuses it), and accept template annotations that unconfine the container. "
+        "Off by default; say so here, explicitly, for nodes that need it."))
+
+
 class PodOverrides(_Spec):
     image: str | None = Field(None, description="Env-server image (default: the chart's).")
+    runtime_class_name: str | None = Field(None, alias="runtimeClassName", description=(
+        "RuntimeClass of env pods, e.g. gVisor or Kata for hostile code at scale (default: the chart's "
+        "envserver.runtimeClassName)."))
     resources: dict[str, Any] | None = Field(None, description="Container resources (requests/limits).")
     node_selector: dict[str, str] | None = Field(None, alias="nodeSelector")
     tolerations: list[dict[str, Any]] | None = None
@@ -100,9 +115,15 @@ class EnvFleetSpec(_Spec):
     catalog: CatalogSource
     database: DatabaseRef
     template: PodOverrides = Field(default_factory=PodOverrides)
+    security: FleetSecurity = Field(default_factory=FleetSecurity)
 
     @model_validator(mode="after")
     def _consistent(self) -> "EnvFleetSpec":
+        weakening = [k for k, v in (self.template.annotations or {}).items()
+                     if k.startswith(WEAKENING_ANNOTATIONS) and str(v).lower() == "unconfined"]
+        if weakening and not self.security.allow_weaker_isolation:
+            raise ValueError(f"template annotations {weakening} unconfine the env server; set "
+                             "security.allowWeakerIsolation: true to allow weaker isolation explicitly")
         if bool(self.environments) == (self.environment_selector is not None):
             raise ValueError("give either environments or environmentSelector")
         if self.environment_selector is not None and not (self.catalog.url or self.catalog.index_config_map):
