@@ -676,3 +676,15 @@ def test_fleet_security_runtime_class_and_weakening_annotations() -> None:
                         "capabilities": {"drop": ["ALL"]}}
     assert pod["spec"]["automountServiceAccountToken"] is False
     assert pod["spec"]["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+
+
+@pytest.mark.parametrize("host, ok", [
+    ("10.0.0.7:8080", True), ("[fd00::1]:8080", True), ("awm-operator:8080", True),
+    ("awm-operator.awm.svc", True), ("awm-operator.awm.svc.cluster.local:8080", True),
+    ("evil.example.com", False), ("awm-operator.awm.svc.evil.example.com", False), ("", False),
+    ("trainer.example.org", True),  # configured
+])
+def test_operator_api_host_guard(host: str, ok: bool) -> None:
+    from awm_operator.hostguard import host_allowed
+
+    assert host_allowed(host, ["cluster.local"], ["trainer.example.org"]) is ok

@@ -625,3 +625,23 @@ def test_peering_one_replica_acts_and_a_standby_takes_over(control_plane: Any, c
         assert not {i["pod"] for i in second["instances"]} & {i["pod"] for i in first["instances"]}
         peer.delete("envfleets", "ha")
         wait_for("the fleet gone", lambda: peer.get("envfleets", "ha") is None, timeout=60)
+
+
+def test_allocation_api_refuses_dns_rebinding(cluster: Cluster, operator: InThread) -> None:
+    """A browser page on a rebound DNS name carries that name in Host (421) and its own Origin
+    (403); trainers, addressing the operator by IP or Service name without an Origin, are served."""
+    import httpx
+
+    base = api_url(operator)
+    claims = f"{base}/v1/namespaces/{NS}/envfleets/pool/claims"
+    with httpx.Client(timeout=30) as client:
+        evil_host = client.post(claims, json={"count": 1}, headers={"Host": "evil.example.com"})
+        assert evil_host.status_code == 421, evil_host.text
+        evil_origin = client.get(f"{base}/v1/namespaces/{NS}/envfleets/pool",
+                                 headers={"Origin": "http://evil.example.com"})
+        assert evil_origin.status_code == 403, evil_origin.text
+        # past the guard: the API's own answer (no fleet of that name)
+        as_service = client.get(f"{base}/v1/namespaces/{NS}/envfleets/no-such-fleet",
+                                headers={"Host": "awm-operator.awm-system.svc:8080"})
+        assert as_service.status_code == 404 and "no such fleet" in as_service.text, as_service.text
+        assert client.get(f"{base}/readyz", headers={"Host": "evil.example.com"}).status_code in (200, 503)

@@ -33,6 +33,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from awm_operator import hostguard
 from awm_operator.allocator import ClaimError, NotActive, Unavailable, describe
 from awm_operator.campaigns import add_progress_route
 from awm_operator.reconcile import Context
@@ -177,7 +178,9 @@ def build_api(ctx: Context, fleets: Fleets) -> web.Application:
         return web.json_response({"holder": holder, "released": ids, "returned": returned, "replaced": replaced})
 
     add_progress_route(routes, ctx, fleets)  # POST /v1/namespaces/{ns}/campaigns/{name}/progress (campaigns.py)
-    app = web.Application()
+    cfg = ctx.config
+    app = web.Application(middlewares=[hostguard.guard(cfg.api_allowed_hosts, cfg.api_allowed_origins,
+                                                       cfg.cluster_domains)])
     app.add_routes(routes)
     return app
 

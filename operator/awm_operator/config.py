@@ -13,6 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 
+def _list(value: str | None) -> list[str]:
+    return [part.strip() for part in (value or "").split(",") if part.strip()]
+
+
 def _json(value: str | None, default: Any) -> Any:
     return json.loads(value) if value else default
 
@@ -26,6 +30,10 @@ class OperatorConfig:
     metrics_port: int = 9090
     api_port: int = 8080                      # /healthz and the allocation API
     api_host: str = "0.0.0.0"
+    # DNS-rebinding guard of the API (hostguard.py): extra Host names and browser Origins to accept.
+    api_allowed_hosts: list[str] = field(default_factory=list)
+    api_allowed_origins: list[str] = field(default_factory=list)
+    cluster_domains: list[str] = field(default_factory=lambda: ["cluster.local"])
     log_level: str = "info"
     envserver_image: str = "awm-envserver:0.1.0"
     envserver_pull_policy: str = "IfNotPresent"
@@ -65,6 +73,9 @@ class OperatorConfig:
         cfg.metrics_port = int(e.get("AWM_METRICS_PORT", cfg.metrics_port))
         cfg.api_port = int(e.get("AWM_HEALTH_PORT", e.get("AWM_API_PORT", cfg.api_port)))
         cfg.log_level = e.get("AWM_LOG_LEVEL", cfg.log_level)
+        cfg.api_allowed_hosts = _list(e.get("AWM_API_ALLOWED_HOSTS"))
+        cfg.api_allowed_origins = _list(e.get("AWM_API_ALLOWED_ORIGINS"))
+        cfg.cluster_domains = _list(e.get("AWM_CLUSTER_DOMAINS")) or cfg.cluster_domains
         cfg.envserver_image = e.get("AWM_ENVSERVER_IMAGE", cfg.envserver_image)
         cfg.envserver_pull_policy = e.get("AWM_ENVSERVER_IMAGE_PULL_POLICY", cfg.envserver_pull_policy)
         cfg.envserver_resources = _json(e.get("AWM_ENVSERVER_RESOURCES"), cfg.envserver_resources)
