@@ -13,8 +13,11 @@ Code contracts (all code in a bundle is untrusted and runs sandboxed):
   tool's return value must be JSON-serialisable (Decimal and dates are converted).
 * Verifier: ``def <entrypoint>(final, initial, answer)``; ``final`` and ``initial`` are read-only
   views (``query/one/scalar``) of the database after the episode and of the snapshot; ``answer``
-  is the agent's final message or ``None``. Returns ``bool``, ``(bool, reason)`` or
-  ``{"complete": bool, "reason": str}``.
+  is the agent's final message or ``None``. A ``code`` verifier returns ``bool``,
+  ``(bool, reason)`` or ``{"complete": bool, "reason": str}``; a ``judge`` verifier returns
+  evidence (any JSON value) for the LLM judge (:mod:`awm.judge`).
+* Gates: each task carries gate records (:class:`GateRecord`); only tasks whose record matches
+  the verifier served and the snapshot are served, unless ungated tasks are allowed.
 
 Imported environments (``awm catalog import``, AWM-1K format) use three optional additions:
 
@@ -110,23 +113,73 @@ class ToolCall(_Model):
 
 
 class Verifier(_Model):
+    """How an episode is judged. ``code``: the entrypoint returns the verdict itself. ``judge``
+    (the reference system's "sql" mode, its recommended one): the entrypoint returns *evidence*
+    (any JSON value) gathered from the initial and final databases, and an LLM judge classifies
+    the episode from the task, that evidence, the criteria below and the episode's tool calls."""
+
+    kind: Literal["code", "judge"] = "code"
     code: str = Field(description="Python source defining the entrypoint function.")
     entrypoint: str = "verify"
     inputs: Literal["db", "sqlite"] = Field(
         default="db", description="'db': entrypoint(final, initial, answer) with query views; "
                                   "'sqlite': entrypoint(initial_db_path, final_db_path, final_answer).")
+    success_criteria: str = Field(default="", description="For the judge: what a complete episode shows.")
+    failure_criteria: str = Field(default="", description="For the judge: what an incomplete one shows.")
+
+    def digest(self, prelude: str = "") -> str:
+        """Content hash of what decides verdicts: a gate record holds only for this verifier."""
+        payload = json.dumps([self.model_dump(mode="json"), prelude], sort_keys=True)
+        return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+class GateResult(_Model):
+    """One gate run: what the verifier (or judge) said and whether that is what the gate needs."""
+
+    passed: bool
+    verdict: str = Field(description="complete | incomplete | agent_error | error ...")
+    reason: str = ""
+    at: str = Field(description="When it ran (ISO 8601, UTC).")
+
+
+class GateRecord(_Model):
+    """The two gates of one task for one verifier, against one snapshot. It holds only while
+    ``snapshot`` is the bundle's database hash and ``verifier`` the digest of the verifier served."""
+
+    verifier_kind: Literal["code", "judge"]
+    verifier: str = Field(description="Verifier.digest() of the verifier the gates ran.")
+    snapshot: str = Field(description="EnvBundle.database_hash() of the snapshot they ran on.")
+    negative: GateResult | None = Field(default=None, description="Untouched snapshot: must not be complete.")
+    positive: GateResult | None = Field(default=None, description="After the reference solution: must be complete.")
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.negative and self.negative.passed and self.positive and self.positive.passed)
 
 
 class Task(_Model):
     id: Identifier
     instruction: str = Field(min_length=1)
     verifier: Verifier
+    alt_verifier: Verifier | None = Field(
+        default=None, description="A verifier of the other kind, when the task has both (AWM imports "
+                                  "keep code and judge mode); served when that kind is preferred.")
     solution: list[ToolCall] = Field(
         description="Reference solution: tool calls that solve the task from the snapshot."
     )
     final_answer: str | None = Field(
         default=None, description="The answer a correct agent would end with, if the task asks for one."
     )
+    gates: list[GateRecord] = Field(default_factory=list, description="Gate records, one per verifier run.")
+
+    def verifiers(self) -> list[Verifier]:
+        return [self.verifier] + ([self.alt_verifier] if self.alt_verifier else [])
+
+    def select(self, prefer: Literal["code", "judge"] | None = None) -> Verifier:
+        """The verifier served: the preferred kind when the task has it, else the primary one."""
+        if prefer and self.alt_verifier is not None and self.alt_verifier.kind == prefer:
+            return self.alt_verifier
+        return self.verifier
 
 
 class Limits(_Model):
@@ -165,17 +218,18 @@ class EnvBundle(_Model):
                 raise ValueError(f"tool {tool.name!r} has neither code nor a route")
             if tool.route is not None and self.app is None:
                 raise ValueError(f"tool {tool.name!r} has a route but the bundle has no app")
-        if self.database.sqlite_ddl is None and any(t.verifier.inputs == "sqlite" for t in self.tasks):
-            raise ValueError("verifiers with inputs 'sqlite' need database.sqlite_ddl")
         known = set(tool_names)
         for task in self.tasks:
             for step in task.solution:
                 if step.tool not in known:
                     raise ValueError(f"task {task.id!r}: solution calls unknown tool {step.tool!r}")
-            if not re.search(rf"\bdef\s+{re.escape(task.verifier.entrypoint)}\s*\(", task.verifier.code):
-                raise ValueError(
-                    f"task {task.id!r}: verifier code does not define {task.verifier.entrypoint}()"
-                )
+            for verifier in task.verifiers():
+                if not re.search(rf"\bdef\s+{re.escape(verifier.entrypoint)}\s*\(", verifier.code):
+                    raise ValueError(f"task {task.id!r}: verifier code does not define {verifier.entrypoint}()")
+                if verifier.inputs == "sqlite" and self.database.sqlite_ddl is None:
+                    raise ValueError("verifiers with inputs 'sqlite' need database.sqlite_ddl")
+            if task.alt_verifier is not None and task.alt_verifier.kind == task.verifier.kind:
+                raise ValueError(f"task {task.id!r}: alt_verifier must be of the other kind")
         return self
 
     def tool(self, name: str) -> Tool:

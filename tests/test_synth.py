@@ -12,7 +12,7 @@ from awm.demo import run_catalog
 from awm.fleet import Database
 from awm.synth import stages
 from awm.synth.embed import HashingEmbedder, dedup
-from awm.synth.llm import LLMBadOutput, LLMClient, LLMSettings, LLMUnavailable, extract_json
+from awm.llm import LLMBadOutput, LLMClient, LLMSettings, LLMUnavailable, extract_json
 from awm.synth.pipeline import run_stages
 from awm.synth.store import StageOutput, read_jsonl
 from tests.llm_server import Reply, ScriptedLLM

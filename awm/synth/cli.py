@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 
 from awm.synth import stages
-from awm.synth.llm import LLMBadOutput, LLMClient, LLMSettings, LLMUnavailable
+from awm.llm import LLMBadOutput, LLMClient, LLMSettings, LLMUnavailable
 
 gen_app = typer.Typer(help="Synthesise environments with an OpenAI-compatible LLM (stages write JSONL in --dir).",
                       no_args_is_help=True)

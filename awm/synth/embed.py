@@ -16,7 +16,7 @@ import math
 import re
 from typing import Any, Protocol
 
-from awm.synth.llm import LLMClient
+from awm.llm import LLMClient
 
 
 class Embedder(Protocol):

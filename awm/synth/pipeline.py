@@ -19,7 +19,7 @@ from rich.table import Table
 
 from awm.synth import stages
 from awm.synth.embed import ApiEmbedder, Embedder, HashingEmbedder
-from awm.synth.llm import LLMClient
+from awm.llm import LLMClient
 from awm.synth.store import read_jsonl
 
 SEEDS = Path(__file__).with_name("seeds.jsonl")

@@ -21,7 +21,7 @@ from awm.bundle import EnvBundle, SeedTable, Task, Tool, ToolCall, Verifier
 from awm.synth import prompts
 from awm.synth import validate as check
 from awm.synth.embed import Embedder, dedup
-from awm.synth.llm import LLMBadOutput, LLMClient
+from awm.llm import LLMBadOutput, LLMClient
 from awm.synth.store import StageOutput, read_jsonl
 
 STAGES = ["scenario", "task", "db", "sample", "spec", "env", "verifier", "solution"]
