@@ -11,6 +11,7 @@ machines exchange bundles (one JSON document). This module is the only bridge be
                    other top-level code is the shared tool prelude
     verifiers.py   ``def verify_<task id>(final, initial, answer)`` per task; other top-level
                    code is the shared verifier prelude
+    gates.json     (written by ``awm catalog validate --record``) each task's gate records
 """
 
 from __future__ import annotations
@@ -35,6 +36,16 @@ class ToolError(Exception):
     """Raised by tool code for an error the agent should see (also injected into tool code)."""
 
 
+GATES = "gates.json"  # {task id: [GateRecord]}, written by `awm catalog validate --record`
+
+
+def write_gates(path: Path, bundle: EnvBundle) -> Path:
+    """Store a source directory's gate records (the rest of the directory is the author's)."""
+    records = {t.id: [r.model_dump(mode="json") for r in t.gates] for t in bundle.tasks if t.gates}
+    (path / GATES).write_text(json.dumps(records, indent=1, sort_keys=True) + "\n")
+    return path / GATES
+
+
 def is_source_dir(path: Path) -> bool:
     return path.is_dir() and (path / SOURCE_MARKER).is_file()
 
@@ -43,6 +54,7 @@ def compile_source_dir(path: Path) -> EnvBundle:
     meta = yaml.safe_load((path / SOURCE_MARKER).read_text())
     tool_prelude, tools = _compile_tools((path / "tools.py").read_text(), path / "tools.py")
     verifier_prelude, verifiers = _split_module((path / "verifiers.py").read_text())
+    gates = json.loads((path / GATES).read_text()) if (path / GATES).is_file() else {}
     tasks = []
     for raw in meta.get("tasks", []):
         entry = f"verify_{raw['id']}"
@@ -55,6 +67,7 @@ def compile_source_dir(path: Path) -> EnvBundle:
                 verifier=Verifier(code=verifiers.pop(entry), entrypoint=entry),
                 solution=raw.get("solution", []),
                 final_answer=raw.get("final_answer"),
+                gates=gates.get(raw["id"], []),
             )
         )
     orphans = [name for name in verifiers if name.startswith("verify_")]

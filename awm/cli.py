@@ -16,6 +16,7 @@ from rich.table import Table
 
 from awm import catalog as catalog_mod
 from awm.bundle import bundle_json_schema
+from awm.serveopts import JudgeModelOpt, JudgeUrlOpt, JudgeVotesOpt, KindOpt, UngatedOpt, serving_options
 
 app = typer.Typer(help="Agent World Model environments: build, serve and verify tool-use environments.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_show_locals=False)
@@ -75,12 +76,18 @@ def demo(
     env: Annotated[Optional[list[str]], typer.Option("--env", "-e", help="Only these environments.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")] = False,
     database_url: DbUrlOpt = None,
+    judge_base_url: JudgeUrlOpt = None,
+    judge_model: JudgeModelOpt = None,
+    judge_votes: JudgeVotesOpt = 1,
+    verifier_kind: KindOpt = None,
+    allow_ungated: UngatedOpt = False,
 ) -> None:
-    """Serve the catalog locally and run every task's reference solution through MCP (no LLM)."""
+    """Serve the catalog locally and run every gated task's reference solution through MCP (no LLM)."""
     from awm.demo import run_catalog
 
     bundles = _load(catalog, env)
-    results, totals = asyncio.run(run_catalog(bundles, database_url, show_progress=not as_json))
+    serving = serving_options(judge_base_url, judge_model, judge_votes, verifier_kind, allow_ungated)
+    results, totals = asyncio.run(run_catalog(bundles, database_url, show_progress=not as_json, **serving))
     envs = [r.summary() for r in results]
     if as_json:
         print(json.dumps({"environments": envs, "totals": totals}, indent=2))
@@ -96,6 +103,9 @@ def demo(
         table.add_row("total", str(totals["tools"]), str(totals["tasks"]), str(totals["passed"]),
                       _fmt(totals["reset_p50_ms"]), _fmt(totals["tool_call_p50_ms"]), _fmt(totals["episodes_per_s"]))
         console.print(table)
+        if totals.get("ungated_skipped"):
+            console.print(f"[yellow]{totals['ungated_skipped']} task(s) skipped: they have not passed both gates "
+                          "(awm catalog validate --record, or --allow-ungated)[/yellow]")
         for e in envs:
             for f in e["failures"]:
                 console.print(f"[red]FAILED[/red] {e['name']}/{f['task']}: {f['verdict']}: {f['reason']}")
@@ -105,6 +115,18 @@ def demo(
 
 def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
+
+
+def _gate_summary(bundles: list, verifier_kind: str | None, allow_ungated: bool) -> None:  # type: ignore[type-arg]
+    """Say, before serving, how many tasks pass their gates and what happens to the others."""
+    from awm.gates import gate_status
+
+    for bundle in bundles:
+        ungated = [t.id for t in bundle.tasks if not gate_status(bundle, t, verifier_kind)[0]]
+        if ungated:
+            what = "served, marked ungated" if allow_ungated else "refused (--allow-ungated serves them)"
+            err.print(f"[yellow]{bundle.name}[/yellow]: {len(ungated)}/{len(bundle.tasks)} task(s) have not passed "
+                      f"both gates: {what}")
 
 
 @app.command()
@@ -122,6 +144,11 @@ def serve(
     allowed_origin: Annotated[Optional[list[str]], typer.Option(
         help="A browser Origin the instances trust besides their own, e.g. https://ui.example.com "
              "(repeatable; also AWM_ALLOWED_ORIGINS).")] = None,
+    judge_base_url: JudgeUrlOpt = None,
+    judge_model: JudgeModelOpt = None,
+    judge_votes: JudgeVotesOpt = 1,
+    verifier_kind: KindOpt = None,
+    allow_ungated: UngatedOpt = False,
 ) -> None:
     """Start N instances of the chosen environments as local processes on one Postgres.
 
@@ -130,11 +157,13 @@ def serve(
     from awm.fleet import Database, LocalFleet
 
     bundles = _load(catalog, env)
+    serving = serving_options(judge_base_url, judge_model, judge_votes, verifier_kind, allow_ungated)
+    _gate_summary(bundles, verifier_kind, allow_ungated)
 
     async def run() -> None:
         database = await asyncio.to_thread(Database.open, database_url)
         fleet = LocalFleet(bundles, replicas, database, verifier_workers=verifier_workers, host=host,
-                           allowed_hosts=allowed_host, allowed_origins=allowed_origin)
+                           allowed_hosts=allowed_host, allowed_origins=allowed_origin, **serving)
         try:
             with console.status(f"starting {len(bundles) * replicas} instances..."):
                 await fleet.start()
@@ -214,9 +243,16 @@ def catalog_validate(
     database_url: DbUrlOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     static_only: Annotated[bool, typer.Option("--static", help="Check the bundles without serving them.")] = False,
+    record: Annotated[bool, typer.Option("--record", help="Store each task's gate record in the catalog "
+                                                          "(what serving checks).")] = False,
+    judge_base_url: JudgeUrlOpt = None,
+    judge_model: JudgeModelOpt = None,
+    judge_votes: JudgeVotesOpt = 1,
+    verifier_kind: KindOpt = None,
 ) -> None:
     """Check bundles, then serve them and run both gates for every task: the verifier must say
-    'not complete' on the untouched snapshot and 'complete' after the reference solution."""
+    'not complete' on the untouched snapshot and 'complete' after the reference solution. With
+    --record, the results become the tasks' gate records."""
     from awm.demo import run_catalog
 
     entries = [e for e in catalog_mod.entries(catalog) if not env or e.name in env]
@@ -227,7 +263,13 @@ def catalog_validate(
     if static_only or not bundles:
         console.print(f"{len(bundles)} bundles parse; {len(broken)} invalid")
         raise typer.Exit(1 if broken or not bundles else 0)
-    results, totals = asyncio.run(run_catalog(bundles, database_url, negative_gate=True, show_progress=not as_json))
+    serving = serving_options(judge_base_url, judge_model, judge_votes, verifier_kind, True)
+    results, totals = asyncio.run(run_catalog(bundles, database_url, negative_gate=True, show_progress=not as_json,
+                                              **serving))
+    if record:
+        for entry, result in zip([e for e in entries if e.bundle is not None], results):
+            path = _record_gates(entry, result, verifier_kind)
+            err.print(f"recorded the gates of {entry.name} in {path}")
     report, failed = [], bool(broken)
     for r, b in zip(results, bundles):
         bad_tools = sorted(set(r.served_tools) ^ {t.name for t in b.tools})
@@ -255,6 +297,18 @@ def catalog_validate(
             for f in item["failures"]:
                 console.print(f"[red]FAILED[/red] {item['env']}/{f['task']} ({f['gate']} gate): {f['verdict']}: {f['reason']}")
     raise typer.Exit(1 if failed else 0)
+
+
+def _record_gates(entry, result, verifier_kind: str | None) -> Path:  # type: ignore[no-untyped-def]
+    from awm.authoring import is_source_dir, write_gates
+    from awm.demo import record_results
+
+    bundle = entry.bundle
+    record_results(bundle, result, verifier_kind)
+    if is_source_dir(entry.source):
+        return write_gates(entry.source, bundle)
+    entry.source.write_text(bundle.model_dump_json(indent=1))
+    return entry.source
 
 
 @catalog_app.command("schema")

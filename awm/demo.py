@@ -17,7 +17,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from awm.bundle import EnvBundle
 from awm.client import ControlClient, McpSession
 from awm.fleet import Database, LocalFleet
-from awm.gates import EpisodeReport, replay, untouched
+from awm.gates import EpisodeReport, gate_status, record, replay, untouched
+from awm.judge import JudgeSettings
 
 
 @dataclass
@@ -55,11 +56,27 @@ def _p50(values: list[float]) -> float | None:
 
 
 async def run_catalog(bundles: list[EnvBundle], database_url: str | None = None, negative_gate: bool = False,
-                      show_progress: bool = True) -> tuple[list[EnvResult], dict[str, Any]]:
-    database = await asyncio.to_thread(Database.open, database_url)
+                      show_progress: bool = True, judge: JudgeSettings | None = None,
+                      verifier_kind: str | None = None, allow_ungated: bool = False,
+                      database: Database | None = None) -> tuple[list[EnvResult], dict[str, Any]]:
+    """Run the catalog's tasks: only those that passed both gates, unless ``allow_ungated``
+    (`awm catalog validate` allows them: it is what runs the gates). ``database``: an open
+    server to use (kept open), instead of opening ``database_url``."""
+    owned = database is None
+    if database is None:
+        database = await asyncio.to_thread(Database.open, database_url)
     started = time.perf_counter()
+    skipped = 0
+    if not allow_ungated:
+        kept = []
+        for bundle in bundles:
+            tasks = [t for t in bundle.tasks if gate_status(bundle, t, verifier_kind)[0]]
+            skipped += len(bundle.tasks) - len(tasks)
+            kept.append(bundle.model_copy(update={"tasks": tasks}))
+        bundles = kept
     try:
-        fleet = LocalFleet(bundles, replicas=1, database=database)
+        fleet = LocalFleet(bundles, replicas=1, database=database, judge=judge, verifier_kind=verifier_kind,
+                           allow_ungated=allow_ungated)
         await fleet.start()
         try:
             ready_s = time.perf_counter() - started
@@ -73,7 +90,8 @@ async def run_catalog(bundles: list[EnvBundle], database_url: str | None = None,
         finally:
             await fleet.stop()
     finally:
-        await asyncio.to_thread(database.close)
+        if owned:
+            await asyncio.to_thread(database.close)
     episodes = sum(len(r.episodes) for r in results)
     totals = {
         "environments": len(results),
@@ -84,6 +102,7 @@ async def run_catalog(bundles: list[EnvBundle], database_url: str | None = None,
         "tool_call_p50_ms": _p50([ms for r in results for e in r.episodes for ms in e.tool_ms]),
         "episodes_per_s": round(episodes / run_s, 2) if run_s else None,
         "startup_s": round(ready_s, 2),
+        "ungated_skipped": skipped,
         "wall_s": round(time.perf_counter() - started, 2),
     }
     return results, totals
@@ -109,3 +128,11 @@ async def _run_env(bundle: EnvBundle, mcp_url: str, control_url: str, negative_g
         await control.close()
     result.wall_s = time.perf_counter() - start
     return result
+
+
+def record_results(bundle: EnvBundle, result: EnvResult, verifier_kind: str | None = None) -> None:
+    """Turn a validation run (``run_catalog(..., negative_gate=True)``) into the tasks' gate records."""
+    negatives = {e.task_id: e for e in result.negatives}
+    positives = {e.task_id: e for e in result.episodes}
+    for task in bundle.tasks:
+        record(bundle, task, verifier_kind, negatives.get(task.id), positives.get(task.id))

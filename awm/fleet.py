@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from awm.bundle import EnvBundle
+from awm.judge import JudgeSettings
 from awm.postgres import provision
 from awm.postgres.server import EmbeddedPostgres
 
@@ -121,7 +122,8 @@ class LocalFleet:
     def __init__(self, bundles: list[EnvBundle], replicas: int = 1, database: Database | None = None,
                  verifier_workers: int = 1, host: str = "127.0.0.1", start_timeout_s: float = 120.0,
                  fleet_id: str | None = None, allowed_hosts: list[str] | None = None,
-                 allowed_origins: list[str] | None = None) -> None:
+                 allowed_origins: list[str] | None = None, judge: JudgeSettings | None = None,
+                 verifier_kind: str | None = None, allow_ungated: bool = False) -> None:
         if replicas < 1:
             raise FleetError("replicas must be at least 1")
         self.bundles = bundles
@@ -134,6 +136,11 @@ class LocalFleet:
         self.allowed_hosts = list(allowed_hosts or [])
         self.allowed_origins = list(allowed_origins or [])
         self.start_timeout_s = start_timeout_s
+        # The LLM judge for judge-verifier tasks, which verifier kind to prefer, and whether tasks
+        # that have not passed both gates are served (marked ungated): see envserver.instance.
+        self.judge = judge
+        self.verifier_kind = verifier_kind
+        self.allow_ungated = allow_ungated
         self.instances: list[InstanceHandle] = []
         self.fleet_id = fleet_id or secrets.token_hex(3)
         self._workdir = Path(tempfile.mkdtemp(prefix="awm-fleet-"))
@@ -185,6 +192,14 @@ class LocalFleet:
         env = {k: v for k, v in os.environ.items() if k in _INHERITED}
         env["AWM_INSTANCE_DSN"] = handle.db.dsn
         env["AWM_PARENT_PID"] = str(os.getpid())  # it exits when we do, even by SIGKILL
+        if self.judge is not None:
+            env.update(self.judge.to_env())
+            if os.environ.get(self.judge.api_key_env):
+                env[self.judge.api_key_env] = os.environ[self.judge.api_key_env]
+        if self.verifier_kind:
+            env["AWM_VERIFIER_KIND"] = self.verifier_kind
+        if self.allow_ungated:
+            env["AWM_ALLOW_UNGATED"] = "1"
         guard_args = [*(a for h in self.allowed_hosts for a in ("--allowed-host", h)),
                       *(a for o in self.allowed_origins for a in ("--allowed-origin", o))]
         proc = await asyncio.create_subprocess_exec(

@@ -78,6 +78,13 @@ class Usage:
 
 
 @dataclass
+class Completion:
+    text: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+@dataclass
 class LLMClient:
     settings: LLMSettings
     usage: dict[str, Usage] = field(default_factory=lambda: defaultdict(Usage))
@@ -91,15 +98,22 @@ class LLMClient:
 
     # -- chat --------------------------------------------------------------------------------
 
-    async def complete(self, stage: str, messages: list[dict[str, str]], max_tokens: int = 16000) -> str:
+    async def complete(self, stage: str, messages: list[dict[str, str]], max_tokens: int = 16000,
+                       extra: dict[str, Any] | None = None) -> str:
+        return (await self.chat(stage, messages, max_tokens, extra)).text
+
+    async def chat(self, stage: str, messages: list[dict[str, str]], max_tokens: int = 16000,
+                   extra: dict[str, Any] | None = None) -> Completion:
+        """One chat completion; ``extra`` adds or overrides request fields (seed, temperature)."""
         body = {"model": self.settings.model, "messages": messages, "temperature": self.settings.temperature,
-                "max_tokens": max_tokens}
+                "max_tokens": max_tokens, **(extra or {})}
         data = await self._post(stage, self.settings.base_url + "/chat/completions", self.settings.api_key, body)
         usage = data.get("usage") or {}
+        done = Completion("", int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0))
         record = self.usage[stage]
         record.calls += 1
-        record.prompt_tokens += int(usage.get("prompt_tokens") or 0)
-        record.completion_tokens += int(usage.get("completion_tokens") or 0)
+        record.prompt_tokens += done.prompt_tokens
+        record.completion_tokens += done.completion_tokens
         try:
             content = data["choices"][0]["message"]["content"]
         except (KeyError, IndexError, TypeError) as exc:
@@ -107,7 +121,8 @@ class LLMClient:
         if not content:
             raise LLMBadOutput(f"{stage}: empty completion (finish_reason="
                                f"{data['choices'][0].get('finish_reason')!r})")
-        return str(content)
+        done.text = str(content)
+        return done
 
     async def structured(self, stage: str, system: str, user: str, model: type[M], attempts: int = 3,
                          max_tokens: int = 16000) -> M:

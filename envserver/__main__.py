@@ -27,6 +27,7 @@ from pathlib import Path
 import uvicorn
 
 from awm.bundle import EnvBundle
+from awm.judge import Judge, JudgeSettings
 from envserver import hostguard
 from envserver.control import build_control
 from envserver.instance import EnvInstance
@@ -46,8 +47,14 @@ async def serve(args: argparse.Namespace) -> None:
         dsn = Path(dsn_file).read_text().strip()
     if not dsn:
         sys.exit("envserver: set AWM_INSTANCE_DSN (or AWM_INSTANCE_DSN_FILE) to the instance's database DSN")
+    judge = None
+    settings = judge_settings(args)
+    if settings is not None:
+        key = os.environ.pop(settings.api_key_env, "")  # read once; workers get an empty environment anyway
+        judge = Judge(settings, api_key=key)
     instance = EnvInstance(bundle, dsn, args.name or bundle.name, verifier_workers=args.verifier_workers,
-                           allow_weak_isolation=args.allow_weak_isolation)
+                           allow_weak_isolation=args.allow_weak_isolation, judge=judge,
+                           verifier_kind=args.verifier_kind, allow_ungated=args.allow_ungated)
     await instance.start()
     control_host = args.control_host or args.host
     hosts = hostguard.allowed_hosts([args.host, control_host], args.allowed_host)
@@ -93,6 +100,18 @@ async def serve(args: argparse.Namespace) -> None:
     await instance.close()
 
 
+def judge_settings(args: argparse.Namespace) -> JudgeSettings | None:
+    """Flags over ``AWM_JUDGE_*`` variables; ``None`` when no judge is configured."""
+    env = dict(os.environ)
+    if args.judge_base_url:
+        env["AWM_JUDGE_BASE_URL"] = args.judge_base_url
+    if args.judge_model:
+        env["AWM_JUDGE_MODEL"] = args.judge_model
+    if args.judge_votes:
+        env["AWM_JUDGE_VOTES"] = str(args.judge_votes)
+    return JudgeSettings.from_env(env)
+
+
 def main(argv: list[str] | None = None) -> None:
     die_with_parent()  # first: a local fleet's env server must not outlive the fleet
     parser = argparse.ArgumentParser(prog="python -m envserver", description=__doc__,
@@ -116,6 +135,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--allowed-origin", action="append", default=[], metavar="ORIGIN",
                         help="a browser Origin to trust, e.g. https://ui.example.com (repeatable; also "
                              f"{hostguard.ORIGINS_ENV})")
+    parser.add_argument("--judge-base-url", help="OpenAI-compatible endpoint of the LLM judge (also "
+                        "AWM_JUDGE_BASE_URL; the key comes from AWM_JUDGE_API_KEY)")
+    parser.add_argument("--judge-model", help="judge model (also AWM_JUDGE_MODEL)")
+    parser.add_argument("--judge-votes", type=int, help="k-vote majority (also AWM_JUDGE_VOTES; default 1)")
+    parser.add_argument("--verifier-kind", choices=("code", "judge"), default=os.environ.get("AWM_VERIFIER_KIND") or None,
+                        help="where a task has both kinds of verifier, serve this one (also AWM_VERIFIER_KIND)")
+    parser.add_argument("--allow-ungated", action="store_true", default=os.environ.get("AWM_ALLOW_UNGATED") == "1",
+                        help="serve tasks that have not passed both gates, marked ungated (also AWM_ALLOW_UNGATED=1)")
     parser.add_argument("--sse", dest="json_response", action="store_false",
                         help="answer MCP requests as SSE streams instead of plain JSON")
     args = parser.parse_args(argv)

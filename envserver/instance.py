@@ -18,12 +18,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, TypeVar
 
-from awm.bundle import EnvBundle
+from awm.bundle import EnvBundle, Task, Verifier
+from awm.gates import gate_status
+from awm.judge import Judge, Step
 from awm.sandbox.pool import WeakIsolation, WorkerFailure, WorkerPool, WorkerSpec
 from envserver.metrics import Metrics
 from envserver.reset import DatabaseLost, EpisodeDatabase
-from envserver.tools import AGENT_FAULTS, ToolFailure, ToolRuntime
-from envserver.verify import Verdict, verify_in_worker
+from envserver.tools import AGENT_FAULTS, ToolFailure, ToolRuntime, render
+from envserver.verify import Verdict, from_judgement, verify_in_worker
 
 T = TypeVar("T")
 log = logging.getLogger("awm.envserver")
@@ -45,13 +47,24 @@ class Episode:
     started: float = field(default_factory=time.time)
     tool_calls: int = 0
     lost: str | None = None  # why the episode is void (database connection lost)
+    ungated: bool = False  # served with --allow-ungated: its task has not passed both gates
+    steps: list[Step] = field(default_factory=list)  # the episode's own log, for the judge
+
+
+MAX_LOGGED_RESULT = 20_000  # characters of one tool result kept in the episode log
 
 
 class EnvInstance:
     def __init__(self, bundle: EnvBundle, dsn: str, name: str, verifier_workers: int = 1,
-                 exit_when_wedged: bool = True, allow_weak_isolation: bool = False) -> None:
+                 exit_when_wedged: bool = True, allow_weak_isolation: bool = False,
+                 judge: Judge | None = None, verifier_kind: str | None = None, allow_ungated: bool = False) -> None:
         self.bundle = bundle
         self.name = name
+        self.judge = judge
+        self.verifier_kind = verifier_kind  # preferred verifier kind where a task has both
+        self.allow_ungated = allow_ungated
+        # Which tasks passed both gates for the verifier served here (awm.gates).
+        self.gates = {t.id: gate_status(bundle, t, verifier_kind) for t in bundle.tasks}
         self.runtime = ToolRuntime(bundle)
         self.db = EpisodeDatabase(dsn, statement_timeout_ms=int(bundle.limits.tool_timeout_s * 1000))
         # One pool runs both tools and verifiers (never at once: both hold the instance lock).
@@ -80,6 +93,8 @@ class EnvInstance:
                         ", ".join(f"{k} ({v})" for k, v in isolation.get("missing", {}).items()))
 
     async def close(self) -> None:
+        if self.judge is not None:
+            await self.judge.close()
         self.pool.close()
         await self._db(self.db.close)
         self._executor.shutdown(wait=False, cancel_futures=True)
@@ -93,6 +108,7 @@ class EnvInstance:
     async def call_tool(self, name: str, arguments: Any) -> Any:
         start = time.perf_counter()
         outcome = "ok"
+        episode = self.episode
         try:
             if self.wedged:
                 raise ToolFailure("unavailable", "environment instance is restarting")
@@ -125,15 +141,24 @@ class EnvInstance:
                     self._lose(str(exc))
                     raise ToolFailure("unavailable", "environment database unavailable; "
                                                      "the episode is void") from exc
-                return self.runtime.outcome(name, reply, bool(state.get("timed_out")),
-                                            bool(state.get("rolled_back")))
+                result = self.runtime.outcome(name, reply, bool(state.get("timed_out")),
+                                              bool(state.get("rolled_back")))
+                self._log(episode, name, arguments, True, None, render(result))
+                return result
         except ToolFailure as failure:
             outcome = failure.kind
+            self._log(episode, name, arguments, False, failure.kind, str(failure))
             raise
         finally:
             self.metrics.tool_calls.labels(name if name in self.runtime.names else "_unknown", outcome).inc()
             self.metrics.tool_latency.labels(name if name in self.runtime.names else "_unknown").observe(
                 time.perf_counter() - start)
+
+    @staticmethod
+    def _log(episode: Episode | None, name: str, arguments: Any, ok: bool, kind: str | None, text: str) -> None:
+        if episode is not None:
+            episode.steps.append(Step(tool=name, arguments=arguments, ok=ok, error_kind=kind,
+                                      result=text[:MAX_LOGGED_RESULT]))
 
     def _lose(self, reason: str) -> None:
         if self.episode is not None:
@@ -157,6 +182,7 @@ class EnvInstance:
             except KeyError:
                 raise ControlError(404, f"unknown task id {task_id!r}",
                                    known=[t.id for t in self.bundle.tasks]) from None
+            self._servable(task)
         if self.wedged:
             raise ControlError(503, "instance is restarting")
         async with self._lock:
@@ -175,7 +201,9 @@ class EnvInstance:
                 self.metrics.escapes.inc()
                 log.warning("episode escaped its transaction (%s): state repaired from the snapshot",
                             result.escaped)
-            self.episode = Episode(uuid.uuid4().hex, task_id)
+            self.episode = Episode(uuid.uuid4().hex, task_id, ungated=bool(task and not self.gates[task.id][0]))
+            if self.episode.ungated:
+                self.metrics.ungated.inc()
         return {
             "episode_id": self.episode.id,
             "task_id": task_id,
@@ -185,7 +213,23 @@ class EnvInstance:
             "pristine": result.pristine,
             "repaired": result.repaired,
             "escaped": result.escaped,
+            "ungated": self.episode.ungated,
         }
+
+    def verifier_of(self, task: Task) -> Verifier:
+        return task.select(self.verifier_kind)  # type: ignore[arg-type]
+
+    def _servable(self, task: Task) -> None:
+        """Refuse, with the reason, a task this instance must not serve: one that has not passed
+        both gates (unless ungated tasks are allowed), or a judge task without a judge."""
+        gated, why = self.gates[task.id]
+        if not gated and not self.allow_ungated:
+            raise ControlError(403, f"task {task.id!r} has not passed both gates ({why}); run `awm catalog "
+                                    "validate --record` or serve with --allow-ungated", gate=why)
+        if self.verifier_of(task).kind == "judge" and self.judge is None:
+            raise ControlError(409, f"task {task.id!r} is judged by an LLM and this instance has no judge "
+                                    "configured (--judge-base-url / --judge-model, or AWM_JUDGE_BASE_URL / "
+                                    "AWM_JUDGE_MODEL)")
 
     async def verify(self, final_answer: str | None) -> dict[str, Any]:
         episode = self.episode
@@ -199,13 +243,16 @@ class EnvInstance:
         elif not self.db.connected:
             verdict = Verdict("error", "episode lost: database connection is down", "infra")
         else:
-            code = "\n\n".join(x for x in (self.bundle.verifier_prelude, task.verifier.code) if x)
+            verifier = self.verifier_of(task)
+            code = "\n\n".join(x for x in (self.bundle.verifier_prelude, verifier.code) if x)
             timeout_s = self.bundle.limits.verifier_timeout_s
+            judged = verifier.kind == "judge"
             async with self._lock:
                 try:
-                    images = await self._sqlite_images() if task.verifier.inputs == "sqlite" else None
+                    images = await self._sqlite_images() if verifier.inputs == "sqlite" else None
                     verdict = await self._db(lambda: verify_in_worker(
-                        self.db, self.pool, code, task.verifier.entrypoint, final_answer, timeout_s, images))
+                        self.db, self.pool, code, verifier.entrypoint, final_answer, timeout_s, images,
+                        evidence=judged))
                 except DatabaseLost as exc:
                     self._lose(str(exc))
                     verdict = Verdict("error", f"episode lost: {exc}", "infra")
@@ -213,6 +260,8 @@ class EnvInstance:
                     verdict = Verdict("error", f"could not prepare the verification: {exc}", "infra")
             if episode.lost:  # lost while the verifier was reading
                 verdict = Verdict("error", f"episode lost: {episode.lost}", "infra", verdict.ms)
+            elif judged and verdict.verdict == "evidence":
+                verdict = await self._judge(task, verifier, verdict, list(episode.steps), final_answer)
         self.metrics.episodes.labels(verdict.verdict).inc()
         self.metrics.verify_latency.observe(verdict.ms / 1000)
         if verdict.verdict == "error":
@@ -228,7 +277,28 @@ class EnvInstance:
             "error_kind": verdict.kind or None,
             "verify_ms": round(verdict.ms, 3),
             "tool_calls": episode.tool_calls,
+            "verifier_kind": self.verifier_of(task).kind,
+            "ungated": episode.ungated,
+            **({"evidence": verdict.evidence} if verdict.evidence is not None else {}),
+            **({"judge": verdict.judge} if verdict.judge is not None else {}),
         }
+
+    async def _judge(self, task: Task, verifier: Verifier, evidence: Verdict, steps: list[Step],
+                     final_answer: str | None) -> Verdict:
+        """Outside the instance lock: the judge needs no database, and health checks, metrics and
+        a reset (which ends this episode anyway) need not wait for an LLM."""
+        assert self.judge is not None  # reset refuses judge tasks without one
+        result = await self.judge.judge(task.instruction, evidence.evidence, steps, final_answer,
+                                        verifier.success_criteria, verifier.failure_criteria)
+        self.metrics.judge_latency.observe(result.ms / 1000)
+        self.metrics.judge_verdicts.labels(result.classification).inc()
+        self.metrics.judge_tokens.labels("prompt").inc(result.prompt_tokens)
+        self.metrics.judge_tokens.labels("completion").inc(result.completion_tokens)
+        if result.cached:
+            self.metrics.judge_cache_hits.inc()
+        verdict = from_judgement(result, evidence.evidence)
+        verdict.ms += evidence.ms
+        return verdict
 
     async def _sqlite_images(self) -> dict[str, bytes]:
         """AWM convention: SQLite images of the snapshot (built once) and of the final state."""
@@ -260,7 +330,12 @@ class EnvInstance:
             "env": self.bundle.name,
             "instance": self.name,
             "tools": [t.name for t in self.bundle.tools],
-            "tasks": [{"id": t.id, "instruction": t.instruction} for t in self.bundle.tasks],
+            "tasks": [{"id": t.id, "instruction": t.instruction, "verifier_kind": self.verifier_of(t).kind,
+                       "gated": self.gates[t.id][0], "gate": self.gates[t.id][1],
+                       "served": self.gates[t.id][0] or self.allow_ungated} for t in self.bundle.tasks],
+            "allow_ungated": self.allow_ungated,
+            "judge": ({"model": self.judge.settings.model, "votes": self.judge.settings.votes,
+                       "temperature": self.judge.settings.temperature} if self.judge else None),
             # What confines tool and verifier code here (the layers applied, and any missing).
             "isolation": self.pool.isolation,
             "verifier_isolation": self.pool.isolation,

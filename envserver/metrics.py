@@ -36,5 +36,17 @@ class Metrics:
                                        ["reason"], registry=r)
         self.escapes = Counter("awm_episode_escapes_total",
                                "Resets that did not trust the fast path and repaired from the snapshot.", registry=r)
-        for outcome in ("complete", "incomplete", "error"):
+        self.judge_latency = Histogram("awm_judge_seconds", "LLM judge latency per verdict (cache hits included).",
+                                       buckets=(0.001, 0.01, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120), registry=r)
+        self.judge_tokens = Counter("awm_judge_tokens_total", "Tokens spent by the LLM judge.", ["kind"],
+                                    registry=r)
+        self.judge_cache_hits = Counter("awm_judge_cache_hits_total", "Judgements answered from the cache.",
+                                        registry=r)
+        self.judge_verdicts = Counter("awm_judge_verdicts_total", "Judge classifications (judge_error included).",
+                                      ["classification"], registry=r)
+        self.ungated = Counter("awm_ungated_episodes_total",
+                               "Episodes of tasks served without passing both gates (--allow-ungated).", registry=r)
+        for outcome in ("complete", "incomplete", "agent_error", "error"):
             self.episodes.labels(outcome)
+        for kind in ("prompt", "completion"):
+            self.judge_tokens.labels(kind)

@@ -15,28 +15,51 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from awm.judge import JudgeResult
 from awm.sandbox.pool import WeakIsolation, WorkerFailure, WorkerPool
 from envserver.reset import EpisodeDatabase
 
 
 @dataclass
 class Verdict:
-    verdict: str  # complete | incomplete | error
+    """``verdict`` is ``complete``, ``incomplete``, ``agent_error`` (judge verifiers: the agent misused
+    the tools; scored, like incomplete) or ``error`` (ours, never charged to the agent: the trainer
+    masks it). Error kinds: timeout | memory | crash | exception | query | infra (the verifier or
+    the instance), server_error (the judge found the environment failing the agent), judge (the
+    judge failed). ``evidence`` is an intermediate state: a judge verifier's output, before judging."""
+
+    verdict: str
     reason: str
-    kind: str = ""  # for errors: timeout | memory | crash | exception | query | infra
+    kind: str = ""
     ms: float = 0.0
+    evidence: Any = None
+    judge: dict[str, Any] | None = None
 
     @property
     def reward(self) -> float:
         return 1.0 if self.verdict == "complete" else 0.0
 
 
+def from_judgement(result: JudgeResult, evidence: Any) -> Verdict:
+    """The judge's class as a verdict: server and judge errors are ours (masked), the rest scored."""
+    judge = result.to_json()
+    if result.classification == "judge_error":
+        return Verdict("error", f"judge failed: {result.reasoning}", "judge", result.ms, evidence, judge)
+    if result.classification == "server_error":
+        return Verdict("error", f"judge: the environment failed the agent: {result.reasoning}", "server_error",
+                       result.ms, evidence, judge)
+    return Verdict(result.classification, result.reasoning, "", result.ms, evidence, judge)
+
+
 def verify_in_worker(db: EpisodeDatabase, pool: WorkerPool, code: str, entrypoint: str, answer: str | None,
-                     timeout_s: float, sqlite_images: dict[str, bytes] | None = None) -> Verdict:
+                     timeout_s: float, sqlite_images: dict[str, bytes] | None = None,
+                     evidence: bool = False) -> Verdict:
     """Run one verifier (on the database thread). ``sqlite_images`` (``{"initial", "final"}``)
-    switches to the AWM convention: the verifier gets SQLite databases instead of query views."""
+    switches to the AWM convention: the verifier gets SQLite databases instead of query views.
+    ``evidence``: a judge verifier, whose return value is evidence (verdict ``evidence``)."""
     start = time.perf_counter()
-    message: dict[str, Any] = {"op": "verify", "code": code, "entrypoint": entrypoint, "answer": answer}
+    message: dict[str, Any] = {"op": "verify", "code": code, "entrypoint": entrypoint, "answer": answer,
+                               "evidence": evidence}
     if sqlite_images:
         message["files"] = sqlite_images
     try:
@@ -57,6 +80,8 @@ def verify_in_worker(db: EpisodeDatabase, pool: WorkerPool, code: str, entrypoin
 
 def _verdict(reply: dict[str, Any]) -> Verdict:
     op = reply.get("op")
+    if op == "done" and "evidence" in reply:
+        return Verdict("evidence", "", evidence=reply["evidence"])
     if op == "done":
         if not isinstance(reply.get("complete"), bool):
             return Verdict("error", "verifier reply without a verdict", "crash")

@@ -51,7 +51,8 @@ def notes_bundle() -> EnvBundle:
 async def notes_fleet(admin_dsn: str, notes_bundle: EnvBundle) -> AsyncIterator[LocalFleet]:
     # A secret in our own environment must never reach an instance or a verifier.
     os.environ["OPENAI_API_KEY"] = "sk-test-must-not-leak"
-    fleet = LocalFleet([notes_bundle], replicas=1, database=Database(admin_dsn))
+    # The notes fixture holds hostile verifiers that can never pass their gates: served ungated.
+    fleet = LocalFleet([notes_bundle], replicas=1, database=Database(admin_dsn), allow_ungated=True)
     await fleet.start()
     yield fleet
     await fleet.stop()

@@ -127,7 +127,11 @@ async def test_import_report(imported):
     assert (lib["tools_served"], clinic["tools_served"]) == (5, 4)
     assert clinic["tools_not_served"] == [{"tool": "get_vet_schedule",
                                            "reason": "the app has no route with this operation_id"}]
-    assert (lib["tasks"], lib["tasks_served"], lib["code_verifier_tasks"]) == (4, 3, 3)
+    # Every task is served: code mode where the release has it, the LLM judge (sql mode) otherwise,
+    # and both are kept where it has both.
+    assert (lib["tasks"], lib["tasks_served"], lib["code_verifier_tasks"], lib["judge_verifier_tasks"]) == (4, 4, 3, 2)
+    assert lib["verifier_of"] == {"task_0": "code+judge", "task_1": "code", "task_2": "code", "task_3": "judge"}
+    assert clinic["verifier_of"] == {"task_0": "code", "task_1": "code+judge"}
     assert lib["sql_only_tasks"] == ["task_3"] and lib["duplicate_verifier_rows"] == 1
     # The flaw of the source data, found by running the verifier on the untouched snapshot. Task 0's
     # duplicate row (always "complete") would be listed too if the first row did not win.
@@ -152,6 +156,17 @@ async def test_imported_bundles_are_a_catalog(imported):
     assert tool.input_schema["required"] == ["book_id"]
     assert lib.task("task_0").verifier.entrypoint == "verify_task_completion"
     assert lib.task("task_0").verifier.inputs == "sqlite"
+    judge = lib.task("task_0").alt_verifier
+    assert judge is not None and (judge.kind, judge.entrypoint) == ("judge", "verify_task")
+    assert judge.success_criteria.startswith("A new loan of The Hobbit")
+    assert lib.task("task_3").verifier.kind == "judge" and lib.task("task_3").alt_verifier is None
+    # The code verifiers' negative gate ran at import, on the snapshot as served, and is recorded;
+    # no task has a reference solution, so none has passed both gates.
+    record = lib.task("task_1").gates[0]
+    assert (record.verifier_kind, record.negative.passed, record.positive) == ("code", True, None)
+    assert record.snapshot == lib.database_hash() and record.verifier == lib.task("task_1").verifier.digest()
+    assert lib.task("task_2").gates[0].negative.passed is False  # says complete untouched
+    assert not lib.task("task_3").gates
 
 
 # -- serving the imported catalog ----------------------------------------------------------------
@@ -160,7 +175,7 @@ async def test_imported_bundles_are_a_catalog(imported):
 @pytest.fixture(scope="module")
 async def awm1k_fleet(imported, admin_dsn):
     _, out = imported
-    fleet = LocalFleet(catalog.load(out), replicas=1, database=Database(admin_dsn))
+    fleet = LocalFleet(catalog.load(out), replicas=1, database=Database(admin_dsn), allow_ungated=True)
     await fleet.start()
     yield {h.env: h for h in fleet.instances}
     await fleet.stop()

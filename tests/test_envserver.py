@@ -127,7 +127,7 @@ async def test_control_api_errors(control, notes):
 
 async def test_verify_before_reset_is_refused(admin_dsn, notes_bundle):
     from awm.fleet import Database, LocalFleet
-    async with LocalFleet([notes_bundle], database=Database(admin_dsn)) as fleet:
+    async with LocalFleet([notes_bundle], database=Database(admin_dsn), allow_ungated=True) as fleet:
         control = ControlClient(fleet.instances[0].control_url)
         with pytest.raises(ControlApiError) as exc:
             await control.verify("anything")

@@ -86,6 +86,25 @@ def test_pod_manifest_follows_the_contract() -> None:
     assert server["resources"] == cfg.envserver_resources
 
 
+def test_pod_manifest_carries_the_judge_and_the_gates() -> None:
+    """A fleet's judge reaches its env servers as AWM_JUDGE_* (the key from its Secret, never a
+    literal), with the verifier kind and the ungated switch; and the env server reads them back."""
+    from awm.judge import JudgeSettings
+
+    spec = fleet_spec(serving={"judge": {"baseUrl": "http://vllm.llm.svc:8000/v1", "model": "qwen3-8b", "votes": 3,
+                                         "apiKeySecret": {"name": "judge", "key": "token"}},
+                               "verifierKind": "judge", "allowUngated": True})
+    (server,) = pod_manifest("train", "ns", "uid-1", spec, "crm", OperatorConfig())["spec"]["containers"]
+    env = {e["name"]: e for e in server["env"]}
+    assert env["AWM_JUDGE_API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "judge", "key": "token"}
+    assert (env["AWM_VERIFIER_KIND"]["value"], env["AWM_ALLOW_UNGATED"]["value"]) == ("judge", "1")
+    settings = JudgeSettings.from_env({k: v["value"] for k, v in env.items() if "value" in v})
+    assert (settings.base_url, settings.model, settings.votes, settings.temperature) == (
+        "http://vllm.llm.svc:8000/v1", "qwen3-8b", 3, 0.0)
+    plain = pod_manifest("train", "ns", "uid-1", fleet_spec(), "crm", OperatorConfig())["spec"]["containers"][0]
+    assert not [e for e in plain["env"] if e["name"].startswith(("AWM_JUDGE", "AWM_ALLOW_UNGATED"))]
+
+
 def test_pod_manifest_catalog_sources() -> None:
     cfg = OperatorConfig()
     by_image = pod_manifest("f", "ns", "u", fleet_spec(catalog={"image": "my/cat:2", "path": "/data/"}), "crm", cfg)

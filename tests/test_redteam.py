@@ -417,7 +417,7 @@ def _hostile_bundle(base: EnvBundle) -> EnvBundle:
 @pytest.fixture(scope="module")
 async def redteam(admin_dsn: str, notes_bundle: EnvBundle) -> AsyncIterator[tuple[InstanceHandle, LocalFleet]]:
     os.environ["OPENAI_API_KEY"] = SECRET  # in the fleet's own environment: it must reach nothing
-    fleet = LocalFleet([_hostile_bundle(notes_bundle)], replicas=1, database=Database(admin_dsn))
+    fleet = LocalFleet([_hostile_bundle(notes_bundle)], replicas=1, database=Database(admin_dsn), allow_ungated=True)
     await fleet.start()
     yield fleet.instances[0], fleet
     await fleet.stop()

@@ -19,7 +19,7 @@ def own_pg(tmp_path_factory):
 
 
 async def test_postgres_restart_mid_episode(own_pg, notes_bundle):
-    async with LocalFleet([notes_bundle], database=Database(own_pg.admin_dsn())) as fleet:
+    async with LocalFleet([notes_bundle], database=Database(own_pg.admin_dsn()), allow_ungated=True) as fleet:
         handle = fleet.instances[0]
         control = ControlClient(handle.control_url)
         async with McpSession(handle.mcp_url) as mcp:
@@ -43,7 +43,7 @@ async def test_postgres_restart_mid_episode(own_pg, notes_bundle):
 
 
 async def test_restart_between_episodes_is_invisible(own_pg, notes_bundle):
-    async with LocalFleet([notes_bundle], database=Database(own_pg.admin_dsn())) as fleet:
+    async with LocalFleet([notes_bundle], database=Database(own_pg.admin_dsn()), allow_ungated=True) as fleet:
         handle = fleet.instances[0]
         control = ControlClient(handle.control_url)
         await control.reset("count_notes")

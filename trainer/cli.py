@@ -17,6 +17,7 @@ import typer
 from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
+from awm.serveopts import JudgeModelOpt, JudgeUrlOpt, JudgeVotesOpt, KindOpt, UngatedOpt, serving_options
 
 trainer_app = typer.Typer()
 console = Console()
@@ -227,6 +228,11 @@ def eval_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     database_url: Annotated[Optional[str], typer.Option("--database-url", envvar="AWM_DATABASE_URL",
                                                        help="External Postgres admin DSN (default: embedded).")] = None,
+    judge_base_url: JudgeUrlOpt = None,
+    judge_model: JudgeModelOpt = None,
+    judge_votes: JudgeVotesOpt = 1,
+    verifier_kind: KindOpt = None,
+    allow_ungated: UngatedOpt = False,
 ) -> None:
     """pass@1 and pass@k per environment for a model endpoint (k samples of every task)."""
     from awm import catalog as catalog_mod
@@ -244,9 +250,11 @@ def eval_command(
     except catalog_mod.CatalogError as exc:
         err.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from exc
-    tasks = ev.select_tasks(bundles, task)
+    serving = serving_options(judge_base_url, judge_model, judge_votes, verifier_kind, allow_ungated)
+    tasks = ev.select_tasks(bundles, task, allow_ungated, verifier_kind)
     if not tasks:
-        err.print("[red]error:[/red] no tasks selected")
+        err.print("[red]error:[/red] no tasks selected (only tasks that passed both gates are evaluated unless "
+                  "--allow-ungated; `awm catalog validate --record` records the gates)")
         raise typer.Exit(2)
     if checkpoint is not None:
         policy, name = _checkpoint_policy(checkpoint, temperature), str(checkpoint)
@@ -288,7 +296,7 @@ def eval_command(
                 async with KubernetesSource(k8s, [b.name for b in bundles], replicas, k, scenarios) as source:
                     return await ev.evaluate(source, policy, tasks, k, cfg, RewardConfig(), log, on_task)
             database = await asyncio.to_thread(Database.open, database_url)
-            async with LocalFleetSource(bundles, replicas, database) as source:
+            async with LocalFleetSource(bundles, replicas, database, **serving) as source:
                 return await ev.evaluate(source, policy, tasks, k, cfg, RewardConfig(), log, on_task)
         finally:
             await policy.close()

@@ -99,6 +99,18 @@ class TrainConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    # The LLM judge of judge-verifier tasks (awm.judge.JudgeSettings fields: base_url, model, votes,
+    # ...; the key from the environment variable named by api_key_env, AWM_JUDGE_API_KEY).
+    judge: dict[str, Any] | None = None
+    verifier_kind: str | None = None  # code | judge: which one where a task has both
+    allow_ungated: bool = False  # also train on tasks that have not passed both gates
+
+    def serving(self) -> dict[str, Any]:
+        """The local fleet's judge, verifier kind and gate settings."""
+        from awm.judge import JudgeSettings
+
+        judge = JudgeSettings.model_validate(self.judge) if self.judge else None
+        return {"judge": judge, "verifier_kind": self.verifier_kind, "allow_ungated": self.allow_ungated}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], base_dir: Path | None = None) -> TrainConfig:
@@ -117,6 +129,9 @@ class TrainConfig:
                 cfg.policy.path = _resolve(cfg.policy.path, base_dir)
         if cfg.mode not in ("async", "sync"):
             raise ValueError("mode must be async or sync")
+        if cfg.verifier_kind not in (None, "code", "judge"):
+            raise ValueError("verifier_kind must be code or judge")
+        cfg.serving()  # a malformed judge section fails here, before anything starts
         return cfg
 
     @classmethod

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from awm.bundle import EnvBundle
+from awm.gates import gate_status
 from trainer.agent import AgentConfig
 from trainer.policy import Policy, PolicyUnavailable
 from trainer.reward import RewardConfig
@@ -161,5 +162,9 @@ def plot(data: dict[str, Any], path: Path | str) -> Path:
     return path
 
 
-def select_tasks(bundles: list[EnvBundle], task_ids: list[str] | None = None) -> list[TaskRef]:
-    return [TaskRef(b.name, t.id) for b in bundles for t in b.tasks if not task_ids or t.id in task_ids]
+def select_tasks(bundles: list[EnvBundle], task_ids: list[str] | None = None, allow_ungated: bool = False,
+                 verifier_kind: str | None = None) -> list[TaskRef]:
+    """The tasks to run: the chosen ones that passed both gates (awm.gates), or all chosen ones
+    with ``allow_ungated`` (the env servers then mark their episodes ungated)."""
+    return [TaskRef(b.name, t.id) for b in bundles for t in b.tasks
+            if (not task_ids or t.id in task_ids) and (allow_ungated or gate_status(b, t, verifier_kind)[0])]

@@ -267,7 +267,8 @@ async def train(cfg: TrainConfig, on_step: StepHook | None = None) -> TrainResul
     from trainer.k8s_source import KubernetesSettings, KubernetesSource, ProgressReporter
     from trainer.local_policy import LocalPolicy
     from trainer.metrics import JsonlLog, TrainMetrics, plot_reward_curve
-    from trainer.rollout import LocalFleetSource, RolloutService, TaskRef
+    from trainer.eval import select_tasks
+    from trainer.rollout import LocalFleetSource, RolloutService
     from trainer.trajectory import TrajectoryLog
 
     random.seed(cfg.seed)
@@ -276,9 +277,10 @@ async def train(cfg: TrainConfig, on_step: StepHook | None = None) -> TrainResul
     run_dir = Path(cfg.run_dir)
     (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
     bundles = catalog_mod.load(cfg.catalog, cfg.envs or None)
-    tasks = [TaskRef(b.name, t.id) for b in bundles for t in b.tasks if not cfg.tasks or t.id in cfg.tasks]
+    tasks = select_tasks(bundles, cfg.tasks, cfg.allow_ungated, cfg.verifier_kind)
     if not tasks:
-        raise ValueError("no tasks selected")
+        raise ValueError("no tasks selected (only tasks that passed both gates are trained on unless "
+                         "allow_ungated: true; `awm catalog validate --record` records the gates)")
     corpus = [cfg.agent.system_prompt, *(b.scenario.description for b in bundles),
               *(t.instruction for b in bundles for t in b.tasks), *(tool.name for b in bundles for tool in b.tools)]
     corpus.append(DEFAULT_SYSTEM)
@@ -316,7 +318,7 @@ async def train(cfg: TrainConfig, on_step: StepHook | None = None) -> TrainResul
                                   {b.name: b.scenario.description for b in bundles})
     else:
         database = await asyncio.to_thread(Database.open, cfg.database_url)
-        source = LocalFleetSource(bundles, cfg.replicas, database)
+        source = LocalFleetSource(bundles, cfg.replicas, database, **cfg.serving())
     service = RolloutService(source, policy, tasks, cfg.agent, cfg.reward, cfg.rollout, traj_log,
                              metrics.observe_trajectory)
     if resumed:  # the task order and the sampler go on where the checkpoint left them

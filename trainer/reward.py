@@ -25,13 +25,18 @@ from typing import Any
 
 INFRA_TOOL_ERRORS = ("tool_crashed", "timeout", "unavailable")
 AGENT_TOOL_ERRORS = ("invalid_arguments", "tool_error")
-VERDICT_ERROR_KINDS = ("infra", "timeout", "crash", "memory", "exception", "query")
+# server_error: the LLM judge found the environment failing the agent; judge: the judge failed.
+VERDICT_ERROR_KINDS = ("infra", "timeout", "crash", "memory", "exception", "query", "server_error", "judge")
 
 
 @dataclass
 class RewardConfig:
+    """The reward map (docs/training.md). Judge verdicts: complete, incomplete and agent_error are
+    scored with the values below; server_error and judge_error are masked (never charged)."""
+
     complete: float = 1.0
     incomplete: float = 0.0
+    agent_error: float = 0.0  # the judge says the agent misused the tools and did not finish
     format_penalty: float = 0.1  # per malformed tool call (step-level)
     tool_error_penalty: float = 0.0  # per invalid_arguments / tool_error result
     max_penalty: float = 0.5  # the penalties together never exceed this
@@ -74,7 +79,7 @@ def score(verdict: dict[str, Any] | None, tool_error_kinds: list[str], malformed
         kind = verdict.get("error_kind") or "unknown"
         if kind in cfg.masked_verdict_kinds or kind == "unknown":
             return RewardResult(0.0, True, f"verifier error ({kind}): {verdict.get('reason', '')}"[:300])
-    base = cfg.complete if outcome == "complete" else cfg.incomplete
+    base = {"complete": cfg.complete, "agent_error": cfg.agent_error}.get(str(outcome), cfg.incomplete)
     fmt = cfg.format_penalty * malformed_calls
     tool = cfg.tool_error_penalty * sum(1 for k in tool_error_kinds if k in AGENT_TOOL_ERRORS)
     penalty = min(fmt + tool, cfg.max_penalty)

@@ -186,11 +186,14 @@ class PoolSource(InstanceSource):
 class LocalFleetSource(PoolSource):
     """Instances served on this machine by a :class:`~awm.fleet.LocalFleet` (started here)."""
 
-    def __init__(self, bundles: list[EnvBundle], replicas: int, database: Any = None, verifier_workers: int = 1) -> None:
+    def __init__(self, bundles: list[EnvBundle], replicas: int, database: Any = None, verifier_workers: int = 1,
+                 **serving: Any) -> None:
+        """``serving``: the fleet's judge, verifier_kind and allow_ungated (awm.fleet.LocalFleet)."""
         super().__init__([])
         from awm.fleet import LocalFleet
 
-        self.fleet = LocalFleet(bundles, replicas=replicas, database=database, verifier_workers=verifier_workers)
+        self.fleet = LocalFleet(bundles, replicas=replicas, database=database, verifier_workers=verifier_workers,
+                                **serving)
         self._scenarios = {b.name: b.scenario.description for b in bundles}
 
     async def start(self) -> LocalFleetSource:

@@ -15,13 +15,18 @@ Per environment:
    and left out, never lost silently; then the finished bundle is loaded the way the fleet loads
    it (``provision.load_snapshot``), which proves it;
 3. tools are the gen_spec endpoints the app really serves (schemas from ``request_params``,
-   routing from the app's own OpenAPI document); tasks keep their code-mode verifier
-   (``verify_task_completion(initial_db_path, final_db_path, final_answer)``). SQL-mode verifiers
-   only gather evidence for an LLM judge, which verification here does not have: tasks that have
-   nothing else are listed in the report and not served;
-4. every code verifier is run, sandboxed, on the untouched snapshot: tasks it already calls
-   complete are a flaw of the source data and are listed (the task gates of ``awm catalog
-   validate`` would refuse them too).
+   routing from the app's own OpenAPI document); tasks keep *both* verifiers when the release has
+   both: the code-mode one (``verify_task_completion(initial_db_path, final_db_path,
+   final_answer)``, kind ``code``) and the sql-mode one (``verify_task(initial_db_path,
+   final_db_path)`` returning evidence for the LLM judge, kind ``judge``, with the success and
+   failure criteria of its ``raw_response``). The primary one is code mode when it exists (or the
+   ``prefer``red kind); the report says which each task got;
+4. every verifier is run, sandboxed, on the untouched snapshot: code verifiers that already say
+   complete are a flaw of the source data and are listed (their negative gate fails too), and
+   judge verifiers must at least produce JSON evidence there.
+
+Imported tasks have no reference solution, so they have not passed the positive gate: they are
+served only with ``--allow-ungated`` until ``awm gen solution`` gives them one.
 
 Timestamps written as ``datetime('now', ...)`` are evaluated against one reference instant (the
 import date at 00:00 UTC unless given), so the same input and reference give the same snapshot.
@@ -50,6 +55,8 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from pydantic import ValidationError
 
 from awm.bundle import (App, Database, EnvBundle, Limits, Route, Scenario, SeedTable, Task, Tool, Verifier)
+from awm.gates import EpisodeReport
+from awm.gates import record as record_gate
 from awm.importers import sqlite_to_pg as s2p
 from awm.importers.app_probe import MARKER
 from awm.postgres import provision
@@ -99,6 +106,9 @@ class EnvReport:
     tasks: int = 0
     tasks_served: int = 0
     code_verifier_tasks: int = 0
+    judge_verifier_tasks: int = 0
+    both_verifier_tasks: int = 0
+    verifier_of: dict[str, str] = field(default_factory=dict)  # task id -> primary kind, "+" when both
     sql_only_tasks: list[str] = field(default_factory=list)
     no_verifier_tasks: list[str] = field(default_factory=list)
     broken_verifier_tasks: list[dict[str, str]] = field(default_factory=list)
@@ -127,6 +137,8 @@ class ImportReport:
             "tasks": sum(e.tasks for e in envs),
             "tasks_served": sum(e.tasks_served for e in envs),
             "code_verifier_tasks": sum(e.code_verifier_tasks for e in envs),
+            "judge_verifier_tasks": sum(e.judge_verifier_tasks for e in envs),
+            "both_verifier_tasks": sum(e.both_verifier_tasks for e in envs),
             "sql_only_tasks": sum(len(e.sql_only_tasks) for e in envs),
             "complete_on_untouched": sum(len(e.complete_on_untouched) for e in envs),
         }
@@ -142,18 +154,19 @@ def print_report(report: ImportReport, console: Any) -> None:
 
     table = Table(title=f"awm catalog import: {report.source} -> {report.out}")
     for col in ("environment", "status", "tables", "rows loaded", "rows rejected", "tools", "tasks",
-                "served", "code verif.", "sql-only", "complete untouched"):
+                "served", "code verif.", "judge verif.", "judge only", "complete untouched"):
         table.add_column(col, justify="left" if col in ("environment", "status") else "right")
     for e in report.environments:
         style = "green" if e.status == "imported" else "red"
         table.add_row(e.name, f"[{style}]{e.status}[/{style}]", str(e.tables), str(e.rows_loaded),
                       str(len(e.rows_rejected)), str(e.tools_served), str(e.tasks), str(e.tasks_served),
-                      str(e.code_verifier_tasks), str(len(e.sql_only_tasks)), str(len(e.complete_on_untouched)))
+                      str(e.code_verifier_tasks), str(e.judge_verifier_tasks), str(len(e.sql_only_tasks)),
+                      str(len(e.complete_on_untouched)))
     t = report.totals
     table.add_section()
     table.add_row("total", f"{t['imported']}/{t['environments']}", "", str(t["rows_loaded"]), str(t["rows_rejected"]),
                   str(t["tools_served"]), str(t["tasks"]), str(t["tasks_served"]), str(t["code_verifier_tasks"]),
-                  str(t["sql_only_tasks"]), str(t["complete_on_untouched"]))
+                  str(t["judge_verifier_tasks"]), str(t["sql_only_tasks"]), str(t["complete_on_untouched"]))
     console.print(table)
     for e in report.environments:
         if e.status != "imported":
@@ -166,8 +179,8 @@ def print_report(report: ImportReport, console: Any) -> None:
         if len(e.rows_rejected) > 5:
             console.print(f"[yellow]...[/yellow] {len(e.rows_rejected) - 5} more rejected rows of {e.name} in report.json")
         if e.sql_only_tasks:
-            console.print(f"[yellow]sql-only[/yellow] {e.name}: {', '.join(e.sql_only_tasks)} need an LLM judge "
-                          "(sql-mode verifier only); not served")
+            console.print(f"[yellow]judge only[/yellow] {e.name}: {', '.join(e.sql_only_tasks)} have only a sql-mode "
+                          "verifier: served with an LLM judge (--judge-base-url/--judge-model)")
 
 
 # -- reading the release ---------------------------------------------------------------------
@@ -528,28 +541,51 @@ def _tools(spec: dict[str, Any] | None, routes: list[dict[str, Any]], report: En
 _ENTRYPOINT = re.compile(r"^def\s+(verify_\w+)\s*\(", re.MULTILINE)
 
 
+def _verifier(kind: str, row: dict[str, Any] | None, task_id: str, report: EnvReport) -> Verifier | None:
+    """One release verifier row as a bundle verifier, or ``None`` (absent; broken ones reported)."""
+    verification = (row or {}).get("verification") or {}
+    code = str(verification.get("code") or "")
+    if not code.strip():
+        return None
+    try:
+        compile(code, f"<{task_id} verifier>", "exec")
+    except SyntaxError as exc:
+        report.broken_verifier_tasks.append({"task": task_id, "kind": kind, "reason": f"SyntaxError: {exc}"})
+        return None
+    match = _ENTRYPOINT.search(code)
+    if match is None:
+        report.broken_verifier_tasks.append({"task": task_id, "kind": kind, "reason": "no top-level def verify_...()"})
+        return None
+    criteria: dict[str, Any] = {}
+    if kind == "judge":
+        with contextlib.suppress(ValueError, TypeError):
+            raw = json.loads(str(verification.get("raw_response") or "{}"))
+            criteria = raw if isinstance(raw, dict) else {}
+    return Verifier(kind=kind, code=code, entrypoint=match.group(1), inputs="sqlite",  # type: ignore[arg-type]
+                    success_criteria=str(criteria.get("success_criteria") or ""),
+                    failure_criteria=str(criteria.get("failure_criteria") or ""))
+
+
 def _tasks(task_texts: list[str], code_rows: dict[int, dict[str, Any]], sql_rows: dict[int, dict[str, Any]],
-           report: EnvReport) -> list[Task]:
+           report: EnvReport, prefer: str = "code") -> list[Task]:
     tasks = []
     for index, text in enumerate(task_texts):
         task_id = f"task_{index}"
-        row = code_rows.get(index)
-        code = str(((row or {}).get("verification") or {}).get("code") or "")
-        if not code.strip():
-            (report.sql_only_tasks if index in sql_rows else report.no_verifier_tasks).append(task_id)
+        code = _verifier("code", code_rows.get(index), task_id, report)
+        judge = _verifier("judge", sql_rows.get(index), task_id, report)
+        if code is None and judge is None:
+            if index not in code_rows and index not in sql_rows:
+                report.no_verifier_tasks.append(task_id)
             continue
-        report.code_verifier_tasks += 1
-        match = _ENTRYPOINT.search(code)
-        try:
-            compile(code, f"<{task_id} verifier>", "exec")
-        except SyntaxError as exc:
-            report.broken_verifier_tasks.append({"task": task_id, "reason": f"SyntaxError: {exc}"})
-            continue
-        if match is None:
-            report.broken_verifier_tasks.append({"task": task_id, "reason": "no top-level def verify_...()"})
-            continue
+        report.code_verifier_tasks += code is not None
+        report.judge_verifier_tasks += judge is not None
+        report.both_verifier_tasks += code is not None and judge is not None
+        if code is None:
+            report.sql_only_tasks.append(task_id)
+        primary, alt = (judge, code) if (prefer == "judge" and judge) or code is None else (code, judge)
+        report.verifier_of[task_id] = primary.kind + ("+" + alt.kind if alt else "")  # type: ignore[union-attr]
         tasks.append(Task(id=task_id, instruction=str(text).strip() or task_id, solution=[],
-                          verifier=Verifier(code=code, entrypoint=match.group(1), inputs="sqlite")))
+                          verifier=primary, alt_verifier=alt))  # type: ignore[arg-type]
     return tasks
 
 
@@ -680,18 +716,28 @@ async def check_untouched(bundle: EnvBundle, admin_dsn: str, pool: Any, report: 
         return {"error": "no query views for SQLite verifiers"}
 
     for task in bundle.tasks:
-        message = {"op": "verify", "code": task.verifier.code, "entrypoint": task.verifier.entrypoint,
-                   "answer": None, "files": {"initial": snapshot, "final": snapshot}}
-        try:
-            reply = await asyncio.to_thread(pool.run, message, no_queries, bundle.limits.verifier_timeout_s)
-        except WorkerFailure as exc:
-            report.verifier_errors_on_untouched.append({"task": task.id, "reason": f"{exc.kind}: {exc}"})
-            continue
-        if reply.get("op") == "done" and reply.get("complete") is True:
-            report.complete_on_untouched.append(task.id)
-        elif reply.get("op") != "done":
-            report.verifier_errors_on_untouched.append(
-                {"task": task.id, "reason": f"{reply.get('kind', 'exception')}: {reply.get('reason', '')}"})
+        for verifier in task.verifiers():
+            judged = verifier.kind == "judge"
+            message = {"op": "verify", "code": verifier.code, "entrypoint": verifier.entrypoint, "answer": None,
+                       "files": {"initial": snapshot, "final": snapshot}, "evidence": judged}
+            try:
+                reply = await asyncio.to_thread(pool.run, message, no_queries, bundle.limits.verifier_timeout_s)
+            except WorkerFailure as exc:
+                report.verifier_errors_on_untouched.append(
+                    {"task": task.id, "kind": verifier.kind, "reason": f"{exc.kind}: {exc}"})
+                continue
+            if reply.get("op") != "done":
+                report.verifier_errors_on_untouched.append(
+                    {"task": task.id, "kind": verifier.kind,
+                     "reason": f"{reply.get('kind', 'exception')}: {reply.get('reason', '')}"})
+            elif not judged:
+                # The code verifier's negative gate, on the snapshot as served: recorded.
+                complete = reply.get("complete") is True
+                if complete:
+                    report.complete_on_untouched.append(task.id)
+                negative = EpisodeReport(bundle.name, task.id, not complete, "complete" if complete else "incomplete",
+                                         str(reply.get("reason") or ""))
+                record_gate(bundle, task, "code", negative, None)
 
 
 # -- the whole import ------------------------------------------------------------------------

@@ -17,6 +17,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from awm.bundle import EnvBundle
+from awm.gates import gate_status
 from awm.synth import stages
 from awm.synth.embed import ApiEmbedder, Embedder, HashingEmbedder
 from awm.llm import LLMClient
@@ -61,11 +63,29 @@ async def run_stages(run: stages.Run, which: list[str], *, seeds: Path | None = 
     summary = summarize(run, time.perf_counter() - started)
     if "solution" in which:
         bundles = stages.assemble(run, run.dir / "catalog")
+        summary["gates"] = await record_gates(run, bundles, run.dir / "catalog")
         summary["catalog"] = str(run.dir / "catalog")
         summary["environments"] = [{"name": b.name, "tools": len(b.tools), "tasks": len(b.tasks),
                                     "tables": len(b.database.seed)} for b in bundles]
     (run.dir / "report.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+async def record_gates(run: stages.Run, bundles: list[EnvBundle], catalog_dir: Path) -> dict[str, int]:
+    """Both gates once more on the assembled bundles, as served, stored as the tasks' gate records
+    (env servers serve only tasks whose record holds)."""
+    from awm.demo import record_results, run_catalog
+    from awm.fleet import Database
+
+    if not bundles:
+        return {"tasks": 0, "passed": 0}
+    results, _ = await run_catalog(bundles, negative_gate=True, show_progress=False, allow_ungated=True,
+                                   database=Database(run.admin_dsn))
+    for bundle, result in zip(bundles, results):
+        record_results(bundle, result)
+        (catalog_dir / f"{bundle.name}.json").write_text(bundle.model_dump_json(indent=1))
+    return {"tasks": sum(len(b.tasks) for b in bundles),
+            "passed": sum(gate_status(b, t)[0] for b in bundles for t in b.tasks)}
 
 
 def summarize(run: stages.Run, wall_s: float) -> dict[str, Any]:

@@ -153,7 +153,8 @@ def fleet_manifest(campaign: str, namespace: str, uid: str, spec: CampaignSpec) 
                  "minReplicas": 0, "maxReplicas": demand, "autoscale": True,
                  "catalog": spec.catalog.model_dump(by_alias=True, exclude_none=True),
                  "database": spec.database.model_dump(by_alias=True, exclude_none=True),
-                 "template": spec.fleet_template.model_dump(by_alias=True, exclude_none=True)},
+                 "template": spec.fleet_template.model_dump(by_alias=True, exclude_none=True),
+                 "serving": spec.serving.model_dump(by_alias=True, exclude_none=True)},
     }
 
 
@@ -170,6 +171,8 @@ def train_config(spec: CampaignSpec) -> dict[str, Any]:
     rollout["group_size"] = spec.training.group_size
     rollout.setdefault("max_inflight_groups", spec.groups_per_environment * len(spec.environments))
     cfg["rollout"] = rollout
+    cfg["allow_ungated"] = spec.serving.allow_ungated  # the trainer picks tasks as the fleet serves them
+    cfg["verifier_kind"] = spec.serving.verifier_kind
     cfg.setdefault("run_dir", "/tmp/run")
     cfg.setdefault("metrics_port", TRAINER_METRICS_PORT)  # scraped through the pod's annotations
     cfg.setdefault("metrics_host", "0.0.0.0")
@@ -198,6 +201,10 @@ def eval_args(spec: CampaignSpec) -> list[str]:
         args += ["--env", env]
     for task in ev.tasks or []:
         args += ["--task", task]
+    if spec.serving.allow_ungated:
+        args.append("--allow-ungated")
+    if spec.serving.verifier_kind:
+        args += ["--verifier-kind", spec.serving.verifier_kind]
     return args
 
 

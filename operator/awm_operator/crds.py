@@ -78,6 +78,55 @@ class FleetSecurity(_Spec):
         "Off by default; say so here, explicitly, for nodes that need it."))
 
 
+class SecretKeyRef(_Spec):
+    name: str = Field(description="Secret in the resource's namespace.")
+    key: str = Field(description="Key in the Secret.")
+
+
+class JudgeSpec(_Spec):
+    """The LLM judge of judge-verifier tasks (awm.judge): any OpenAI-compatible endpoint. The env
+    server calls it; the key reaches only that process (never the confined verifier workers)."""
+
+    base_url: str = Field(alias="baseUrl", description="OpenAI-compatible endpoint (…/v1), e.g. a vLLM Service.")
+    model: str = Field(description="Judge model name at that endpoint.")
+    api_key_secret: SecretKeyRef | None = Field(None, alias="apiKeySecret", description=(
+        "API key of the endpoint (passed to the env server as AWM_JUDGE_API_KEY)."))
+    votes: int = Field(1, ge=1, le=15, description="k-vote majority (1 = one deterministic call).")
+    timeout_seconds: float = Field(60.0, alias="timeoutSeconds", gt=0, le=600, description="Per request.")
+    max_trajectory_tokens: int = Field(6000, alias="maxTrajectoryTokens", ge=200, le=200000, description=(
+        "Token budget of the episode log shown to the judge; longer episodes lose middle steps, said so."))
+
+    def env(self) -> list[dict[str, Any]]:
+        env: list[dict[str, Any]] = [
+            {"name": "AWM_JUDGE_BASE_URL", "value": self.base_url}, {"name": "AWM_JUDGE_MODEL", "value": self.model},
+            {"name": "AWM_JUDGE_VOTES", "value": str(self.votes)},
+            {"name": "AWM_JUDGE_TIMEOUT_S", "value": str(self.timeout_seconds)},
+            {"name": "AWM_JUDGE_MAX_TRAJECTORY_TOKENS", "value": str(self.max_trajectory_tokens)}]
+        if self.api_key_secret is not None:
+            env.append({"name": "AWM_JUDGE_API_KEY", "valueFrom": {"secretKeyRef": {
+                "name": self.api_key_secret.name, "key": self.api_key_secret.key}}})
+        return env
+
+
+class Serving(_Spec):
+    """How tasks are verified and which are served (shared by EnvFleet and Campaign)."""
+
+    judge: JudgeSpec | None = Field(None, description="LLM judge for tasks whose verifier is of kind judge.")
+    verifier_kind: Literal["code", "judge"] | None = Field(None, alias="verifierKind", description=(
+        "Where a task has both kinds of verifier (AWM imports), serve this one (default: the bundle's primary)."))
+    allow_ungated: bool = Field(False, alias="allowUngated", description=(
+        "Also serve tasks that have not passed both gates (`awm catalog validate --record`); their "
+        "episodes are marked ungated. Off by default."))
+
+    def env(self) -> list[dict[str, Any]]:
+        env = self.judge.env() if self.judge else []
+        if self.verifier_kind:
+            env.append({"name": "AWM_VERIFIER_KIND", "value": self.verifier_kind})
+        if self.allow_ungated:
+            env.append({"name": "AWM_ALLOW_UNGATED", "value": "1"})
+        return env
+
+
 class PodOverrides(_Spec):
     image: str | None = Field(None, description="Env-server image (default: the chart's).")
     runtime_class_name: str | None = Field(None, alias="runtimeClassName", description=(
@@ -116,6 +165,7 @@ class EnvFleetSpec(_Spec):
     database: DatabaseRef
     template: PodOverrides = Field(default_factory=PodOverrides)
     security: FleetSecurity = Field(default_factory=FleetSecurity)
+    serving: Serving = Field(default_factory=Serving, description="Judge, verifier kind and task gates.")
 
     @model_validator(mode="after")
     def _consistent(self) -> "EnvFleetSpec":
@@ -296,11 +346,6 @@ def _campaign_rules() -> list[dict[str, str]]:
     ]
 
 
-class SecretKeyRef(_Spec):
-    name: str = Field(description="Secret in the campaign's namespace.")
-    key: str = Field(description="Key in the Secret.")
-
-
 class CampaignJob(_Spec):
     """The Job's pod: the trainer image and what a GPU run needs (resources, placement)."""
 
@@ -370,6 +415,8 @@ class CampaignSpec(_Spec):
     job: CampaignJob = Field(default_factory=CampaignJob)
     training: TrainingSpec | None = None
     evaluation: EvaluationSpec | None = None
+    serving: Serving = Field(default_factory=Serving, description=(
+        "Judge, verifier kind and task gates of the campaign's fleet (and of its trainer's task choice)."))
     cleanup: CampaignCleanup = Field(default_factory=CampaignCleanup)
 
     @property

@@ -165,6 +165,7 @@ def pod_manifest(fleet: str, namespace: str, fleet_uid: str, spec: EnvFleetSpec,
     runtime_class = t.runtime_class_name or cfg.envserver_runtime_class
     if runtime_class:
         pod["spec"]["runtimeClassName"] = runtime_class
+    pod["spec"]["containers"][0]["env"] += spec.serving.env()  # judge endpoint (+ key from a Secret), gates
     if spec.security.allow_weaker_isolation:  # said explicitly in the fleet: the env server accepts it
         pod["spec"]["containers"][0]["env"].append({"name": "AWM_ALLOW_WEAK_ISOLATION", "value": "1"})
     if t.node_selector:
