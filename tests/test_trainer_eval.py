@@ -95,6 +95,62 @@ def test_awm_eval_reports_pass_at_k_per_environment(pg, tmp_path):
     assert sum(json.loads(line)["event"] == "end" for line in lines) == 12
 
 
+def awm_verify(pg, run_dir, *args):
+    environ = dict(os.environ, AWM_HOME=str(pg.root.parent))
+    environ.pop("AWM_DATABASE_URL", None)
+    return subprocess.run([sys.executable, "-m", "awm.cli", "verify", str(run_dir), "--catalog", str(NOTES), *args],
+                          capture_output=True, text=True, env=environ, timeout=300)
+
+
+def test_awm_verify_replays_a_saved_run_with_the_live_verdicts(pg, tmp_path):
+    """Offline re-verification of an `awm eval` run gives the live verdicts; a tampered run is
+    caught: a final answer changed (different verdict), a tool call changed (diverged replay)."""
+    def answer(stage, body, index):
+        instruction = next(m["content"] for m in body["messages"] if m["role"] == "user")
+        turn = sum(1 for m in body["messages"] if m["role"] == "assistant")
+        if instruction.startswith("Add a note"):
+            return Reply('<tool_call>{"name": "add_note", "arguments": {"title": "groceries", "body": "milk, eggs"}}'
+                         '</tool_call>' if turn == 0 else "Added.")
+        if instruction.startswith("How many"):
+            return Reply('<tool_call>{"name": "list_notes", "arguments": {}}</tool_call>' if turn == 0
+                         else "You have 3 notes.")
+        return Reply('<tool_call>{"name": "archive_note", "arguments": {"note_id": 1}}</tool_call>' if turn == 0
+                     else "Archived.")
+
+    out = tmp_path / "eval"
+    result = awm_eval(answer, pg, "--task", "add_note", "--task", "count_notes", "--task", "archive_first",
+                      "-k", "2", "--out", str(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    verified = awm_verify(pg, out, "--json")
+    assert verified.returncode == 0, verified.stdout[-2000:] + verified.stderr[-3000:]
+    assert json.loads(verified.stdout.strip().splitlines()[-1]) == {
+        "episodes": 6, "replayed": 6, "same": 6, "different": 0, "diverged": 0, "skipped": 0}
+    rows = [json.loads(line) for line in (out / "verify.jsonl").read_text().splitlines()]
+    assert sorted((r["task_id"], r["live"], r["offline"]) for r in rows) == sorted(
+        [("add_note", "complete", "complete")] * 2 + [("count_notes", "complete", "complete")] * 2
+        + [("archive_first", "complete", "complete")] * 2)
+
+    # Tamper with the saved run: another final answer, and another tool argument.
+    lines = (out / "trajectories.jsonl").read_text().splitlines()
+    tampered, done = [], set()
+    for line in lines:
+        event = json.loads(line)
+        if event["event"] == "end" and event["task_id"] == "count_notes" and "count" not in done:
+            event["final_answer"], _ = "You have 12 notes.", done.add("count")
+        if event["event"] == "end" and event["task_id"] == "archive_first" and "archive" not in done:
+            event["turns"][0]["tool_calls"][0]["arguments"] = {"note_id": 999}
+            done.add("archive")
+        tampered.append(json.dumps(event))
+    (out / "trajectories.jsonl").write_text("\n".join(tampered) + "\n")
+    caught = awm_verify(pg, out, "--json")
+    assert caught.returncode == 1
+    totals = json.loads(caught.stdout.strip().splitlines()[-1])
+    assert (totals["same"], totals["different"], totals["diverged"]) == (4, 2, 1)
+    rows = {(r["task_id"], r["same"]): r for r in map(json.loads, (out / "verify.jsonl").read_text().splitlines())}
+    assert rows[("count_notes", False)]["offline"] == "incomplete"
+    assert rows[("archive_first", False)]["diverged_at"] == 1
+
+
 def test_awm_eval_keeps_what_finished_when_the_endpoint_goes_away(pg, tmp_path):
     """add_note's episodes finish; then the endpoint fails for good: exit 3 with a partial
     report (marked incomplete) and the finished trajectories kept. Running episodes finish; none

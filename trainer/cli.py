@@ -349,6 +349,64 @@ def eval_command(
     console.print(f"wrote {out / 'eval.json'}, {out / 'eval.png'}, {out / 'trajectories.jsonl'}")
 
 
+@trainer_app.command("verify")
+def verify_command(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory of awm train or awm eval (trajectories.jsonl).")],
+    catalog: Annotated[Optional[str], typer.Option("--catalog", "-c", help=(
+        "Catalog of the run's environments (default: the one in the run's config.json, else the starter).")
+    )] = None,
+    replicas: Annotated[int, typer.Option("--replicas", min=1, help="Instances per environment.")] = 2,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+    database_url: Annotated[Optional[str], typer.Option("--database-url", envvar="AWM_DATABASE_URL",
+                                                       help="External Postgres admin DSN (default: embedded).")] = None,
+    judge_base_url: JudgeUrlOpt = None,
+    judge_model: JudgeModelOpt = None,
+    judge_votes: JudgeVotesOpt = 1,
+    verifier_kind: KindOpt = None,
+) -> None:
+    """Re-verify a saved run offline: replay each episode's tool calls on a fresh instance, verify
+    with its final answer (code verifier or LLM judge), and compare with the live verdicts.
+    Writes RUN_DIR/verify.jsonl; exits 1 when any verdict differs."""
+    from awm import catalog as catalog_mod
+    from awm.fleet import Database
+    from trainer.reverify import reverify, summary
+
+    if not (run_dir / "trajectories.jsonl").is_file():
+        err.print(f"[red]error:[/red] {run_dir} has no trajectories.jsonl")
+        raise typer.Exit(2)
+    config = run_dir / "config.json"
+    if catalog is None and config.is_file():
+        catalog = json.loads(config.read_text()).get("catalog")
+    try:
+        bundles = catalog_mod.load(catalog or "starter")
+    except catalog_mod.CatalogError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from exc
+    serving = serving_options(judge_base_url, judge_model, judge_votes, verifier_kind, True)
+
+    async def run() -> list[Any]:
+        database = await asyncio.to_thread(Database.open, database_url)
+        try:
+            return await reverify(run_dir, bundles, replicas, database, serving)
+        finally:
+            await asyncio.to_thread(database.close)
+
+    results = asyncio.run(run())
+    totals = summary(results)
+    if as_json:
+        print(json.dumps(totals))
+    else:
+        table = Table(title=f"awm verify {run_dir}")
+        for col in ("episodes", "replayed", "same verdict", "different", "diverged replays", "skipped"):
+            table.add_column(col, justify="right")
+        table.add_row(*(str(totals[k]) for k in ("episodes", "replayed", "same", "different", "diverged", "skipped")))
+        console.print(table)
+        for r in results:
+            if not r.same and r.offline != "skipped":
+                console.print(f"[red]{r.env}/{r.task_id}[/red] {r.episode_id[:8]}: {r.reason}")
+    raise typer.Exit(1 if totals["different"] else 0)
+
+
 def _pct(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.1f}%"
 
