@@ -367,3 +367,62 @@ def test_app_writes_stay_inside_the_episode_transaction(admin_dsn):
     finally:
         pool.close()
         db.close()
+
+
+# -- from an AWM import to gated tasks: solutions synthesised, judge tasks served -----------------
+
+
+async def test_imported_tasks_get_solutions_pass_both_gates_and_are_served_with_a_judge(admin_dsn, tmp_path):
+    """`awm gen solution --catalog`: the LLM plans each imported task's tool calls (a wrong plan is
+    corrected from the replay's failure), the plan passes the positive gate through MCP - by the
+    code verifier, or by the LLM judge for a judge-only task - and the negative gate, and is
+    recorded; the tasks are then served without --allow-ungated. A task whose verifier already says
+    complete untouched is never gated."""
+    from awm.judge import JudgeSettings
+    from awm.llm import LLMClient, LLMSettings
+    from awm.synth.solve import solve_catalog
+    from tests.llm_server import Reply, ScriptedLLM, user_text
+
+    out = tmp_path / "catalog"
+    await asyncio.to_thread(import_awm_dir, FIXTURE, out, admin_dsn=admin_dsn, now=NOW, envs=["library_loans_1"])
+    plans = {
+        "Borrow a copy of 'The Hobbit'": [{"steps": [{"tool": "borrow_book", "arguments": {"book_id": 999}}]},
+                                          {"steps": [{"tool": "borrow_book", "arguments": {"book_id": 1}}]}],
+        "Return my loan of 'Dune'": [{"steps": [{"tool": "return_book", "arguments": {"loan_id": 1}}]}],
+        "Make sure 'Emma'": [{"steps": [{"tool": "get_book", "arguments": {"book_id": 4}}]}],
+        "Tell me how many books by Frank Herbert": [
+            {"steps": [{"tool": "search_books", "arguments": {"author": "Herbert"}}],
+             "final_answer": "The library has 1 book by Frank Herbert."}],
+    }
+    attempts: dict[str, int] = {}
+
+    def answer(stage, body, index):
+        text = user_text(body)
+        if stage == "solution":
+            key = next(k for k in plans if k in text)
+            n = attempts[key] = attempts.get(key, -1) + 1
+            return Reply.json(plans[key][min(n, len(plans[key]) - 1)])
+        # The judge: complete once the agent answered with the count the evidence shows.
+        done = '"herbert_books": 1' in text and "1 book by Frank Herbert" in text
+        return Reply.json({"reasoning": "checked", "classification": "complete" if done else "incomplete"})
+
+    with ScriptedLLM(answer) as llm_server:
+        llm = LLMClient(LLMSettings.from_env(llm_server.base_url, "k", "m"))
+        judge = JudgeSettings(base_url=llm_server.base_url, model="judge")
+        (report,) = await solve_catalog(out, llm, Database(admin_dsn), attempts=3, judge=judge)
+        await llm.close()
+        assert sorted(report.solved) == ["task_0", "task_1", "task_3"], report.failed
+        assert report.failed.keys() == {"task_2"} and "negative gate" in report.failed["task_2"]
+        assert attempts["Borrow a copy of 'The Hobbit'"] == 1  # corrected after its failed replay
+        (lib,) = catalog.load(out)
+        assert lib.task("task_0").solution[0].arguments == {"book_id": 1}
+        record = next(r for r in lib.task("task_3").gates if r.verifier_kind == "judge")
+        assert record.positive.passed and record.negative.passed
+        # Served without --allow-ungated: the solved tasks, judge-only one included.
+        async with LocalFleet([lib], database=Database(admin_dsn), judge=judge) as fleet:
+            control = ControlClient(fleet.instances[0].control_url)
+            info = {t["id"]: t for t in (await control.info())["tasks"]}
+            assert {k for k, t in info.items() if t["served"]} == {"task_0", "task_1", "task_3"}
+            assert info["task_3"]["verifier_kind"] == "judge"
+            assert (await control.reset("task_3"))["ungated"] is False
+            await control.close()

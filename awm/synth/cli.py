@@ -11,6 +11,7 @@ from rich.console import Console
 
 from awm.synth import stages
 from awm.llm import LLMBadOutput, LLMClient, LLMSettings, LLMUnavailable
+from awm.serveopts import JudgeModelOpt, JudgeUrlOpt, JudgeVotesOpt, KindOpt, serving_options
 
 gen_app = typer.Typer(help="Synthesise environments with an OpenAI-compatible LLM (stages write JSONL in --dir).",
                       no_args_is_help=True)
@@ -83,7 +84,54 @@ def gen_scenario(
 
 
 for _stage in stages.STAGES[1:]:
-    _stage_command(_stage)
+    if _stage != "solution":
+        _stage_command(_stage)
+
+
+@gen_app.command("solution")
+def gen_solution(
+    directory: DirOpt = Path("outputs"),
+    catalog: Annotated[Optional[Path], typer.Option("--catalog", "-c", help=(
+        "Instead of a run directory: solve this catalog's tasks that have no reference solution (an "
+        "AWM import), each kept once it passes the positive gate, and write the bundles back."))] = None,
+    env: Annotated[Optional[list[str]], typer.Option("--env", "-e", help="With --catalog: only these.")] = None,
+    base_url: BaseUrl = None, model: Model = None, concurrency: Concurrency = None, attempts: Attempts = 3,
+    num_tasks: NumTasks = 10, database_url: DbUrl = None,
+    judge_base_url: JudgeUrlOpt = None, judge_model: JudgeModelOpt = None, judge_votes: JudgeVotesOpt = 1,
+    verifier_kind: KindOpt = None,
+) -> None:
+    """Run the solution stage (reads the earlier stages' files in --dir), or solve a catalog."""
+    if catalog is None:
+        _run_stages(["solution"], directory, base_url, model, concurrency, attempts, num_tasks, database_url)
+        return
+    from awm.fleet import Database
+    from awm.synth.solve import solve_catalog
+
+    serving = serving_options(judge_base_url, judge_model, judge_votes, verifier_kind, True)
+
+    async def go() -> list:
+        llm = LLMClient(LLMSettings.from_env(base_url, None, model, concurrency))
+        database = await asyncio.to_thread(Database.open, database_url)
+        try:
+            return await solve_catalog(catalog, llm, database, attempts, env, serving["judge"], verifier_kind)
+        finally:
+            await llm.close()
+            await asyncio.to_thread(database.close)
+
+    try:
+        reports = asyncio.run(go())
+    except LLMUnavailable as exc:
+        err.print(f"[red]error: the LLM endpoint is unavailable:[/red] {exc}")
+        raise typer.Exit(3) from exc
+    except ValueError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from exc
+    console = Console()
+    for r in reports:
+        console.print(f"{r.env}: {len(r.solved)} solved (both gates passed), {len(r.failed)} not, "
+                      f"{len(r.skipped)} had a solution")
+        for task_id, reason in r.failed.items():
+            console.print(f"  [yellow]{task_id}[/yellow]: {reason[:300]}")
 
 
 @gen_app.command("all")
