@@ -347,19 +347,26 @@ def catalog_import(
     now: Annotated[Optional[str], typer.Option(help="Reference instant for datetime('now') in seed rows "
                                                     "(ISO; default: today 00:00 UTC).")] = None,
     no_check: Annotated[bool, typer.Option("--no-check", help="Skip running verifiers on the untouched snapshot.")] = False,
+    prefer: Annotated[str, typer.Option("--prefer", help="Primary verifier of a task that has both: code (the "
+                                        "pure-code file) or judge (sql mode, for the LLM judge).")] = "code",
     database_url: DbUrlOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
-    """Import AWM-1K environments (FastAPI apps, SQLite data, code verifiers) into a catalog."""
+    """Import AWM-1K environments (FastAPI apps, SQLite data, code and sql-mode verifiers) into a catalog."""
     import datetime as dt
 
     from awm.importers.awm1k import SourceError, import_awm_dir, print_report
+
+    if prefer not in ("code", "judge"):
+        err.print(f"[red]error:[/red] --prefer must be code or judge, not {prefer!r}")
+        raise typer.Exit(2)
 
     try:
         reference = dt.datetime.fromisoformat(now) if now else None
         with console.status("importing...") as status:
             report = import_awm_dir(src, out, admin_dsn=database_url, now=reference, envs=env or None,
-                                    check=not no_check, progress=lambda s: status.update(f"importing {s}..."))
+                                    check=not no_check, prefer=prefer,
+                                    progress=lambda s: status.update(f"importing {s}..."))
     except (SourceError, ValueError) as exc:
         err.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from exc

@@ -426,3 +426,12 @@ async def test_imported_tasks_get_solutions_pass_both_gates_and_are_served_with_
             assert info["task_3"]["verifier_kind"] == "judge"
             assert (await control.reset("task_3"))["ungated"] is False
             await control.close()
+
+
+def test_import_prefers_the_judge_when_asked(admin_dsn, tmp_path):
+    report = import_awm_dir(FIXTURE, tmp_path, admin_dsn=admin_dsn, now=NOW, envs=["library_loans_1"],
+                            prefer="judge", check=False)
+    (env,) = report.environments
+    assert env.verifier_of["task_0"] == "judge+code" and env.verifier_of["task_1"] == "code"
+    (lib,) = catalog.load(tmp_path)
+    assert lib.task("task_0").verifier.kind == "judge" and lib.task("task_0").alt_verifier.kind == "code"

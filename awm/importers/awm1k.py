@@ -589,7 +589,8 @@ def _tasks(task_texts: list[str], code_rows: dict[int, dict[str, Any]], sql_rows
     return tasks
 
 
-def build_environment(source: _Source, scenario: str, admin_dsn: str, now: dt.datetime) -> _Built:
+def build_environment(source: _Source, scenario: str, admin_dsn: str, now: dt.datetime,
+                      prefer: str = "code") -> _Built:
     """Everything but the untouched-state check, for one scenario."""
     name = env_identifier(scenario)
     report = EnvReport(name=name, scenario=scenario)
@@ -680,7 +681,7 @@ def build_environment(source: _Source, scenario: str, admin_dsn: str, now: dt.da
     code_rows, code_dups = source.verifiers("gen_verifier.pure_code", scenario)
     sql_rows, sql_dups = source.verifiers("gen_verifier", scenario)
     report.duplicate_verifier_rows = code_dups + sql_dups
-    tasks = _tasks(task_texts, code_rows, sql_rows, report)
+    tasks = _tasks(task_texts, code_rows, sql_rows, report, prefer)
     description = str(scenario_record.get("description") or scenario).strip() or scenario
     try:
         bundle = EnvBundle(
@@ -764,7 +765,7 @@ def _admin(admin_dsn: str | None) -> Iterator[str]:
 
 async def import_awm_dir_async(src: Path, out: Path, *, admin_dsn: str | None = None,
                                now: dt.datetime | None = None, envs: list[str] | None = None,
-                               check: bool = True, progress: Any = None) -> ImportReport:
+                               check: bool = True, progress: Any = None, prefer: str = "code") -> ImportReport:
     """See :func:`import_awm_dir`."""
     from awm.sandbox.pool import WorkerPool, WorkerSpec
 
@@ -788,7 +789,7 @@ async def import_awm_dir_async(src: Path, out: Path, *, admin_dsn: str | None = 
                 if progress:
                     progress(scenario)
                 try:
-                    built = await asyncio.to_thread(build_environment, source, scenario, dsn, now)
+                    built = await asyncio.to_thread(build_environment, source, scenario, dsn, now, prefer)
                     if built.bundle is not None and pool is not None:
                         await check_untouched(built.bundle, dsn, pool, built.report)
                 except Exception as exc:  # noqa: BLE001 - one broken environment never stops the import
@@ -809,5 +810,6 @@ def import_awm_dir(src: Path, out: Path, **options: Any) -> ImportReport:
     """Import an AWM-1K release directory into ``out`` (one ``<env>.json`` bundle per
     environment, plus ``report.json``). Options: ``admin_dsn`` (default: the embedded server),
     ``now`` (reference instant for ``'now'``), ``envs`` (only these scenarios), ``check``
-    (run verifiers on the untouched snapshot; default on)."""
+    (run verifiers on the untouched snapshot; default on), ``prefer`` (``code`` or ``judge``: the
+    primary verifier of a task that has both)."""
     return asyncio.run(import_awm_dir_async(src, out, **options))
