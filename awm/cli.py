@@ -349,6 +349,8 @@ def catalog_import(
     no_check: Annotated[bool, typer.Option("--no-check", help="Skip running verifiers on the untouched snapshot.")] = False,
     prefer: Annotated[str, typer.Option("--prefer", help="Primary verifier of a task that has both: code (the "
                                         "pure-code file) or judge (sql mode, for the LLM judge).")] = "code",
+    jobs: Annotated[Optional[int], typer.Option("--jobs", "-j", min=1, help="Environments imported at once "
+                                                "(default: the number of CPUs).")] = None,
     database_url: DbUrlOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
@@ -365,7 +367,7 @@ def catalog_import(
         reference = dt.datetime.fromisoformat(now) if now else None
         with console.status("importing...") as status:
             report = import_awm_dir(src, out, admin_dsn=database_url, now=reference, envs=env or None,
-                                    check=not no_check, prefer=prefer,
+                                    check=not no_check, prefer=prefer, jobs=jobs,
                                     progress=lambda s: status.update(f"importing {s}..."))
     except (SourceError, ValueError) as exc:
         err.print(f"[red]error:[/red] {exc}")

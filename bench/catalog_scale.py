@@ -102,11 +102,16 @@ def main() -> None:
         # (the same bundles the importer would write: their cost is what the later steps measure).
         sample = sorted({json.loads(line)["name"] for line in (src / "gen_scenario.jsonl").open()})[:args.import_sample]
         cat = work / "catalog"
-        t0 = time.perf_counter()
-        report = import_awm_dir(src, cat, admin_dsn=database.admin_dsn, now=NOW, envs=sample)
-        import_s = time.perf_counter() - t0
+        timings = {}
+        for jobs in (1, os.cpu_count() or 1):  # one at a time (the baseline), then in parallel
+            shutil.rmtree(cat, ignore_errors=True)
+            t0 = time.perf_counter()
+            report = import_awm_dir(src, cat, admin_dsn=database.admin_dsn, now=NOW, envs=sample, jobs=jobs)
+            timings[jobs] = time.perf_counter() - t0
+        import_s = timings[os.cpu_count() or 1]
         totals = report.totals
-        result["import"] = {"sampled_envs": len(sample), "seconds": round(import_s, 1),
+        result["import"] = {"sampled_envs": len(sample), "jobs": os.cpu_count(),
+                            "seconds_one_at_a_time": round(timings[1], 1), "seconds": round(import_s, 1),
                             "per_env_s": round(import_s / len(sample), 2),
                             "extrapolated_catalog_s": round(import_s / len(sample) * args.envs),
                             "tasks": totals["tasks"], "tasks_served": totals["tasks_served"]}

@@ -765,7 +765,8 @@ def _admin(admin_dsn: str | None) -> Iterator[str]:
 
 async def import_awm_dir_async(src: Path, out: Path, *, admin_dsn: str | None = None,
                                now: dt.datetime | None = None, envs: list[str] | None = None,
-                               check: bool = True, progress: Any = None, prefer: str = "code") -> ImportReport:
+                               check: bool = True, progress: Any = None, prefer: str = "code",
+                               jobs: int | None = None) -> ImportReport:
     """See :func:`import_awm_dir`."""
     from awm.sandbox.pool import WorkerPool, WorkerSpec
 
@@ -779,26 +780,34 @@ async def import_awm_dir_async(src: Path, out: Path, *, admin_dsn: str | None = 
         scenarios = [s for s in scenarios if s in wanted or env_identifier(s) in wanted]
     out.mkdir(parents=True, exist_ok=True)
     report = ImportReport(str(src), str(out), now.isoformat(sep=" "))
-    pool = WorkerPool(WorkerSpec(memory_mb=Limits().verifier_memory_mb)) if check else None
+    jobs = max(1, jobs or (os.cpu_count() or 1))
+    # Environments are imported ``jobs`` at a time (each one's app probe is its own process and its
+    # loading is mostly in Postgres), each with a confined worker of its own for the verifier checks.
+    pool = WorkerPool(WorkerSpec(memory_mb=Limits().verifier_memory_mb), size=jobs) if check else None
+    slots = asyncio.Semaphore(jobs)
+
+    async def one(scenario: str, dsn: str) -> EnvReport:
+        async with slots:
+            if progress:
+                progress(scenario)
+            try:
+                built = await asyncio.to_thread(build_environment, source, scenario, dsn, now, prefer)
+                if built.bundle is not None and pool is not None:
+                    await check_untouched(built.bundle, dsn, pool, built.report)
+            except Exception as exc:  # noqa: BLE001 - one broken environment never stops the import
+                built = _Built(None, EnvReport(env_identifier(scenario), scenario, "skipped",
+                                               f"import failed: {type(exc).__name__}: {exc}"))
+            if built.bundle is not None:
+                built.report.tasks_served = len(built.bundle.tasks)
+                (out / f"{built.bundle.name}.json").write_text(built.bundle.model_dump_json(indent=1))
+            return built.report
+
     with _admin(admin_dsn) as dsn:
         await asyncio.to_thread(provision.ensure_group_roles, dsn)
         if pool is not None:
             await asyncio.to_thread(pool.start)
         try:
-            for scenario in scenarios:
-                if progress:
-                    progress(scenario)
-                try:
-                    built = await asyncio.to_thread(build_environment, source, scenario, dsn, now, prefer)
-                    if built.bundle is not None and pool is not None:
-                        await check_untouched(built.bundle, dsn, pool, built.report)
-                except Exception as exc:  # noqa: BLE001 - one broken environment never stops the import
-                    built = _Built(None, EnvReport(env_identifier(scenario), scenario, "skipped",
-                                                   f"import failed: {type(exc).__name__}: {exc}"))
-                if built.bundle is not None:
-                    built.report.tasks_served = len(built.bundle.tasks)
-                    (out / f"{built.bundle.name}.json").write_text(built.bundle.model_dump_json(indent=1))
-                report.environments.append(built.report)
+            report.environments = list(await asyncio.gather(*(one(s, dsn) for s in scenarios)))
         finally:
             if pool is not None:
                 pool.close()
@@ -811,5 +820,5 @@ def import_awm_dir(src: Path, out: Path, **options: Any) -> ImportReport:
     environment, plus ``report.json``). Options: ``admin_dsn`` (default: the embedded server),
     ``now`` (reference instant for ``'now'``), ``envs`` (only these scenarios), ``check``
     (run verifiers on the untouched snapshot; default on), ``prefer`` (``code`` or ``judge``: the
-    primary verifier of a task that has both)."""
+    primary verifier of a task that has both), ``jobs`` (environments at once; default: the CPUs)."""
     return asyncio.run(import_awm_dir_async(src, out, **options))
