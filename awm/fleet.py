@@ -177,8 +177,8 @@ class LocalFleet:
         reap_abandoned(self.database.admin_dsn)
         meta = owner_meta()
         handles = []
-        for bundle in self.bundles:
-            template = provision.ensure_template(self.database.admin_dsn, bundle)
+        templates = provision.ensure_templates(self.database.admin_dsn, self.bundles, jobs=os.cpu_count() or 1)
+        for bundle, template in zip(self.bundles, templates):
             path = self._workdir / f"{bundle.name}.json"
             path.write_text(bundle.model_dump_json())
             path.chmod(0o644)

@@ -145,8 +145,7 @@ def main() -> None:
         # Template databases: one per environment, all in the one server.
         before = du(database.embedded.data) if database.embedded else 0
         t0 = time.perf_counter()
-        for bundle in bundles:
-            provision.ensure_template(database.admin_dsn, bundle)
+        provision.ensure_templates(database.admin_dsn, bundles, jobs=os.cpu_count() or 1)
         templates_s = time.perf_counter() - t0
         result["templates"] = {"count": len(bundles), "seconds": round(templates_s, 1),
                                "per_template_ms": round(templates_s / len(bundles) * 1000, 1)}

@@ -195,25 +195,34 @@ async def test_votes_majority_and_agreement(admin_dsn, notes_bundle):
         assert seeds == [0, 1, 2] and all(body["temperature"] == 0.7 for _, body in llm.requests)
 
 
-async def test_gates_are_enforced_and_a_judge_task_needs_a_judge(admin_dsn, notes_bundle):
-    bundle = judge_bundle(notes_bundle)
+async def test_gates_are_enforced_and_a_judge_task_needs_a_judge(admin_dsn, notes_bundle, llm, script):
+    bundle = judge_bundle(notes_bundle)  # add_note carries its recorded gates; groceries has none
     async with LocalFleet([bundle], database=Database(admin_dsn)) as fleet:
         control = ControlClient(fleet.instances[0].control_url)
         with pytest.raises(ControlApiError) as refused:
-            await control.reset("add_note")
+            await control.reset("groceries")
         assert refused.value.status == 403 and "has not passed both gates" in str(refused.value)
+        assert "no gate record for its judge verifier" in str(refused.value)
+        assert (await control.reset("add_note"))["ungated"] is False
         info = await control.info()
         assert {t["id"]: (t["gated"], t["served"]) for t in info["tasks"]} == {
-            "groceries": (False, False), "add_note": (False, False)}
+            "groceries": (False, False), "add_note": (True, True)}
         await control.close()
     async with LocalFleet([bundle], database=Database(admin_dsn), allow_ungated=True) as fleet:
         control = ControlClient(fleet.instances[0].control_url)
-        episode_ = await control.reset("add_note")
-        assert episode_["ungated"] is True
-        assert (await control.verify(None))["ungated"] is True
         with pytest.raises(ControlApiError) as no_judge:
             await control.reset("groceries")
         assert no_judge.value.status == 409 and "no judge configured" in str(no_judge.value)
+        await control.close()
+    settings = JudgeSettings(base_url=llm.base_url, model="judge-model")
+    async with LocalFleet([bundle], database=Database(admin_dsn), allow_ungated=True, judge=settings) as fleet:
+        control = ControlClient(fleet.instances[0].control_url)
+        assert (await control.reset("groceries"))["ungated"] is True
+        script.says("incomplete")
+        assert (await control.verify(None))["ungated"] is True
+        async with httpx.AsyncClient() as client:
+            text = (await client.get(fleet.instances[0].control_url + "/metrics")).text
+        assert "awm_ungated_episodes_total 1.0" in text
         await control.close()
 
 

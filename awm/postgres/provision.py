@@ -120,9 +120,20 @@ def ensure_group_roles(admin_dsn: str) -> None:
                             "fallback is unavailable on this server", TOOL_ROLE)
 
 
-def ensure_template(admin_dsn: str, bundle: EnvBundle) -> Template:
-    """Load the bundle's snapshot into its template database, unless a complete one exists."""
+def ensure_templates(admin_dsn: str, bundles: list[EnvBundle], jobs: int = 4) -> list[Template]:
+    """Templates of many bundles, ``jobs`` at a time (a catalog of a thousand environments loads
+    them in parallel; each is its own database, so they do not contend but for the server)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     ensure_group_roles(admin_dsn)
+    with ThreadPoolExecutor(max(1, min(jobs, len(bundles) or 1))) as pool:
+        return list(pool.map(lambda b: ensure_template(admin_dsn, b, roles_ready=True), bundles))
+
+
+def ensure_template(admin_dsn: str, bundle: EnvBundle, roles_ready: bool = False) -> Template:
+    """Load the bundle's snapshot into its template database, unless a complete one exists."""
+    if not roles_ready:
+        ensure_group_roles(admin_dsn)
     name = template_name(bundle)
     with _admin(admin_dsn) as lock_conn:
         # Many processes (pods' init containers, parallel fleets) may load the same template at
