@@ -54,6 +54,15 @@ def _add_operator() -> None:  # `awm operator crds|run` (operator/awm_operator; 
 
 _add_operator()
 
+
+def _add_integrations() -> None:  # `awm openenv serve` (integrations/; openenv-core loads lazily)
+    from integrations.cli import openenv_app
+
+    app.add_typer(openenv_app, name="openenv")
+
+
+_add_integrations()
+
 console = Console()
 err = Console(stderr=True, soft_wrap=True)  # an error line stays one line in logs
 

@@ -92,7 +92,7 @@ class JudgeSpec(_Spec):
     api_key_secret: SecretKeyRef | None = Field(None, alias="apiKeySecret", description=(
         "API key of the endpoint (passed to the env server as AWM_JUDGE_API_KEY)."))
     votes: int = Field(1, ge=1, le=15, description="k-vote majority (1 = one deterministic call).")
-    timeout_seconds: float = Field(60.0, alias="timeoutSeconds", gt=0, le=600, description="Per request.")
+    timeout_seconds: float = Field(60.0, alias="timeoutSeconds", ge=1, le=600, description="Per request.")
     max_trajectory_tokens: int = Field(6000, alias="maxTrajectoryTokens", ge=200, le=200000, description=(
         "Token budget of the episode log shown to the judge; longer episodes lose middle steps, said so."))
 
