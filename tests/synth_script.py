@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -129,6 +130,32 @@ VERIFIERS = {
         "    return bool(done), f'buy milk done={done}'\n"),
 }
 
+# Judge mode: evidence gatherers (the judge below decides from what they return).
+EVIDENCE = {
+    ("library", 0): "def verify(final, initial, answer):\n"
+                    "    return {'open_dune_loans_of_member_1': final.scalar("
+                    "'SELECT count(*) FROM loans WHERE book_id = 1 AND member_id = 1 AND NOT returned')}\n",
+    ("library", 1): "def verify(final, initial, answer):\n"
+                    "    return {'expected_in_answer': initial.scalar('SELECT count(*) FROM books WHERE available')}\n",
+    ("todo", 0): "def verify(final, initial, answer):\n"
+                 "    return {'pay_rent_items_on_home': final.scalar("
+                 "\"SELECT count(*) FROM items WHERE list_id = 1 AND title = 'pay rent' AND NOT done\")}\n",
+    ("todo", 1): "def verify(final, initial, answer):\n"
+                 "    return {'buy_milk_done': final.scalar(\"SELECT done FROM items WHERE title = 'buy milk'\")}\n",
+}
+
+
+def judge(body: dict[str, Any]) -> Reply:
+    """The scripted judge: complete when the evidence's one value is there (or, for a question,
+    is in the agent's final answer)."""
+    text = user_text(body)
+    evidence = json.loads(text.split("(from the databases before and after)\n", 1)[1].split("\n\n## ", 1)[0])
+    answer = text.rsplit("Final answer of the agent: ", 1)[1]
+    ((key, value),) = evidence.items()
+    done = str(value) in answer if key == "expected_in_answer" else bool(value)
+    return Reply.json({"reasoning": f"{key}={value}", "classification": "complete" if done else "incomplete"})
+
+
 SOLUTIONS = {
     ("library", 0): {"steps": [{"tool": "search_books", "arguments": {"query": "Dune"}},
                                {"tool": "borrow_book", "arguments": {"book_id": 1}}], "final_answer": None},
@@ -156,8 +183,9 @@ def _feedback_given(body: dict[str, Any]) -> bool:
 class Script:
     """Good answers, preceded (once each) by the broken ones a real model also produces."""
 
-    def __init__(self, faults: bool = True) -> None:
+    def __init__(self, faults: bool = True, judge_mode: bool = False) -> None:
         self.faults = faults
+        self.judge_mode = judge_mode
         self.served: list[str] = []
 
     def __call__(self, stage: str, body: dict[str, Any], index: int) -> Reply:
@@ -179,8 +207,18 @@ class Script:
             return Reply.json({"tools": SPEC[scenario]})
         if stage == "env":
             return Reply.json(ENV[scenario])
+        if stage == "verifier" and self.judge_mode:
+            key = (scenario, _task_index(scenario, body))
+            if key == ("library", 0) and not _feedback_given(body):  # evidence that is not JSON: repaired
+                self.served.append("verifier:library:not-json")
+                return Reply.json({"code": "def verify(final, initial, answer):\n    return {'ids': {1, 2}}\n",
+                                   "success_criteria": "x", "failure_criteria": "y"})
+            return Reply.json({"code": EVIDENCE[key], "success_criteria": f"the task {key} is done",
+                               "failure_criteria": "anything else"})
         if stage == "verifier":
             return Reply.json({"code": VERIFIERS[(scenario, _task_index(scenario, body))]})
+        if stage == "unknown" and self.judge_mode:  # the LLM judge's prompt carries no stage tag
+            return judge(body)
         if stage == "solution":
             return Reply.json(SOLUTIONS[(scenario, _task_index(scenario, body))])
         raise AssertionError(f"unexpected stage {stage}")

@@ -154,8 +154,10 @@ async def test_gen_all_repairs_every_failure_and_serves_the_result(tmp_path, adm
     from awm import catalog
     bundles = catalog.load(tmp_path / "catalog")
     assert sorted(b.name for b in bundles) == ["library", "todo"]
-    results, totals = await run_catalog(bundles, negative_gate=True, show_progress=False, allow_ungated=True)
-    assert totals["passed"] == totals["tasks"] == 4
+    # awm gen recorded both gates for every task it kept: the catalog is served gated.
+    assert summary["gates"] == {"tasks": 4, "passed": 4}
+    results, totals = await run_catalog(bundles, negative_gate=True, show_progress=False)
+    assert totals["passed"] == totals["tasks"] == 4 and totals["ungated_skipped"] == 0
     assert all(r.negatives_passed == r.tasks for r in results)
 
 
@@ -177,3 +179,33 @@ async def test_items_that_never_validate_are_rejected_with_reasons(tmp_path, adm
     rejected = read_jsonl(tmp_path / "gen_db.rejected.jsonl")
     assert rejected[0]["scenario"] == "library" and 'relation "nowhere" does not exist' in rejected[0]["errors"][0]
     assert run.report["db"]["rejected"] == 1
+
+
+@pytest.mark.slow
+async def test_gen_all_in_judge_mode_makes_judged_gated_tasks(tmp_path, admin_dsn, monkeypatch):
+    """`awm gen all --verifier-mode judge`: evidence gatherers with success/failure criteria, each
+    kept once the judge does not call the untouched state complete (one whose evidence is not JSON
+    is repaired), solutions kept once the judge calls them complete, gates recorded with the judge;
+    the catalog is served gated, judged by the same endpoint."""
+    from awm.judge import JudgeSettings
+
+    script = Script(faults=False, judge_mode=True)
+    with ScriptedLLM(script) as server:
+        llm = _llm(server.base_url)
+        run = stages.Run(tmp_path, llm, admin_dsn, attempts=3, num_tasks=2, verifier_mode="judge")
+        assert run.judge is not None and run.judge.base_url == server.base_url
+        seeds = tmp_path / "seeds.jsonl"
+        seeds.write_text("")
+        summary = await run_stages(run, stages.STAGES, seeds=seeds, target=2, embedder=HashingEmbedder())
+        await llm.close()
+        assert "verifier:library:not-json" in script.served
+        assert summary["stages"]["verifier"]["kept"] == 4 and summary["stages"]["solution"]["kept"] == 4
+        assert summary["gates"] == {"tasks": 4, "passed": 4}
+        from awm import catalog
+        bundles = catalog.load(tmp_path / "catalog")
+        tasks = [t for b in bundles for t in b.tasks]
+        assert {t.verifier.kind for t in tasks} == {"judge"} and all(t.verifier.success_criteria for t in tasks)
+        monkeypatch.setattr(Database, "open", classmethod(lambda cls, url=None: Database(admin_dsn)))
+        results, totals = await run_catalog(bundles, show_progress=False,
+                                            judge=JudgeSettings(base_url=server.base_url, model="m"))
+        assert totals["passed"] == totals["tasks"] == 4

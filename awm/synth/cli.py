@@ -28,7 +28,8 @@ DbUrl = Annotated[Optional[str], typer.Option("--database-url", envvar="AWM_DATA
 
 
 def _run_stages(which: list[str], directory: Path, base_url: str | None, model: str | None, concurrency: int | None,
-                attempts: int, num_tasks: int, database_url: str | None, **scenario_opts: object) -> None:
+                attempts: int, num_tasks: int, database_url: str | None, verifier_mode: str = "code",
+                judge: object = None, **scenario_opts: object) -> None:
     from awm.fleet import Database
     from awm.synth.pipeline import make_embedder, print_summary, run_stages
 
@@ -36,7 +37,8 @@ def _run_stages(which: list[str], directory: Path, base_url: str | None, model: 
         llm = LLMClient(LLMSettings.from_env(base_url, None, model, concurrency))
         database = await asyncio.to_thread(Database.open, database_url)
         try:
-            run = stages.Run(directory, llm, database.admin_dsn, attempts=attempts, num_tasks=num_tasks)
+            run = stages.Run(directory, llm, database.admin_dsn, attempts=attempts, num_tasks=num_tasks,
+                             verifier_mode=verifier_mode, judge=judge)  # type: ignore[arg-type]
             embedder = make_embedder(str(scenario_opts.pop("embedder", "hashing")), llm)
             return await run_stages(run, which, embedder=embedder, **scenario_opts)  # type: ignore[arg-type]
         finally:
@@ -83,9 +85,33 @@ def gen_scenario(
                 max_per_category=max_per_category)
 
 
+ModeOpt = Annotated[str, typer.Option("--mode", help=(
+    "code: the verifier decides; judge: it gathers evidence and an LLM judge decides (the reference "
+    "system's sql mode; the judge is the synthesis endpoint unless --judge-base-url/--judge-model)."))]
+
+
+def _judge(mode: str, judge_base_url: str | None, judge_model: str | None) -> object:
+    if mode not in ("code", "judge"):
+        err.print(f"[red]error:[/red] --mode must be code or judge, not {mode!r}")
+        raise typer.Exit(2)
+    return serving_options(judge_base_url, judge_model, 1, None, True)["judge"]
+
+
 for _stage in stages.STAGES[1:]:
-    if _stage != "solution":
+    if _stage not in ("verifier", "solution"):
         _stage_command(_stage)
+
+
+@gen_app.command("verifier")
+def gen_verifier(
+    directory: DirOpt = Path("outputs"), mode: ModeOpt = "code", base_url: BaseUrl = None, model: Model = None,
+    concurrency: Concurrency = None, attempts: Attempts = 3, num_tasks: NumTasks = 10, database_url: DbUrl = None,
+    judge_base_url: JudgeUrlOpt = None, judge_model: JudgeModelOpt = None,
+) -> None:
+    """Run the verifier stage (reads the earlier stages' files in --dir): code or judge verifiers,
+    each kept once it does not call the untouched snapshot complete."""
+    _run_stages(["verifier"], directory, base_url, model, concurrency, attempts, num_tasks, database_url,
+                verifier_mode=mode, judge=_judge(mode, judge_base_url, judge_model))
 
 
 @gen_app.command("solution")
@@ -144,8 +170,11 @@ def gen_all(
     max_per_category: Annotated[int, typer.Option(help="Cap on scenarios per category.")] = 80,
     base_url: BaseUrl = None, model: Model = None, concurrency: Concurrency = None, attempts: Attempts = 3,
     num_tasks: NumTasks = 10, database_url: DbUrl = None,
+    verifier_mode: Annotated[str, typer.Option("--verifier-mode", help="code or judge (see `awm gen verifier`).")] = "code",
+    judge_base_url: JudgeUrlOpt = None, judge_model: JudgeModelOpt = None,
 ) -> None:
     """Every stage in order, ending in <dir>/catalog (serve it with `awm serve --catalog`)."""
     _run_stages(stages.STAGES, directory, base_url, model, concurrency, attempts, num_tasks, database_url,
+                verifier_mode=verifier_mode, judge=_judge(verifier_mode, judge_base_url, judge_model),
                 seeds=input, target=target_count, embedder=embedder, threshold=threshold,
                 max_per_category=max_per_category)

@@ -80,7 +80,7 @@ async def record_gates(run: stages.Run, bundles: list[EnvBundle], catalog_dir: P
     if not bundles:
         return {"tasks": 0, "passed": 0}
     results, _ = await run_catalog(bundles, negative_gate=True, show_progress=False, allow_ungated=True,
-                                   database=Database(run.admin_dsn))
+                                   database=Database(run.admin_dsn), judge=run.judge)
     for bundle, result in zip(bundles, results):
         record_results(bundle, result)
         (catalog_dir / f"{bundle.name}.json").write_text(bundle.model_dump_json(indent=1))

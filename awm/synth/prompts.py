@@ -107,6 +107,19 @@ database and True only when the specific requested change or answer is there; co
 JSON: {{"code": "<def verify(final, initial, answer): ...>"}}""")
 
 
+VERIFIER_JUDGE = system("verifier", f"""
+You write the evidence gatherer of one task, for an LLM judge (the reference system's "sql"
+mode): Python code that reads the database before (`initial`) and after (`final`) the episode
+and returns a JSON-serialisable dict of exactly the rows and values a judge needs to decide
+whether the task was done - the rows the task should have changed, before and after, and for
+questions the values the answer must contain. It decides nothing itself; never depend on the
+current time. Also state what a completed episode shows (success_criteria) and what an
+incomplete one shows (failure_criteria), concretely, for the judge.
+{CONTRACT}
+JSON: {{"code": "<def verify(final, initial, answer): ... return {{...}}>", "success_criteria": str,
+"failure_criteria": str}}""")
+
+
 def verifier_user(name: str, ddl: str, seed_excerpt: str, task: str) -> str:
     return f"Scenario {name}.\n\nSchema:\n{ddl}\n\nSeed data (excerpt):\n{seed_excerpt}\n\nTask: {task}"
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,7 @@ from awm.bundle import EnvBundle, SeedTable, Task, Tool, ToolCall, Verifier
 from awm.synth import prompts
 from awm.synth import validate as check
 from awm.synth.embed import Embedder, dedup
+from awm.judge import JudgeSettings
 from awm.llm import LLMBadOutput, LLMClient
 from awm.synth.store import StageOutput, read_jsonl
 
@@ -81,6 +83,12 @@ class _Verifier(BaseModel):
     code: str
 
 
+class _JudgeVerifier(BaseModel):
+    code: str
+    success_criteria: str = Field(min_length=1)
+    failure_criteria: str = Field(min_length=1)
+
+
 class _Solution(BaseModel):
     steps: list[ToolCall] = Field(min_length=1)
     final_answer: str | None = None
@@ -98,11 +106,21 @@ class Run:
     on_progress: Callable[[str, int, int], None] = lambda stage, done, total: None
     report: dict[str, Any] = field(default_factory=dict)
     validation_slots: int = 4
+    # "code": verifiers decide; "judge": they gather evidence and an LLM judge decides (served,
+    # gated and solved with ``judge``, by default the synthesis endpoint itself).
+    verifier_mode: str = "code"
+    judge: JudgeSettings | None = None
 
     def __post_init__(self) -> None:
         # LLM calls are bounded by the client; validations start databases and processes, so
         # they get their own, smaller bound.
         self.slots = asyncio.Semaphore(self.validation_slots)
+        if self.verifier_mode not in ("code", "judge"):
+            raise ValueError("verifier mode must be code or judge")
+        if self.verifier_mode == "judge" and self.judge is None:
+            settings = self.llm.settings
+            key_env = "AWM_LLM_API_KEY" if os.environ.get("AWM_LLM_API_KEY") else "OPENAI_API_KEY"
+            self.judge = JudgeSettings(base_url=settings.base_url, model=settings.model, api_key_env=key_env)
 
     def path(self, stage: str) -> Path:
         return self.dir / FILES[stage]
@@ -340,6 +358,13 @@ async def stage_env(run: Run) -> None:
     await _each(list(specs), one, run, "env")
 
 
+def _verifier_of(reply: _Verifier | _JudgeVerifier) -> Verifier:
+    if isinstance(reply, _JudgeVerifier):
+        return Verifier(kind="judge", code=reply.code, entrypoint="verify", success_criteria=reply.success_criteria,
+                        failure_criteria=reply.failure_criteria)
+    return Verifier(code=reply.code, entrypoint="verify")
+
+
 async def stage_verifier(run: Run) -> None:
     """One verifier per task, kept only if it says *not complete* on the untouched snapshot."""
     scenarios, tasks, dbs, samples = run.load("scenario"), run.load("task"), run.load("db"), run.load("sample")
@@ -357,22 +382,27 @@ async def stage_verifier(run: Run) -> None:
 
         async def per_task(i: int) -> None:
             text = tasks[name]["tasks"][i]
+            judged = run.verifier_mode == "judge"
 
-            async def validate(reply: _Verifier) -> list[str]:
+            async def validate(reply: _Verifier | _JudgeVerifier) -> list[str]:
                 if not re.search(r"\bdef\s+verify\s*\(", reply.code):
                     return ["the code must define verify(final, initial, answer)"]
-                task = Task(id=f"t{i}", instruction=text, verifier=Verifier(code=reply.code), solution=[])
+                task = Task(id=f"t{i}", instruction=text, verifier=_verifier_of(reply), solution=[])
                 bundle = base.model_copy(update={"tasks": [task]})
-                async with run.slots, check.served(run.admin_dsn, bundle) as (control, _):
+                # A judge verifier's negative gate runs the judge too: on the untouched state it
+                # must not be judged complete, and its evidence must be JSON.
+                async with run.slots, check.served(run.admin_dsn, bundle, judge=run.judge) as (control, _):
                     return (await check.check_verifiers_untouched(control, [task])).get(task.id, [])
 
-            reply, errors = await _repair_loop(run, "verifier", prompts.VERIFIER,
+            reply, errors = await _repair_loop(run, "verifier", prompts.VERIFIER_JUDGE if judged else prompts.VERIFIER,
                                                prompts.verifier_user(name, dbs[name]["ddl"], excerpt, text),
-                                               _Verifier, validate)
+                                               _JudgeVerifier if judged else _Verifier, validate)  # type: ignore[arg-type]
             record = {"scenario": name, "task_idx": i, "task": text}
+            verification = _verifier_of(reply).model_dump(exclude_defaults=True) if reply else None
+            if verification is not None:
+                verification.setdefault("entrypoint", "verify")
             _record(run, "verifier", out, rejected, f"{name}/{i}",
-                    dict(record, verification={"code": reply.code, "entrypoint": "verify"}) if reply else None,
-                    errors, record)
+                    dict(record, verification=verification) if reply else None, errors, record)
 
         for i in pending:  # one scenario's verifiers share its template: run them in order
             await per_task(i)
@@ -422,7 +452,7 @@ async def stage_solution(run: Run) -> None:
             if tasks:
                 bundle = base.model_copy(update={"tasks": tasks})
                 async with run.slots:
-                    failures = await check.check_solutions_through_mcp(run.admin_dsn, bundle)
+                    failures = await check.check_solutions_through_mcp(run.admin_dsn, bundle, run.judge)
                 for task in tasks:
                     i = int(task.id[1:])
                     if task.id in failures:

@@ -21,6 +21,7 @@ from awm.bundle import Database, EnvBundle, SeedTable, Task
 from awm.client import ControlClient, McpSession
 from awm.fleet import Database as FleetDatabase
 from awm.fleet import FleetError, LocalFleet
+from awm.judge import JudgeSettings
 from awm.postgres import provision
 
 
@@ -99,11 +100,13 @@ async def check_tools(admin_dsn: str, bundle: EnvBundle, examples: dict[str, dic
 
 
 @contextlib.asynccontextmanager
-async def served(admin_dsn: str, bundle: EnvBundle) -> AsyncIterator[tuple[ControlClient, McpSession]]:
+async def served(admin_dsn: str, bundle: EnvBundle, judge: JudgeSettings | None = None
+                 ) -> AsyncIterator[tuple[ControlClient, McpSession]]:
     """One real instance of the bundle (template, database, role, env server process with its
-    confined workers), and a control and an MCP client for it."""
+    confined workers, the LLM judge when its verifiers need one), and a control and an MCP client."""
     # Ungated tasks allowed: this is where their gates run.
-    fleet = LocalFleet([bundle], database=FleetDatabase(admin_dsn), start_timeout_s=60.0, allow_ungated=True)
+    fleet = LocalFleet([bundle], database=FleetDatabase(admin_dsn), start_timeout_s=60.0, allow_ungated=True,
+                       judge=judge)
     await fleet.start()
     try:
         handle = fleet.instances[0]
@@ -138,13 +141,14 @@ async def check_verifiers_untouched(control: ControlClient, tasks: list[Task]) -
     return errors
 
 
-async def check_solutions_through_mcp(admin_dsn: str, bundle: EnvBundle) -> dict[str, list[str]]:
+async def check_solutions_through_mcp(admin_dsn: str, bundle: EnvBundle, judge: JudgeSettings | None = None
+                                      ) -> dict[str, list[str]]:
     """The positive gate, per task, the way an agent would do it: serve the bundle, replay each
     reference solution over MCP, verify with its final answer."""
     from awm.gates import replay
 
     errors: dict[str, list[str]] = {}
-    fleet = LocalFleet([bundle], database=FleetDatabase(admin_dsn), allow_ungated=True)  # gates run here
+    fleet = LocalFleet([bundle], database=FleetDatabase(admin_dsn), allow_ungated=True, judge=judge)  # gates run here
     await fleet.start()
     try:
         handle = fleet.instances[0]
