@@ -209,3 +209,26 @@ async def test_gen_all_in_judge_mode_makes_judged_gated_tasks(tmp_path, admin_ds
         results, totals = await run_catalog(bundles, show_progress=False,
                                             judge=JudgeSettings(base_url=server.base_url, model="m"))
         assert totals["passed"] == totals["tasks"] == 4
+
+
+async def test_long_errors_are_summarised_before_they_are_fed_back(tmp_path, admin_dsn):
+    """Short errors go back verbatim (no call); long ones are summarised by the LLM first; a
+    summariser that fails leaves the errors cut to size, and the run goes on."""
+    replies = [Reply.json({"guidance": "Column member_id does not exist: use members.id."}), Reply("no", status=400)]
+
+    def answer(stage, body, index):
+        assert stage == "summary"
+        return replies.pop(0)
+
+    with ScriptedLLM(answer) as server:
+        llm = _llm(server.base_url)
+        run = stages.Run(tmp_path, llm, admin_dsn)
+        assert "- one short error" in await stages.feedback(run, ["one short error"])
+        assert server.counts["summary"] == 0
+        long = [f"statement {i}: column member_id does not exist " + "x" * 200 for i in range(40)]
+        summarised = await stages.feedback(run, long)
+        assert "use members.id" in summarised and "summary of 40 error(s)" in summarised
+        assert "statement 0:" in server.requests[0][1]["messages"][1]["content"]
+        fallback = await stages.feedback(run, long)  # the summariser refuses: cut, not stopped
+        assert "statement 0:" in fallback and "use members.id" not in fallback and len(fallback) < 6000
+        await llm.close()

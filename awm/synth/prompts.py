@@ -136,6 +136,18 @@ def solution_user(name: str, tools: list[dict[str, Any]], seed_excerpt: str, tas
     return f"Scenario {name}.\n\nTools:\n{spec}\n\nSeed data (excerpt):\n{seed_excerpt}\n\nTask: {task}"
 
 
+SUMMARY = system("summary", """
+You are a debugging expert. Below are the errors that executing a generated artifact produced
+(SQL, seed rows, Python tool or verifier code, or a tool-call plan). Summarise them into short,
+concrete guidance for the next attempt: what failed, why, and exactly what to change. Keep every
+identifier, table, column and value that matters; drop repetition and stack noise.
+JSON: {"guidance": str}""")
+
+
+def summary_user(errors: list[str]) -> str:
+    return "Errors:\n" + "\n".join(f"- {e}" for e in errors)
+
+
 def feedback(errors: list[str]) -> str:
     listed = "\n".join(f"- {e}" for e in errors[:20])
     return f"\n\nYour previous answer was executed and failed:\n{listed}\nFix every one of these problems."

@@ -23,7 +23,7 @@ from awm.synth import prompts
 from awm.synth import validate as check
 from awm.synth.embed import Embedder, dedup
 from awm.judge import JudgeSettings
-from awm.llm import LLMBadOutput, LLMClient
+from awm.llm import LLMBadOutput, LLMClient, LLMUnavailable
 from awm.synth.store import StageOutput, read_jsonl
 
 STAGES = ["scenario", "task", "db", "sample", "spec", "env", "verifier", "solution"]
@@ -143,13 +143,38 @@ class Run:
             entry["rejections"].append({"item": item, "reasons": (reasons or [])[:5]})
 
 
+class _Summary(BaseModel):
+    guidance: str = Field(min_length=1)
+
+
+SUMMARY_ABOVE = 4000  # characters of errors fed back verbatim; longer ones are summarised first
+MAX_ERRORS = 64_000  # what the summariser reads at most (the reference's cap)
+
+
+async def feedback(run: Run, errors: list[str]) -> str:
+    """What the next attempt is told: the errors as they are when short; when long (a stack of
+    SQL errors, a huge traceback), a summary by the LLM - the reference system's step - and, if
+    the summariser fails, the errors cut to size. Never stops the run."""
+    if not errors:
+        return ""
+    text = "\n".join(errors)
+    if len(text) <= SUMMARY_ABOVE:
+        return prompts.feedback(errors)
+    try:
+        summary = await run.llm.structured("summary", prompts.SUMMARY, prompts.summary_user(errors)[:MAX_ERRORS],
+                                           _Summary, attempts=2, max_tokens=1024)
+        return prompts.feedback([f"(summary of {len(errors)} error(s), {len(text)} characters) {summary.guidance}"])
+    except (LLMBadOutput, LLMUnavailable):
+        return prompts.feedback([e[:SUMMARY_ABOVE // max(len(errors), 1)] for e in errors])
+
+
 async def _repair_loop(run: Run, stage: str, system: str, user: str, model: type[M],
                        validate: Callable[[M], Awaitable[list[str]]]) -> tuple[M | None, list[str]]:
     """Generate, execute, feed the errors back; at most ``run.attempts`` generations."""
     errors: list[str] = []
     for _ in range(run.attempts):
         try:
-            candidate = await run.llm.structured(stage, system, user + (prompts.feedback(errors) if errors else ""),
+            candidate = await run.llm.structured(stage, system, user + await feedback(run, errors),
                                                  model)
         except LLMBadOutput as exc:
             errors = [str(exc)]
@@ -437,7 +462,7 @@ async def stage_solution(run: Run) -> None:
                     candidates[i] = await run.llm.structured(
                         "solution", prompts.SOLUTION,
                         prompts.solution_user(name, specs[name]["tools"], excerpt, v["task"])
-                        + (prompts.feedback(errors[i]) if errors[i] else ""), _Solution)
+                        + await feedback(run, errors[i]), _Solution)
                 except LLMBadOutput as exc:
                     errors[i] = [str(exc)]
             tasks = []
