@@ -197,6 +197,11 @@ class Script:
         self.served.append(f"{stage}:{scenario}")
         if stage == "scenario":
             return Reply.json({"scenarios": SCENARIOS})
+        if stage == "classify":
+            return Reply.json({"classifications": [
+                {"name": name, "categories": ["test"], "suitability_score": 2 if name == "stock_ticker" else 8,
+                 "suitability_level": "low" if name == "stock_ticker" else "high", "reasoning": "scripted"}
+                for name in re.findall(r"^- (\w+):", user_text(body), re.M)]})
         if stage == "task":
             return Reply.json({"tasks": TASKS[scenario]})
         if stage == "db":

@@ -232,3 +232,23 @@ async def test_long_errors_are_summarised_before_they_are_fed_back(tmp_path, adm
         fallback = await stages.feedback(run, long)  # the summariser refuses: cut, not stopped
         assert "statement 0:" in fallback and "use members.id" not in fallback and len(fallback) < 6000
         await llm.close()
+
+
+async def test_scenarios_are_classified_and_unsuitable_ones_are_not_synthesised(tmp_path, admin_dsn):
+    """The reference's CRUD-suitability classification: every seed and generated scenario gets
+    categories, a score and features; one below the threshold is recorded as rejected with the
+    reason and never reaches the task stage; few-shot examples are the most suitable ones."""
+    script = Script(faults=False)
+    with ScriptedLLM(script) as server:
+        llm = _llm(server.base_url)
+        run = stages.Run(tmp_path, llm, admin_dsn, num_tasks=2)
+        seeds = [{"name": "stock_ticker", "description": "A live stock price feed streamed from exchanges."},
+                 {"name": "library", "description": "A public library: members borrow and return books."}]
+        await stages.stage_scenario(run, seeds, target=3, embedder=HashingEmbedder())
+        await llm.close()
+    kept = {r["name"]: r for r in read_jsonl(tmp_path / "gen_scenario.jsonl")}
+    assert "stock_ticker" not in kept and {"library", "todo"} <= set(kept)
+    assert kept["library"]["classification"]["suitability_score"] == 8
+    (refused,) = read_jsonl(tmp_path / "gen_scenario.rejected.jsonl")
+    assert refused["name"] == "stock_ticker" and "score 2" in refused["errors"][0]
+    assert server.counts["classify"] == 2  # the seeds, then the generated batch

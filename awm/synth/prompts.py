@@ -36,6 +36,23 @@ def scenario_user(count: int, examples: list[dict[str, Any]], avoid: list[str]) 
             f"to them: {', '.join(avoid[-60:])}.\nInvent {count} new, diverse scenarios.")
 
 
+CLASSIFY = system("classify", """
+You judge whether software scenarios can be simulated faithfully as a relational database plus
+API tools (create, read, update, delete, search over stored entities), without real-world
+side effects the database cannot hold (payments networks, hardware, live feeds, media
+processing, physical delivery in progress). For each scenario give its categories, a
+suitability score from 1 (cannot be simulated) to 10 (pure CRUD over clear entities), the level
+(high >= 8, medium 5-7, low <= 4), one sentence of reasoning, and the features that can and
+cannot be simulated.
+JSON: {"classifications": [{"name": str, "categories": [str], "suitability_score": int,
+"suitability_level": "high"|"medium"|"low", "reasoning": str, "simulatable_features": [str],
+"non_simulatable_features": [str]}]}""")
+
+
+def classify_user(scenarios: list[dict[str, Any]]) -> str:
+    return "Scenarios:\n" + "\n".join(f"- {s['name']}: {s['description'][:600]}" for s in scenarios)
+
+
 TASK = system("task", f"""
 You write tasks for an AI agent that operates an application through API tools. Each task is one
 specific request from the user (who is logged in as user id 1), naming every value it needs,

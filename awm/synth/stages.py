@@ -14,7 +14,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Awaitable, Callable, TypeVar
+from typing import Any, Awaitable, Callable, Literal, TypeVar
 
 from pydantic import BaseModel, Field
 
@@ -44,6 +44,22 @@ class _Scenario(BaseModel):
 
 class _Scenarios(BaseModel):
     scenarios: list[_Scenario]
+
+
+class Classification(BaseModel):
+    """The reference system's CRUD-suitability classification of a scenario."""
+
+    name: str
+    categories: list[str] = Field(default_factory=list)
+    suitability_score: int = Field(ge=1, le=10)
+    suitability_level: Literal["high", "medium", "low"]
+    reasoning: str = ""
+    simulatable_features: list[str] = Field(default_factory=list)
+    non_simulatable_features: list[str] = Field(default_factory=list)
+
+
+class _Classifications(BaseModel):
+    classifications: list[Classification]
 
 
 class _Tasks(BaseModel):
@@ -110,6 +126,9 @@ class Run:
     # gated and solved with ``judge``, by default the synthesis endpoint itself).
     verifier_mode: str = "code"
     judge: JudgeSettings | None = None
+    # Scenarios are classified for CRUD suitability; below this score they are not synthesised.
+    classify: bool = True
+    min_suitability: int = 5
 
     def __post_init__(self) -> None:
         # LLM calls are bounded by the client; validations start databases and processes, so
@@ -204,16 +223,49 @@ async def _each(items: list[Any], fn: Callable[[Any], Awaitable[None]], run: Run
 
 # -- stages -----------------------------------------------------------------------------------
 
+async def classify(run: Run, scenarios: list[dict[str, Any]], rejected: StageOutput) -> list[dict[str, Any]]:
+    """The scenarios worth synthesising, with their classification; the others are recorded as
+    rejected with the reason (a classifier that fails keeps them unclassified: it never blocks)."""
+    if not run.classify or not scenarios:
+        return scenarios
+    found: dict[str, Classification] = {}
+    for start in range(0, len(scenarios), 10):
+        batch = scenarios[start:start + 10]
+        try:
+            reply = await run.llm.structured("classify", prompts.CLASSIFY, prompts.classify_user(batch),
+                                             _Classifications, max_tokens=8000)
+        except LLMBadOutput as exc:
+            run.note("classify", "rejected", f"batch {start // 10}", [str(exc)])
+            continue
+        found.update({normalise_name(c.name): c for c in reply.classifications})
+    keep = []
+    for scenario in scenarios:
+        c = found.get(scenario["name"])
+        if c is not None and c.suitability_score < run.min_suitability:
+            reason = f"not CRUD-simulatable enough (score {c.suitability_score}): {c.reasoning}"
+            rejected.append(dict(scenario, classification=c.model_dump(exclude={"name"}), errors=[reason]))
+            run.note("scenario", "rejected", scenario["name"], [reason])
+            continue
+        keep.append(dict(scenario, classification=c.model_dump(exclude={"name"})) if c else scenario)
+    return keep
+
+
+def _examples(kept: list[dict[str, Any]], count: int = 8) -> list[dict[str, Any]]:
+    """Few-shot examples: the most CRUD-suitable scenarios first (the reference uses high ones)."""
+    return sorted(kept, key=lambda k: -(k.get("classification") or {}).get("suitability_score", 5))[:count]
+
+
 async def stage_scenario(run: Run, seeds: list[dict[str, Any]], target: int, embedder: Embedder,
                          threshold: float = 0.85, max_per_category: int = 80, batch: int = 10,
                          max_rounds: int = 50) -> None:
     """Seeds plus generated scenarios up to ``target`` in all, deduplicated by embedding (against
     the seeds and each other) and capped per category."""
-    out, _ = run.output("scenario", lambda r: r["name"])
-    pool = [dict(s, name=normalise_name(s["name"])) for s in seeds]
-    for seed in pool:
-        out.append({"name": seed["name"], "description": seed["description"],
-                    "category": seed.get("category", "seed"), "seed": True})
+    out, rejected = run.output("scenario", lambda r: r["name"])
+    pool = [{"name": normalise_name(s["name"]), "description": s["description"],
+             "category": s.get("category", "seed"), "seed": True} for s in seeds]
+    for seed in await classify(run, [s for s in pool if s["name"] not in out and s["name"] not in rejected],
+                               rejected):
+        out.append(seed)
     kept = list(out.records())
     vectors = await embedder.embed([f"{s['name']}: {s['description']}" for s in kept])
     rounds = 0
@@ -221,7 +273,7 @@ async def stage_scenario(run: Run, seeds: list[dict[str, Any]], target: int, emb
         rounds += 1
         try:
             reply = await run.llm.structured("scenario", prompts.SCENARIO,
-                                             prompts.scenario_user(batch, kept[:8], [k["name"] for k in kept]),
+                                             prompts.scenario_user(batch, _examples(kept), [k["name"] for k in kept]),
                                              _Scenarios)
         except LLMBadOutput as exc:
             run.note("scenario", "rejected", f"round {rounds}", [str(exc)])
@@ -240,6 +292,8 @@ async def stage_scenario(run: Run, seeds: list[dict[str, Any]], target: int, emb
         accepted, reasons = dedup(fresh, new_vectors, vectors, threshold, max_per_category, counts)
         for c, why in reasons.items():
             run.note("scenario", "rejected", c, [why])
+        suitable = {c["name"]: c for c in await classify(run, [c for c, _ in accepted], rejected)}
+        accepted = [(suitable[c["name"]], v) for c, v in accepted if c["name"] in suitable]
         for c, v in accepted:
             if len(kept) >= target:
                 break
