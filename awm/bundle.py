@@ -69,6 +69,9 @@ class Database(_Model):
     seed: list[SeedTable] = Field(default_factory=list)
     sqlite_ddl: str | None = Field(
         default=None, description="SQLite DDL of the same tables, for verifiers that read SQLite files.")
+    awm_schema: dict[str, Any] | None = Field(
+        default=None, description="Imported environments: the AWM release's `db_schema` (SQLite DDL per table) "
+                                  "this snapshot was translated from; `awm catalog export --format awm` writes it back.")
 
 
 class Route(_Model):
@@ -78,6 +81,7 @@ class Route(_Model):
     path: str = Field(pattern=r"^/", description="Path template, e.g. /api/books/{book_id}.")
     params: dict[str, Literal["path", "query", "body"]] = Field(
         default_factory=dict, description="Argument name -> where it is sent.")
+    operation_id: str | None = Field(default=None, description="The route's OpenAPI operation_id (AWM imports).")
 
 
 class App(_Model):
@@ -246,9 +250,9 @@ class EnvBundle(_Model):
 
     def database_hash(self) -> str:
         """Content hash of the snapshot: names the template database, so a changed seed reloads."""
-        # sqlite_ddl does not shape the Postgres template, so it does not name it either.
-        payload = json.dumps(self.database.model_dump(mode="json", exclude={"sqlite_ddl"}), sort_keys=True,
-                             default=str)
+        # sqlite_ddl and awm_schema do not shape the Postgres template, so they do not name it either.
+        payload = json.dumps(self.database.model_dump(mode="json", exclude={"sqlite_ddl", "awm_schema"}),
+                             sort_keys=True, default=str)
         return hashlib.sha256(payload.encode()).hexdigest()
 
 

@@ -332,15 +332,31 @@ def catalog_schema(output: Annotated[Optional[Path], typer.Option("--output", "-
 
 @catalog_app.command("export")
 def catalog_export(
-    output: Annotated[Path, typer.Argument(help="Directory to write <env>.json bundles into.")],
+    output: Annotated[Path, typer.Argument(help="Directory to write into.")],
     catalog: CatalogOpt = "starter",
+    fmt: Annotated[str, typer.Option("--format", help="bundle: <env>.json bundles and index.json (what fleets "
+                                     "ship to pods); awm: the AWM-1K release files (gen_*.jsonl).")] = "bundle",
 ) -> None:
-    """Write every bundle of a catalog as a JSON file (the form the fleet ships to pods), and
-    index.json, the list of environments an EnvFleet's environmentSelector chooses from."""
+    """Write a catalog as bundle JSON files plus index.json (the list an EnvFleet's
+    environmentSelector chooses from), or in the AWM-1K format (environments from an AWM import)."""
     from awm.catalog import INDEX, index
 
-    output.mkdir(parents=True, exist_ok=True)
     bundles = _load(catalog)
+    if fmt == "awm":
+        from awm.importers.awm1k_export import export_catalog
+
+        report = export_catalog(bundles, output)
+        (output / "export-report.json").write_text(json.dumps(report.to_json(), indent=2))
+        console.print(f"wrote {len(report.exported)} environment(s) in the AWM format to {output}")
+        for name, why in report.refused.items():
+            err.print(f"[yellow]not exported[/yellow] {name}: {why}")
+        for name, lost in report.lost.items():
+            err.print(f"[yellow]not in the AWM format[/yellow] {name}: {'; '.join(lost)}")
+        raise typer.Exit(0 if report.exported else 1)
+    if fmt != "bundle":
+        err.print(f"[red]error:[/red] --format must be bundle or awm, not {fmt!r}")
+        raise typer.Exit(2)
+    output.mkdir(parents=True, exist_ok=True)
     for bundle in bundles:
         (output / f"{bundle.name}.json").write_text(bundle.model_dump_json(indent=1))
         console.print(f"wrote {output / (bundle.name + '.json')}")

@@ -435,3 +435,46 @@ def test_import_prefers_the_judge_when_asked(admin_dsn, tmp_path):
     assert env.verifier_of["task_0"] == "judge+code" and env.verifier_of["task_1"] == "code"
     (lib,) = catalog.load(tmp_path)
     assert lib.task("task_0").verifier.kind == "judge" and lib.task("task_0").alt_verifier.kind == "code"
+
+
+# -- export to the AWM format, and back ----------------------------------------------------------
+
+
+def _without_gate_times(bundle):
+    data = bundle.model_dump(mode="json")
+    for task in data["tasks"]:
+        for record in task["gates"]:
+            for gate in ("negative", "positive"):
+                if record[gate]:
+                    record[gate]["at"] = None
+    return data
+
+
+def test_export_to_the_awm_format_and_back_gives_the_same_catalog(admin_dsn, tmp_path):
+    """import(export(c)) == c for an imported catalog (every table, row, tool, route, task and both
+    verifiers, with their gate records but for when they ran); awm's own environments are refused,
+    with the reason, and what the format cannot carry is reported."""
+    from awm.importers.awm1k_export import export_catalog
+
+    first = tmp_path / "first"
+    import_awm_dir(FIXTURE, first, admin_dsn=admin_dsn, now=NOW)
+    catalog_a = {b.name: b for b in catalog.load(first)}
+    starter = catalog.load("starter", ["crm"])
+    report = export_catalog([*catalog_a.values(), *starter], tmp_path / "awm")
+    assert sorted(report.exported) == ["library_loans_1", "pet_clinic_2"]
+    assert "Python functions" in report.refused["crm"]
+    second = tmp_path / "second"
+    import_awm_dir(tmp_path / "awm", second, admin_dsn=admin_dsn, now=NOW)
+    catalog_b = {b.name: b for b in catalog.load(second)}
+    assert catalog_b.keys() == catalog_a.keys()
+    for name in catalog_a:
+        assert _without_gate_times(catalog_b[name]) == _without_gate_times(catalog_a[name]), name
+    # What the format cannot carry is said: a synthesised solution, non-default limits.
+    from awm.bundle import Limits, ToolCall
+
+    lib = catalog_a["library_loans_1"]
+    assert lib.database.seed and lib.tools and lib.task("task_0").alt_verifier is not None  # not vacuous
+    lib.task("task_0").solution = [ToolCall(tool="borrow_book", arguments={"book_id": 1})]
+    lib.limits = Limits(tool_timeout_s=3)
+    lost = export_catalog([lib], tmp_path / "awm2").lost["library_loans_1"]
+    assert any("reference solutions of 1 task" in x for x in lost) and any("limits" in x for x in lost)

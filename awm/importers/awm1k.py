@@ -534,7 +534,8 @@ def _tools(spec: dict[str, Any] | None, routes: list[dict[str, Any]], report: En
                                               str(endpoint.get("description") or "").strip()) if x) or op
         seen.add(name)
         tools.append(Tool(name=name, description=description, input_schema=schema,
-                          route=Route(method=route["method"], path=route["path"], params=locations)))
+                          route=Route(method=route["method"], path=route["path"], params=locations,
+                                      operation_id=op)))
     return tools
 
 
@@ -687,6 +688,7 @@ def build_environment(source: _Source, scenario: str, admin_dsn: str, now: dt.da
         bundle = EnvBundle(
             scenario=Scenario(name=name, description=description),
             database=Database(ddl=";\n".join(ddl) + ";", sqlite_ddl=sqlite_ddl,
+                              awm_schema=db_record.get("db_schema") or None,
                               seed=[SeedTable(table=t.name, rows=accepted[t.name])
                                     for t in created if accepted.get(t.name)]),
             tools=tools, app=App(code=str(env_record["full_code"])), tasks=tasks, limits=Limits())
