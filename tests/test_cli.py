@@ -40,8 +40,13 @@ def test_demo_json_on_a_fixture_catalog(home, tmp_path):
     data = json.loads(result.stdout)
     env = data["environments"][0]
     assert set(env) >= {"name", "tools", "tasks", "passed", "reset_p50_ms", "tool_call_p50_ms"}
-    assert env["name"] == "notes" and env["tasks"] == 9 and env["passed"] == 3
-    assert result.returncode == 1  # the fixture's deliberately broken verifiers fail
+    # Only the tasks that passed both gates (gates.json) are run; the hostile ones are skipped.
+    assert env["name"] == "notes" and env["tasks"] == 3 and env["passed"] == 3
+    assert data["totals"]["ungated_skipped"] == 6 and result.returncode == 0
+    ungated = awm("demo", "--json", "--allow-ungated", "--catalog", str(FIXTURES / "notes"), home=home)
+    env = json.loads(ungated.stdout)["environments"][0]
+    assert env["tasks"] == 9 and env["passed"] == 3
+    assert ungated.returncode == 1  # the fixture's deliberately broken verifiers fail
 
 
 def test_env_check_against_a_dead_url_is_a_clear_error(home):
