@@ -3,6 +3,8 @@ database Secret, the CRDs, and an in-process operator's configuration and URLs."
 
 from __future__ import annotations
 
+import os
+
 import time
 import urllib.error
 from pathlib import Path
@@ -38,12 +40,54 @@ def apply_crds(cp: Any) -> None:
                "crd/envclaims.awm.dev", "crd/campaigns.awm.dev")
 
 
+CLIENTS_NS = "awm-test-clients"  # where the tests' trainer identity lives (one for every namespace)
+
+
 def setup_namespace(cp: Any, namespace: str, admin_dsn: str) -> None:
-    """A namespace with the fleets' database Secret (``awm-db``, key ``dsn``)."""
+    """A namespace with the fleets' database Secret (``awm-db``, key ``dsn``), where the tests'
+    trainer identity (ServiceAccount ``trainer`` of ``awm-test-clients``) may claim instances and
+    report progress (a Role and RoleBinding); its token is what the tests' clients send
+    (``AWM_API_TOKEN``, as a trainer outside the cluster would)."""
     cp.kubectl("create", "namespace", namespace)
     cp.kubectl("-n", namespace, "create", "secret", "generic", "awm-db", f"--from-literal=dsn={admin_dsn}")
     wait_for("the namespace's default ServiceAccount",
              lambda: cp.api("GET", f"/api/v1/namespaces/{namespace}/serviceaccounts/default"))
+    os.environ["AWM_API_TOKEN"] = client_token(cp)
+    grant_claims(cp, namespace, CLIENTS_NS, "trainer")
+
+
+def client_token(cp: Any, name: str = "trainer") -> str:
+    """A token of ServiceAccount ``awm-test-clients/<name>`` (made on first use), from the
+    TokenRequest API."""
+    try:
+        cp.api("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": CLIENTS_NS}})
+    except urllib.error.HTTPError as exc:
+        if exc.code != 409:
+            raise
+    try:
+        cp.api("POST", f"/api/v1/namespaces/{CLIENTS_NS}/serviceaccounts",
+               {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name}})
+    except urllib.error.HTTPError as exc:
+        if exc.code != 409:
+            raise
+    answer = wait_for(f"a token for {CLIENTS_NS}/{name}", lambda: cp.api(
+        "POST", f"/api/v1/namespaces/{CLIENTS_NS}/serviceaccounts/{name}/token",
+        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 7200}}))
+    return answer["status"]["token"]
+
+
+def grant_claims(cp: Any, namespace: str, sa_namespace: str, sa: str) -> None:
+    """RBAC: ServiceAccount ``sa_namespace/sa`` may claim instances and report progress in ``namespace``."""
+    rbac = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}"
+    name = f"claims-{sa_namespace}-{sa}"
+    cp.api("POST", f"{rbac}/roles", {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": name},
+        "rules": [{"apiGroups": ["awm.dev"], "resources": ["envclaims"], "verbs": ["create", "get", "update", "delete"]},
+                  {"apiGroups": ["awm.dev"], "resources": ["campaigns/status"], "verbs": ["update"]}]})
+    cp.api("POST", f"{rbac}/rolebindings", {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": sa_namespace}]})
 
 
 def operator_config(namespace: str, **overrides: Any) -> OperatorConfig:

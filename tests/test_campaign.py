@@ -149,7 +149,7 @@ def test_training_job_manifest() -> None:
     pod = js["template"]["spec"]
     assert js["template"]["metadata"]["labels"]["awm.dev/client"] == "true"  # let in by the env pods' NetworkPolicy
     assert js["template"]["metadata"]["labels"]["team"] == "rl"
-    assert pod["restartPolicy"] == "Never" and pod["automountServiceAccountToken"] is False
+    assert pod["restartPolicy"] == "Never" and pod["automountServiceAccountToken"] is True  # its API credential
     assert pod["securityContext"]["runAsNonRoot"] and pod["nodeSelector"] == {"gpu": "a100"}
     assert pod["tolerations"][0]["key"] == "gpu" and pod["imagePullSecrets"] == [{"name": "regcred"}]
     (c,) = pod["containers"]
@@ -230,10 +230,11 @@ def test_evaluation_job_runs_awm_eval_with_arguments_it_accepts() -> None:
 
 
 def test_child_names_fit() -> None:
-    assert cp.Names.of("run") == cp.Names("run", "run", "run-train-config")
+    assert cp.Names.of("run") == cp.Names("run", "run", "run-train-config", "run-trainer")
     long = "a" * 200
     names = cp.Names.of(long)
     assert len(names.job) <= cp.NAME_LIMIT and len(names.config) <= cp.NAME_LIMIT
+    assert len(names.account) <= cp.NAME_LIMIT and names.account.endswith("-trainer")
     assert names.config.endswith("-train-config") and names.job != cp.Names.of("a" * 199).job
 
 

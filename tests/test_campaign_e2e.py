@@ -29,6 +29,7 @@ import pytest
 import yaml
 
 from awm.postgres import provision
+from awm_operator.client import bearer
 from awm_operator.main import InThread
 from awm_operator.pods import A_CONTROL_URL, A_MCP_URL
 from trainer.agent import AgentConfig
@@ -228,10 +229,21 @@ def test_failing_job_fails_the_campaign(cluster: Cluster, operator: InThread) ->
 
     # The progress API: known campaigns only, valid reports only.
     base = f"{api_url(operator)}/v1/namespaces/{NS}/campaigns"
-    assert httpx.post(f"{base}/no-such-campaign/progress", json={"step": 1}).status_code == 404
-    assert httpx.post(f"{base}/{name}/progress", json={"step": "many"}).status_code == 400
-    r = httpx.post(f"{base}/{name}/progress", json={"step": 1, "passRates": {"crm": 0.5}, "passAtK": {"crm": 0.75}})
+    assert httpx.post(f"{base}/no-such-campaign/progress", json={"step": 1}, headers=bearer()).status_code == 404
+    assert httpx.post(f"{base}/{name}/progress", json={"step": 1}).status_code == 401  # who is asking?
+    assert httpx.post(f"{base}/{name}/progress", json={"step": "many"}, headers=bearer()).status_code == 400
+    r = httpx.post(f"{base}/{name}/progress", json={"step": 1, "passRates": {"crm": 0.5}, "passAtK": {"crm": 0.75}},
+                   headers=bearer())
     assert r.status_code == 202, r.text
+    # The Job's own identity (its ServiceAccount, made by the operator) may report and claim here.
+    account = pod["spec"]["serviceAccountName"]
+    token = cluster.cp.api("POST", f"/api/v1/namespaces/{NS}/serviceaccounts/{account}/token",
+                           {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                            "spec": {"expirationSeconds": 600}})["status"]["token"]
+    as_job = {"Authorization": f"Bearer {token}"}
+    assert httpx.post(f"{base}/{name}/progress", json={"step": 1}, headers=as_job).status_code == 202
+    other = httpx.post(f"{base}/no-such-campaign/progress", json={"step": 1}, headers=as_job)
+    assert other.status_code == 403, other.text  # its Role names its own campaign only
     wait_for("the pass rates in the status", lambda: cluster.status(name).get("passRates") == {"crm": 0.5})
     assert cluster.status(name)["passAtK"] == {"crm": 0.75}
     assert metric(operator, "awm_campaign_pass_at_k", campaign=name, env="crm") == 0.75

@@ -203,11 +203,17 @@ OPERATOR_RULES = {
 # Job (and training ConfigMap) each campaign makes and the fleet it deletes when done.
 CAMPAIGN_RULES = {
     ("awm.dev", "campaigns"): {"get", "list", "watch"},
-    ("awm.dev", "campaigns/status"): {"patch"},
+    ("awm.dev", "campaigns/status"): {"patch", "update"},  # update: granted to the trainer, see below
     ("awm.dev", "campaigns/finalizers"): {"update"},
     ("awm.dev", "envfleets"): {"create", "delete"},
     ("batch", "jobs"): {"get", "list", "watch", "create"},
     ("", "configmaps"): {"get", "create"},
+    # Each campaign's trainer identity (campaigns.trainer_access): RBAC lets the operator grant only
+    # what it holds, hence the envclaims and campaigns/status verbs it never uses itself.
+    ("", "serviceaccounts"): {"create", "get"},
+    ("rbac.authorization.k8s.io", "roles"): {"create", "get"},
+    ("rbac.authorization.k8s.io", "rolebindings"): {"create", "get"},
+    ("awm.dev", "envclaims"): {"create", "update", "delete"},
 }
 
 
@@ -222,6 +228,9 @@ def merged(*rule_sets: dict[tuple[str, str], set[str]]) -> dict[tuple[str, str],
 OPERATOR_CLUSTER_RULES = {
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
     ("", "namespaces"): {"list", "watch"},
+    # Who calls the allocation API, and whether RBAC lets them (awm_operator/auth.py).
+    ("authentication.k8s.io", "tokenreviews"): {"create"},
+    ("authorization.k8s.io", "subjectaccessreviews"): {"create"},
 }
 
 
@@ -616,8 +625,11 @@ def test_install_validate_uninstall(cluster, helm: str) -> None:
                ("patch", "envfleets.awm.dev"), ("patch", "envfleets.awm.dev/status"), ("list", "envclaims.awm.dev"),
                ("update", "envfleets.awm.dev/finalizers"), ("create", "events"), ("patch", "kopfpeerings.kopf.dev"),
                ("watch", "campaigns.awm.dev"), ("patch", "campaigns.awm.dev/status"), ("create", "jobs.batch"),
-               ("watch", "jobs.batch"), ("create", "envfleets.awm.dev"), ("delete", "envfleets.awm.dev")]
-    denied = [("list", "secrets"), ("create", "secrets"), ("create", "envclaims.awm.dev"),
+               ("watch", "jobs.batch"), ("create", "envfleets.awm.dev"), ("delete", "envfleets.awm.dev"),
+               ("create", "serviceaccounts"), ("create", "rolebindings.rbac.authorization.k8s.io"),
+               ("create", "envclaims.awm.dev")]
+    denied = [("list", "secrets"), ("create", "secrets"), ("delete", "serviceaccounts"),
+              ("create", "clusterrolebindings.rbac.authorization.k8s.io"),
               ("create", "deployments.apps"), ("create", "pods/exec"), ("patch", "campaigns.awm.dev"),
               ("create", "campaigns.awm.dev"), ("delete", "jobs.batch"), ("patch", "jobs.batch"),
               ("delete", "configmaps"), ("patch", "envclaims.awm.dev")]

@@ -707,3 +707,61 @@ def test_operator_api_host_guard(host: str, ok: bool) -> None:
     from awm_operator.hostguard import host_allowed
 
     assert host_allowed(host, ["cluster.local"], ["trainer.example.org"]) is ok
+
+
+# --------------------------------------------------------------------------- API authentication
+
+
+def test_reviews_are_cached_by_token_hash_and_expire() -> None:
+    """Unit test of the cache (the real TokenReview and SubjectAccessReview are exercised on the
+    real API server in test_operator_e2e): one review per token and TTL, shorter for refusals."""
+    from awm_operator.auth import NEGATIVE_TTL, POSITIVE_TTL, Authenticator, Identity, Need
+
+    now = [0.0]
+    calls: list[tuple[str, dict]] = []
+
+    async def review(path: str, body: dict) -> dict:
+        calls.append((path, body))
+        if path.endswith("tokenreviews"):
+            good = body["spec"]["token"] == "good"
+            return {"status": {"authenticated": good, "user": {"username": "sa:t", "groups": ["g"]}}}
+        return {"status": {"allowed": body["spec"]["resourceAttributes"]["namespace"] == "rl"}}
+
+    auth = Authenticator(review, clock=lambda: now[0])
+
+    async def go() -> None:
+        who = await auth.identify("good")
+        assert who == Identity("sa:t", ("g",), "") and await auth.identify("good") == who
+        assert await auth.identify("bad") is None
+        assert len(calls) == 2 and "good" not in json.dumps(list(auth._tokens))  # hashes, not tokens
+        need = Need("create", "envclaims")
+        assert await auth.allowed(who, "rl", need) and not await auth.allowed(who, "other", need)
+        attrs = calls[-1][1]["spec"]["resourceAttributes"]
+        assert attrs == {"namespace": "other", "verb": "create", "group": "awm.dev", "resource": "envclaims"}
+        assert len(calls) == 4
+        now[0] = NEGATIVE_TTL + 1  # refusals are asked again sooner than grants
+        assert await auth.identify("bad") is None and await auth.identify("good") == who and len(calls) == 5
+        now[0] = POSITIVE_TTL + 1
+        await auth.identify("good")
+        assert len(calls) == 6
+
+    asyncio.run(go())
+
+
+def test_a_campaign_job_runs_as_its_own_trainer_account() -> None:
+    from awm_operator.campaigns import CampaignSettings, Names, job_manifest, trainer_access
+    from awm_operator.crds import CampaignSpec
+
+    spec = CampaignSpec.model_validate({"mode": "evaluation", "environments": ["crm"], "catalog": {},
+                                        "database": {"secretName": "db"},
+                                        "evaluation": {"baseUrl": "http://llm/v1", "model": "m"}})
+    job = job_manifest("grpo", "rl", "uid", spec, OperatorConfig(), CampaignSettings(), "http://op:8080")
+    pod = job["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == Names.of("grpo").account and pod["automountServiceAccountToken"] is True
+    kinds = {m["kind"]: m for _, m in trainer_access("grpo", "rl", "uid")}
+    assert set(kinds) == {"ServiceAccount", "Role", "RoleBinding"}
+    rules = kinds["Role"]["rules"]
+    assert rules[0]["resources"] == ["envclaims"] and set(rules[0]["verbs"]) == {"create", "get", "update", "delete"}
+    assert rules[1] == {"apiGroups": ["awm.dev"], "resources": ["campaigns/status"], "verbs": ["update"],
+                        "resourceNames": ["grpo"]}
+    assert all(m["metadata"]["ownerReferences"][0]["uid"] == "uid" for m in kinds.values())

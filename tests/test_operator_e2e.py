@@ -14,16 +14,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import time
 import urllib.error
 import uuid
 from typing import Any
 
+import httpx
 import pytest
 
 from awm.postgres import provision
-from awm_operator.client import AllocationClient, AllocationError
+from awm_operator.client import AllocationClient, AllocationError, bearer
 from awm_operator.config import OperatorConfig
 from awm_operator.main import InThread
 from awm_operator.pods import A_CONTROL_URL
@@ -492,6 +494,47 @@ def test_a_retried_trainer_frees_what_its_predecessor_held(cluster: Cluster, ope
     wait_for("the fleet gone", lambda: cluster.get("envfleets", "retry") is None)
 
 
+def test_the_allocation_api_authenticates_and_authorises_callers(cluster: Cluster, operator: InThread,
+                                                                  env_server: str) -> None:
+    """Callers are Kubernetes identities (TokenReview) allowed by RBAC on the fleet's namespace
+    (SubjectAccessReview): no token or a forged one is 401, an identity without the Role is 403,
+    and a claim is its maker's: another allowed identity can neither read, renew nor release it,
+    nor free it by its holder name. Health stays open."""
+    from tests.k8s_e2e import CLIENTS_NS, client_token, grant_claims
+
+    cluster.create("envfleets", "authz", fleet_spec(2, env_server, ["crm"]))
+    wait_for("2 ready", lambda: cluster.ready("authz", 2))
+    base = f"{api_url(operator)}/v1/namespaces/{NS}/envfleets/authz"
+    outsider = client_token(cluster.cp, "outsider")  # no Role in this namespace
+    second = client_token(cluster.cp, "second")
+    grant_claims(cluster.cp, NS, CLIENTS_NS, "second")
+    with httpx.Client(timeout=30) as client:
+        def claim(token: str | None) -> httpx.Response:
+            headers = {"Authorization": f"Bearer {token}"} if token else {}
+            return client.post(f"{base}/claims", json={"count": 1, "holder": "team-a"}, headers=headers)
+
+        assert claim(None).status_code == 401 and claim("not-a-token").status_code == 401
+        denied = claim(outsider)
+        assert denied.status_code == 403, denied.text
+        assert f"system:serviceaccount:{CLIENTS_NS}:outsider may not create envclaims.awm.dev" in denied.json()["error"]
+        made = claim(os.environ["AWM_API_TOKEN"])
+        assert made.status_code == 201, made.text
+        claim_id = made.json()["id"]
+        as_second = {"Authorization": f"Bearer {second}"}
+        for method, path in (("GET", f"/claims/{claim_id}"), ("POST", f"/claims/{claim_id}/renew"),
+                             ("DELETE", f"/claims/{claim_id}")):
+            answer = client.request(method, base + path, headers=as_second, json={} if method == "POST" else None)
+            assert answer.status_code == 403 and "belongs to" in answer.text, (method, answer.text)
+        assert client.delete(f"{base}/claims", params={"holder": "team-a"}, headers=as_second).json()["released"] == []
+        mine = client.get(f"{base}/claims/{claim_id}", headers=bearer()).json()
+        assert mine["owner"] == f"system:serviceaccount:{CLIENTS_NS}:trainer"
+        assert client.delete(f"{base}/claims/{claim_id}", headers=bearer()).status_code == 200
+        assert client.get(f"{api_url(operator)}/healthz").status_code == 200
+    wait_for("both back", lambda: cluster.ready("authz", 2) and not cluster.ledger("authz"))
+    cluster.delete("envfleets", "authz")
+    wait_for("the fleet gone", lambda: cluster.get("envfleets", "authz") is None)
+
+
 def _gone(cluster: Cluster, what: str) -> bool:
     try:
         cluster.cp.api("GET", f"/api/v1/namespaces/{cluster.ns}/{what}")
@@ -630,7 +673,6 @@ def test_peering_one_replica_acts_and_a_standby_takes_over(control_plane: Any, c
 def test_allocation_api_refuses_dns_rebinding(cluster: Cluster, operator: InThread) -> None:
     """A browser page on a rebound DNS name carries that name in Host (421) and its own Origin
     (403); trainers, addressing the operator by IP or Service name without an Origin, are served."""
-    import httpx
 
     base = api_url(operator)
     claims = f"{base}/v1/namespaces/{NS}/envfleets/pool/claims"
@@ -642,6 +684,6 @@ def test_allocation_api_refuses_dns_rebinding(cluster: Cluster, operator: InThre
         assert evil_origin.status_code == 403, evil_origin.text
         # past the guard: the API's own answer (no fleet of that name)
         as_service = client.get(f"{base}/v1/namespaces/{NS}/envfleets/no-such-fleet",
-                                headers={"Host": "awm-operator.awm-system.svc:8080"})
+                                headers={"Host": "awm-operator.awm-system.svc:8080", **bearer()})
         assert as_service.status_code == 404 and "no such fleet" in as_service.text, as_service.text
         assert client.get(f"{base}/readyz", headers={"Host": "evil.example.com"}).status_code in (200, 503)

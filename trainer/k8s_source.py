@@ -28,7 +28,7 @@ from typing import Any, Mapping
 
 import httpx
 
-from awm_operator.client import AllocationClient, AllocationError
+from awm_operator.client import AllocationClient, AllocationError, bearer
 from trainer.rollout import Lease, PoolSource
 
 log = logging.getLogger("trainer.k8s")
@@ -271,7 +271,7 @@ class ProgressReporter:
         while self._latest is not None:
             body, self._latest = self._latest, None
             try:
-                r = await self._client.post(self.url, json=body)
+                r = await self._client.post(self.url, json=body, headers=bearer())
                 if r.status_code >= 400:
                     raise httpx.HTTPStatusError(f"HTTP {r.status_code}: {r.text[:200]}", request=r.request, response=r)
                 self.sent += 1

@@ -66,7 +66,7 @@ def describe(fleet: Fleet, claim_id: str) -> dict[str, Any] | None:
                               "mcpUrl": info.mcp_url if info else None,
                               "controlUrl": info.control_url if info else None, "lost": name in lost})
     return {"id": claim_id, "namespace": fleet.namespace, "fleet": fleet.name, "instances": instances,
-            "lost": len(lost), "expiresAt": record.expires, "holder": record.holder,
+            "lost": len(lost), "expiresAt": record.expires, "holder": record.holder, "owner": record.owner,
             "releasing": claim_id in fleet.releasing}
 
 
@@ -90,7 +90,8 @@ class Allocator:
             await self._http.close()
 
     async def claim(self, fleet: Fleet, claim_id: str, req: ClaimRequest, wait: float | None,
-                    source: str, ttl: float | None = None, holder: str | None = None) -> list[Bound]:
+                    source: str, ttl: float | None = None, holder: str | None = None,
+                    owner: str | None = None) -> list[Bound]:
         """Bind ``req`` to ready instances of ``fleet``, waiting up to ``wait`` seconds (None:
         until bound) for enough of them. While it waits, its instances count as demand for the
         autoscaler. ``ttl``: seconds after which the operator releases the claim by itself."""
@@ -107,7 +108,7 @@ class Allocator:
                 if fleet.active and fleet.ledger is not None:
                     groups = plan(fleet.available, req)
                     if groups is not None:
-                        bound = await self._bind(fleet, claim_id, groups, ttl, holder)
+                        bound = await self._bind(fleet, claim_id, groups, ttl, holder, owner)
                         if bound is not None:
                             self.metrics.claims.labels(fleet.namespace, fleet.name, source, "bound").inc()
                             self.metrics.claim_latency.labels(source).observe(time.monotonic() - t0)
@@ -130,13 +131,13 @@ class Allocator:
                 fleet.poke()
 
     async def _bind(self, fleet: Fleet, claim_id: str, groups: list[list[str]],
-                    ttl: float | None, holder: str | None = None) -> list[Bound] | None:
+                    ttl: float | None, holder: str | None = None, owner: str | None = None) -> list[Bound] | None:
         assert fleet.ledger is not None
         names = [n for g in groups for n in g]
         infos = {n: fleet.pods[n] for n in names}
         fleet.reserve(names)
         try:
-            record = ClaimRecord(groups, expires=time.time() + ttl if ttl else None, holder=holder)
+            record = ClaimRecord(groups, expires=time.time() + ttl if ttl else None, holder=holder, owner=owner)
             await fleet.ledger.commit({claim_id: record})
         except LostRace as exc:
             log.info("fleet %s/%s: claim %s lost a race (%s); planning again", fleet.namespace, fleet.name,

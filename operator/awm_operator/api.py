@@ -20,6 +20,10 @@ the operator, so a crashed trainer does not hold instances forever.
     DELETE /v1/namespaces/{ns}/envfleets/{fleet}/claims?holder=H -> 200 {"released": [ids], "returned",
         "replaced"}: every claim of that holder (a retried trainer pod frees what its dead predecessor
         held, instead of waiting out the TTL)
+
+Every /v1/ request is authenticated and authorised against Kubernetes RBAC (awm_operator/auth.py:
+a bearer ServiceAccount token; 401 without a valid one, 403 when RBAC says no or the claim is
+another identity's), unless the operator runs with AWM_API_AUTH=off.
     GET    /v1/namespaces/{ns}/envfleets/{fleet}              -> sizes, demand, whether this replica acts
     GET    /healthz (process alive), /readyz (this replica acts on its fleets)
 """
@@ -33,6 +37,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from awm_operator import auth as authn
 from awm_operator import hostguard
 from awm_operator.allocator import ClaimError, NotActive, Unavailable, describe
 from awm_operator.campaigns import add_progress_route
@@ -46,8 +51,21 @@ def _error(status: int, message: str) -> web.Response:
     return web.json_response({"error": message}, status=status)
 
 
-def build_api(ctx: Context, fleets: Fleets) -> web.Application:
+def build_api(ctx: Context, fleets: Fleets, auth: authn.Authenticator | None = None) -> web.Application:
+    """``auth``: who may call (:mod:`awm_operator.auth`); None leaves the API open (AWM_API_AUTH=off)."""
     routes = web.RouteTableDef()
+
+    def caller(request: web.Request) -> str | None:
+        who = authn.identity(request)
+        return who.user if who else None
+
+    def not_yours(request: web.Request, fleet: Any, claim_id: str) -> web.Response | None:
+        """403 when the API authenticates and the claim was made by another identity."""
+        record = fleet.claims.get(claim_id)
+        me = caller(request)
+        if record is not None and me is not None and record.owner is not None and record.owner != me:
+            return _error(403, f"claim {claim_id} belongs to {record.owner}, not to {me}")
+        return None
 
     @routes.get("/healthz")
     async def healthz(_: web.Request) -> web.Response:
@@ -103,7 +121,8 @@ def build_api(ctx: Context, fleets: Fleets) -> web.Application:
             return _error(400, f"bad request: {exc}")
         claim_id = f"api_{secrets.token_hex(8)}"
         try:
-            bound = await ctx.allocator.claim(fleet, claim_id, req, wait, source="api", ttl=ttl, holder=holder)
+            bound = await ctx.allocator.claim(fleet, claim_id, req, wait, source="api", ttl=ttl, holder=holder,
+                                              owner=caller(request))
         except ClaimError as exc:
             return _error(400, str(exc))
         except NotActive as exc:
@@ -118,7 +137,11 @@ def build_api(ctx: Context, fleets: Fleets) -> web.Application:
 
     @routes.get("/v1/namespaces/{ns}/envfleets/{fleet}/claims/{id}")
     async def get_claim(request: web.Request) -> web.Response:
-        shown = describe(fleet_of(request), request.match_info["id"])
+        fleet = fleet_of(request)
+        denied = not_yours(request, fleet, request.match_info["id"])
+        if denied is not None:
+            return denied
+        shown = describe(fleet, request.match_info["id"])
         return web.json_response(shown) if shown else _error(404, "no such claim")
 
     @routes.post("/v1/namespaces/{ns}/envfleets/{fleet}/claims/{id}/renew")
@@ -134,6 +157,9 @@ def build_api(ctx: Context, fleets: Fleets) -> web.Application:
             return _error(400, f"bad request: {exc}")
         if claim_id not in fleet.claims or claim_id in fleet.releasing:
             return _error(404, "no such claim")
+        denied = not_yours(request, fleet, claim_id)
+        if denied is not None:
+            return denied
         try:
             expires = await ctx.allocator.renew(fleet, claim_id, ttl)
         except ClaimError as exc:
@@ -148,6 +174,9 @@ def build_api(ctx: Context, fleets: Fleets) -> web.Application:
             return _error(400, "only allocation-API claims (api_...) are released here; delete the EnvClaim")
         if claim_id not in fleet.claims or claim_id in fleet.releasing:
             return _error(404, "no such claim (released already, or expired)")
+        denied = not_yours(request, fleet, claim_id)
+        if denied is not None:
+            return denied
         try:
             returned, replaced = await ctx.allocator.release(fleet, claim_id)
         except NotActive as exc:
@@ -166,8 +195,10 @@ def build_api(ctx: Context, fleets: Fleets) -> web.Application:
         if not fleet.active or fleet.ledger is None:
             # the claims are not read from the fleet's ledger yet: "none held" would be a guess
             return _error(503, "the fleet's claims are not loaded yet (operator starting, or a standby); retry")
-        ids = [cid for cid, rec in fleet.claims.items()
-               if cid.startswith("api_") and rec.holder == holder and cid not in fleet.releasing]
+        me = caller(request)
+        ids = [cid for cid, rec in fleet.claims.items()  # with auth on, only the caller's own
+               if cid.startswith("api_") and rec.holder == holder and cid not in fleet.releasing
+               and (me is None or rec.owner in (None, me))]
         returned = replaced = 0
         try:
             for claim_id in ids:
@@ -180,7 +211,7 @@ def build_api(ctx: Context, fleets: Fleets) -> web.Application:
     add_progress_route(routes, ctx, fleets)  # POST /v1/namespaces/{ns}/campaigns/{name}/progress (campaigns.py)
     cfg = ctx.config
     app = web.Application(middlewares=[hostguard.guard(cfg.api_allowed_hosts, cfg.api_allowed_origins,
-                                                       cfg.cluster_domains)])
+                                                       cfg.cluster_domains), authn.middleware(auth)])
     app.add_routes(routes)
     return app
 

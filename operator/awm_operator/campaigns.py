@@ -125,10 +125,33 @@ class Names:
     fleet: str
     job: str
     config: str
+    account: str  # the Job's ServiceAccount, Role and RoleBinding (its access to the allocation API)
 
     @classmethod
     def of(cls, campaign: str) -> "Names":
-        return cls(fleet=child_name(campaign), job=child_name(campaign), config=child_name(campaign, "-train-config"))
+        return cls(fleet=child_name(campaign), job=child_name(campaign), config=child_name(campaign, "-train-config"),
+                   account=child_name(campaign, "-trainer"))
+
+
+def trainer_access(campaign: str, namespace: str, uid: str) -> list[tuple[str, dict[str, Any]]]:
+    """The Job's identity for the operator's API (auth.py): a ServiceAccount whose Role allows
+    exactly what a campaign's trainer does - claim, read, renew and release instances, and report
+    progress - in the campaign's namespace. (collection, manifest) pairs, all owned by the campaign."""
+    name = Names.of(campaign).account
+    meta = {"name": name, "namespace": namespace, "labels": labels(campaign, "trainer"),
+            "annotations": {A_CAMPAIGN: campaign}, "ownerReferences": [owner_reference(campaign, uid)]}
+    rbac = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}"
+    return [
+        (f"/api/v1/namespaces/{namespace}/serviceaccounts",
+         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta}),
+        (f"{rbac}/roles", {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta, "rules": [
+            {"apiGroups": [GROUP], "resources": ["envclaims"], "verbs": ["create", "get", "update", "delete"]},
+            {"apiGroups": [GROUP], "resources": ["campaigns/status"], "verbs": ["update"],
+             "resourceNames": [campaign]}]}),
+        (f"{rbac}/rolebindings", {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": meta,
+                                  "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+                                  "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]}),
+    ]
 
 
 def owner_reference(campaign: str, uid: str) -> dict[str, Any]:
@@ -234,9 +257,9 @@ def _catalog_container(spec: CampaignSpec, cfg: OperatorConfig, image: str, pull
 def job_manifest(campaign: str, namespace: str, uid: str, spec: CampaignSpec, cfg: OperatorConfig,
                  settings: CampaignSettings, operator_url: str) -> dict[str, Any]:
     """The Job running the trainer or evaluator. Its pod is labelled ``awm.dev/client`` (the env
-    pods' NetworkPolicy lets it in), needs no Kubernetes credentials (it talks to the operator
-    over HTTP), runs non-root on a read-only root filesystem, and gets the campaign's bundles
-    from an init container."""
+    pods' NetworkPolicy lets it in), runs as the campaign's ServiceAccount (its token is its
+    credential for the operator's API; the account may do nothing else: trainer_access), runs
+    non-root on a read-only root filesystem, and gets the campaign's bundles from an init container."""
     j, names = spec.job, Names.of(campaign)
     image = j.image or settings.trainer_image
     pull_policy = j.image_pull_policy or settings.trainer_pull_policy
@@ -281,7 +304,9 @@ def job_manifest(campaign: str, namespace: str, uid: str, spec: CampaignSpec, cf
         container["ports"] = ports
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
-        "automountServiceAccountToken": False,
+        # Its ServiceAccount token is its credential for the operator's API (trainer_access).
+        "automountServiceAccountToken": True,
+        "serviceAccountName": j.service_account_name or names.account,
         "enableServiceLinks": False,
         "securityContext": {"runAsNonRoot": True, "runAsUser": UID, "runAsGroup": UID, "fsGroup": UID,
                             "seccompProfile": {"type": "RuntimeDefault"}},
@@ -289,8 +314,6 @@ def job_manifest(campaign: str, namespace: str, uid: str, spec: CampaignSpec, cf
         "containers": [container],
         "volumes": volumes + list(j.volumes or []),
     }
-    if j.service_account_name:
-        pod_spec["serviceAccountName"] = j.service_account_name
     if j.node_selector:
         pod_spec["nodeSelector"] = j.node_selector
     if j.tolerations:
@@ -566,6 +589,8 @@ async def ensure(registry: Campaigns, state: CampaignState) -> None:
             if spec.mode == "training":
                 await _create_owned(ctx, base["configmaps"],
                                     config_map_manifest(state.name, state.namespace, state.uid, spec), state.uid)
+            for collection, manifest in trainer_access(state.name, state.namespace, state.uid):
+                await _create_owned(ctx, collection, manifest, state.uid)
             await _create_owned(ctx, base["jobs"], job_manifest(state.name, state.namespace, state.uid, spec,
                                                                 ctx.config, registry.settings, operator_url), state.uid)
         except (NotOurs, ApiError) as exc:

@@ -9,10 +9,24 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
+
+
+SA_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
+
+
+def bearer() -> dict[str, str]:
+    """The caller's credentials for the operator's API: ``AWM_API_TOKEN``, else the pod's
+    ServiceAccount token, read at every request (bound tokens are rotated by the kubelet)."""
+    token = os.environ.get("AWM_API_TOKEN", "").strip()
+    if not token and SA_TOKEN.is_file():
+        token = SA_TOKEN.read_text().strip()
+    return {"Authorization": f"Bearer {token}"} if token else {}
 
 
 class AllocationError(RuntimeError):
@@ -77,7 +91,7 @@ class AllocationClient:
         delay = 0.1
         for attempt in range(self.standby_retries + 1):
             started = time.monotonic()
-            r = await self._client.request(method, self.base + path, **kwargs)
+            r = await self._client.request(method, self.base + path, headers=bearer(), **kwargs)
             if r.status_code != 503 or attempt == self.standby_retries or time.monotonic() - started > 2.0:
                 if attempt and not self._own:
                     self._client.headers.pop("Connection", None)

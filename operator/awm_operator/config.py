@@ -34,6 +34,8 @@ class OperatorConfig:
     api_allowed_hosts: list[str] = field(default_factory=list)
     api_allowed_origins: list[str] = field(default_factory=list)
     cluster_domains: list[str] = field(default_factory=lambda: ["cluster.local"])
+    # Callers of /v1/ authenticated (TokenReview) and authorised (SubjectAccessReview): auth.py.
+    api_auth: bool = True
     log_level: str = "info"
     envserver_image: str = "awm-envserver:0.1.0"
     envserver_pull_policy: str = "IfNotPresent"
@@ -76,6 +78,7 @@ class OperatorConfig:
         cfg.api_allowed_hosts = _list(e.get("AWM_API_ALLOWED_HOSTS"))
         cfg.api_allowed_origins = _list(e.get("AWM_API_ALLOWED_ORIGINS"))
         cfg.cluster_domains = _list(e.get("AWM_CLUSTER_DOMAINS")) or cfg.cluster_domains
+        cfg.api_auth = e.get("AWM_API_AUTH", "on").lower() not in ("off", "0", "false", "no")
         cfg.envserver_image = e.get("AWM_ENVSERVER_IMAGE", cfg.envserver_image)
         cfg.envserver_pull_policy = e.get("AWM_ENVSERVER_IMAGE_PULL_POLICY", cfg.envserver_pull_policy)
         cfg.envserver_resources = _json(e.get("AWM_ENVSERVER_RESOURCES"), cfg.envserver_resources)

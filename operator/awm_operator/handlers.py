@@ -27,6 +27,7 @@ from awm_operator import campaigns  # noqa: F401  (registers the Campaign and Jo
 from awm_operator import databases
 from awm_operator.allocator import Allocator, ClaimError, NotActive, Unavailable
 from awm_operator.api import bound_port, build_api, build_metrics, serve
+from awm_operator.auth import Authenticator
 from awm_operator.config import OperatorConfig
 from awm_operator.crds import GROUP, VERSION, EnvClaimSpec
 from awm_operator.kube import ApiError, Kube, load_configuration
@@ -84,7 +85,10 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     memo.config, memo.ctx, memo.fleets = cfg, ctx, Fleets()
     memo.claim_tasks = {}
     memo.claims_done = set()  # uids bound or failed here: late watch events must not rebind them
-    memo.runners = [await serve(build_api(ctx, memo.fleets), cfg.api_host, cfg.api_port),
+    auth = Authenticator(lambda path, body: kube.request("POST", path, body)) if cfg.api_auth else None
+    if auth is None:
+        log.warning("the allocation API is OPEN (AWM_API_AUTH=off): anyone who reaches it may claim instances")
+    memo.runners = [await serve(build_api(ctx, memo.fleets, auth), cfg.api_host, cfg.api_port),
                     await serve(build_metrics(ctx), cfg.api_host, cfg.metrics_port)]
     cfg.api_port, cfg.metrics_port = (bound_port(r) for r in memo.runners)  # port 0: the one picked
     watchers = [PodWatcher(kube, memo.fleets, ns) for ns in (cfg.namespaces or [None])]

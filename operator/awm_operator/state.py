@@ -32,6 +32,7 @@ class ClaimRecord:
     created: float = field(default_factory=time.time)
     expires: float | None = None   # unix time after which the operator releases it; None: never
     holder: str | None = None      # who holds it (a campaign's trainer): its successor releases it
+    owner: str | None = None       # the authenticated identity that made it (allocation API with auth)
 
     @property
     def pods(self) -> list[str]:
@@ -45,6 +46,8 @@ class ClaimRecord:
                                 "expires": None if self.expires is None else round(self.expires, 3)}
         if self.holder is not None:
             data["holder"] = self.holder
+        if self.owner is not None:
+            data["owner"] = self.owner
         return json.dumps(data, separators=(",", ":"))
 
     @classmethod
@@ -52,7 +55,7 @@ class ClaimRecord:
         data = json.loads(text)
         return cls(groups=[[str(n) for n in g] for g in data["groups"]], created=float(data.get("created") or 0),
                    expires=None if data.get("expires") is None else float(data["expires"]),
-                   holder=data.get("holder"))
+                   holder=data.get("holder"), owner=data.get("owner"))
 
 
 @dataclass(frozen=True)
