@@ -18,7 +18,8 @@ cluster; the clients run in this process):
 * ``recover_s``: 100 ready pods deleted until the fleet is back at ``ready == instances``.
 
 Releases reset each instance through its control API: every pod points (``awm.dev/control-url``)
-at a stub control API in this process that answers ``/reset`` at once.
+at a stub control API in this process that answers ``/reset`` at once. The clients authenticate
+with a ServiceAccount token (the operator's API checks it with TokenReview and RBAC, cached).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "operator"))
 
 from awm_operator.cli import render  # noqa: E402
-from awm_operator.client import AllocationClient  # noqa: E402
+from awm_operator.client import AllocationClient, bearer  # noqa: E402
 from awm_operator.crds import definitions  # noqa: E402
 
 NS = "awm-bench"
@@ -222,7 +223,7 @@ class Bench:
             # The sustained load comes from a lean aiohttp client: the clients share the operator's
             # 2 cores here, and httpx's own CPU per request would be measured as much as the operator.
             base = f"{self.api}/v1/namespaces/{NS}/envfleets/bench/claims"
-            async with aiohttp.ClientSession() as session:
+            async with aiohttp.ClientSession(headers=bearer()) as session:
                 done, stop_at = [], time.monotonic() + 10.0
                 claim_lat: list[float] = []
 
@@ -294,6 +295,13 @@ def main() -> int:
         cp.kubectl("-n", NS, "create", "secret", "generic", "awm-db", "--from-literal=dsn=postgresql://unused")
         while cp.kubectl("-n", NS, "get", "serviceaccount", "default", check=False).returncode:
             time.sleep(0.2)
+        # The clients authenticate as a trainer would (a ServiceAccount token, RBAC on envclaims):
+        # the claim latencies include the operator's token and access reviews (cached).
+        sys.path.insert(0, str(ROOT))
+        from tests.k8s_e2e import CLIENTS_NS, client_token, grant_claims
+
+        os.environ["AWM_API_TOKEN"] = client_token(cp)
+        grant_claims(cp, NS, CLIENTS_NS, "trainer")
         port, metrics = harness.free_port(), harness.free_port()
         env = {**os.environ, "KUBECONFIG": kubeconfig, "AWM_NAMESPACES": NS, "AWM_HEALTH_PORT": str(port),
                "AWM_METRICS_PORT": str(metrics), "AWM_LOG_LEVEL": "warning",
