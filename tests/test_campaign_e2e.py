@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import os
 import time
 import urllib.error
 import uuid
@@ -209,6 +210,73 @@ def test_training_campaign_runs_reports_and_cleans_up(cluster: Cluster, operator
     cluster.delete(name)
     wait_for("the Job and ConfigMap collected with the campaign",
              lambda: cluster.job(name) is None and cluster.config_map(f"{name}-train-config") is None)
+
+
+# --------------------------------------------------------------------------- an external trainer
+
+
+EXTERNAL_TRAINER = """
+import asyncio, os
+from awm_operator.client import AllocationClient
+
+async def main():
+    async with AllocationClient(os.environ["AWM_OPERATOR_URL"], os.environ["AWM_NAMESPACE"],
+                                os.environ["AWM_FLEET"]) as alloc:
+        claim = await alloc.claim(count=2, group_size=2, holder="external")
+        print("claimed", len(claim["instances"]), claim["instances"][0]["controlUrl"] is not None, flush=True)
+        await alloc.release(claim["id"])
+        print("released", flush=True)
+
+asyncio.run(main())
+"""
+
+
+def test_an_external_trainer_runs_with_the_fleet_injected(cluster: Cluster, operator: InThread,
+                                                          env_urls: dict[str, str]) -> None:
+    """mode external: the user's trainer image and command run as the campaign's Job, with the
+    fleet's allocation endpoint and the Job's own credentials injected; here a trivial trainer
+    (run with exactly the Job container's environment and the Job's ServiceAccount token, since
+    kwok runs no container) claims a GRPO group and releases it; the Job completing completes
+    the campaign."""
+    import subprocess
+    import sys
+
+    name = f"ext-{uuid.uuid4().hex[:5]}"
+    node = uuid.uuid4().hex[:8]
+    refused = cluster.cp.kubectl("-n", NS, "apply", "-f", "-", check=False, input=json.dumps({
+        "apiVersion": "awm.dev/v1alpha1", "kind": "Campaign", "metadata": {"name": f"{name}-bad"},
+        "spec": {"mode": "external", "environments": ["notes"], "catalog": {}, "database": {"secretName": "awm-db"},
+                 "external": {}}}))
+    assert refused.returncode != 0 and "mode external needs job.command" in refused.stderr
+    cluster.create(name, {
+        "mode": "external", "environments": ["notes"], "catalog": {}, "database": {"secretName": "awm-db"},
+        "external": {"groupSize": 2}, "fleetTemplate": {"annotations": env_urls},
+        "job": {"image": "example.com/my-trl-trainer:1", "command": ["python", "-c", EXTERNAL_TRAINER],
+                "nodeSelector": {NODE_LABEL: node}}})
+    status = wait_for("the campaign's children", lambda: (s := cluster.status(name)).get("job") == name and s)
+    assert status["instances"] == 2
+    job = cluster.job(name)
+    (c,) = job["spec"]["template"]["spec"]["containers"]
+    assert (c["name"], c["image"], c["command"][:2], c.get("args", [])) == ("external", "example.com/my-trl-trainer:1",
+                                                                     ["python", "-c"], [])
+    wait_for("2 ready env pods", lambda: ((cluster.fleet(name) or {}).get("status") or {}).get("ready") == 2)
+    (pod,) = wait_for("the Job's pod", lambda: cluster.job_pods(name))
+    account = pod["spec"]["serviceAccountName"]
+    token = cluster.cp.api("POST", f"/api/v1/namespaces/{NS}/serviceaccounts/{account}/token",
+                           {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                            "spec": {"expirationSeconds": 600}})["status"]["token"]
+    env = {**container_env(job), "AWM_API_TOKEN": token, "PATH": os.environ["PATH"],
+           "PYTHONPATH": os.pathsep.join(sys.path)}
+    ran = subprocess.run([sys.executable, "-c", EXTERNAL_TRAINER], env=env, capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    assert ran.stdout.split() == ["claimed", "2", "True", "released"]
+    wait_for("the instances back", lambda: (cluster.fleet(name) or {}).get("status", {}).get("allocated") == 0)
+    set_node_label(cluster, node)
+    try:
+        wait_for("the campaign Succeeded", lambda: cluster.status(name).get("phase") == "Succeeded")
+    finally:
+        set_node_label(cluster, None)
+    cluster.delete(name)
 
 
 # --------------------------------------------------------------------------- failure, keeping the fleet

@@ -285,6 +285,8 @@ def job_manifest(campaign: str, namespace: str, uid: str, spec: CampaignSpec, cf
             ports = [{"name": "metrics", "containerPort": port}]
         volumes.append({"name": "config", "configMap": {"name": names.config}})
         mounts.append({"name": "config", "mountPath": CONFIG_DIR, "readOnly": True})
+    elif spec.mode == "external":
+        args = []  # the user's command, with its own args (job.command, job.args)
     else:
         args = eval_args(spec)
         ev = spec.evaluation
@@ -292,7 +294,7 @@ def job_manifest(campaign: str, namespace: str, uid: str, spec: CampaignSpec, cf
             env.append({"name": "AWM_POLICY_API_KEY", "valueFrom": {"secretKeyRef": {
                 "name": ev.api_key_secret.name, "key": ev.api_key_secret.key}}})
     container: dict[str, Any] = {
-        "name": "trainer" if spec.mode == "training" else "evaluator",
+        "name": {"training": "trainer", "evaluation": "evaluator"}.get(spec.mode, "external"),
         "image": image, "imagePullPolicy": pull_policy,
         "command": j.command or ["awm"], "args": j.args if j.args is not None else args,
         "env": env + list(j.env or []),

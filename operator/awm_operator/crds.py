@@ -335,12 +335,16 @@ def _campaign_rules() -> list[dict[str, str]]:
     """CEL rules the API server checks on create, so an impossible campaign is refused at once
     instead of failing later in the operator (pydantic's validators are not in the schema)."""
     group = (f"(self.mode == 'training' ? (has(self.training) && has(self.training.groupSize) ? "
-             f"self.training.groupSize : {DEFAULT_GROUP_SIZE}) : (has(self.evaluation) && has(self.evaluation.k) ? "
-             f"self.evaluation.k : {DEFAULT_GROUP_SIZE}))")
+             f"self.training.groupSize : {DEFAULT_GROUP_SIZE}) : self.mode == 'evaluation' ? "
+             f"(has(self.evaluation) && has(self.evaluation.k) ? self.evaluation.k : {DEFAULT_GROUP_SIZE}) : "
+             f"(has(self.external) && has(self.external.groupSize) ? self.external.groupSize : 1))")
     return [
-        {"rule": "self.mode == 'training' ? (has(self.training) && !has(self.evaluation)) "
-                 ": (has(self.evaluation) && !has(self.training))",
-         "message": "mode training needs spec.training (and no spec.evaluation); mode evaluation the reverse"},
+        {"rule": "self.mode == 'training' ? (has(self.training) && !has(self.evaluation) && !has(self.external)) "
+                 ": self.mode == 'evaluation' ? (has(self.evaluation) && !has(self.training) && !has(self.external)) "
+                 ": (has(self.external) && !has(self.training) && !has(self.evaluation))",
+         "message": "each mode needs its own section (training, evaluation or external) and no other"},
+        {"rule": "self.mode != 'external' || (has(self.job) && has(self.job.command) && size(self.job.command) > 0)",
+         "message": "mode external needs job.command (the trainer to run)"},
         {"rule": f"self.environments.size() * self.groupsPerEnvironment * {group} <= {MAX_REPLICAS}",
          "message": f"environments x groupsPerEnvironment x group size must be at most {MAX_REPLICAS}"},
     ]
@@ -394,6 +398,17 @@ class EvaluationSpec(_Spec):
         "into it to keep them."))
 
 
+class ExternalSpec(_Spec):
+    """A trainer of your own (TRL, verl, SkyRL, ...) in ``job.image`` / ``job.command``: the
+    operator makes the fleet and runs the Job with the fleet's allocation endpoint and the Job's
+    credentials in its environment (AWM_OPERATOR_URL, AWM_NAMESPACE, AWM_FLEET, AWM_CAMPAIGN, and
+    the ServiceAccount token the AllocationClient sends)."""
+
+    group_size: int = Field(1, alias="groupSize", ge=1, le=MAX_REPLICAS, description=(
+        "Instances per group the trainer claims at once (the fleet holds environments x "
+        "groupsPerEnvironment x groupSize)."))
+
+
 class CampaignCleanup(_Spec):
     delete_fleet: bool = Field(True, alias="deleteFleet", description=(
         "Delete the EnvFleet when the campaign finishes (its pods and databases go with it)."))
@@ -403,7 +418,8 @@ class CampaignSpec(_Spec):
     model_config = ConfigDict(populate_by_name=True, extra="forbid",
                               json_schema_extra={"x-kubernetes-validations": _campaign_rules()})
 
-    mode: Literal["training", "evaluation"]
+    mode: Literal["training", "evaluation", "external"] = Field(description=(
+        "training: `awm train`; evaluation: `awm eval`; external: your own trainer (job.command)."))
     environments: list[str] = Field(min_length=1, description="Environment names in the catalog.")
     groups_per_environment: int = Field(1, alias="groupsPerEnvironment", ge=1, le=MAX_REPLICAS, description=(
         "Groups running at once per environment. The fleet holds environments x groupsPerEnvironment "
@@ -415,6 +431,7 @@ class CampaignSpec(_Spec):
     job: CampaignJob = Field(default_factory=CampaignJob)
     training: TrainingSpec | None = None
     evaluation: EvaluationSpec | None = None
+    external: ExternalSpec | None = None
     serving: Serving = Field(default_factory=Serving, description=(
         "Judge, verifier kind and task gates of the campaign's fleet (and of its trainer's task choice)."))
     cleanup: CampaignCleanup = Field(default_factory=CampaignCleanup)
@@ -423,6 +440,8 @@ class CampaignSpec(_Spec):
     def group_size(self) -> int:
         if self.mode == "training":
             return self.training.group_size if self.training else DEFAULT_GROUP_SIZE
+        if self.mode == "external":
+            return self.external.group_size if self.external else 1
         return self.evaluation.k if self.evaluation else DEFAULT_GROUP_SIZE
 
     @property
@@ -435,10 +454,13 @@ class CampaignSpec(_Spec):
 
     @model_validator(mode="after")
     def _consistent(self) -> "CampaignSpec":
-        if self.mode == "training" and (self.training is None or self.evaluation is not None):
-            raise ValueError("mode training needs spec.training (and no spec.evaluation)")
-        if self.mode == "evaluation" and (self.evaluation is None or self.training is not None):
-            raise ValueError("mode evaluation needs spec.evaluation (and no spec.training)")
+        sections = {"training": self.training, "evaluation": self.evaluation, "external": self.external}
+        others = [k for k, v in sections.items() if v is not None and k != self.mode]
+        if sections[self.mode] is None or others:
+            raise ValueError(f"mode {self.mode} needs spec.{self.mode}" + (f" and no spec.{', spec.'.join(others)}"
+                                                                         if others else ""))
+        if self.mode == "external" and not self.job.command:
+            raise ValueError("mode external needs job.command (the trainer to run)")
         if self.instances > MAX_REPLICAS:
             raise ValueError(f"the campaign needs {self.instances} instances (environments x groupsPerEnvironment "
                              f"x group size); at most {MAX_REPLICAS}")
