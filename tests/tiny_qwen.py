@@ -8,7 +8,10 @@ adapter for it. The outputs are committed (well under 1 MB); run this script to 
   ``</tool_call>``, ``<think>``, ... single tokens, as vLLM's ``hermes`` tool parser expects), and
   a Qwen3-style chat template (``fixtures/tiny_qwen_template.jinja``: tools, thinking on/off).
 * Model: ``Qwen3ForCausalLM`` (hidden 64, 2 layers, 2 heads of 32, 1 KV head; vLLM's CPU attention
-  needs a head size of at least 32), float32.
+  needs a head size of at least 32), float32, embeddings *not* tied to the output layer: vLLM's
+  CPU build (0.32) leaves a tied output layer stale after ``reload_weights`` (measured: the
+  reloaded server's log-probs then differ from the learner's), so full-weight sync is tested on
+  an untied model.
 * Warm start: random weights write noise, and a noise-writer never produces a parseable call,
   so there is nothing for RL to reinforce. The model is first trained (a few hundred steps,
   seconds) on canned episodes of the ``lamps`` environment as the agent renders them - native
@@ -173,7 +176,7 @@ def build(model_dir: Path = MODEL_DIR, lora_dir: Path = LORA_DIR) -> None:
     torch.manual_seed(SEED)
     config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=2048,
-                         tie_word_embeddings=True, eos_token_id=tokenizer.eos_token_id,
+                         tie_word_embeddings=False, eos_token_id=tokenizer.eos_token_id,
                          pad_token_id=tokenizer.pad_token_id, bos_token_id=None, torch_dtype="float32")
     model = Qwen3ForCausalLM(config)
     loss = train(model, batches, 400, 3e-3, SEED)
@@ -188,9 +191,10 @@ def build(model_dir: Path = MODEL_DIR, lora_dir: Path = LORA_DIR) -> None:
     loss = train(lora, blue, 60, 1e-2, SEED + 1)
     print(f"adapter: loss {loss:.4f}", file=sys.stderr)
     lora.save_pretrained(lora_dir)
+    (lora_dir / "README.md").unlink(missing_ok=True)  # peft's model-card boilerplate
     config_file = lora_dir / "adapter_config.json"
     adapter = json.loads(config_file.read_text())
-    adapter["base_model_name_or_path"] = "tiny-qwen"  # not a machine path
+    adapter["base_model_name_or_path"] = None  # not a machine path (and nothing for peft to look up)
     config_file.write_text(json.dumps(adapter, indent=2, sort_keys=True) + "\n")
 
 
