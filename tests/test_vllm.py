@@ -24,13 +24,13 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from tests import vllm_env
 from tests.conftest import require
 from tests.tiny_qwen import LORA_DIR, MODEL_DIR, lamps_context
 
 pytestmark = pytest.mark.slow
-torch = pytest.importorskip("torch")
 
 
 @pytest.fixture(scope="module")
