@@ -121,3 +121,18 @@ def test_the_learner_logs_the_gap_and_truncates(tokenizer) -> None:
     stats = learner.step(seqs)
     assert stats["logprob_gap"] > 10 and stats["tis_truncated_fraction"] == 1.0
     assert stats["trained_tokens"] == 2 * gen and learner.version == 1
+
+
+def test_the_vllm_example_loads_and_bad_vllm_settings_are_refused() -> None:
+    from pathlib import Path
+
+    from trainer.config import PolicyConfig, TrainConfig
+
+    cfg = TrainConfig.load(Path(__file__).parent.parent / "examples" / "train-vllm.yaml")
+    assert cfg.policy.kind == "vllm" and Path(cfg.policy.path, "config.json").exists()
+    assert cfg.policy.lora.rank == 8 and cfg.grpo.tis_cap == 2.0
+    for bad, words in (({"kind": "vllm", "base_url": "http://x/v1"}, "policy.path"),
+                       ({"kind": "vllm", "path": "m"}, "base_url"),
+                       ({"kind": "vllm", "path": "m", "base_url": "u", "weight_sync": "nccl"}, "weight_sync")):
+        with pytest.raises(ValueError, match=words):
+            PolicyConfig.from_dict(bad)

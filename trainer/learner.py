@@ -357,16 +357,6 @@ async def train(cfg: TrainConfig, on_step: StepHook | None = None) -> TrainResul
                       compute_dtype=compute_dtype)
     start_step, resumed = learner.load_state(resume_from) if resume_from is not None else (0, {})
     (run_dir / "config.json").write_text(json.dumps(cfg.to_record(), indent=2, default=str))
-    server = None
-    if cfg.policy.kind == "vllm":
-        policy, server = await _vllm_policy(cfg, tokenizer, learner.version, run_dir)
-    else:
-        # Synchronous runs never generate while the learner steps: the policy shares its weights
-        # (one copy of the model in memory). Asynchronous ones generate from a copy in the compute
-        # dtype, synced after each step.
-        policy = LocalPolicy(learner.model, tokenizer, sampling, name=f"{cfg.policy.kind}-policy",
-                             seed=cfg.seed + start_step, version=learner.version, share=cfg.mode == "sync",
-                             dtype=compute_dtype, thinking=cfg.policy.thinking)
     metrics = TrainMetrics()
     if cfg.metrics_port:
         try:
@@ -390,6 +380,16 @@ async def train(cfg: TrainConfig, on_step: StepHook | None = None) -> TrainResul
     else:
         database = await asyncio.to_thread(Database.open, cfg.database_url)
         source = LocalFleetSource(bundles, cfg.replicas, database, **cfg.serving())
+    server = None
+    if cfg.policy.kind == "vllm":
+        policy, server = await _vllm_policy(cfg, tokenizer, learner.version, run_dir)
+    else:
+        # Synchronous runs never generate while the learner steps: the policy shares its weights
+        # (one copy of the model in memory). Asynchronous ones generate from a copy in the compute
+        # dtype, synced after each step.
+        policy = LocalPolicy(learner.model, tokenizer, sampling, name=f"{cfg.policy.kind}-policy",
+                             seed=cfg.seed + start_step, version=learner.version, share=cfg.mode == "sync",
+                             dtype=compute_dtype, thinking=cfg.policy.thinking)
     service = RolloutService(source, policy, tasks, cfg.agent, cfg.reward, cfg.rollout, traj_log,
                              metrics.observe_trajectory)
     if resumed:  # the task order and the sampler go on where the checkpoint left them
