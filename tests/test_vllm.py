@@ -163,12 +163,12 @@ async def test_lora_sync_changes_the_servers_outputs_and_tags_each_reply_exactly
         served = (await p._http.get(vllm.base_url + "/models")).json()
     finally:
         await p.close()
-    assert {r.version for r in replies[6:]} == {1}
-    assert {r.version for r in replies} <= {0, 1}
-    for reply in replies:  # each reply's log-probs are its own version's, never the other's
-        own, other = (base, adapted) if reply.version == 0 else (adapted, base)
-        assert max_gap(own, reply) < 1e-2
-    assert any(max_gap(base, r) > 0.05 for r in replies if r.version == 1)  # the adapter changed the outputs
+    versions = [r.version for r in replies]
+    assert set(versions[6:]) == {1} and set(versions) <= {0, 1}, versions
+    gaps = [(r.version, max_gap(base, r), max_gap(adapted, r)) for r in replies]
+    for version, to_base, to_adapted in gaps:  # each reply's log-probs are its own version's
+        assert (to_base if version == 0 else to_adapted) < 1e-2, gaps
+    assert any(to_base > 0.01 for version, to_base, _ in gaps if version == 1), gaps  # the adapter changed them
     names = [m["id"] for m in served["data"]]
     assert any(n.endswith("-v1") for n in names) and not any(n.endswith("-v0") for n in names)  # v0 unloaded
     assert sorted(x.name for x in (tmp_path / "weights").iterdir()) == ["v000000", "v000001"]
@@ -188,10 +188,12 @@ async def test_full_weight_sync_reloads_the_server_and_drains_running_requests(v
         await p.publish(learner)
     finally:
         await p.close()
-    assert {r.version for r in replies[6:]} == {1} and {r.version for r in replies} <= {0, 1}
-    for reply in replies:
-        assert max_gap(base if reply.version == 0 else merged, reply) < 1e-2
-    assert any(max_gap(base, r) > 0.05 for r in replies if r.version == 1)
+    versions = [r.version for r in replies]
+    assert set(versions[6:]) == {1} and set(versions) <= {0, 1}, versions
+    gaps = [(r.version, max_gap(base, r), max_gap(merged, r)) for r in replies]
+    for version, to_base, to_merged in gaps:  # each reply is its own version's, to float rounding
+        assert (to_base if version == 0 else to_merged) < 1e-2, gaps
+    assert any(to_base > 0.01 for version, to_base, _ in gaps if version == 1), gaps  # the reload took effect
     assert [x.name for x in (tmp_path / "weights").iterdir()] == ["v000002"]  # older full copies pruned
 
 

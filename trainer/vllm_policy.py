@@ -14,9 +14,11 @@ Weight sync after each optimiser step (:meth:`VllmPolicy.publish`), two ways:
   theirs, and an adapter is unloaded once nothing uses it. The version of a reply is read from
   the model name the server answered with, so staleness is exact without pausing generation.
 * ``full``: the learner's whole model is written (safetensors) and the server reloads it in
-  place (``POST /collective_rpc`` ``reload_weights``, vLLM's development endpoint). One name
-  serves every version, so new requests wait while the running ones drain, then the reload
-  happens and the version goes up: no reply mixes two versions.
+  place (``POST /collective_rpc`` ``reload_weights``, vLLM's development endpoint), then its
+  prefix cache is dropped (``/reset_prefix_cache``: KV blocks of the old weights would be reused
+  for a prompt seen before). One name serves every version, so new requests wait while the
+  running ones drain, then the reload happens and the version goes up: no reply mixes two
+  versions. (A LoRA's cached blocks are keyed by the adapter, so the LoRA path needs no reset.)
 
 The directory must be readable by the server at the same path: the same machine, or a volume
 both containers of a pod mount (docs/training.md).
@@ -108,6 +110,9 @@ class VllmPolicy(OpenAIPolicy):
                 await self._drained.wait()
                 await self._admin("/collective_rpc", {"method": "reload_weights",
                                                       "kwargs": {"weights_path": str(path)}})
+                # cached KV blocks were computed by the old weights: a prompt seen before would
+                # reuse them (measured: log-probs of neither version)
+                await self._admin("/reset_prefix_cache", {})
                 self._names[self.model] = version
             finally:
                 self._open.set()
