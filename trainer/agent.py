@@ -26,7 +26,7 @@ from typing import Any, Callable
 import httpx
 
 from awm.client import ControlApiError, ControlClient, McpError, McpSession
-from trainer import toolcalls
+from trainer import awm_format, toolcalls
 from trainer.history import window
 from trainer.policy import ContextExceeded, Policy, PolicyReply, PolicyUnavailable
 from trainer.reward import RewardConfig, score
@@ -41,16 +41,20 @@ DEFAULT_SYSTEM = ("You are an agent that completes tasks by calling tools. You a
 class AgentConfig:
     max_turns: int = 30
     history_window: int | None = None  # assistant turns kept in the prompt (None: all)
-    tool_format: str = "native"  # native: `tools` parameter (text calls still accepted) | text: prompt only
+    # native: `tools` parameter (text calls still accepted) | text: prompt only | awm: the reference
+    # system's list_tools/call_tool meta-tools, one call per turn, its kind of system prompt
+    tool_format: str = "native"
     max_calls_per_turn: int = 8  # further calls in one reply are answered with an error
     tool_result_chars: int = 8000  # longer tool results are cut in the history
     system_prompt: str = DEFAULT_SYSTEM
     verify_reset: bool = False  # checksum (and repair) the snapshot at every reset: slower, certain
+    # the paper's early termination: a malformed call ends the episode, scored reward.format_error
+    stop_on_format_error: bool = False
 
     def __post_init__(self) -> None:
         # A misspelt format would send the model no tools at all: every episode would fail quietly.
-        if self.tool_format not in ("native", "text"):
-            raise ValueError(f"tool_format must be native or text, not {self.tool_format!r}")
+        if self.tool_format not in ("native", "text", "awm"):
+            raise ValueError(f"tool_format must be native, text or awm, not {self.tool_format!r}")
         if self.max_turns < 1:
             raise ValueError("max_turns must be at least 1")
         if self.history_window is not None and self.history_window < 1:
@@ -148,13 +152,13 @@ async def run_episode(policy: Policy, env: EnvHandle, task_id: str, cfg: AgentCo
         policy_ms = (time.perf_counter() - t0) * 1000
         timings["policy_ms"] += policy_ms
         traj.policy_version = min(traj.policy_version, reply.version)
-        calls, source, assistant = _interpret(reply, index)
+        calls, source, assistant = _interpret(reply, index, cfg.tool_format == "awm")
         traj.messages.append(assistant)
         turn = Turn(index, assistant, [c.to_dict() for c in calls], [], source, round(policy_ms, 3), 0.0,
                     reply.version, reply.prompt_tokens, reply.completion_tokens, reply.prompt_ids,
                     reply.completion_ids, reply.logprobs, len(context))
         if not calls:
-            traj.final_answer = toolcalls.strip_calls(reply.content)
+            traj.final_answer = toolcalls.strip_calls(toolcalls.strip_thinking(reply.content))
             traj.stop_reason = "answer"
             _record_turn(traj, turn, log, on_turn)
             break
@@ -166,6 +170,10 @@ async def run_episode(policy: Policy, env: EnvHandle, task_id: str, cfg: AgentCo
         timings["tools_ms"] += turn.tools_ms
         traj.messages += _result_messages(turn, source, cfg)
         _record_turn(traj, turn, log, on_turn)
+        if cfg.stop_on_format_error and any(c.get("malformed") for c in turn.tool_calls):
+            traj.stop_reason = "format_error"  # scored reward.format_error, not verified
+            return _finish(traj, {"verdict": "format_error", "reason": "malformed tool call"}, None, timings,
+                           start, reward_cfg, log)
     try:
         t0 = time.perf_counter()
         verdict = await env.control.verify(traj.final_answer)
@@ -177,6 +185,9 @@ async def run_episode(policy: Policy, env: EnvHandle, task_id: str, cfg: AgentCo
 
 
 def _opening(cfg: AgentConfig, env: EnvHandle, instruction: str) -> list[dict[str, Any]]:
+    if cfg.tool_format == "awm":  # the reference's own kind of prompt, its meta-tools in it
+        return [{"role": "system", "content": awm_format.system_prompt(env.scenario)},
+                {"role": "user", "content": instruction}]
     system = cfg.system_prompt
     if env.scenario:
         system += "\n\nEnvironment: " + env.scenario.strip()
@@ -185,10 +196,11 @@ def _opening(cfg: AgentConfig, env: EnvHandle, instruction: str) -> list[dict[st
     return [{"role": "system", "content": system}, {"role": "user", "content": instruction}]
 
 
-def _interpret(reply: PolicyReply, index: int) -> tuple[list[toolcalls.Parsed], str, dict[str, Any]]:
-    """The calls in a reply, where they were found, and the assistant message for the history."""
+def _interpret(reply: PolicyReply, index: int, awm: bool = False) -> tuple[list[toolcalls.Parsed], str, dict[str, Any]]:
+    """The calls in a reply, where they were found, and the assistant message for the history
+    (thinking stays in it: Qwen3-style templates drop or keep it as the model was trained)."""
     prefix = f"call_{index}"
-    if reply.tool_calls:
+    if reply.tool_calls and not awm:
         calls = toolcalls.parse_native(reply.tool_calls, prefix)
         # Keep ids consistent between the assistant message and the tool results.
         raw = []
@@ -203,20 +215,26 @@ def _interpret(reply: PolicyReply, index: int) -> tuple[list[toolcalls.Parsed], 
                 entry["function"] = {"name": str(function.get("name") or "invalid"), "arguments": "{}"}
             raw.append(entry)
         return calls, "native", {"role": "assistant", "content": reply.content, "tool_calls": raw}
-    calls = toolcalls.parse_text(reply.content, prefix)
+    calls = toolcalls.parse_text(toolcalls.strip_thinking(reply.content), prefix)
     return calls, "text" if calls else "none", {"role": "assistant", "content": reply.content or ""}
 
 
 async def _execute(env: EnvHandle, calls: list[toolcalls.Parsed], turn: Turn, cfg: AgentConfig) -> None:
+    awm = cfg.tool_format == "awm"
+    limit = 1 if awm else cfg.max_calls_per_turn  # the reference executes one call per turn
     for n, call in enumerate(calls):
+        if awm and n < limit:
+            call = _awm_call(env, call, turn, n)
+            if call is None:
+                continue
         if isinstance(call, toolcalls.MalformedCall):
             turn.results.append({"tool_call_id": call.id, "name": None, "is_error": True,
                                  "error_kind": "malformed", "text": f"malformed tool call: {call.error}", "ms": 0.0})
             continue
-        if n >= cfg.max_calls_per_turn:
+        if n >= limit:
             turn.results.append({"tool_call_id": call.id, "name": call.name, "is_error": True,
                                  "error_kind": "too_many_calls",
-                                 "text": f"not executed: at most {cfg.max_calls_per_turn} calls per turn", "ms": 0.0})
+                                 "text": f"not executed: at most {limit} call(s) per turn", "ms": 0.0})
             continue
         t0 = time.perf_counter()
         try:
@@ -233,6 +251,28 @@ async def _execute(env: EnvHandle, calls: list[toolcalls.Parsed], turn: Turn, cf
         turn.results.append({"tool_call_id": call.id, "name": call.name, "is_error": outcome.is_error,
                              "error_kind": outcome.error_kind, "text": outcome.text, "ms": round(ms, 3)})
     turn.tools_ms = round(turn.tools_ms, 3)
+
+
+def _awm_call(env: EnvHandle, call: toolcalls.Parsed, turn: Turn, n: int) -> toolcalls.Parsed | None:
+    """A meta-tool call of the AWM format: ``list_tools`` is answered here (None: done), ``call_tool``
+    becomes the real tool's call, anything else is an unknown tool (the agent's error)."""
+    resolved = awm_format.resolve(call)
+    if isinstance(resolved, toolcalls.MalformedCall):
+        turn.tool_calls[n] = {**resolved.to_dict()}
+        return resolved
+    kind, real = resolved
+    if kind == "list":
+        turn.results.append({"tool_call_id": call.id, "name": awm_format.LIST_TOOLS, "is_error": False,
+                             "error_kind": None, "text": awm_format.list_tools_text(env.tools), "ms": 0.0})
+        return None
+    if kind == "unknown" or real is None or real.name not in {t["name"] for t in env.tools}:
+        name = real.name if real is not None else getattr(call, "name", "")
+        turn.results.append({"tool_call_id": call.id, "name": name, "is_error": True, "error_kind": "tool_error",
+                             "text": f"Unknown tool {name!r}: list_tools names the tools, call_tool calls one",
+                             "ms": 0.0})
+        return None
+    turn.tool_calls[n] = {**real.to_dict(), "via": awm_format.CALL_TOOL}
+    return real
 
 
 def _result_messages(turn: Turn, source: str, cfg: AgentConfig) -> list[dict[str, Any]]:

@@ -1,15 +1,28 @@
-"""How chat messages become token ids for an in-process model (ChatML, as Qwen models use).
+"""How chat messages become token ids for an in-process model, and for re-tokenising turns whose
+ids a server did not return.
 
-Messages are encoded one by one and concatenated, so the prompt of turn t+1 normally starts with
-the prompt of turn t plus the tokens generated at turn t. The learner relies on that to score a
-whole episode in one forward pass (tool results in between are context, masked out of the
-loss); where the history window cut the prefix, it starts a new segment (:mod:`trainer.samples`).
+:func:`chat_format` picks the format: the tokenizer's own chat template
+(:class:`TemplateFormat`: ``apply_chat_template`` with ``tools=`` and, for Qwen3-style templates,
+``enable_thinking``) whenever it has one - the text a vLLM server renders for the same messages,
+so rollouts and training see the same prompt. Only a tokenizer without a template (the tiny
+word-level test model) gets :class:`ChatFormat`, a hand-written ChatML that is *not* any real
+model's format (its tool block and thinking differ from Qwen3's); it says so in the log.
+
+Both give :meth:`turn`: the prompt ids of a context and the ids of the assistant message that
+followed it, the way the model generated it (up to and including its end-of-turn token). With
+ChatFormat the prompt of turn t+1 starts with the prompt of turn t plus the tokens generated at
+turn t, so the learner scores a whole episode in one forward pass; a template need not extend
+its earlier prompts (Qwen3 drops an empty think block from past turns), and where a prefix
+changes the learner starts a new segment (:mod:`trainer.samples`).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any, Protocol
+
+log = logging.getLogger("trainer.chatformat")
 
 from trainer.toolcalls import render_text_call
 
@@ -33,6 +46,8 @@ def tools_block(tools: list[dict[str, Any]]) -> str:
 
 
 class ChatFormat:
+    """The fallback: hand-written ChatML for tokenizers without a chat template."""
+
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
         self._cache: dict[str, list[int]] = {}
@@ -71,3 +86,80 @@ class ChatFormat:
         for message in messages:
             ids += self.encode_text(self.render(message))
         return ids + self.encode_text(f"{IM_START}assistant\n")
+
+    def turn(self, context: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+             message: dict[str, Any]) -> tuple[list[int], list[int]]:
+        """(prompt ids, generated ids) of ``message`` answering ``context``."""
+        prompt = self.encode_prompt(context, tools)
+        full = self.encode_text(self.render(message))
+        header = self.encode_text(f"{IM_START}assistant\n")
+        completion = full[len(header):] if full[:len(header)] == header else full
+        return prompt, _through_end(completion, self.encode_text(IM_END))
+
+
+def _through_end(ids: list[int], end: list[int]) -> list[int]:
+    """``ids`` up to and including the last end-of-turn (what follows it is the next context's)."""
+    for i in range(len(ids) - len(end), -1, -1):
+        if ids[i:i + len(end)] == end:
+            return ids[:i + len(end)]
+    return ids
+
+
+class TemplateFormat:
+    """The tokenizer's chat template (``apply_chat_template``), as a vLLM server applies it."""
+
+    def __init__(self, tokenizer: Any, thinking: bool | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.thinking = thinking
+
+    def _kwargs(self) -> dict[str, Any]:
+        return {} if self.thinking is None else {"enable_thinking": self.thinking}
+
+    def render_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                      generation: bool = True) -> str:
+        return self.tokenizer.apply_chat_template(_for_template(messages), tools=tools or None, tokenize=False,
+                                                  add_generation_prompt=generation, **self._kwargs())
+
+    def encode_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
+        return list(self.tokenizer.encode(self.render_prompt(messages, tools), add_special_tokens=False))
+
+    def turn(self, context: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+             message: dict[str, Any]) -> tuple[list[int], list[int]]:
+        prompt = self.render_prompt(context, tools)
+        full = self.render_prompt([*context, message], tools, generation=False)
+        if not full.startswith(prompt):  # a template that renders the last turn differently
+            raise ValueError("the chat template does not render a reply after its generation prompt")
+        eos = self.tokenizer.eos_token or ""
+        reply = full[len(prompt):]
+        if eos and eos in reply:
+            reply = reply[:reply.index(eos) + len(eos)]
+        return (list(self.tokenizer.encode(prompt, add_special_tokens=False)),
+                list(self.tokenizer.encode(reply, add_special_tokens=False)))
+
+
+def _for_template(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Tool-call arguments as objects: templates render them with ``tojson`` (Qwen's accept either)."""
+    out = []
+    for m in messages:
+        if m.get("tool_calls"):
+            calls = []
+            for call in m["tool_calls"]:
+                fn = dict(call.get("function") or {})
+                if isinstance(fn.get("arguments"), str):
+                    try:
+                        fn["arguments"] = json.loads(fn["arguments"])
+                    except json.JSONDecodeError:
+                        pass
+                calls.append({**call, "function": fn})
+            m = {**m, "tool_calls": calls}
+        out.append(m)
+    return out
+
+
+def chat_format(tokenizer: Any, thinking: bool | None = None) -> ChatFormat | TemplateFormat:
+    """The tokenizer's own template when it has one; else the ChatML fallback, with a warning."""
+    if getattr(tokenizer, "chat_template", None):
+        return TemplateFormat(tokenizer, thinking)
+    log.warning("the tokenizer has no chat template: prompts use awm's built-in ChatML formatter, "
+                "which is not the model's own format (fine for the tiny test model, not for a real one)")
+    return ChatFormat(tokenizer)

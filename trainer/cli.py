@@ -34,10 +34,23 @@ WindowOpt = Annotated[Optional[int], typer.Option("--history-window", min=1,
 class ToolFormat(str, Enum):
     native = "native"
     text = "text"
+    awm = "awm"
 
 
 FormatOpt = Annotated[ToolFormat, typer.Option("--tool-format", case_sensitive=False,
-                                               help="native (tools parameter) or text (<tool_call> in prompt).")]
+                                               help="native (tools parameter), text (<tool_call> in prompt) or awm "
+                                                    "(the reference's list_tools/call_tool meta-tools, one call per turn).")]
+ThinkingOpt = Annotated[Optional[bool], typer.Option(
+    "--thinking/--no-thinking", help="Qwen3-style thinking on or off (chat_template_kwargs.enable_thinking); "
+                                     "default: the template's own (on for Qwen3).")]
+StopFormatOpt = Annotated[bool, typer.Option(
+    "--stop-on-format-error", help="End an episode at its first malformed call, scored reward format_error (-1).")]
+
+
+def _thinking_body(thinking: bool | None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    from trainer.policy import with_thinking
+
+    return with_thinking(extra or {}, thinking)
 TempOpt = Annotated[float, typer.Option("--temperature", help="Sampling temperature.")]
 MaxTokOpt = Annotated[int, typer.Option("--max-tokens", help="Max tokens per reply.")]
 
@@ -70,6 +83,8 @@ def agent(
     tool_format: FormatOpt = ToolFormat.native,
     temperature: TempOpt = 1.0,
     max_tokens: MaxTokOpt = 2048,
+    thinking: ThinkingOpt = None,
+    stop_on_format_error: StopFormatOpt = False,
     out: Annotated[Path, typer.Option("--out", help="Trajectory JSONL (appended, one line per turn).")] = Path(
         "runs/agent/trajectories.jsonl"),
     as_json: Annotated[bool, typer.Option("--json", help="Print the finished trajectory as JSON.")] = False,
@@ -81,7 +96,8 @@ def agent(
     from trainer.trajectory import TrajectoryLog
 
     url, name = _endpoint(base_url, model)
-    cfg = AgentConfig(max_turns=max_turns, history_window=history_window, tool_format=tool_format.value)
+    cfg = AgentConfig(max_turns=max_turns, history_window=history_window, tool_format=tool_format.value,
+                      stop_on_format_error=stop_on_format_error)
 
     def show(traj: Any, turn: Any) -> None:
         if as_json:
@@ -102,7 +118,8 @@ def agent(
         console.print(Panel("\n".join(body) or "(empty reply)", title=head, title_align="left"))
 
     async def run() -> Any:
-        policy = OpenAIPolicy(url, name, api_key or "", temperature=temperature, max_tokens=max_tokens)
+        policy = OpenAIPolicy(url, name, api_key or "", temperature=temperature, max_tokens=max_tokens,
+                              extra_body=_thinking_body(thinking))
         log = TrajectoryLog(out)
         try:
             env = await EnvHandle.connect(mcp_url, control_url)
@@ -217,6 +234,8 @@ def eval_command(
     tool_format: FormatOpt = ToolFormat.native,
     temperature: TempOpt = 1.0,
     max_tokens: MaxTokOpt = 2048,
+    thinking: ThinkingOpt = None,
+    stop_on_format_error: StopFormatOpt = False,
     retries: Annotated[int, typer.Option("--retries", min=1, help="Attempts per request on 429/5xx/unreachable "
                                          "(backoff 0.5 s doubling to 30 s, or the server's Retry-After).")] = 6,
     request_timeout: Annotated[float, typer.Option("--request-timeout", min=1, help="Seconds per request.")] = 300.0,
@@ -257,7 +276,7 @@ def eval_command(
                   "--allow-ungated; `awm catalog validate --record` records the gates)")
         raise typer.Exit(2)
     if checkpoint is not None:
-        policy, name = _checkpoint_policy(checkpoint, temperature), str(checkpoint)
+        policy, name = _checkpoint_policy(checkpoint, temperature, thinking), str(checkpoint)
     else:
         url, name = _endpoint(base_url, model)
         try:
@@ -268,8 +287,9 @@ def eval_command(
             err.print(f"[red]error:[/red] --extra-body: {exc}")
             raise typer.Exit(2) from exc
         policy = OpenAIPolicy(url, name, api_key or "", temperature=temperature, max_tokens=max_tokens,
-                              timeout_s=request_timeout, retries=retries, extra_body=extra)
-    cfg = AgentConfig(max_turns=max_turns, history_window=history_window, tool_format=tool_format.value)
+                              timeout_s=request_timeout, retries=retries, extra_body=_thinking_body(thinking, extra))
+    cfg = AgentConfig(max_turns=max_turns, history_window=history_window, tool_format=tool_format.value,
+                      stop_on_format_error=stop_on_format_error)
     out.mkdir(parents=True, exist_ok=True)
 
     def progress(score: Any) -> None:
@@ -411,7 +431,7 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.1f}%"
 
 
-def _checkpoint_policy(path: Path, temperature: float) -> Any:
+def _checkpoint_policy(path: Path, temperature: float, thinking: bool | None = None) -> Any:
     """A LocalPolicy from an `awm train` checkpoint, with the run's sampling settings."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -429,4 +449,4 @@ def _checkpoint_policy(path: Path, temperature: float) -> Any:
         max_new = policy_cfg.get("max_new_tokens", max_new)
         actions = (policy_cfg.get("tiny") or {}).get("actions", []) if policy_cfg.get("kind") == "tiny" else []
     return LocalPolicy(model, tokenizer, SamplingSpec(temperature, max_new, tiny.allowed_ids(tokenizer, actions)),
-                       name=path.name)
+                       name=path.name, thinking=thinking)

@@ -18,11 +18,15 @@ from trainer.agent import AgentConfig
 from trainer.reward import RewardConfig
 from trainer.rollout import RolloutConfig
 from trainer.tiny import TinySpec
+from trainer.vllm_policy import LoraSpec
 
 
 @dataclass
 class PolicyConfig:
-    kind: str = "tiny"  # tiny: built here from `tiny` | hf: a local transformers checkpoint at `path`
+    # tiny: built here from `tiny` | hf: a local transformers checkpoint at `path`, generating in
+    # process | vllm: the checkpoint at `path` served by a vLLM server at `base_url` (or started
+    # from `server`), the learner here, weights pushed to the server after every step
+    kind: str = "tiny"
     path: str | None = None
     temperature: float = 1.0
     max_new_tokens: int = 256
@@ -30,14 +34,35 @@ class PolicyConfig:
     # compute precision (autocast); weights and optimiser state are float32 regardless
     dtype: str = "auto"  # auto: bfloat16 on a GPU that has it, else float32 | float32 | bfloat16
     tiny: TinySpec = field(default_factory=TinySpec)
+    # Qwen3-style templates: thinking on or off (chat_template_kwargs.enable_thinking), the same
+    # in rollouts and training; None: the template's default
+    thinking: bool | None = None
+    # -- kind vllm --
+    base_url: str | None = None  # the server's OpenAI-compatible URL (…/v1)
+    served_model: str = "policy"  # the name the server serves `path` under (--served-model-name)
+    weight_sync: str = "lora"  # lora: a peft LoRA, loaded at runtime | full: all weights, reloaded
+    lora: LoraSpec = field(default_factory=LoraSpec)
+    sync_dir: str | None = None  # where versions are written for the server to read (default run_dir/weights)
+    request_timeout_s: float = 300.0
+    # start the server here (same machine or pod): {python: vLLM's interpreter, args: [extra flags],
+    # port: 0}; without it, base_url names a server that runs already
+    server: dict[str, Any] | None = None
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> PolicyConfig:
         data = dict(data or {})
         data["tiny"] = TinySpec.from_dict(data.get("tiny"))
+        data["lora"] = LoraSpec.from_dict(data.get("lora"))
         cfg = cls(**data)
-        if cfg.kind not in ("tiny", "hf"):
-            raise ValueError(f"policy.kind must be tiny or hf, not {cfg.kind!r}")
+        if cfg.kind not in ("tiny", "hf", "vllm"):
+            raise ValueError(f"policy.kind must be tiny, hf or vllm, not {cfg.kind!r}")
+        if cfg.kind == "vllm":
+            if not cfg.path:
+                raise ValueError("policy.kind vllm needs policy.path (the model directory the server serves)")
+            if not cfg.base_url and not cfg.server:
+                raise ValueError("policy.kind vllm needs policy.base_url (a running server) or policy.server")
+            if cfg.weight_sync not in ("lora", "full"):
+                raise ValueError(f"policy.weight_sync must be lora or full, not {cfg.weight_sync!r}")
         if cfg.dtype == "float16":
             raise ValueError("policy.dtype float16 is not supported for training: its gradients underflow "
                              "without loss scaling; use bfloat16 (or auto)")
@@ -62,18 +87,25 @@ class GRPOConfig:
     scale_rewards: bool = True  # divide by the group's std (False: Dr. GRPO)
     micro_batch_size: int = 8  # sequences per forward/backward; the step accumulates over the batch
     max_grad_norm: float = 1.0
+    # Truncated importance sampling for tokens the sampler scored differently from the learner
+    # (older weights, another numeric path): each token's loss is weighted by
+    # min(pi_learner / pi_sampler, tis_cap), detached. None: the PPO ratio is taken against the
+    # sampler's log-probs directly (the in-process policy's exact ones).
+    tis_cap: float | None = None
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> GRPOConfig:
         data = dict(data or {})
-        for key in ("lr", "weight_decay", "clip_eps", "kl_coef", "max_grad_norm"):
-            if key in data:
+        for key in ("lr", "weight_decay", "clip_eps", "kl_coef", "max_grad_norm", "tis_cap"):
+            if data.get(key) is not None:
                 data[key] = float(data[key])  # YAML reads 3e-3 as a string
         cfg = cls(**data)
         if cfg.loss_agg not in ("token_mean", "seq_mean"):
             raise ValueError(f"grpo.loss_agg must be token_mean or seq_mean, not {cfg.loss_agg!r}")
         if cfg.micro_batch_size < 1:
             raise ValueError("grpo.micro_batch_size must be at least 1")
+        if cfg.tis_cap is not None and cfg.tis_cap < 1.0:
+            raise ValueError("grpo.tis_cap must be at least 1 (or unset)")
         return cfg
 
 
@@ -127,6 +159,8 @@ class TrainConfig:
             cfg.catalog = _resolve(cfg.catalog, base_dir)
             if cfg.policy.path:
                 cfg.policy.path = _resolve(cfg.policy.path, base_dir)
+            if cfg.policy.sync_dir:
+                cfg.policy.sync_dir = _resolve(cfg.policy.sync_dir, base_dir)
         if cfg.mode not in ("async", "sync"):
             raise ValueError("mode must be async or sync")
         if cfg.verifier_kind not in (None, "code", "judge"):

@@ -8,6 +8,9 @@
   ``-min(ratio * A, clip(ratio, 1 - eps_low, 1 + eps_high) * A)`` with
   ``ratio = exp(logp - logp_old)``, plus ``beta * KL`` to a reference policy with the
   non-negative ``k3`` estimator ``exp(ref - logp) - (ref - logp) - 1``.
+* Truncated importance sampling (``token_weights``): where the sampler's log-probs differ from the
+  learner's - tokens sampled by older weights, or by another numeric path such as a vLLM
+  server's - each token's policy term is scaled by ``min(pi_learner / pi_sampler, C)``.
 * Only tokens with ``mask = 1`` count (what the policy generated, never tool results or prompts).
   ``token_mean`` averages over all such tokens of the batch (DAPO), ``seq_mean`` averages per
   sequence first (the original GRPO). ``normalizer`` lets gradient accumulation divide by the
@@ -49,13 +52,16 @@ class LossStats:
 def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
               clip_eps: float = 0.2, clip_eps_high: float | None = None, ref_logp: torch.Tensor | None = None,
               kl_coef: float = 0.0, agg: str = "token_mean",
-              normalizer: float | None = None, seq_tokens: torch.Tensor | None = None) -> tuple[torch.Tensor, LossStats]:
+              normalizer: float | None = None, seq_tokens: torch.Tensor | None = None,
+              token_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, LossStats]:
     """The clipped GRPO objective for token log-probs ``[B, T]``, advantages ``[B]``, mask ``[B, T]``.
 
     ``normalizer``: tokens of the whole batch (``token_mean``) or episodes (``seq_mean``);
     defaults to this call's own count. ``seq_tokens`` (``seq_mean``): the generated tokens of each
     row's whole episode - where the history window split an episode into several rows, each row
     is divided by the episode's count, so an episode weighs one however it was split.
+    ``token_weights`` (``[B, T]``, no gradient): truncated importance weights that scale each
+    token's policy term (off-policy correction; the KL term is not weighted).
     """
     # Masked positions (prompts, tool results, padding) may hold -inf log-probs - a token outside
     # the allowed set - and -inf - -inf is NaN, which a multiplication by the mask would keep.
@@ -70,7 +76,7 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
     ratio = torch.exp(logp - old_logp)
     adv = advantages.to(logp.dtype).unsqueeze(-1)
     surrogate = torch.minimum(ratio * adv, torch.clamp(ratio, 1 - clip_eps, 1 + high) * adv)
-    per_token = -surrogate
+    per_token = -surrogate if token_weights is None else -surrogate * token_weights.detach()
     kl = torch.zeros_like(logp)
     if ref_logp is not None and kl_coef:
         delta = ref_logp - logp

@@ -53,7 +53,9 @@ class Learner:
         self.sampling = sampling
         self.ref_model = ref_model.eval() if ref_model is not None else None
         self.pad_id = pad_id
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        # only what trains (all weights, or a LoRA's): frozen base weights take no optimiser state
+        self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr,
+                                           weight_decay=cfg.weight_decay)
         self.version = 0
         self.step_count = 0
 
@@ -95,23 +97,38 @@ class Learner:
         normalizer = float(sum(s.generated for s in seqs)) if cfg.loss_agg == "token_mean" else float(len(episode_tokens))
         self.optimizer.zero_grad(set_to_none=True)
         totals = {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "ratio_mean": 0.0, "tokens": 0}
+        gap = {"abs": 0.0, "diff": 0.0, "tokens": 0, "truncated": 0}
         for i in range(0, len(seqs), cfg.micro_batch_size):
             ids, attention, mask, old, advantages, seq_tokens = self._pad(seqs[i:i + cfg.micro_batch_size], episode_tokens)
             logp = self.sequence_logprobs(self.model, ids, attention)
             # Unknown sampling log-probs (an endpoint that returns none): on-policy, ratio 1.
+            known = ~torch.isnan(old) & mask.bool()
             old = torch.where(torch.isnan(old), logp.detach(), old)
+            weights = None
+            with torch.no_grad():  # the sampler-learner gap, logged whatever corrects it
+                delta = torch.where(known, logp - old, 0.0)
+                gap["abs"] += float(delta.abs().sum())
+                gap["diff"] += float(delta.sum())
+                gap["tokens"] += int(known.sum())
+                if cfg.tis_cap is not None:
+                    raw = torch.exp(delta)
+                    gap["truncated"] += int((known & (raw > cfg.tis_cap)).sum())
+                    weights = raw.clamp(max=cfg.tis_cap)
+            if cfg.tis_cap is not None:  # the ratio is the learner's own; the IS weight covers the gap
+                old = logp.detach()
             ref = None
             if self.ref_model is not None and cfg.kl_coef:
                 with torch.no_grad():
                     ref = self.sequence_logprobs(self.ref_model, ids, attention)
             loss, stats = grpo_loss(logp, old, advantages, mask, cfg.clip_eps, cfg.clip_eps_high, ref,
-                                    cfg.kl_coef, cfg.loss_agg, normalizer, seq_tokens)
+                                    cfg.kl_coef, cfg.loss_agg, normalizer, seq_tokens, weights)
             loss.backward()
             totals["loss"] += stats.loss
             for key in ("kl", "clip_fraction", "ratio_mean"):
                 totals[key] += getattr(stats, key) * stats.tokens
             totals["tokens"] += stats.tokens
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+        grad_norm = torch.nn.utils.clip_grad_norm_([p for p in self.model.parameters() if p.requires_grad],
+                                                   cfg.max_grad_norm)
         self.optimizer.step()
         self.version += 1
         self.step_count += 1
@@ -119,7 +136,8 @@ class Learner:
         return {"learner_s": round(time.perf_counter() - start, 4), "sequences": len(seqs),
                 "trained_tokens": totals["tokens"], "loss": round(totals["loss"], 6),
                 "kl": round(totals["kl"] / n, 6), "clip_fraction": round(totals["clip_fraction"] / n, 4),
-                "ratio_mean": round(totals["ratio_mean"] / n, 6), "grad_norm": round(float(grad_norm), 6)}
+                "ratio_mean": round(totals["ratio_mean"] / n, 6), "grad_norm": round(float(grad_norm), 6),
+                **_gap_stats(gap, cfg.tis_cap)}
 
     def weights(self) -> dict[str, torch.Tensor]:
         """The weights for the rollout policy (weight sync): views, not copies; the receiver
@@ -156,6 +174,17 @@ class Learner:
             except (RuntimeError, ValueError) as exc:  # another GPU count or kind than the checkpoint's
                 log.warning("not restoring the CUDA random state (%s): resumed on different hardware", exc)
         return int(state["step"]), dict(state.get("extra") or {})
+
+
+def _gap_stats(gap: dict[str, Any], cap: float | None) -> dict[str, Any]:
+    """How far the sampler's log-probs were from the learner's (before this step's update):
+    mean |logp_learner - logp_sampler| and its signed mean over tokens whose sampling log-prob is
+    known, and the share of tokens whose importance weight the cap truncated."""
+    n = gap["tokens"]
+    if not n:
+        return {"logprob_gap": None, "logprob_gap_signed": None, "tis_truncated_fraction": None}
+    return {"logprob_gap": round(gap["abs"] / n, 6), "logprob_gap_signed": round(gap["diff"] / n, 6),
+            "tis_truncated_fraction": round(gap["truncated"] / n, 6) if cap is not None else None}
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
@@ -207,8 +236,22 @@ def build_policy(cfg: TrainConfig, corpus: list[str], resume_from: Path | None) 
         allowed = None
         reference = AutoModelForCausalLM.from_pretrained(pc.path, local_files_only=True, torch_dtype=dtype) \
             if cfg.grpo.kl_coef else None
+    elif pc.kind == "vllm":  # the learner's copy of the model the server serves (path)
+        tokenizer = AutoTokenizer.from_pretrained(resume_from or pc.path, local_files_only=True)
+        lora = pc.weight_sync == "lora"
+        model = AutoModelForCausalLM.from_pretrained(pc.path if lora else (resume_from or pc.path),
+                                                     local_files_only=True, torch_dtype=torch.float32)
+        if lora and resume_from is not None:
+            from peft import PeftModel
+
+            model = PeftModel.from_pretrained(model, resume_from, is_trainable=True)
+        elif lora:
+            model = pc.lora.apply(model)
+        allowed = None
+        reference = AutoModelForCausalLM.from_pretrained(pc.path, local_files_only=True, torch_dtype=dtype) \
+            if cfg.grpo.kl_coef else None
     else:
-        raise ValueError(f"unknown policy kind {pc.kind!r} (tiny | hf)")
+        raise ValueError(f"unknown policy kind {pc.kind!r} (tiny | hf | vllm)")
     model = model.to(device=device, dtype=torch.float32)
     if reference is not None:
         reference = cast_weights(reference.to(device=device), dtype)
@@ -216,6 +259,30 @@ def build_policy(cfg: TrainConfig, corpus: list[str], resume_from: Path | None) 
             p.requires_grad_(False)
     log.info("policy %s on %s: float32 weights, %s compute", pc.kind, device, str(dtype).removeprefix("torch."))
     return PolicyParts(model, reference, tokenizer, SamplingSpec(pc.temperature, pc.max_new_tokens, allowed), dtype)
+
+
+async def _vllm_policy(cfg: TrainConfig, tokenizer: Any, version: int, run_dir: Path) -> tuple[Any, Any]:
+    """The vLLM policy of a run, and the server it started (``policy.server``) or None."""
+    from trainer.chatformat import chat_format
+    from trainer.vllm_policy import VllmPolicy
+    from trainer.vllm_server import VllmServer
+
+    pc = cfg.policy
+    server = None
+    base_url = pc.base_url
+    if pc.server:
+        spec = dict(pc.server)
+        server = VllmServer(python=str(spec.pop("python")), model=str(Path(pc.path or "").resolve()),
+                            scratch=run_dir / "vllm", served_name=pc.served_model,
+                            lora_rank=pc.lora.rank if pc.weight_sync == "lora" else 0,
+                            extra_args=list(spec.pop("args", [])), **spec)
+        await asyncio.to_thread(server.start)
+        base_url = server.base_url
+    policy = VllmPolicy(str(base_url), pc.served_model, temperature=pc.temperature, max_tokens=pc.max_new_tokens,
+                        timeout_s=pc.request_timeout_s, version=version,
+                        sync_dir=pc.sync_dir or str(run_dir / "weights"), weight_sync=pc.weight_sync,
+                        thinking=pc.thinking, format=chat_format(tokenizer, pc.thinking))
+    return policy, server
 
 
 def resolve_device(name: str) -> torch.device:
@@ -290,12 +357,6 @@ async def train(cfg: TrainConfig, on_step: StepHook | None = None) -> TrainResul
                       compute_dtype=compute_dtype)
     start_step, resumed = learner.load_state(resume_from) if resume_from is not None else (0, {})
     (run_dir / "config.json").write_text(json.dumps(cfg.to_record(), indent=2, default=str))
-    # Synchronous runs never generate while the learner steps: the policy shares its weights (one
-    # copy of the model in memory). Asynchronous ones generate from a copy in the compute dtype,
-    # synced after each step.
-    policy = LocalPolicy(learner.model, tokenizer, sampling, name=f"{cfg.policy.kind}-policy",
-                         seed=cfg.seed + start_step, version=learner.version, share=cfg.mode == "sync",
-                         dtype=compute_dtype)
     metrics = TrainMetrics()
     if cfg.metrics_port:
         try:
@@ -319,6 +380,16 @@ async def train(cfg: TrainConfig, on_step: StepHook | None = None) -> TrainResul
     else:
         database = await asyncio.to_thread(Database.open, cfg.database_url)
         source = LocalFleetSource(bundles, cfg.replicas, database, **cfg.serving())
+    server = None
+    if cfg.policy.kind == "vllm":
+        policy, server = await _vllm_policy(cfg, tokenizer, learner.version, run_dir)
+    else:
+        # Synchronous runs never generate while the learner steps: the policy shares its weights
+        # (one copy of the model in memory). Asynchronous ones generate from a copy in the compute
+        # dtype, synced after each step.
+        policy = LocalPolicy(learner.model, tokenizer, sampling, name=f"{cfg.policy.kind}-policy",
+                             seed=cfg.seed + start_step, version=learner.version, share=cfg.mode == "sync",
+                             dtype=compute_dtype, thinking=cfg.policy.thinking)
     service = RolloutService(source, policy, tasks, cfg.agent, cfg.reward, cfg.rollout, traj_log,
                              metrics.observe_trajectory)
     if resumed:  # the task order and the sampler go on where the checkpoint left them
@@ -330,6 +401,8 @@ async def train(cfg: TrainConfig, on_step: StepHook | None = None) -> TrainResul
 
     began = time.perf_counter()
     try:
+        if cfg.policy.kind == "vllm":  # the server serves exactly the learner's weights from the start
+            await policy.publish(learner)
         async with source:
             try:
                 if cfg.mode == "async":
@@ -357,6 +430,9 @@ async def train(cfg: TrainConfig, on_step: StepHook | None = None) -> TrainResul
                 await asyncio.to_thread(learner.save, run_dir / "checkpoints", tokenizer, cfg.steps, extra)
     finally:
         traj_log.close()
+        await policy.close()
+        if server is not None:
+            await asyncio.to_thread(server.stop)
         if reporter is not None:
             await reporter.aclose()
         if database is not None:
@@ -386,8 +462,11 @@ async def _train_step(cfg: TrainConfig, step: int, service: Any, learner: Learne
                         keep_zero_advantage=bool(cfg.grpo.kl_coef))
     staleness = [learner.version - g.policy_version for g in groups]
     stats = await asyncio.to_thread(learner.step, batch.sequences)
+    sync_s = 0.0
     if batch.sequences:
-        await asyncio.to_thread(policy.load_weights, learner.weights(), learner.version)
+        t_sync = time.perf_counter()
+        await policy.publish(learner)
+        sync_s = time.perf_counter() - t_sync
     step_s = time.perf_counter() - t0
     trajectories = [t for g in groups for t in g.trajectories]
     tokens = sum(t.generated_tokens for t in trajectories)
@@ -397,5 +476,5 @@ async def _train_step(cfg: TrainConfig, step: int, service: Any, learner: Learne
             "tool_calls": sum(t.tool_calls for t in trajectories), "generated_tokens": tokens,
             "rollouts_per_s": round(len(trajectories) / step_s, 3), "tokens_per_s": round(tokens / step_s, 3),
             "staleness": staleness, "dropped_stale": service.dropped_stale, "step_s": round(step_s, 4),
-            "wait_s": round(wait_s, 4), "env_wait_fraction": round(wait_s / step_s, 4) if step_s else 0.0,
+            "wait_s": round(wait_s, 4), "weight_sync_s": round(sync_s, 4), "env_wait_fraction": round(wait_s / step_s, 4) if step_s else 0.0,
             "elapsed_s": round(time.perf_counter() - began, 3), **stats}

@@ -1,6 +1,7 @@
 """A transformers causal LM as an in-process policy (CPU demo, tests).
 
-It renders the history with :class:`~trainer.chatformat.ChatFormat`, samples a completion token by
+It renders the history with the tokenizer's chat template (:func:`~trainer.chatformat.chat_format`;
+hand-written ChatML for a tokenizer without one), samples a completion token by
 token with a KV cache, and returns the prompt ids, completion ids and the log-probability of
 every sampled token under the sampling distribution (temperature, allowed tokens). The learner
 computes log-probabilities the same way (:class:`SamplingSpec`), so the importance ratio starts
@@ -25,7 +26,7 @@ from typing import Any
 
 import torch
 
-from trainer.chatformat import ChatFormat
+from trainer.chatformat import chat_format
 from trainer.precision import autocast, cast_weights
 from trainer.policy import PolicyReply
 
@@ -49,7 +50,7 @@ class SamplingSpec:
 class LocalPolicy:
     def __init__(self, model: Any, tokenizer: Any, sampling: SamplingSpec, name: str = "local",
                  seed: int = 0, version: int = 0, share: bool = False,
-                 dtype: torch.dtype = torch.float32) -> None:
+                 dtype: torch.dtype = torch.float32, thinking: bool | None = None) -> None:
         self.shared = share
         if share:
             self.model = model
@@ -60,7 +61,7 @@ class LocalPolicy:
         self.device = next(self.model.parameters()).device
         self.dtype = dtype
         self.tokenizer = tokenizer
-        self.format = ChatFormat(tokenizer)
+        self.format = chat_format(tokenizer, thinking)
         self.sampling = sampling
         self.name = name
         self.version = version
@@ -112,6 +113,10 @@ class LocalPolicy:
             if not self.shared:
                 self.model.load_state_dict(state_dict)
             self.version = version
+
+    async def publish(self, learner: Any) -> None:
+        """Weight sync after the learner's step (the same call as :class:`VllmPolicy`'s)."""
+        await asyncio.to_thread(self.load_weights, learner.weights(), learner.version)
 
     def rng_state(self) -> torch.Tensor:
         """The sampler's generator (for a checkpoint: a resumed run samples on where it stopped)."""

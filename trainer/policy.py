@@ -77,6 +77,15 @@ def context_exceeded(body: str) -> bool:
     return any(_CONTEXT_EXCEEDED.search(text) for text in texts)
 
 
+def with_thinking(extra_body: dict[str, Any], thinking: bool | None) -> dict[str, Any]:
+    """``extra_body`` with Qwen3-style thinking switched on or off
+    (``chat_template_kwargs.enable_thinking``); ``None`` leaves the template's default."""
+    body = dict(extra_body)
+    if thinking is not None:
+        body["chat_template_kwargs"] = {**(body.get("chat_template_kwargs") or {}), "enable_thinking": thinking}
+    return body
+
+
 @dataclass
 class PolicyReply:
     content: str | None

@@ -40,6 +40,9 @@ class RewardConfig:
     format_penalty: float = 0.1  # per malformed tool call (step-level)
     tool_error_penalty: float = 0.0  # per invalid_arguments / tool_error result
     max_penalty: float = 0.5  # the penalties together never exceed this
+    # an episode ended early on a malformed call (agent.stop_on_format_error): this reward instead
+    # of its verdict (OpenEnv's value for the reference's format errors)
+    format_error: float = -1.0
     # Which verdict-error kinds are ours (masked). Anything else is scored as `incomplete`.
     masked_verdict_kinds: tuple[str, ...] = VERDICT_ERROR_KINDS
     masked_tool_errors: tuple[str, ...] = INFRA_TOOL_ERRORS
@@ -75,6 +78,8 @@ def score(verdict: dict[str, Any] | None, tool_error_kinds: list[str], malformed
         return RewardResult(0.0, True, f"environment tool failure: {', '.join(sorted(set(ours)))}")
     verdict = verdict or {}
     outcome = verdict.get("verdict")
+    if outcome == "format_error":  # early termination: the whole reward, no penalties on top
+        return RewardResult(cfg.format_error, False, None, {"outcome": cfg.format_error})
     if outcome == "error":
         kind = verdict.get("error_kind") or "unknown"
         if kind in cfg.masked_verdict_kinds or kind == "unknown":

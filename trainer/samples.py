@@ -5,9 +5,9 @@ Each policy turn is scored under exactly the context the policy saw when it gene
 * If the policy returned token ids (in-process models; vLLM with ``return_token_ids``), those are
   used as they are.
 * Otherwise the context is rebuilt from the messages with the trajectory's own history window
-  (:func:`trainer.history.window`, the same function the rollout used) and encoded with
-  :class:`~trainer.chatformat.ChatFormat` (ChatML: exact for Qwen-style templates; for a server
-  with another chat template, ask it for token ids instead). The log-probs are then unknown, and
+  (:func:`trainer.history.window`, the same function the rollout used) and encoded with the
+  model's chat template (:func:`trainer.chatformat.chat_format`; the ChatML fallback only for a
+  tokenizer without one). The log-probs are then unknown, and
   the learner scores those turns as on-policy (ratio 1, no clipping).
 
 Consecutive turns whose contexts extend each other are packed into one sequence (one forward
@@ -23,7 +23,7 @@ from typing import Iterable
 
 import torch
 
-from trainer.chatformat import IM_END, IM_START, ChatFormat
+from trainer.chatformat import ChatFormat, TemplateFormat
 from trainer.grpo import group_advantages
 from trainer.history import window
 from trainer.trajectory import Trajectory, Turn
@@ -51,7 +51,10 @@ class Batch:
     zero_advantage_groups: int = 0
 
 
-def turn_tokens(traj: Trajectory, turn: Turn, fmt: ChatFormat | None) -> tuple[list[int], list[int], list[float]] | None:
+Format = ChatFormat | TemplateFormat
+
+
+def turn_tokens(traj: Trajectory, turn: Turn, fmt: Format | None) -> tuple[list[int], list[int], list[float]] | None:
     """(context ids, generated ids, their log-probs or NaN) of one turn, or None if not recoverable."""
     if turn.prompt_ids is not None and turn.completion_ids is not None:
         lps = turn.logprobs if turn.logprobs is not None and len(turn.logprobs) == len(turn.completion_ids) \
@@ -64,20 +67,12 @@ def turn_tokens(traj: Trajectory, turn: Turn, fmt: ChatFormat | None) -> tuple[l
         return None
     position = starts[turn.index]
     context = window(traj.messages[:position], traj.history_window)
-    prompt = fmt.encode_prompt(context, traj.tools)  # the tools too: the prompt the policy was given
-    full = fmt.encode_text(fmt.render(traj.messages[position]))
-    header = fmt.encode_text(f"{IM_START}assistant\n")
-    completion = full[len(header):] if full[:len(header)] == header else full
-    # the model generated up to its end-of-turn token; the newline after it is the next context's
-    end = fmt.encode_text(IM_END)
-    for i in range(len(completion) - len(end), -1, -1):
-        if completion[i:i + len(end)] == end:
-            completion = completion[:i + len(end)]
-            break
+    # the tools too: the prompt the policy was given; the reply through its end-of-turn token
+    prompt, completion = fmt.turn(context, traj.tools, traj.messages[position])
     return prompt, completion, [math.nan] * len(completion)
 
 
-def episode_sequences(traj: Trajectory, fmt: ChatFormat | None = None) -> list[Sequence]:
+def episode_sequences(traj: Trajectory, fmt: Format | None = None) -> list[Sequence]:
     """The episode as packed sequences (usually one; more where the history window cut)."""
     out: list[Sequence] = []
     ids: list[int] = []
@@ -105,7 +100,7 @@ def episode_sequences(traj: Trajectory, fmt: ChatFormat | None = None) -> list[S
     return out
 
 
-def build_batch(groups: Iterable[list[Trajectory]], fmt: ChatFormat | None = None, scale_rewards: bool = True,
+def build_batch(groups: Iterable[list[Trajectory]], fmt: Format | None = None, scale_rewards: bool = True,
                 keep_zero_advantage: bool = False) -> Batch:
     """Group-normalised advantages, then sequences; masked episodes are left out entirely."""
     batch = Batch()

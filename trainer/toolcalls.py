@@ -104,6 +104,20 @@ def _arguments(raw: Any) -> tuple[dict[str, Any], str]:
     return raw, ""
 
 
+_THINK = re.compile(r"<think>.*?</think>\s*", re.DOTALL)
+
+
+def strip_thinking(content: str | None) -> str:
+    """The reply without its ``<think>...</think>`` reasoning (a Qwen3-style model thinking
+    aloud may mention a ``<tool_call>`` it does not make); an unclosed block is all thought."""
+    if not content:
+        return ""
+    text = _THINK.sub("", content)
+    if "<think>" in text:
+        text = text[:text.find("<think>")]
+    return text if text == content else text.lstrip()
+
+
 def strip_calls(content: str | None) -> str:
     """The reply text without its tool-call blocks (what is left is prose or a final answer)."""
     if not content:
