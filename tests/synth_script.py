@@ -183,9 +183,10 @@ def _feedback_given(body: dict[str, Any]) -> bool:
 class Script:
     """Good answers, preceded (once each) by the broken ones a real model also produces."""
 
-    def __init__(self, faults: bool = True, judge_mode: bool = False) -> None:
+    def __init__(self, faults: bool = True, judge_mode: bool = False, stubborn: bool = False) -> None:
         self.faults = faults
         self.judge_mode = judge_mode
+        self.stubborn = stubborn  # the todo app's tools never get fixed (keep-best)
         self.served: list[str] = []
 
     def __call__(self, stage: str, body: dict[str, Any], index: int) -> Reply:
@@ -240,7 +241,7 @@ class Script:
             broken = [dict(t) for t in SEED["library"]]
             broken[2] = {"table": "loans", "rows": [{"id": 1, "book_id": 3, "member_id": 99, "returned": False}]}
             return Reply.json({"tables": broken})
-        if stage == "env" and scenario == "todo" and not repaired:
+        if stage == "env" and scenario == "todo" and (not repaired or self.stubborn):
             env = {"prelude": ENV["todo"]["prelude"], "tools": [dict(t) for t in ENV["todo"]["tools"]]}
             env["tools"][0]["code"] = "def list_items(db, list_name):\n    return 1 / 0\n"
             return Reply.json(env)

@@ -252,3 +252,25 @@ async def test_scenarios_are_classified_and_unsuitable_ones_are_not_synthesised(
     (refused,) = read_jsonl(tmp_path / "gen_scenario.rejected.jsonl")
     assert refused["name"] == "stock_ticker" and "score 2" in refused["errors"][0]
     assert server.counts["classify"] == 2  # the seeds, then the generated batch
+
+
+@pytest.mark.slow
+async def test_keep_best_carries_a_failed_stage_on_but_never_into_the_catalog(tmp_path, admin_dsn):
+    """--keep-best: the todo app's tools never stop crashing, so its env stage keeps its best
+    attempt marked unvalidated; verifiers and solutions are still made for it (the run learns how
+    far it gets), but the catalog takes only fully validated scenarios."""
+    script = Script(faults=True, stubborn=True)
+    with ScriptedLLM(script) as server:
+        llm = _llm(server.base_url)
+        run = stages.Run(tmp_path, llm, admin_dsn, attempts=2, num_tasks=2, keep_best=True)
+        seeds = tmp_path / "seeds.jsonl"
+        seeds.write_text("")
+        summary = await run_stages(run, stages.STAGES, seeds=seeds, target=2, embedder=HashingEmbedder())
+        await llm.close()
+    envs = {r["scenario"]: r for r in read_jsonl(tmp_path / "gen_envs.jsonl")}
+    assert "division by zero" in " ".join(envs["todo"]["unvalidated"]) and "unvalidated" not in envs["library"]
+    assert summary["stages"]["env"]["unvalidated"] == 1
+    assert any(v["scenario"] == "todo" for v in read_jsonl(tmp_path / "gen_verifier.jsonl"))  # carried on
+    assert [e["name"] for e in summary["environments"]] == ["library"]
+    (refused,) = summary["stages"]["assemble"]["rejections"]
+    assert refused["item"] == "todo" and "unvalidated env" in refused["reasons"][0]

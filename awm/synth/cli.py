@@ -29,7 +29,7 @@ DbUrl = Annotated[Optional[str], typer.Option("--database-url", envvar="AWM_DATA
 
 def _run_stages(which: list[str], directory: Path, base_url: str | None, model: str | None, concurrency: int | None,
                 attempts: int, num_tasks: int, database_url: str | None, verifier_mode: str = "code",
-                judge: object = None, **scenario_opts: object) -> None:
+                judge: object = None, keep_best: bool = False, **scenario_opts: object) -> None:
     from awm.fleet import Database
     from awm.synth.pipeline import make_embedder, print_summary, run_stages
 
@@ -38,7 +38,8 @@ def _run_stages(which: list[str], directory: Path, base_url: str | None, model: 
         database = await asyncio.to_thread(Database.open, database_url)
         try:
             run = stages.Run(directory, llm, database.admin_dsn, attempts=attempts, num_tasks=num_tasks,
-                             verifier_mode=verifier_mode, judge=judge)  # type: ignore[arg-type]
+                             verifier_mode=verifier_mode, judge=judge,  # type: ignore[arg-type]
+                             keep_best=keep_best)
             embedder = make_embedder(str(scenario_opts.pop("embedder", "hashing")), llm)
             return await run_stages(run, which, embedder=embedder, **scenario_opts)  # type: ignore[arg-type]
         finally:
@@ -172,9 +173,13 @@ def gen_all(
     num_tasks: NumTasks = 10, database_url: DbUrl = None,
     verifier_mode: Annotated[str, typer.Option("--verifier-mode", help="code or judge (see `awm gen verifier`).")] = "code",
     judge_base_url: JudgeUrlOpt = None, judge_model: JudgeModelOpt = None,
+    keep_best: Annotated[bool, typer.Option("--keep-best", help=(
+        "When no attempt of a tolerant stage (task, db, sample, spec, env) passes, carry its best one "
+        "on, marked unvalidated: later stages run on it, the catalog never takes it."))] = False,
 ) -> None:
     """Every stage in order, ending in <dir>/catalog (serve it with `awm serve --catalog`)."""
     _run_stages(stages.STAGES, directory, base_url, model, concurrency, attempts, num_tasks, database_url,
                 verifier_mode=verifier_mode, judge=_judge(verifier_mode, judge_base_url, judge_model),
+                keep_best=keep_best,
                 seeds=input, target=target_count, embedder=embedder, threshold=threshold,
                 max_per_category=max_per_category)

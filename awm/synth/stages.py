@@ -129,6 +129,9 @@ class Run:
     # Scenarios are classified for CRUD suitability; below this score they are not synthesised.
     classify: bool = True
     min_suitability: int = 5
+    # Keep the best failed attempt of a tolerant stage (KEEP_BEST) for the next stages; never
+    # into the catalog.
+    keep_best: bool = False
 
     def __post_init__(self) -> None:
         # LLM calls are bounded by the client; validations start databases and processes, so
@@ -157,6 +160,9 @@ class Run:
         entry = self.report.setdefault(stage, {"kept": 0, "rejected": 0, "rejections": []})
         if outcome == "kept":
             entry["kept"] += 1
+        elif outcome == "kept-unvalidated":
+            entry["unvalidated"] = entry.get("unvalidated", 0) + 1
+            entry["rejections"].append({"item": item, "reasons": ["kept unvalidated: " + r for r in (reasons or [])[:5]]})
         else:
             entry["rejected"] += 1
             entry["rejections"].append({"item": item, "reasons": (reasons or [])[:5]})
@@ -189,8 +195,12 @@ async def feedback(run: Run, errors: list[str]) -> str:
 
 async def _repair_loop(run: Run, stage: str, system: str, user: str, model: type[M],
                        validate: Callable[[M], Awaitable[list[str]]]) -> tuple[M | None, list[str]]:
-    """Generate, execute, feed the errors back; at most ``run.attempts`` generations."""
+    """Generate, execute, feed the errors back; at most ``run.attempts`` generations. With
+    ``run.keep_best`` (for the stages in :data:`KEEP_BEST`), the attempt with the fewest errors is
+    returned when none passes, with its errors: it is recorded ``unvalidated`` so later stages can
+    go on from it, and :func:`assemble` keeps it out of the catalog."""
     errors: list[str] = []
+    best: tuple[M, list[str]] | None = None
     for _ in range(run.attempts):
         try:
             candidate = await run.llm.structured(stage, system, user + await feedback(run, errors),
@@ -201,7 +211,16 @@ async def _repair_loop(run: Run, stage: str, system: str, user: str, model: type
         errors = await validate(candidate)
         if not errors:
             return candidate, []
+        if best is None or len(errors) < len(best[1]):
+            best = (candidate, errors)
+    if run.keep_best and stage in KEEP_BEST and best is not None:
+        return best
     return None, errors
+
+
+# Stages whose best failed attempt may carry the run on (the reference system writes failed rows
+# and goes on); an unvalidated record never reaches the catalog.
+KEEP_BEST = ("task", "db", "sample", "spec", "env")
 
 
 def normalise_name(name: str) -> str:
@@ -565,6 +584,12 @@ def assemble(run: Run, catalog_dir: Path) -> list[EnvBundle]:
     catalog_dir.mkdir(parents=True, exist_ok=True)
     bundles = []
     for name, env in envs.items():
+        chain = {"task": run.load("task").get(name), "db": dbs.get(name), "sample": samples.get(name),
+                 "spec": specs.get(name), "env": env}
+        unvalidated = [stage for stage, record in chain.items() if record and record.get("unvalidated")]
+        if unvalidated:
+            run.note("assemble", "rejected", name, [f"built on unvalidated {', '.join(unvalidated)} (keep-best)"])
+            continue
         base = _bundle(scenarios[name], dbs[name], samples[name], specs[name]["tools"], env["prelude"],
                        {t["name"]: t["code"] for t in env["tools"]})
         tasks = [Task(id=f"task_{s['task_idx']}", instruction=s["task"],
@@ -598,7 +623,10 @@ def _seed_excerpt(seed: list[dict[str, Any]], rows_per_table: int = 8) -> str:
 
 def _record(run: Run, stage: str, out: StageOutput, rejected: StageOutput, item: str,
             record: dict[str, Any] | None, errors: list[str], base: dict[str, Any] | None = None) -> None:
-    if record is not None:
+    if record is not None and errors:  # keep-best: carried on, never into the catalog
+        out.append(dict(record, unvalidated=errors[:20]))
+        run.note(stage, "kept-unvalidated", item, errors)
+    elif record is not None:
         out.append(record)
         run.note(stage, "kept", item)
     else:
