@@ -478,3 +478,43 @@ def test_export_to_the_awm_format_and_back_gives_the_same_catalog(admin_dsn, tmp
     lib.limits = Limits(tool_timeout_s=3)
     lost = export_catalog([lib], tmp_path / "awm2").lost["library_loans_1"]
     assert any("reference solutions of 1 task" in x for x in lost) and any("limits" in x for x in lost)
+
+
+def test_awm_eval_on_an_imported_catalog_with_a_judge(admin_dsn, pg, tmp_path):
+    """The issue's user path: an AWM-format directory imported, evaluated with `awm eval` against
+    an endpoint that is both the policy and the judge: every imported task is served (ungated,
+    marked so), the judge-only task is judged by the LLM, the code tasks by their code."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.llm_server import Reply, ScriptedLLM
+
+    out = tmp_path / "catalog"
+    import_awm_dir(FIXTURE, out, admin_dsn=admin_dsn, now=NOW)
+    judged = []
+
+    def answer(stage, body, index):
+        if body["messages"][0]["content"].startswith("You judge whether an AI agent completed"):
+            judged.append(body)
+            return Reply.json({"reasoning": "the answer is right", "classification": "complete"})
+        return Reply("The library has 1 book by Frank Herbert.")  # the policy: answers at once
+
+    with ScriptedLLM(answer) as llm:
+        environ = dict(os.environ, AWM_HOME=str(pg.root.parent))
+        environ.pop("AWM_DATABASE_URL", None)
+        run = subprocess.run(
+            [sys.executable, "-m", "awm.cli", "eval", "--catalog", str(out), "--base-url", llm.base_url, "--model", "m",
+             "--judge-base-url", llm.base_url, "--judge-model", "judge", "--allow-ungated", "-k", "1",
+             "--max-turns", "2", "--out", str(tmp_path / "eval"), "--json"],
+            capture_output=True, text=True, env=environ, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads((tmp_path / "eval" / "eval.json").read_text())
+    tasks = {(t["env"], t["task_id"]): t for t in report["tasks"]}
+    assert len(tasks) == 6 and report["overall"]["masked"] == 0  # every imported task served: 6 of 6
+    assert tasks[("library_loans_1", "task_3")]["complete"] == 1  # judge-only: the judge said complete
+    assert tasks[("library_loans_1", "task_0")]["complete"] == 0  # code verifier: nothing was borrowed
+    ends = [json.loads(x) for x in (tmp_path / "eval" / "trajectories.jsonl").read_text().splitlines()]
+    verdicts = {e["task_id"]: e["verdict"] for e in ends if e["event"] == "end" and e["env"] == "library_loans_1"}
+    assert verdicts["task_3"]["verifier_kind"] == "judge" and verdicts["task_3"]["judge"]["classification"] == "complete"
+    assert all(v["ungated"] for v in verdicts.values()) and len(judged) == 1
