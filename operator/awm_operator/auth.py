@@ -17,7 +17,7 @@ POST /v1/namespaces/{ns}/campaigns/{name}   ``update`` ``campaigns.awm.dev/statu
 
 A claim remembers who made it: only that identity renews, reads or releases it (403 for anyone
 else), and ``?holder=`` releases only the caller's own claims. Reviews are cached briefly
-(positive 60 s, negative 10 s) by the token's hash - never the token - so a trainer's claim
+(positive 60 s, negative 2 s) by the token's hash - never the token - so a trainer's claim
 loop pays the API server once a minute, not once a claim. 401: no token, or one the API server
 does not accept; 403: RBAC says no, or the claim is someone else's.
 """
@@ -34,7 +34,7 @@ from aiohttp import web
 from awm_operator.crds import GROUP
 
 POSITIVE_TTL = 60.0
-NEGATIVE_TTL = 10.0
+NEGATIVE_TTL = 2.0  # a refusal is asked again soon: RBAC bindings are often made just before use
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,7 @@ class Need:
     verb: str
     resource: str
     subresource: str = ""
+    name: str = ""  # the object, for Roles that name theirs (a campaign trainer's own campaign)
 
 
 IDENTITY_KEY = web.RequestKey("awm_identity", Identity)  # where the middleware leaves the caller
@@ -91,6 +92,8 @@ class Authenticator:
         attributes = {"namespace": namespace, "verb": need.verb, "group": GROUP, "resource": need.resource}
         if need.subresource:
             attributes["subresource"] = need.subresource
+        if need.name:
+            attributes["name"] = need.name
         status = (await self.review("/apis/authorization.k8s.io/v1/subjectaccessreviews", {
             "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
             "spec": {"user": who.user, "groups": list(who.groups), "uid": who.uid,
@@ -113,7 +116,7 @@ def need_of(request: web.Request) -> Need | None:
     if not path.startswith("/v1/"):
         return None
     if "/campaigns/" in path:
-        return Need("update", "campaigns", "status")
+        return Need("update", "campaigns", "status", request.match_info.get("name", ""))
     if request.method == "GET":
         return Need("get", "envclaims")
     return Need("create", "envclaims")
