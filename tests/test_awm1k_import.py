@@ -508,7 +508,14 @@ def test_awm_eval_on_an_imported_catalog_with_a_judge(admin_dsn, pg, tmp_path):
              "--judge-base-url", llm.base_url, "--judge-model", "judge", "--allow-ungated", "-k", "1",
              "--max-turns", "2", "--out", str(tmp_path / "eval"), "--json"],
             capture_output=True, text=True, env=environ, timeout=600)
+        # Offline re-verification of the saved run, the judge task judged again: the live verdicts.
+        offline = subprocess.run(
+            [sys.executable, "-m", "awm.cli", "verify", str(tmp_path / "eval"), "--catalog", str(out),
+             "--judge-base-url", llm.base_url, "--judge-model", "judge", "--json"],
+            capture_output=True, text=True, env=environ, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
+    assert offline.returncode == 0, offline.stdout[-2000:] + offline.stderr[-2000:]
+    assert json.loads(offline.stdout.strip().splitlines()[-1])["same"] == 6
     report = json.loads((tmp_path / "eval" / "eval.json").read_text())
     tasks = {(t["env"], t["task_id"]): t for t in report["tasks"]}
     assert len(tasks) == 6 and report["overall"]["masked"] == 0  # every imported task served: 6 of 6
@@ -517,4 +524,4 @@ def test_awm_eval_on_an_imported_catalog_with_a_judge(admin_dsn, pg, tmp_path):
     ends = [json.loads(x) for x in (tmp_path / "eval" / "trajectories.jsonl").read_text().splitlines()]
     verdicts = {e["task_id"]: e["verdict"] for e in ends if e["event"] == "end" and e["env"] == "library_loans_1"}
     assert verdicts["task_3"]["verifier_kind"] == "judge" and verdicts["task_3"]["judge"]["classification"] == "complete"
-    assert all(v["ungated"] for v in verdicts.values()) and len(judged) == 1
+    assert all(v["ungated"] for v in verdicts.values()) and len(judged) == 2  # live, then offline
