@@ -116,8 +116,11 @@ def test_environments_the_format_cannot_hold_are_refused_with_every_reason(admin
     mixed.scenario.name = "mixed"
     mixed.tools.append(Tool(name="count_books", description="How many books.", input_schema={"type": "object"},
                             code="def count_books(db):\n    return db.scalar('SELECT count(*) FROM books')\n"))
+    lib.database.seed.append(SeedTable(table="ghost", rows=[{"id": 1}]))  # no such table in its SQLite schema
+    lib.database.seed[0].rows[0]["nickname"] = "Reader"  # nor such a column
     report = export_catalog([*starter, mixed, lib], tmp_path / "awm")
     assert report.exported == [LIB]
+    assert any("seed rows of users.nickname, table ghost" in x for x in report.lost[LIB]), report.lost
     assert set(report.refused) == {"bike_shop", "crm", "project_tracker", "mixed"}
     crm = report.refused["crm"]
     assert "Python functions" in crm and "no SQLite original" in crm and "read Postgres views" in crm, crm
