@@ -332,16 +332,29 @@ def catalog_schema(output: Annotated[Optional[Path], typer.Option("--output", "-
 
 @catalog_app.command("export")
 def catalog_export(
-    output: Annotated[Path, typer.Argument(help="Directory to write into.")],
-    catalog: CatalogOpt = "starter",
+    target: Annotated[Optional[str], typer.Argument(
+        metavar="[OUTPUT|CATALOG]", help="The directory to write into; with --out, the catalog to export.")] = None,
+    catalog: Annotated[Optional[str], typer.Option("--catalog", "-c", help="Catalog directory or archive "
+                                                   "('starter' = built in, the default).")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="The directory to write into (then the "
+                                                "argument, if any, names the catalog).")] = None,
     fmt: Annotated[str, typer.Option("--format", help="bundle: <env>.json bundles and index.json (what fleets "
                                      "ship to pods); awm: the AWM-1K release files (gen_*.jsonl).")] = "bundle",
 ) -> None:
     """Write a catalog as bundle JSON files plus index.json (the list an EnvFleet's
-    environmentSelector chooses from), or in the AWM-1K format (environments from an AWM import)."""
+    environmentSelector chooses from), or in the AWM-1K format (environments from an AWM import).
+    Either `export OUTPUT [--catalog C]` or `export --out OUTPUT [C]`."""
     from awm.catalog import INDEX, index
 
-    bundles = _load(catalog)
+    if out is None and target is None:
+        err.print("[red]error:[/red] where to? give OUTPUT or --out DIR")
+        raise typer.Exit(2)
+    if out is not None and target is not None and catalog is not None:
+        err.print("[red]error:[/red] with --out, name the catalog once (argument or --catalog)")
+        raise typer.Exit(2)
+    output = out if out is not None else Path(target)  # type: ignore[arg-type]
+    source = (target if out is not None else None) or catalog or "starter"
+    bundles = _load(source)
     if fmt == "awm":
         from awm.importers.awm1k_export import export_catalog
 
