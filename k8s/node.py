@@ -42,7 +42,10 @@ if TYPE_CHECKING:  # the harness imports this module; only type names come back
 
 NODE_BINARIES = ("kubelet", "kube-proxy", "coredns")
 HOST_TOOLS = {"containerd": "containerd", "runc": "runc", "ctr": "containerd",
-              "iptables": "iptables", "ip": "iproute2"}
+              "iptables": "iptables", "ip": "iproute2", "openssl": "openssl", "conntrack": "conntrack"}
+# Host settings the node changes (the bridge plugin turns on forwarding, kube-proxy route_localnet):
+# read before start, written back by stop.
+SYSCTLS = ("net/ipv4/ip_forward", "net/ipv4/conf/all/route_localnet")
 CNI_DIRS = ("/usr/lib/cni", "/opt/cni/bin")
 CNI_PLUGINS = ("bridge", "host-local", "loopback", "portmap")
 LABEL = "awm.dev/node-kind"   # real | (kwok nodes carry type=kwok)
@@ -144,7 +147,7 @@ class RealNode:
         self.procs: dict[str, subprocess.Popen] = {}
         self.timings: dict[str, float] = {}
         self._logfiles: list = []
-        self._ip_forward: str | None = None
+        self._sysctls: dict[str, str] = {}
         self._netns_before: set[str] = set()
         self.images: dict[str, str] = {}            # ref -> archive loaded
 
@@ -175,7 +178,8 @@ class RealNode:
         t0 = time.monotonic()
         self.run = Path(tempfile.mkdtemp(prefix=f"awmn{self.index}-", dir="/tmp"))
         (self.run / "logs").mkdir()
-        self._ip_forward = Path("/proc/sys/net/ipv4/ip_forward").read_text().strip()
+        self._sysctls = {k: (Path("/proc/sys") / k).read_text().strip() for k in SYSCTLS
+                         if (Path("/proc/sys") / k).exists()}
         self._netns_before = self._netns()
         self._cgroups_make()
         self._containerd()
@@ -292,8 +296,8 @@ class RealNode:
                 _run("ip", "link", "delete", dev, check=False)
         self._cgroups_remove()
         self._iptables_cleanup()
-        if self._ip_forward is not None:
-            Path("/proc/sys/net/ipv4/ip_forward").write_text(self._ip_forward)
+        for key, value in self._sysctls.items():
+            (Path("/proc/sys") / key).write_text(value)
 
     def _iptables_cleanup(self) -> None:
         """Rules the CNI bridge (ipMasq) and portmap plugins leave for this node's subnet, and the
@@ -543,6 +547,8 @@ state = "{r / 'containerd-state'}"
         """Delete the node's pods through the API and wait for the kubelet to tear them down
         (killing the kubelet first would leave their volume mounts and sandboxes behind)."""
         try:
+            # cordoned first: the controllers' replacements must not land here again
+            self.cp.kubectl("cordon", self.name, check=False)
             for p in self._pods_here():
                 m = p["metadata"]
                 try:

@@ -27,6 +27,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from awm import catalog
@@ -178,6 +179,12 @@ def test_security_context_enforced_in_the_env_pod(chart: Cluster, fleet: str) ->
     assert fields["Seccomp"].strip() == "2"           # RuntimeDefault: a filter is installed
     write = _exec(cp, pod, "python", "-c", "open('/usr/awm-probe', 'w')")
     assert write.returncode != 0 and "Read-only file system" in write.stderr
+    # The env server's own confinement of untrusted code holds inside the pod (RuntimeDefault
+    # seccomp forbids unshare, so no user namespace: seccomp and Landlock must still apply).
+    ip = chart.pods(fleet)[0]["status"]["podIP"]
+    info = httpx.get(f"http://{ip}:8001/info", timeout=30).json()
+    assert info["isolation"]["strong"] is True, info["isolation"]
+    assert {"seccomp", "landlock"} <= set(info["isolation"]["applied"]), info["isolation"]
 
 
 def test_claim_tools_reset_verify_on_pod_ips(chart: Cluster, fleet: str) -> None:
