@@ -19,6 +19,8 @@ def run(cmd: list[str], log: Path, env: dict[str, str] | None = None, timeout: f
     # litellm (tau2's client) fetches a price table from the internet at import unless told not to.
     full_env.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     full_env.pop("PYTHONPATH", None)  # the harness's interpreter has its own packages, never awm's
+    # Harnesses start helpers as "python3 -m ..." (MCP-Universe's stdio MCP servers): their venv's.
+    full_env["PATH"] = f"{Path(cmd[0]).parent}{os.pathsep}{full_env.get('PATH', '')}"
     with log.open("a") as out:
         code = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=full_env, timeout=timeout,
                               cwd=cwd).returncode
