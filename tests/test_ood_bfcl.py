@@ -101,7 +101,7 @@ def test_bfcl_suite_scores_with_bfcls_checker(tmp_path: Path) -> None:
     failed = report.details["failed"]
     assert sorted(i for ids in failed.values() for i in ids) == sorted(WRONG), failed
     summary = {r.category: r.metrics["accuracy"] for r in report.summary}
-    assert summary["Hallucination"] == 0.5
+    assert summary == {"Hallucination": 0.5}  # no section was run whole: BFCL's section averages are left out
     console = Console(record=True, width=160)
     render(report, console)
     text = console.export_text()

@@ -64,8 +64,11 @@ def run_bfcl(endpoint: Endpoint, python: Path, out: Path, categories: list[str] 
             raise HarnessError(f"BFCL's evaluator scored no {cat!r}; see {out / 'bfcl.log'}")
         rows.append(Row(cat, int(s["total_count"]), {"accuracy": float(s["accuracy"])}))
     summary = []
+    whole = {"non_live": NON_LIVE, "live": LIVE, "multi_turn": MULTI_TURN}
     for key, column, label in _SECTIONS:
-        value = _pct(data["sections"].get(key, {}).get(column))
+        # BFCL averages a section over all its categories, counting one not run as 0: only a
+        # section run whole (no --case subset) has a meaningful summary.
+        value = _pct(data["sections"].get(key, {}).get(column)) if not ids and set(whole[key]) <= set(cats) else None
         if value is not None:
             summary.append(Row(label, sum(r.cases for r in rows if _section(r.category) == key), {"accuracy": value}))
     hall = [r.metrics["accuracy"] for r in rows if r.category.endswith("relevance")]
