@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 UV_VERSION = "0.13.8"
+ROOT = Path(__file__).resolve().parent.parent
 _MARKER = ".awm-installed"
 
 
@@ -44,12 +45,18 @@ class CachedVenv:
     overrides: Path | None = None
     check: str = ""
     cache_var: str = "AWM_VENV_CACHE"
+    # Also install this checkout with these extras (their dependencies resolved with the pins);
+    # pyproject.toml then counts in the cache key.
+    project_extras: str | None = None
 
     def digest(self) -> str:
         h = hashlib.sha256(UV_VERSION.encode())
         for pins in (self.requirements, self.overrides):
             if pins is not None:
                 h.update(pins.read_bytes())
+        if self.project_extras is not None:
+            h.update(self.project_extras.encode())
+            h.update((ROOT / "pyproject.toml").read_bytes())
         return h.hexdigest()[:12]
 
     def env_dir(self) -> Path:
@@ -74,11 +81,12 @@ class CachedVenv:
         base = getattr(sys, "_base_executable", sys.executable)
         python = str(self.python())
         overrides = ["--override", str(self.overrides)] if self.overrides is not None else []
+        project = [f"{ROOT}[{self.project_extras}]"] if self.project_extras is not None else []
         try:
             _run([base, "-m", "venv", str(target)], 120)
             _run([python, "-m", "pip", "install", "--quiet", f"uv=={UV_VERSION}"], 300)
             _run([str(target / "bin" / "uv"), "pip", "install", "--python", python, "--compile-bytecode",
-                  *overrides, "-r", str(self.requirements)], timeout)
+                  *overrides, "-r", str(self.requirements), *project], timeout)
             if self.check:
                 _run([python, "-c", self.check], 600)
         except BaseException:
