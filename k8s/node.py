@@ -12,10 +12,10 @@ kwok leave it alone), next to any fake nodes:
 
 What runs, as host processes: containerd (Debian's package: a private root, state and socket, runc
 with cgroupfs), kubelet and kube-proxy (iptables mode, from k8s/build.sh), CoreDNS (cluster DNS for
-Service names). The node's address is a dummy interface (``awm-node<N>``, 10.86.<N>.1) so nothing
-depends on the host's own addresses; pods get 10.85.<N>.0/24 on a CNI bridge (``awmbr<N>``).
+Service names). The node's address is 10.86.<N>.1 on the loopback interface (label lo:awm<N>), so
+nothing depends on the host's own addresses; pods get 10.85.<N>.0/24 on a CNI bridge (``awmbr<N>``).
 
-The host is changed (cgroups, a bridge, a dummy interface, iptables chains, mounts, network
+The host is changed (cgroups, a bridge, an address on lo, iptables chains, mounts, network
 namespaces, net.ipv4.ip_forward): ``stop`` undoes all of it, and ``leftovers()`` says what is
 still there (the tests assert it is empty). Needs root, cgroups, and the Debian packages
 containerd, runc, containernetworking-plugins and iptables. Measured recipe and pitfalls:
@@ -138,9 +138,9 @@ class RealNode:
         self.index = self._free_index() if index is None else index
         n = self.index
         self.name = f"awm-real-{n}"
-        self.ip = f"10.86.{n}.1"                     # the node's address (a dummy interface)
+        self.ip = f"10.86.{n}.1"                     # the node's address (on lo)
         self.pod_cidr = f"10.85.{n}.0/24"
-        self.dummy, self.bridge = f"awm-node{n}", f"awmbr{n}"
+        self.label, self.bridge = f"lo:awm{n}", f"awmbr{n}"
         self.cgroup_root = f"/awm-node-{n}"
         self.max_pods = max_pods
         self.run: Path | None = None                # short paths: unix sockets are limited to 108 bytes
@@ -153,8 +153,11 @@ class RealNode:
 
     @staticmethod
     def _free_index() -> int:
-        names = set(os.listdir("/sys/class/net"))
-        return next(i for i in range(200) if f"awm-node{i}" not in names)
+        used = _run("ip", "-4", "-o", "addr", "show", "dev", "lo").stdout
+        return next(i for i in range(200) if f"10.86.{i}.1/" not in used)
+
+    def _has_address(self) -> bool:
+        return f" {self.ip}/" in _run("ip", "-4", "-o", "addr", "show", "dev", "lo", check=False).stdout
 
     # ---- what the control plane needs before it starts
     def apiserver_args(self, pki: Path) -> list[str]:
@@ -166,12 +169,12 @@ class RealNode:
                 "--kubelet-preferred-address-types=InternalIP"]
 
     def prepare_network(self) -> None:
-        """The node's dummy interface (before the API server binds its address)."""
-        if Path(f"/sys/class/net/{self.dummy}").exists():
-            raise NodeError(f"{self.dummy} already exists: another harness uses node index {self.index}")
-        _run("ip", "link", "add", self.dummy, "type", "dummy")
-        _run("ip", "addr", "add", f"{self.ip}/32", "dev", self.dummy)
-        _run("ip", "link", "set", self.dummy, "up")
+        """The node's address, on the loopback interface (kernels without the dummy link type are
+        common in VMs; pods reach a host-local address through their gateway all the same).
+        Before the API server starts: it binds and advertises that address."""
+        if self._has_address():
+            raise NodeError(f"{self.ip} is already on this host: another harness uses node index {self.index}")
+        _run("ip", "addr", "add", f"{self.ip}/32", "dev", "lo", "label", self.label)
 
     # ---- lifecycle
     def start(self) -> None:
@@ -221,7 +224,7 @@ class RealNode:
         out = {}
         for a in archives:
             t0 = time.monotonic()
-            r = self.ctr("images", "import", "--no-unpack=false", str(a), timeout=600)
+            r = self.ctr("images", "import", str(a), timeout=600)
             out[str(a)] = time.monotonic() - t0
             for line in r.stdout.splitlines():
                 if line.startswith("unpacking "):
@@ -235,9 +238,10 @@ class RealNode:
     def leftovers(self) -> list[str]:
         """What of this node is still on the host (empty after a clean stop)."""
         out = []
-        for dev in (self.dummy, self.bridge):
-            if Path(f"/sys/class/net/{dev}").exists():
-                out.append(f"interface {dev}")
+        if Path(f"/sys/class/net/{self.bridge}").exists():
+            out.append(f"interface {self.bridge}")
+        if self._has_address():
+            out.append(f"address {self.ip} on lo")
         veths = [d for d in os.listdir("/sys/class/net")
                  if d.startswith("veth") and (Path(f"/sys/class/net/{d}/master").resolve().name == self.bridge)]
         out += [f"veth {v}" for v in veths]
@@ -291,9 +295,10 @@ class RealNode:
                 time.sleep(0.1)
 
     def _host_cleanup(self) -> None:
-        for dev in (self.bridge, self.dummy):
-            if Path(f"/sys/class/net/{dev}").exists():
-                _run("ip", "link", "delete", dev, check=False)
+        if Path(f"/sys/class/net/{self.bridge}").exists():
+            _run("ip", "link", "delete", self.bridge, check=False)
+        if self._has_address():
+            _run("ip", "addr", "del", f"{self.ip}/32", "dev", "lo", check=False)
         self._cgroups_remove()
         self._iptables_cleanup()
         for key, value in self._sysctls.items():

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -34,6 +35,7 @@ from awm import catalog
 from awm.client import ControlClient, McpSession
 from awm.gates import replay
 from awm_operator.client import AllocationClient
+from k8s import chart as chart_install
 from tests.conftest import _load_k8s_harness, require
 from tests.k8s_e2e import CLIENTS_NS, Cluster, claim_of, client_token, grant_claims, wait_for
 
@@ -69,6 +71,30 @@ def shutil_which(name: str) -> str | None:
     return shutil.which(name)
 
 
+def walkthrough() -> str:
+    """The bash block of docs/kubernetes.md between the walkthrough markers."""
+    doc = (ROOT / "docs" / "kubernetes.md").read_text()
+    block = doc.split("<!-- walkthrough -->", 1)[1].split("<!-- /walkthrough -->", 1)[0]
+    return block.split("```bash\n", 1)[1].rsplit("```", 1)[0]
+
+
+def test_walkthrough(images: dict[str, Any]) -> None:
+    """docs/kubernetes.md "From zero on one machine", every command as written (first in this
+    module: it brings up and tears down its own cluster before the module's cluster starts)."""
+    harness = _load_k8s_harness()
+    require(harness.binaries_present(), f"Kubernetes test binaries missing in {harness.default_bin_dir()}: run k8s/build.sh")
+    lacking = harness.node_module().missing_prerequisites(harness.default_bin_dir())
+    require(not lacking, f"a real node needs: {'; '.join(lacking)}")
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    env.pop("KUBECONFIG", None)
+    r = subprocess.run(["bash", "-euo", "pipefail", "-c", walkthrough()], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=1800)
+    assert r.returncode == 0, f"walkthrough failed ({r.returncode}):\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}"
+    assert "search_accounts" in r.stdout  # awm env check listed the tools
+    assert re.search(r'"name":\s*"', r.stdout), r.stdout[-2000:]  # awm env call printed accounts (JSON)
+    assert "release \"awm\" uninstalled" in r.stdout
+
+
 @pytest.fixture(scope="module")
 def real_cp(tmp_path_factory: pytest.TempPathFactory, images: dict[str, Any]):
     harness = _load_k8s_harness()
@@ -88,28 +114,13 @@ def real_cp(tmp_path_factory: pytest.TempPathFactory, images: dict[str, Any]):
         assert left == [], f"the real node left things on the host: {left}"
 
 
-def _split(ref: str) -> tuple[str, str]:
-    repo, tag = ref.rsplit(":", 1)
-    return repo, tag
-
-
 @pytest.fixture(scope="module")
 def chart(real_cp: Any, images: dict[str, Any]) -> Cluster:
     """`helm install` of charts/awm with the built images: Postgres and two operator replicas as
     real pods."""
     cp = real_cp
-    sets = ["postgres.persistence.enabled=false", "operator.replicas=2",
-            "postgres.resources.requests.cpu=100m", "postgres.resources.requests.memory=128Mi",
-            "operator.resources.requests.cpu=50m", "operator.resources.requests.memory=128Mi",
-            "envserver.resources.requests.cpu=10m", "envserver.resources.requests.memory=64Mi"]
-    for key, name in (("operator", "operator"), ("envserver", "envserver"), ("catalog", "catalog"),
-                      ("postgres", "postgres")):
-        repo, tag = _split(images[name].ref)
-        sets += [f"{key}.image.repository={repo}", f"{key}.image.tag={tag}", f"{key}.image.pullPolicy=Never"]
-    r = subprocess.run([cp.bin("helm"), "install", RELEASE, str(ROOT / "charts" / "awm"), "--namespace", NS,
-                        "--create-namespace", "--wait", "--timeout", "5m",
-                        *[a for s in sets for a in ("--set", s)]],
-                       capture_output=True, text=True, env=cp.env())
+    r = chart_install.helm_install(cp, {n: b.ref for n, b in images.items()}, release=RELEASE, namespace=NS,
+                                   sets=("operator.replicas=2",))
     assert r.returncode == 0, f"helm install failed: {r.stderr}\n{_describe(cp)}"
     cluster = Cluster(cp, NS)
     os.environ["AWM_API_TOKEN"] = client_token(cp)
