@@ -511,8 +511,9 @@ state = "{r / 'containerd-state'}"
             "maxPods": self.max_pods, "serializeImagePulls": False,
             # A test host's disk is often fuller than a production node's: evict only when critical,
             # and never garbage-collect the imported images (they cannot be pulled again).
-            "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%",
-                             "imagefs.available": "1%", "nodefs.inodesFree": "1%"},
+            # (absolute sizes: 1% of a large shared disk is gigabytes)
+            "evictionHard": {"memory.available": "100Mi", "nodefs.available": "256Mi",
+                             "imagefs.available": "256Mi", "nodefs.inodesFree": "1%"},
             "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
             "kubeAPIQPS": 100, "kubeAPIBurst": 200,
             "syncFrequency": "10s", "nodeStatusReportFrequency": "10s",

@@ -39,7 +39,8 @@ from k8s import chart as chart_install
 from tests.conftest import _load_k8s_harness, require
 from tests.k8s_e2e import CLIENTS_NS, Cluster, claim_of, client_token, grant_claims, wait_for
 
-pytestmark = pytest.mark.slow
+# Image builds (cold: minutes), a cluster, and pods starting on two shared cores.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 ROOT = Path(__file__).resolve().parent.parent
 NS = "awm"
