@@ -213,14 +213,16 @@ def test_claim_tools_reset_verify_on_pod_ips(chart: Cluster, fleet: str) -> None
     assert "awm.dev/control-url" not in (pod["metadata"].get("annotations") or {})
     bundle = catalog.load(None, ["crm"])[0]
 
-    async def episodes() -> tuple[str, list[Any], dict[str, Any], set[str]]:
+    async def episodes() -> tuple[Any, list[Any], list[bool], set[str]]:
         control = ControlClient(inst["controlUrl"])
         try:
             pristine = (await control.checksum())
             async with McpSession(inst["mcpUrl"]) as mcp:
                 served = {t["name"] for t in await mcp.list_tools()}
-                reports = [await replay("crm", task, mcp, control) for task in bundle.tasks]
-            changed = await control.diff()
+                reports, changed = [], []
+                for task in bundle.tasks:
+                    reports.append(await replay("crm", task, mcp, control))
+                    changed.append(bool((await control.diff())["tables"]))
         finally:
             await control.close()
         return pristine, reports, changed, served
@@ -228,7 +230,7 @@ def test_claim_tools_reset_verify_on_pod_ips(chart: Cluster, fleet: str) -> None
     pristine, reports, changed, served = asyncio.run(episodes())
     assert served == {t.name for t in bundle.tools}
     assert [r.verdict for r in reports] == ["complete"] * len(bundle.tasks), [(r.task_id, r.reason) for r in reports]
-    assert changed.get("tables"), changed  # the last solution changed rows
+    assert any(changed), changed  # the solutions that write changed rows in the pod's database
     chart.delete("envclaims", "one")
     wait_for("released", lambda: not chart.ledger(fleet), timeout=60)
 
@@ -260,10 +262,10 @@ def test_pod_killed_mid_episode_is_replaced_without_leaking_a_database(chart: Cl
     pod = bound["instances"][0]["pod"]
     before = _databases(chart)
     cp.kubectl("-n", NS, "delete", "pod", pod, "--wait=false")
-    lost = wait_for("the claim reports the loss",
-                    lambda: [i for i in chart.status("envclaims", "victim").get("instances", []) if i.get("lost")],
-                    timeout=60)
-    assert lost[0]["pod"] == pod
+    status = wait_for("the claim reports the loss",
+                      lambda: (s := chart.status("envclaims", "victim")).get("phase") == "Degraded" and s,
+                      timeout=180, interval=1)
+    assert status["lost"] == [pod], status
     wait_for("a new pod Ready", lambda: chart.ready(fleet, 8) and pod not in {p["metadata"]["name"] for p in chart.pods(fleet)},
              timeout=180, interval=1)
     chart.delete("envclaims", "victim")
