@@ -59,7 +59,7 @@ def model(lora: bool) -> Any:
 
 
 def run(lora: bool, coordinator: Any = None) -> dict[str, Any]:
-    """Two steps; returns the weights (rank 0) and the steps' statistics."""
+    """Two steps; returns the trained weights (rank 0) and the steps' statistics."""
     torch.manual_seed(0)
     m = model(lora)
     if coordinator is not None:
@@ -72,9 +72,9 @@ def run(lora: bool, coordinator: Any = None) -> dict[str, Any]:
         return {}
     vocab = m.config.vocab_size if hasattr(m, "config") else m.get_base_model().config.vocab_size
     stats = [learner.step(batch(vocab, seed)) for seed in (1, 2)]
-    state = learner.export_state()
+    state = learner.export_state()  # sharded: the trainable weights, gathered
     if state is None:
-        state = {k: v.detach().clone() for k, v in m.state_dict().items()}
+        state = {k: v.detach().clone() for k, v in m.named_parameters() if v.requires_grad}
     if coordinator is not None:
         coordinator.stop()
     return {"weights": state, "stats": stats}

@@ -116,11 +116,13 @@ def _unwrap(model: Any) -> Any:
 
 
 def full_state_dict(model: Any) -> dict[str, torch.Tensor]:
-    """Every rank calls this together; rank 0 gets the whole model's weights on the CPU, the
-    others an empty dict."""
+    """Every rank calls this together; rank 0 gets the trainable weights whole, on the CPU (the
+    others an empty dict): all of a fully trained model, only the adapter of a LoRA one - its
+    frozen base is never gathered, since neither the sync nor a checkpoint writes it."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True,
+                                                                ignore_frozen_params=True))
 
 
 def full_optimizer_state(model: Any, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
