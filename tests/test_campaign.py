@@ -101,7 +101,8 @@ def test_qwen3_campaign_examples_split_gpus_between_vllm_and_a_sharded_learner()
     (trainer,) = pod["containers"]
     assert trainer["command"] == ["torchrun", "--standalone", "--nproc-per-node", "4", "--no-python", "awm"]
     vllm = pod["initContainers"][1]
-    assert vllm["restartPolicy"] == "Always" and vllm["startupProbe"]["httpGet"]["path"] == "/health"
+    assert vllm["restartPolicy"] == "Always" and "127.0.0.1:8000/health" in vllm["startupProbe"]["exec"]["command"][-1]
+    assert vllm["args"][vllm["args"].index("--host") + 1] == "127.0.0.1"  # the reload endpoints stay in the pod
     assert vllm["args"][:4] == ["--model", "/models/Qwen3-4B", "--served-model-name", "policy"]
     assert "--enable-lora" in vllm["args"] and vllm["args"][vllm["args"].index("--max-lora-rank") + 1] == "32"
     shared = {m["mountPath"] for m in trainer["volumeMounts"]} & {m["mountPath"] for m in vllm["volumeMounts"]}

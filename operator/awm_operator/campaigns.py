@@ -257,7 +257,10 @@ def vllm_sidecar(spec: CampaignSpec, security: dict[str, Any], mounts: list[dict
     env = [{"name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "value": "True"}, {"name": "VLLM_SERVER_DEV_MODE", "value": "1"},
            {"name": "HF_HUB_OFFLINE", "value": "1"}, {"name": "HOME", "value": "/tmp"},
            {"name": "VLLM_CACHE_ROOT", "value": "/tmp/vllm"}, {"name": "VLLM_NO_USAGE_STATS", "value": "1"}]
-    health = {"httpGet": {"path": "/health", "port": sidecar.port, "host": "127.0.0.1"}}
+    # Bound to 127.0.0.1 (its reload and adapter endpoints are for the trainer beside it only), so
+    # the kubelet, which probes the pod's IP, checks /health from inside the container.
+    health = {"exec": {"command": ["python3", "-c", "import urllib.request; urllib.request.urlopen("
+                                   f"'http://127.0.0.1:{sidecar.port}/health', timeout=5)"]}, "timeoutSeconds": 10}
     return {"name": "vllm", "image": sidecar.image, "restartPolicy": "Always",
             "command": ["python3", "-m", "vllm.entrypoints.openai.api_server"], "args": args + list(sidecar.args or []),
             "env": env + list(sidecar.env or []), "resources": sidecar.resources or {},
