@@ -11,8 +11,9 @@ Per mode, over the same number of steps of the same batch size in the same run:
 * ``env_time_fraction``     of the episodes' own time, the share spent in the environments
   (reset, tool calls, verification) rather than waiting for the policy;
 * ``learner_idle_fraction`` the share of wall time the learner waited for rollouts;
-* ``learner_step_s`` / ``generate_s``  mean learner step (with its weight sync) and, in sync
-  mode, mean time to generate a step's batch: "comparable" when they are close;
+* ``learner_step_s`` / ``generate_s``  mean learner step (with its weight sync, also shown alone
+  as ``weight_sync_s``) and, in sync mode, mean time to generate a step's batch: "comparable"
+  when they are close;
 * ``staleness_max``         policy versions between generation and training (async only).
 
 ``--learner-ms`` adds a fixed wait to each learner step, as a GPU learner of a larger model
@@ -42,6 +43,7 @@ async def run_mode(mode: str, service: Any, policy: Any, learner: Any, steps: in
     episodes = tokens = 0
     env_ms = episode_ms = 0.0
     learner_s: list[float] = []
+    sync_s: list[float] = []
     generate_s: list[float] = []
     staleness: list[int] = []
     if mode == "async":
@@ -67,7 +69,9 @@ async def run_mode(mode: str, service: Any, policy: Any, learner: Any, steps: in
             await asyncio.to_thread(learner.step, batch.sequences)
             if extra_learner_s:
                 await asyncio.sleep(extra_learner_s)
+            t2 = time.perf_counter()
             await policy.publish(learner)
+            sync_s.append(time.perf_counter() - t2)
             learner_s.append(time.perf_counter() - t1)
     finally:
         wall = time.perf_counter() - start
@@ -78,6 +82,7 @@ async def run_mode(mode: str, service: Any, policy: Any, learner: Any, steps: in
             "env_time_fraction": round(env_ms / episode_ms, 3) if episode_ms else None,
             "learner_idle_fraction": round(idle / wall, 3),
             "learner_step_s": round(statistics.mean(learner_s), 3),
+            "weight_sync_s": round(statistics.mean(sync_s), 3),
             "generate_s": round(statistics.mean(generate_s), 3) if mode == "sync" else None,
             "staleness_max": max(staleness, default=0), "dropped_stale": service.dropped_stale}
 
