@@ -1,10 +1,11 @@
 """Two learner steps on a fixed batch, the same in one process and sharded under torchrun.
 
-    torchrun --nproc-per-node 2 tests/distributed_step.py OUT.pt [--lora]
+    torchrun --nproc-per-node 2 tests/distributed_step.py OUT.pt
 
 Under torchrun every rank builds the tiny Qwen3 test model (tests/fixtures/tiny-qwen), shards it
-with FSDP2 (trainer/distributed.py, gloo on CPU) and runs the learner; rank 0 announces the steps
-as ``awm train`` does and writes the gathered weights and each step's statistics to OUT.pt.
+with FSDP2 (trainer/distributed.py, gloo on CPU) and runs the learner - the full model, then a
+LoRA one, in one launch (process start-up is most of the time); rank 0 announces the steps as
+``awm train`` does and writes the gathered weights and each step's statistics to OUT.pt.
 tests/test_distributed_learner.py runs :func:`run` in its own process for the reference and
 compares. The batch has an odd number of sequences of different lengths, so the ranks' shares
 and micro-batch counts differ (the padding path runs).
@@ -84,12 +85,12 @@ def main() -> None:
     from trainer.distributed import Coordinator, init
 
     torch.set_num_threads(1)
-    out, lora = Path(sys.argv[1]), "--lora" in sys.argv[2:]
+    out = Path(sys.argv[1])
     coordinator = Coordinator(init("gloo"))
     try:
-        result = run(lora, coordinator)
+        results = {kind: run(kind == "lora", coordinator) for kind in ("full", "lora")}
         if coordinator.rank == 0:
-            torch.save({**result, "world": coordinator.world}, out)
+            torch.save({**results, "world": coordinator.world}, out)
     finally:
         coordinator.close()
 
