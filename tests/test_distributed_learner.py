@@ -24,6 +24,7 @@ from tests import distributed_step
 from tests.conftest import require
 
 SCRIPT = Path(distributed_step.__file__)
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")

@@ -303,7 +303,7 @@ def test_awm_train_under_torchrun_with_a_sharded_learner(vllm, admin_dsn, tmp_pa
     processes (gloo), the LoRA learner sharded by FSDP2, rank 0 running rollouts against the
     server and pushing the adapter gathered from both shards after every step. The server's
     log-probs of the next step's tokens match the learner's, so what reached it is the learner's
-    whole model; the checkpoint is a loadable adapter."""
+    whole model; the checkpoint is a loadable adapter, and a second launch resumes from it."""
     import shutil
     import subprocess
     import sys
@@ -347,3 +347,12 @@ def test_awm_train_under_torchrun_with_a_sharded_learner(vllm, admin_dsn, tmp_pa
 
     adapter = PeftModel.from_pretrained(base_model(), run / "checkpoints" / "step-000004")  # whole and loadable
     assert any(float(p.abs().max()) > 0 for n, p in adapter.named_parameters() if "lora_B" in n)  # it trained
+    # the same command with one more step resumes on both ranks: each loads the checkpoint's
+    # adapter and the gathered AdamW state, keeps its shard, and the run goes on at step 5
+    r = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", "--no-python", awm, "train",
+                        "--config", str(path), "--steps", "5"], capture_output=True, text=True, timeout=900, env=env)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-5000:]
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in records] == [1, 2, 3, 4, 5]
+    assert records[-1]["version"] >= records[3]["version"]
+    assert (run / "checkpoints" / "latest").read_text() == "step-000005"

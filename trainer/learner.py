@@ -159,8 +159,9 @@ class Learner:
                 **_gap_stats(gap, cfg.tis_cap)}
 
     def export_state(self) -> dict[str, torch.Tensor] | None:
-        """The whole model's weights for a weight sync when they are sharded (gathered on rank 0;
-        every rank takes part), or None: then the model's own ``save_pretrained`` has them."""
+        """The trainable weights for a weight sync when they are sharded (all of a fully trained
+        model, a LoRA's adapter; gathered on rank 0, every rank taking part), or None: then the
+        model's own ``save_pretrained`` has them."""
         if self.coordinator is None:
             return None
         from trainer.distributed import full_state_dict
@@ -191,7 +192,9 @@ class Learner:
         path.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(path, **({"state_dict": model_state} if model_state is not None else {}))
         tokenizer.save_pretrained(path)
-        torch.save({"optimizer": optimizer_state if optimizer_state is not None else self.optimizer.state_dict(), "step": step, "version": self.version,
+        if optimizer_state is None:
+            optimizer_state = self.optimizer.state_dict()
+        torch.save({"optimizer": optimizer_state, "step": step, "version": self.version,
                     "torch_rng": torch.get_rng_state(), "python_rng": random.getstate(),
                     "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
                     "extra": extra or {}}, path / "trainer_state.pt")
