@@ -2,6 +2,10 @@
 asynchronous collection (bounded staleness) against synchronous collection.
 
     python bench/rollouts.py [--quick] [--json] [--env bike_shop] [--instances 8] [--learner-ms 1000]
+    python bench/rollouts.py --policy vllm [--quick] [--json] [--base-url URL] [--learner-ms 0]
+
+``--policy vllm`` measures a real policy instead: a vLLM server, a real learner and weight sync
+(bench/rollouts_vllm.py has what it reports). The default, ``--policy replay``:
 
 A local fleet serves the environment; the policy is :class:`trainer.policy.ReplayPolicy`, which
 answers instantly with each task's reference solution, so every tool call, reset and verification
@@ -110,20 +114,50 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def print_vllm(data: dict[str, Any]) -> None:
+    for mode in ("sync", "async"):
+        r = data[mode]
+        print(f"{mode:>5}: {r['episodes_per_s']:6.2f} episodes/s  {r['tokens_per_s']:7.1f} tokens/s  "
+              f"env time {100 * r['env_time_fraction']:.0f}% of episodes  learner idle {100 * r['learner_idle_fraction']:.0f}%  "
+              f"learner step {r['learner_step_s']:.2f} s  (staleness <= {r['staleness_max']})")
+    print(f"speedup {data['speedup']}x")
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--policy", choices=["replay", "vllm"], default="replay",
+                        help="replay: reference solutions, a sleeping learner; vllm: a vLLM server, a real learner")
+    parser.add_argument("--base-url", default=None, help="vllm: a running server (default: start the CPU one)")
+    parser.add_argument("--model", default=str(Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "tiny-qwen"),
+                        help="vllm: the model directory the server serves (the learner loads it too)")
+    parser.add_argument("--served-model", default="policy")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--quick", action="store_true", help="fewer steps (about half a minute)")
     parser.add_argument("--env", default="bike_shop")
     parser.add_argument("--catalog", default="starter")
     parser.add_argument("--instances", type=int, default=8)
-    parser.add_argument("--group-size", type=int, default=4)
-    parser.add_argument("--groups-per-step", type=int, default=4)
-    parser.add_argument("--learner-ms", type=float, default=1000.0)
+    parser.add_argument("--group-size", type=int, default=None, help="default 4 (replay), 8 (vllm)")
+    parser.add_argument("--groups-per-step", type=int, default=None, help="default 4 (replay), 2 (vllm)")
+    parser.add_argument("--learner-ms", type=float, default=None,
+                        help="replay: the simulated step (default 1000); vllm: added to each real step (default 0)")
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--database-url", default=None)
     args = parser.parse_args()
-    args.steps = args.steps or (4 if args.quick else 10)
+    vllm = args.policy == "vllm"
+    args.group_size = args.group_size or (8 if vllm else 4)
+    args.groups_per_step = args.groups_per_step or (2 if vllm else 4)
+    args.learner_ms = args.learner_ms if args.learner_ms is not None else (0.0 if vllm else 1000.0)
+    args.steps = args.steps or (4 if args.quick else (8 if vllm else 10))
+    if vllm:
+        from bench.rollouts_vllm import run
+
+        data = run(args)
+        data["machine"] = machine()
+        if args.json:
+            print(json.dumps(data, indent=2))
+        else:
+            print_vllm(data)
+        sys.exit(0)
     data = asyncio.run(main(args))
     if args.json:
         print(json.dumps(data, indent=2))

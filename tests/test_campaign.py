@@ -86,6 +86,64 @@ def test_crd_carries_the_rules_the_api_server_checks() -> None:
     assert status["phase"]["enum"] == ["Pending", "Running", "Succeeded", "Failed"]
 
 
+def test_qwen3_campaign_examples_split_gpus_between_vllm_and_a_sharded_learner() -> None:
+    """The Qwen3-4B examples as the operator renders them: one node (vLLM sidecar + 4 learner
+    processes) and two nodes (an Indexed Job of 16 processes, vLLM a Deployment elsewhere);
+    each one's `awm train` config is accepted by the trainer's own parser."""
+    one = CampaignSpec.model_validate(yaml.safe_load((EXAMPLES / "campaign-qwen3-4b-8gpu.yaml").read_text())["spec"])
+    assert one.training is not None and one.training.vllm is not None and one.training.learner.processes == 4
+    gpus = int(one.job.resources["limits"]["nvidia.com/gpu"]) + int(one.training.vllm.resources["limits"]["nvidia.com/gpu"])
+    assert gpus == 8
+    cfg = TrainConfig.from_dict(cp.train_config(one))
+    assert cfg.learner.distributed and cfg.policy.base_url == "http://127.0.0.1:8000/v1"
+    assert cfg.policy.sync_dir == cp.WEIGHTS_DIR and cfg.policy.path == "/models/Qwen3-4B"
+    pod = cp.job_manifest("q", "rl", "u", one, OperatorConfig(), cp.CampaignSettings(), "http://op:8080")["spec"]["template"]["spec"]
+    (trainer,) = pod["containers"]
+    assert trainer["command"] == ["torchrun", "--standalone", "--nproc-per-node", "4", "--no-python", "awm"]
+    vllm = pod["initContainers"][1]
+    assert vllm["restartPolicy"] == "Always" and "127.0.0.1:8000/health" in vllm["startupProbe"]["exec"]["command"][-1]
+    assert vllm["args"][vllm["args"].index("--host") + 1] == "127.0.0.1"  # the reload endpoints stay in the pod
+    assert vllm["args"][:4] == ["--model", "/models/Qwen3-4B", "--served-model-name", "policy"]
+    assert "--enable-lora" in vllm["args"] and vllm["args"][vllm["args"].index("--max-lora-rank") + 1] == "32"
+    shared = {m["mountPath"] for m in trainer["volumeMounts"]} & {m["mountPath"] for m in vllm["volumeMounts"]}
+    assert {cp.WEIGHTS_DIR, "/models"} <= shared  # the weight-sync path and the model, at the same paths
+
+    two = CampaignSpec.model_validate(yaml.safe_load((EXAMPLES / "campaign-qwen3-4b-nodes.yaml").read_text())["spec"])
+    assert two.training is not None and two.training.vllm is None and two.training.learner.processes == 16
+    cfg = TrainConfig.from_dict(cp.train_config(two))
+    assert cfg.learner.distributed and cfg.policy.weight_sync == "full" and cfg.policy.sync_dir.startswith("/shared/")
+    job = cp.job_manifest("q", "rl", "u", two, OperatorConfig(), cp.CampaignSettings(), "http://op:8080")
+    assert (job["spec"]["completionMode"], job["spec"]["completions"], job["spec"]["parallelism"]) == ("Indexed", 2, 2)
+    pod = job["spec"]["template"]["spec"]
+    assert pod["subdomain"] == "q-workers" and len(pod["initContainers"]) == 1
+    (trainer,) = pod["containers"]
+    assert trainer["command"] == ["torchrun", "--nnodes", "2", "--node-rank", "$(NODE_RANK)", "--master-addr",
+                                  "q-0.q-workers", "--master-port", "29500", "--nproc-per-node", "8", "--no-python", "awm"]
+    assert container_env(job)["NODE_RANK"]["fieldRef"]["fieldPath"].endswith("['batch.kubernetes.io/job-completion-index']")
+    service = cp.workers_service_manifest("q", "rl", "u", two)
+    assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"] is True
+    assert service["spec"]["selector"] == {"batch.kubernetes.io/job-name": "q"}
+    assert trainer["args"] == ["train", "--config", "/etc/awm/train.yaml"]  # awm's arguments after torchrun's
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"learner": {"nodes": 2}, "vllm": {"image": "v"}}, "with several nodes run vLLM as its own Deployment"),
+    ({"vllm": {"image": "v"}}, "policy.kind vllm"),
+    ({"learner": {"processesPerNode": 0}}, "greater than or equal to 1"),
+])
+def test_training_processes_and_sidecar_rules(change: dict[str, Any], message: str) -> None:
+    base = training().training.model_dump(by_alias=True)
+    with pytest.raises(ValidationError, match=message):
+        training(training={**base, **change})
+
+
+def test_single_process_training_has_no_launcher() -> None:
+    spec = training()
+    pod = cp.job_manifest("r", "rl", "u", spec, OperatorConfig(), cp.CampaignSettings(), "http://op")["spec"]["template"]["spec"]
+    assert pod["containers"][0]["command"] == ["awm"] and "subdomain" not in pod
+    assert "learner" not in cp.train_config(spec)
+
+
 def test_examples_are_valid_campaigns() -> None:
     for name, mode in (("campaign-training.yaml", "training"), ("campaign-evaluation.yaml", "evaluation")):
         doc = yaml.safe_load((EXAMPLES / name).read_text())
@@ -230,7 +288,7 @@ def test_evaluation_job_runs_awm_eval_with_arguments_it_accepts() -> None:
 
 
 def test_child_names_fit() -> None:
-    assert cp.Names.of("run") == cp.Names("run", "run", "run-train-config", "run-trainer")
+    assert cp.Names.of("run") == cp.Names("run", "run", "run-train-config", "run-trainer", "run-workers")
     long = "a" * 200
     names = cp.Names.of(long)
     assert len(names.job) <= cp.NAME_LIMIT and len(names.config) <= cp.NAME_LIMIT

@@ -523,7 +523,7 @@ def _operator_crds():
 
 
 EXAMPLE_FILES = ("envfleet.yaml", "envclaim.yaml", "grpo-claim.yaml", "campaign-training.yaml",
-                 "campaign-evaluation.yaml")
+                 "campaign-evaluation.yaml", "campaign-qwen3-4b-8gpu.yaml", "campaign-qwen3-4b-nodes.yaml")
 
 
 def test_crds_in_sync_with_models() -> None:
@@ -549,7 +549,7 @@ def test_examples_match_the_models() -> None:
         assert doc["apiVersion"] == "awm.dev/v1alpha1"
         models[doc["kind"]].model_validate(doc["spec"])
         kinds.append(doc["kind"])
-    assert kinds == ["EnvFleet", "EnvClaim", "EnvClaim", "Campaign", "Campaign"]
+    assert kinds == ["EnvFleet", "EnvClaim", "EnvClaim", "Campaign", "Campaign", "Campaign", "Campaign"]
     assert sorted(p.name for p in EXAMPLES.glob("*.yaml")) == sorted(EXAMPLE_FILES)
     grpo = yaml.safe_load((EXAMPLES / "grpo-claim.yaml").read_text())["spec"]
     assert grpo["count"] % grpo["groupSize"] == 0

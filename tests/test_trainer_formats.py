@@ -131,6 +131,10 @@ def test_the_vllm_example_loads_and_bad_vllm_settings_are_refused() -> None:
     cfg = TrainConfig.load(Path(__file__).parent.parent / "examples" / "train-vllm.yaml")
     assert cfg.policy.kind == "vllm" and Path(cfg.policy.path, "config.json").exists()
     assert cfg.policy.lora.rank == 8 and cfg.grpo.tis_cap == 2.0
+    with pytest.raises(ValueError, match="learner.distributed needs policy.kind vllm"):
+        TrainConfig.from_dict({"learner": {"distributed": True}})  # a sharded model cannot sample alone
+    with pytest.raises(ValueError, match="learner.backend"):
+        TrainConfig.from_dict({"learner": {"backend": "mpi"}})
     for bad, words in (({"kind": "vllm", "base_url": "http://x/v1"}, "policy.path"),
                        ({"kind": "vllm", "path": "m"}, "base_url"),
                        ({"kind": "vllm", "path": "m", "base_url": "u", "weight_sync": "nccl"}, "weight_sync")):

@@ -110,6 +110,22 @@ class GRPOConfig:
 
 
 @dataclass
+class LearnerConfig:
+    # Shard the learner over the processes torchrun started (FSDP2; trainer/distributed.py):
+    #   torchrun --nproc-per-node N --no-python awm train --config run.yaml
+    # Rank 0 runs rollouts, metrics and checkpoints; the others take part in the learner's steps.
+    distributed: bool = False
+    backend: str = "auto"  # auto: nccl with GPUs, else gloo | gloo | nccl
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> LearnerConfig:
+        cfg = cls(**(data or {}))
+        if cfg.backend not in ("auto", "gloo", "nccl"):
+            raise ValueError(f"learner.backend must be auto, gloo or nccl, not {cfg.backend!r}")
+        return cfg
+
+
+@dataclass
 class TrainConfig:
     catalog: str = "starter"
     envs: list[str] | None = None
@@ -131,6 +147,7 @@ class TrainConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
     # The LLM judge of judge-verifier tasks (awm.judge.JudgeSettings fields: base_url, model, votes,
     # ...; the key from the environment variable named by api_key_env, AWM_JUDGE_API_KEY).
     judge: dict[str, Any] | None = None
@@ -148,7 +165,7 @@ class TrainConfig:
     def from_dict(cls, data: dict[str, Any], base_dir: Path | None = None) -> TrainConfig:
         data = dict(data)
         sections = {"rollout": RolloutConfig, "agent": AgentConfig, "reward": RewardConfig,
-                    "policy": PolicyConfig, "grpo": GRPOConfig}
+                    "policy": PolicyConfig, "grpo": GRPOConfig, "learner": LearnerConfig}
         for key, kind in sections.items():
             data[key] = kind.from_dict(data.get(key))  # type: ignore[attr-defined]
         unknown = set(data) - set(cls.__dataclass_fields__)
@@ -163,6 +180,9 @@ class TrainConfig:
                 cfg.policy.sync_dir = _resolve(cfg.policy.sync_dir, base_dir)
         if cfg.mode not in ("async", "sync"):
             raise ValueError("mode must be async or sync")
+        if cfg.learner.distributed and cfg.policy.kind != "vllm":
+            raise ValueError("learner.distributed needs policy.kind vllm: a sharded model generates only "
+                             "with every process taking part, so generation is the server's")
         if cfg.verifier_kind not in (None, "code", "judge"):
             raise ValueError("verifier_kind must be code or judge")
         cfg.serving()  # a malformed judge section fails here, before anything starts

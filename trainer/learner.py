@@ -22,16 +22,18 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import random
 import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple
 
 import torch
 
 from trainer.config import GRPOConfig, TrainConfig
+from trainer.distributed import Coordinator, sum_over_ranks
 from trainer.grpo import grpo_loss, token_logprobs
 from trainer.local_policy import SamplingSpec
 from trainer.precision import autocast, cast_weights
@@ -42,7 +44,8 @@ log = logging.getLogger("trainer.learner")
 
 class Learner:
     def __init__(self, model: Any, cfg: GRPOConfig, sampling: SamplingSpec, ref_model: Any = None,
-                 pad_id: int = 0, compute_dtype: torch.dtype = torch.float32) -> None:
+                 pad_id: int = 0, compute_dtype: torch.dtype = torch.float32,
+                 coordinator: Coordinator | None = None) -> None:
         if any(p.dtype != torch.float32 for p in model.parameters() if p.requires_grad):
             raise ValueError("the learner's model must hold float32 (master) weights; "
                              "policy.dtype sets the compute precision, not the weights'")
@@ -58,6 +61,8 @@ class Learner:
                                            weight_decay=cfg.weight_decay)
         self.version = 0
         self.step_count = 0
+        # several processes (trainer/distributed.py): the model is FSDP-sharded, rank 0 leads
+        self.coordinator = coordinator
 
     def sequence_logprobs(self, model: Any, ids: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
         """Log-prob of token t given tokens < t, for t = 1..T-1 (shape ``[B, T-1]``)."""
@@ -84,8 +89,15 @@ class Learner:
         return tuple(t.to(self.device, non_blocking=True) for t in batch)
 
     def step(self, seqs: list[Sequence]) -> dict[str, Any]:
-        """One optimiser step over all sequences (gradient accumulation over micro-batches)."""
+        """One optimiser step over all sequences (gradient accumulation over micro-batches).
+
+        Sharded over several processes, every rank is given the whole batch (rank 0 announces
+        it), takes every ``world``-th sequence and runs as many micro-batches as the busiest
+        rank; the normaliser is the whole batch's, and FSDP sums the gradients."""
         start = time.perf_counter()
+        shards = self.coordinator
+        if shards is not None:
+            shards.announce("step", seqs)
         if not seqs:
             return {"learner_s": 0.0, "sequences": 0, "trained_tokens": 0, "loss": None, "kl": None,
                     "clip_fraction": None, "ratio_mean": None, "grad_norm": None}
@@ -98,8 +110,8 @@ class Learner:
         self.optimizer.zero_grad(set_to_none=True)
         totals = {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "ratio_mean": 0.0, "tokens": 0}
         gap = {"abs": 0.0, "diff": 0.0, "tokens": 0, "truncated": 0}
-        for i in range(0, len(seqs), cfg.micro_batch_size):
-            ids, attention, mask, old, advantages, seq_tokens = self._pad(seqs[i:i + cfg.micro_batch_size], episode_tokens)
+        for micro in _micro_batches(seqs, cfg.micro_batch_size, shards):
+            ids, attention, mask, old, advantages, seq_tokens = self._pad(micro, episode_tokens)
             logp = self.sequence_logprobs(self.model, ids, attention)
             # Unknown sampling log-probs (an endpoint that returns none): on-policy, ratio 1.
             known = ~torch.isnan(old) & mask.bool()
@@ -127,17 +139,35 @@ class Learner:
             for key in ("kl", "clip_fraction", "ratio_mean"):
                 totals[key] += getattr(stats, key) * stats.tokens
             totals["tokens"] += stats.tokens
+        if shards is not None:
+            keys = ("loss", "kl", "clip_fraction", "ratio_mean", "tokens")
+            summed = sum_over_ranks([totals[k] for k in keys] + [gap[k] for k in gap])
+            totals.update(zip(keys, summed[:len(keys)]))
+            gap.update(zip(list(gap), summed[len(keys):]))
         grad_norm = torch.nn.utils.clip_grad_norm_([p for p in self.model.parameters() if p.requires_grad],
                                                    cfg.max_grad_norm)
+        if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP: the global norm
+            grad_norm = grad_norm.full_tensor()
         self.optimizer.step()
         self.version += 1
         self.step_count += 1
         n = max(totals["tokens"], 1)
         return {"learner_s": round(time.perf_counter() - start, 4), "sequences": len(seqs),
-                "trained_tokens": totals["tokens"], "loss": round(totals["loss"], 6),
+                "trained_tokens": int(totals["tokens"]), "loss": round(totals["loss"], 6),
                 "kl": round(totals["kl"] / n, 6), "clip_fraction": round(totals["clip_fraction"] / n, 4),
                 "ratio_mean": round(totals["ratio_mean"] / n, 6), "grad_norm": round(float(grad_norm), 6),
                 **_gap_stats(gap, cfg.tis_cap)}
+
+    def export_state(self) -> dict[str, torch.Tensor] | None:
+        """The trainable weights for a weight sync when they are sharded (all of a fully trained
+        model, a LoRA's adapter; gathered on rank 0, every rank taking part), or None: then the
+        model's own ``save_pretrained`` has them."""
+        if self.coordinator is None:
+            return None
+        from trainer.distributed import full_state_dict
+
+        self.coordinator.announce("export")
+        return full_state_dict(self.model)
 
     def weights(self) -> dict[str, torch.Tensor]:
         """The weights for the rollout policy (weight sync): views, not copies; the receiver
@@ -150,10 +180,21 @@ class Learner:
         """Model, tokenizer, optimiser and every random state a resumed run continues from
         (``extra``: the rollout side's, e.g. the task order and the sampler's generator)."""
         path = directory / f"step-{step:06d}"
+        model_state = optimizer_state = None
+        if self.coordinator is not None:  # gathered from the shards; only rank 0 writes
+            from trainer.distributed import full_optimizer_state, full_state_dict
+
+            self.coordinator.announce("save", (directory, None, step, None))
+            model_state = full_state_dict(self.model)
+            optimizer_state = full_optimizer_state(self.model, self.optimizer)
+            if self.coordinator.rank != 0:
+                return path
         path.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(path)
+        self.model.save_pretrained(path, **({"state_dict": model_state} if model_state is not None else {}))
         tokenizer.save_pretrained(path)
-        torch.save({"optimizer": self.optimizer.state_dict(), "step": step, "version": self.version,
+        if optimizer_state is None:
+            optimizer_state = self.optimizer.state_dict()
+        torch.save({"optimizer": optimizer_state, "step": step, "version": self.version,
                     "torch_rng": torch.get_rng_state(), "python_rng": random.getstate(),
                     "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
                     "extra": extra or {}}, path / "trainer_state.pt")
@@ -163,7 +204,12 @@ class Learner:
     def load_state(self, path: Path) -> tuple[int, dict[str, Any]]:
         """Restore what :meth:`save` wrote; returns the step and the ``extra`` states."""
         state = torch.load(path / "trainer_state.pt", weights_only=False)
-        self.optimizer.load_state_dict(state["optimizer"])
+        if self.coordinator is not None:  # every rank reads the full state and keeps its shard
+            from trainer.distributed import load_optimizer_state
+
+            load_optimizer_state(self.model, self.optimizer, state["optimizer"])
+        else:
+            self.optimizer.load_state_dict(state["optimizer"])
         self.version = state["version"]
         self.step_count = state["step"]
         torch.set_rng_state(state["torch_rng"])
@@ -174,6 +220,21 @@ class Learner:
             except (RuntimeError, ValueError) as exc:  # another GPU count or kind than the checkpoint's
                 log.warning("not restoring the CUDA random state (%s): resumed on different hardware", exc)
         return int(state["step"]), dict(state.get("extra") or {})
+
+
+def _micro_batches(seqs: list[Sequence], size: int, shards: Coordinator | None) -> Iterator[list[Sequence]]:
+    """This process's micro-batches: all of them alone; sharded, every ``world``-th sequence,
+    padded with empty micro-batches (one sequence, loss mask zero) up to the busiest rank's
+    count, because every rank must run the same number of FSDP forwards and backwards."""
+    if shards is None:
+        for i in range(0, len(seqs), size):
+            yield seqs[i:i + size]
+        return
+    mine = seqs[shards.rank::shards.world]
+    busiest = math.ceil(math.ceil(len(seqs) / shards.world) / size)
+    for i in range(busiest):
+        micro = mine[i * size:(i + 1) * size]
+        yield micro or [Sequence(seqs[0].input_ids[:2], [0, 0], [0.0, 0.0], episode_id="(padding)")]
 
 
 def _gap_stats(gap: dict[str, Any], cap: float | None) -> dict[str, Any]:
@@ -205,7 +266,8 @@ class PolicyParts(NamedTuple):
     compute_dtype: torch.dtype
 
 
-def build_policy(cfg: TrainConfig, corpus: list[str], resume_from: Path | None) -> PolicyParts:
+def build_policy(cfg: TrainConfig, corpus: list[str], resume_from: Path | None,
+                 device: str | None = None) -> PolicyParts:
     """The policy of a run; nothing is downloaded. The trainable model is float32 whatever
     ``policy.dtype`` says (that is the autocast precision); the frozen reference, which never
     takes an update, is stored in the compute dtype to halve its memory."""
@@ -214,7 +276,7 @@ def build_policy(cfg: TrainConfig, corpus: list[str], resume_from: Path | None) 
     from trainer import tiny
 
     pc = cfg.policy
-    device = resolve_device(pc.device)
+    device = resolve_device(device or pc.device)  # device: this process's GPU under torchrun
     dtype = resolve_dtype(pc.dtype, device)
     if pc.kind == "tiny":
         if resume_from is not None:
@@ -246,6 +308,7 @@ def build_policy(cfg: TrainConfig, corpus: list[str], resume_from: Path | None) 
 
             model = PeftModel.from_pretrained(model, resume_from, is_trainable=True)
         elif lora:
+            torch.manual_seed(cfg.seed)  # the adapter's initial A: the same in every process of a sharded learner
             model = pc.lora.apply(model)
         allowed = None
         reference = AutoModelForCausalLM.from_pretrained(pc.path, local_files_only=True, torch_dtype=dtype) \
@@ -327,7 +390,28 @@ StepHook = Callable[[dict[str, Any]], None]
 async def train(cfg: TrainConfig, on_step: StepHook | None = None) -> TrainResult:
     """Run (or resume) a GRPO run on a local fleet, or - inside a campaign's Job, where
     ``AWM_OPERATOR_URL``/``AWM_FLEET`` are set - on instances claimed from the campaign's
-    EnvFleet, reporting each step to the Campaign's status; returns the per-step records."""
+    EnvFleet, reporting each step to the Campaign's status; returns the per-step records.
+
+    With ``learner.distributed`` (under torchrun) rank 0 does all of that with an FSDP-sharded
+    learner, and the other ranks only follow its learner calls (trainer/distributed.py); they
+    return an empty result."""
+    if not cfg.learner.distributed:
+        return await _train(cfg, on_step, None)
+    from trainer import distributed
+
+    coordinator = distributed.Coordinator(distributed.init(cfg.learner.backend))
+    try:
+        if coordinator.rank != 0:
+            await asyncio.to_thread(distributed.follow, cfg, coordinator)
+            return TrainResult(Path(cfg.run_dir), 0, None, None, [])
+        result = await _train(cfg, on_step, coordinator)
+        coordinator.stop()  # only after a clean run: a failed rank 0 exits and torchrun ends the others
+        return result
+    finally:
+        coordinator.close()
+
+
+async def _train(cfg: TrainConfig, on_step: StepHook | None, coordinator: Coordinator | None) -> TrainResult:
     from awm import catalog as catalog_mod
     from awm.fleet import Database
     from trainer.agent import DEFAULT_SYSTEM
@@ -352,9 +436,16 @@ async def train(cfg: TrainConfig, on_step: StepHook | None = None) -> TrainResul
               *(t.instruction for b in bundles for t in b.tasks), *(tool.name for b in bundles for tool in b.tools)]
     corpus.append(DEFAULT_SYSTEM)
     resume_from = latest_checkpoint(run_dir) if cfg.resume else None
-    model, reference, tokenizer, sampling, compute_dtype = build_policy(cfg, corpus, resume_from)
+    if coordinator is None:
+        model, reference, tokenizer, sampling, compute_dtype = build_policy(cfg, corpus, resume_from)
+    else:
+        from trainer.distributed import device_for, shard
+
+        model, reference, tokenizer, sampling, compute_dtype = build_policy(
+            cfg, corpus, resume_from, device_for(coordinator.where, cfg.policy.device))
+        model = shard(model)
     learner = Learner(model, cfg.grpo, sampling, reference, pad_id=tokenizer.pad_token_id or 0,
-                      compute_dtype=compute_dtype)
+                      compute_dtype=compute_dtype, coordinator=coordinator)
     start_step, resumed = learner.load_state(resume_from) if resume_from is not None else (0, {})
     (run_dir / "config.json").write_text(json.dumps(cfg.to_record(), indent=2, default=str))
     metrics = TrainMetrics()

@@ -96,7 +96,9 @@ class VllmPolicy(OpenAIPolicy):
         t0 = time.perf_counter()
         version = int(learner.version)
         path = Path(self.sync_dir).resolve() / f"v{version:06d}"
-        await asyncio.to_thread(_save, learner.model, path)
+        export = getattr(learner, "export_state", None)  # a sharded learner gathers its weights first
+        state = await asyncio.to_thread(export) if export is not None else None
+        await asyncio.to_thread(_save, learner.model, path, state)
         if self.weight_sync == "lora":
             name = f"{self.base_model}-{self._run}-v{version}"
             await self._admin("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path)})
@@ -159,11 +161,12 @@ class VllmPolicy(OpenAIPolicy):
         await super().close()
 
 
-def _save(model: Any, path: Path) -> None:
-    """The adapter (a peft model) or the whole model, safetensors, replaced atomically."""
+def _save(model: Any, path: Path, state: dict[str, Any] | None = None) -> None:
+    """The adapter (a peft model) or the whole model, safetensors, replaced atomically;
+    ``state``: the weights gathered from a sharded model (else the model's own)."""
     staging = path.with_name(path.name + ".tmp")
     shutil.rmtree(staging, ignore_errors=True)
-    model.save_pretrained(staging, safe_serialization=True)
+    model.save_pretrained(staging, safe_serialization=True, **({"state_dict": state} if state is not None else {}))
     shutil.rmtree(path, ignore_errors=True)
     staging.rename(path)
 

@@ -68,6 +68,7 @@ ENV_FLEET = "AWM_FLEET"
 ENV_CAMPAIGN = "AWM_CAMPAIGN"
 
 CATALOG_DIR = "/campaign/catalog"
+WEIGHTS_DIR = "/weights"  # the weight-sync path of a vLLM sidecar: an emptyDir both containers mount
 CONFIG_DIR = "/etc/awm"
 CONFIG_FILE = "train.yaml"
 TRAINER_METRICS_PORT = 9400
@@ -126,11 +127,12 @@ class Names:
     job: str
     config: str
     account: str  # the Job's ServiceAccount, Role and RoleBinding (its access to the allocation API)
+    workers: str  # the headless Service a learner on several nodes meets through
 
     @classmethod
     def of(cls, campaign: str) -> "Names":
         return cls(fleet=child_name(campaign), job=child_name(campaign), config=child_name(campaign, "-train-config"),
-                   account=child_name(campaign, "-trainer"))
+                   account=child_name(campaign, "-trainer"), workers=child_name(campaign, "-workers"))
 
 
 def trainer_access(campaign: str, namespace: str, uid: str) -> list[tuple[str, dict[str, Any]]]:
@@ -199,7 +201,72 @@ def train_config(spec: CampaignSpec) -> dict[str, Any]:
     cfg.setdefault("run_dir", "/tmp/run")
     cfg.setdefault("metrics_port", TRAINER_METRICS_PORT)  # scraped through the pod's annotations
     cfg.setdefault("metrics_host", "0.0.0.0")
+    if spec.training.learner.processes > 1:
+        cfg["learner"] = {**(cfg.get("learner") or {}), "distributed": True}
+    if spec.training.vllm is not None:  # the server beside the trainer, weights through the shared emptyDir
+        policy = dict(cfg.get("policy") or {})
+        policy["base_url"] = f"http://127.0.0.1:{spec.training.vllm.port}/v1"
+        policy.setdefault("sync_dir", WEIGHTS_DIR)
+        cfg["policy"] = policy
     return cfg
+
+
+def torchrun_args(campaign: str, spec: CampaignSpec) -> list[str]:
+    """``torchrun`` before ``awm train`` when the learner has several processes (none otherwise):
+    one pod standalone; several pods meet at the first (``<job>-0.<workers service>``), each
+    pod's node rank its Job completion index."""
+    assert spec.training is not None
+    learner = spec.training.learner
+    if learner.processes == 1:
+        return []
+    names = Names.of(campaign)
+    if learner.nodes == 1:
+        rendezvous = ["--standalone"]
+    else:
+        rendezvous = ["--nnodes", str(learner.nodes), "--node-rank", "$(NODE_RANK)",
+                      "--master-addr", f"{names.job}-0.{names.workers}", "--master-port", str(learner.port)]
+    return ["torchrun", *rendezvous, "--nproc-per-node", str(learner.processes_per_node), "--no-python"]
+
+
+def workers_service_manifest(campaign: str, namespace: str, uid: str, spec: CampaignSpec) -> dict[str, Any]:
+    """The headless Service that gives a multi-node learner's pods their DNS names (the Job's
+    pods set it as their subdomain); addresses are published before the pods are ready, since
+    torchrun's rendezvous comes first."""
+    names = Names.of(campaign)
+    return {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": names.workers, "namespace": namespace, "labels": labels(campaign, spec.mode),
+                     "annotations": {A_CAMPAIGN: campaign}, "ownerReferences": [owner_reference(campaign, uid)]},
+        "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
+                 "selector": {"batch.kubernetes.io/job-name": names.job}},
+    }
+
+
+def vllm_sidecar(spec: CampaignSpec, security: dict[str, Any], mounts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The vLLM server as a native sidecar (an init container that keeps running): the trainer
+    starts once its /health answers and the Job ends when the trainer does. Its flags are what
+    the policy's weight sync relies on (the same as trainer/vllm_server.py gives a local server)."""
+    assert spec.training is not None and spec.training.vllm is not None
+    sidecar, policy = spec.training.vllm, spec.training.config.get("policy") or {}
+    args = ["--model", str(policy.get("path") or ""), "--served-model-name", str(policy.get("served_model") or "policy"),
+            "--host", "127.0.0.1", "--port", str(sidecar.port), "--enable-auto-tool-choice",
+            "--tool-call-parser", "hermes", "--logprobs-mode", "processed_logprobs"]
+    if policy.get("weight_sync", "lora") == "lora":
+        rank = int((policy.get("lora") or {}).get("rank") or 16)
+        args += ["--enable-lora", "--max-lora-rank", str(rank), "--max-loras", "2"]
+    env = [{"name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "value": "True"}, {"name": "VLLM_SERVER_DEV_MODE", "value": "1"},
+           {"name": "HF_HUB_OFFLINE", "value": "1"}, {"name": "HOME", "value": "/tmp"},
+           {"name": "VLLM_CACHE_ROOT", "value": "/tmp/vllm"}, {"name": "VLLM_NO_USAGE_STATS", "value": "1"}]
+    # Bound to 127.0.0.1 (its reload and adapter endpoints are for the trainer beside it only), so
+    # the kubelet, which probes the pod's IP, checks /health from inside the container.
+    health = {"exec": {"command": ["python3", "-c", "import urllib.request; urllib.request.urlopen("
+                                   f"'http://127.0.0.1:{sidecar.port}/health', timeout=5)"]}, "timeoutSeconds": 10}
+    return {"name": "vllm", "image": sidecar.image, "restartPolicy": "Always",
+            "command": ["python3", "-m", "vllm.entrypoints.openai.api_server"], "args": args + list(sidecar.args or []),
+            "env": env + list(sidecar.env or []), "resources": sidecar.resources or {},
+            "securityContext": security, "volumeMounts": mounts,
+            "startupProbe": {**health, "periodSeconds": 5, "failureThreshold": 360},  # up to 30 min to load
+            "livenessProbe": {**health, "periodSeconds": 30, "failureThreshold": 4}}
 
 
 def config_map_manifest(campaign: str, namespace: str, uid: str, spec: CampaignSpec) -> dict[str, Any]:
@@ -277,14 +344,22 @@ def job_manifest(campaign: str, namespace: str, uid: str, spec: CampaignSpec, cf
                                     {"name": "tmp", "mountPath": "/tmp"}]
     scrape: dict[str, str] = {}
     ports: list[dict[str, Any]] = []
+    launcher: list[str] = []
     if spec.mode == "training":
         args = ["train", "--config", f"{CONFIG_DIR}/{CONFIG_FILE}"]
+        launcher = torchrun_args(campaign, spec)
         port = int(train_config(spec)["metrics_port"] or 0)
         if port:
             scrape = {"prometheus.io/scrape": "true", "prometheus.io/port": str(port), "prometheus.io/path": "/metrics"}
             ports = [{"name": "metrics", "containerPort": port}]
         volumes.append({"name": "config", "configMap": {"name": names.config}})
         mounts.append({"name": "config", "mountPath": CONFIG_DIR, "readOnly": True})
+        if spec.training is not None and spec.training.vllm is not None:
+            volumes.append({"name": "weights", "emptyDir": {}})
+            mounts.append({"name": "weights", "mountPath": WEIGHTS_DIR})
+        if spec.training is not None and spec.training.learner.nodes > 1:  # torchrun's --node-rank
+            env.append({"name": "NODE_RANK", "valueFrom": {"fieldRef": {
+                "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}})
     elif spec.mode == "external":
         args = []  # the user's command, with its own args (job.command, job.args)
     else:
@@ -296,7 +371,8 @@ def job_manifest(campaign: str, namespace: str, uid: str, spec: CampaignSpec, cf
     container: dict[str, Any] = {
         "name": {"training": "trainer", "evaluation": "evaluator"}.get(spec.mode, "external"),
         "image": image, "imagePullPolicy": pull_policy,
-        "command": j.command or ["awm"], "args": j.args if j.args is not None else args,
+        "command": j.command or (launcher + ["awm"] if launcher else ["awm"]),
+        "args": j.args if j.args is not None else args,
         "env": env + list(j.env or []),
         "resources": j.resources or {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"cpu": "4", "memory": "8Gi"}},
         "securityContext": security,
@@ -312,7 +388,10 @@ def job_manifest(campaign: str, namespace: str, uid: str, spec: CampaignSpec, cf
         "enableServiceLinks": False,
         "securityContext": {"runAsNonRoot": True, "runAsUser": UID, "runAsGroup": UID, "fsGroup": UID,
                             "seccompProfile": {"type": "RuntimeDefault"}},
-        "initContainers": [_catalog_container(spec, cfg, image, pull_policy, security)],
+        "initContainers": [_catalog_container(spec, cfg, image, pull_policy, security)] + (
+            [vllm_sidecar(spec, security, [{"name": "tmp", "mountPath": "/tmp"}, {"name": "weights", "mountPath": WEIGHTS_DIR},
+                                           *(j.volume_mounts or [])])]
+            if spec.training is not None and spec.training.vllm is not None else []),
         "containers": [container],
         "volumes": volumes + list(j.volumes or []),
     }
@@ -327,6 +406,10 @@ def job_manifest(campaign: str, namespace: str, uid: str, spec: CampaignSpec, cf
                                      "annotations": {**scrape, **(j.annotations or {}), A_CAMPAIGN: campaign}}
     job_spec: dict[str, Any] = {"backoffLimit": j.backoff_limit,
                                 "template": {"metadata": template_meta, "spec": pod_spec}}
+    nodes = spec.training.learner.nodes if spec.training is not None else 1
+    if nodes > 1:  # one pod per node, named <job>-<index>.<workers> (torchrun meets at index 0)
+        job_spec.update({"completionMode": "Indexed", "completions": nodes, "parallelism": nodes})
+        pod_spec["subdomain"] = names.workers
     if j.active_deadline_seconds:
         job_spec["activeDeadlineSeconds"] = j.active_deadline_seconds
     return {
@@ -565,6 +648,7 @@ async def _create_owned(ctx: Context, collection: str, body: dict[str, Any], uid
 def _api_base(namespace: str) -> dict[str, str]:
     return {"fleets": f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/envfleets",
             "configmaps": f"/api/v1/namespaces/{namespace}/configmaps",
+            "services": f"/api/v1/namespaces/{namespace}/services",
             "jobs": f"/apis/batch/v1/namespaces/{namespace}/jobs"}
 
 
@@ -591,6 +675,9 @@ async def ensure(registry: Campaigns, state: CampaignState) -> None:
             if spec.mode == "training":
                 await _create_owned(ctx, base["configmaps"],
                                     config_map_manifest(state.name, state.namespace, state.uid, spec), state.uid)
+                if spec.training is not None and spec.training.learner.nodes > 1:
+                    await _create_owned(ctx, base["services"],
+                                        workers_service_manifest(state.name, state.namespace, state.uid, spec), state.uid)
             for collection, manifest in trainer_access(state.name, state.namespace, state.uid):
                 await _create_owned(ctx, collection, manifest, state.uid)
             await _create_owned(ctx, base["jobs"], job_manifest(state.name, state.namespace, state.uid, spec,

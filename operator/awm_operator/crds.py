@@ -374,12 +374,49 @@ class CampaignJob(_Spec):
     volume_mounts: list[dict[str, Any]] | None = Field(None, alias="volumeMounts")
 
 
+class LearnerProcesses(_Spec):
+    """The learner over several GPUs and nodes: ``awm train`` under torchrun with an FSDP2-sharded
+    learner (``learner.distributed``, docs/training.md). Rank 0 runs the rollouts."""
+
+    processes_per_node: int = Field(1, alias="processesPerNode", ge=1, le=64, description=(
+        "torchrun --nproc-per-node: learner processes per pod, one per GPU the trainer container gets."))
+    nodes: int = Field(1, ge=1, le=64, description=(
+        "Pods of the learner, one per node: an Indexed Job whose pods meet at the first one through a "
+        "headless Service (torchrun --nnodes, --node-rank from the completion index)."))
+    port: int = Field(29500, ge=1024, le=65535, description="torchrun's rendezvous port on the first pod.")
+
+    @property
+    def processes(self) -> int:
+        return self.processes_per_node * self.nodes
+
+
+class VllmSidecar(_Spec):
+    """A vLLM server beside the learner in the trainer's pod (a native sidecar: started and
+    healthy before the trainer, stopped when it exits). The operator sets what the weight sync
+    needs (the model and name from training.config.policy, tool parsing, sampling log-probs,
+    LoRA or reload endpoints) and points policy.base_url at it; the weights travel through an
+    emptyDir both containers mount (policy.sync_dir)."""
+
+    image: str = Field(description="A vLLM image, e.g. vllm/vllm-openai (its python runs the server).")
+    args: list[str] | None = Field(None, description=(
+        "More server flags, e.g. [--tensor-parallel-size, \"4\", --gpu-memory-utilization, \"0.85\"]."))
+    resources: dict[str, Any] | None = Field(None, description=(
+        "The server's resources, e.g. limits: {nvidia.com/gpu: 4} (the trainer's are job.resources)."))
+    port: int = Field(8000, ge=1024, le=65535)
+    env: list[dict[str, Any]] | None = Field(None, description="More EnvVars of the server.")
+
+
 class TrainingSpec(_Spec):
     group_size: int = Field(DEFAULT_GROUP_SIZE, alias="groupSize", ge=1, le=MAX_REPLICAS,
                             description="GRPO group size: episodes of one task compared with each other.")
     config: dict[str, Any] = Field(default_factory=dict, description=(
         "The `awm train` configuration (docs/training.md), rendered into a ConfigMap the Job reads. "
         "The campaign sets catalog, envs, replicas and rollout.group_size from its own fields."))
+    learner: LearnerProcesses = Field(default_factory=LearnerProcesses, description=(
+        "Learner processes per pod and pods (torchrun, FSDP2); the default is one process."))
+    vllm: VllmSidecar | None = Field(None, description=(
+        "A vLLM server in the trainer's pod for policy.kind vllm (one node; with several, run vLLM as "
+        "its own Deployment and give policy.base_url and a shared policy.sync_dir)."))
 
 
 class EvaluationSpec(_Spec):
@@ -461,6 +498,12 @@ class CampaignSpec(_Spec):
                                                                          if others else ""))
         if self.mode == "external" and not self.job.command:
             raise ValueError("mode external needs job.command (the trainer to run)")
+        if self.training is not None and self.training.vllm is not None:
+            if self.training.learner.nodes > 1:
+                raise ValueError("training.vllm runs in the trainer's pod: with several nodes run vLLM as its own "
+                                 "Deployment (policy.base_url, a shared policy.sync_dir)")
+            if (self.training.config.get("policy") or {}).get("kind") != "vllm":
+                raise ValueError("training.vllm needs training.config.policy.kind vllm")
         if self.instances > MAX_REPLICAS:
             raise ValueError(f"the campaign needs {self.instances} instances (environments x groupsPerEnvironment "
                              f"x group size); at most {MAX_REPLICAS}")
