@@ -10,7 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import os
-from typing import Any
+from typing import Any, AsyncIterator
 
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
@@ -18,6 +18,7 @@ from kubernetes_asyncio import config as k8s_config
 from awm_operator.crds import GROUP, VERSION
 
 MERGE = "application/merge-patch+json"
+LIST_PAGE = 500  # items per page of a LIST (the API server's own clients use 500)
 
 
 class ApiError(RuntimeError):
@@ -91,10 +92,26 @@ class Kube:
                 return False
             raise
 
+    async def list_pages(self, path: str, query: list[tuple[str, str]], limit: int = LIST_PAGE,
+                         timeout: float = 60.0) -> AsyncIterator[dict[str, Any]]:
+        """A LIST in pages of ``limit`` items (``limit``/``continue``): at 4,096 pods one answer is
+        ~20 MB of JSON, which the API server would build whole and the operator decode whole (its
+        peak memory); pages keep both to one page at a time. Every page is from the same snapshot;
+        the first page's ``metadata.resourceVersion`` is where a watch resumes."""
+        token = ""
+        while True:
+            page = await self.request("GET", path, query=[*query, ("limit", str(limit))]
+                                      + ([("continue", token)] if token else []), timeout=timeout)
+            yield page
+            token = (page.get("metadata") or {}).get("continue") or ""
+            if not token:
+                return
+
     async def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
-        data = await self.request("GET", f"/api/v1/namespaces/{namespace}/pods",
-                                  query=[("labelSelector", label_selector)])
-        return list(data.get("items") or [])
+        pods: list[dict[str, Any]] = []
+        async for page in self.list_pages(f"/api/v1/namespaces/{namespace}/pods", [("labelSelector", label_selector)]):
+            pods += page.get("items") or []
+        return pods
 
     async def read_secret_key(self, namespace: str, name: str, key: str) -> str:
         data = await self.request("GET", f"/api/v1/namespaces/{namespace}/secrets/{name}")

@@ -110,7 +110,7 @@ class Reconciler:
     async def take_over(self, stopped: Any) -> bool:
         """Read the fleet's ledger (retrying while the API server is unreachable); False if the
         daemon was stopped first."""
-        ledger = Ledger(self.ctx.kube, self.fleet, self.ctx.metrics)
+        ledger = Ledger(self.ctx.kube, self.fleet, self.ctx.metrics, self.ctx.config.ledger_shard_bytes)
         delay = 0.5
         while not stopped:
             try:

@@ -15,7 +15,8 @@ import json
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from itertools import islice
+from typing import TYPE_CHECKING, Any, Collection, Iterable, Mapping
 
 from awm_operator.crds import EnvFleetSpec
 from awm_operator.pods import PodInfo
@@ -80,17 +81,23 @@ class ClaimRequest:
         return None
 
 
-def plan(available: Mapping[str, Iterable[str]], req: ClaimRequest) -> list[list[str]] | None:
+def plan(available: Mapping[str, Collection[str]], req: ClaimRequest) -> list[list[str]] | None:
     """Pick pods for a claim, or None if the pool cannot satisfy all of it (claims are
     all-or-nothing). GRPO groups come each from one environment, taken from whichever has the
     most instances left; plain claims draw one at a time from the fullest environment, which
-    keeps the pool balanced across environments."""
-    pools = {env: list(names) for env, names in available.items()
+    keeps the pool balanced across environments. Only the pods taken are read from the pools
+    (a 4,096-instance pool is not copied for a one-instance claim)."""
+    pools = {env: names for env, names in available.items()
              if names and (req.environment is None or env == req.environment)}
     taken = dict.fromkeys(pools, 0)
 
     def left(env: str) -> int:
         return len(pools[env]) - taken[env]
+
+    def take(env: str, n: int) -> list[str]:
+        names = list(islice(pools[env], taken[env], taken[env] + n))
+        taken[env] += n
+        return names
 
     if req.group_size:
         groups = []
@@ -98,8 +105,7 @@ def plan(available: Mapping[str, Iterable[str]], req: ClaimRequest) -> list[list
             env = max(pools, key=left, default=None)
             if env is None or left(env) < req.group_size:
                 return None
-            groups.append(pools[env][taken[env]:taken[env] + req.group_size])
-            taken[env] += req.group_size
+            groups.append(take(env, req.group_size))
         return groups
     if sum(len(v) for v in pools.values()) < req.count:
         return None
@@ -108,9 +114,7 @@ def plan(available: Mapping[str, Iterable[str]], req: ClaimRequest) -> list[list
         env = max(pools, key=left)
         # take a run from the fullest environment until it is no longer the fullest
         others = max((left(e) for e in pools if e != env), default=0)
-        n = min(req.count - len(picked), max(1, left(env) - others))
-        picked += pools[env][taken[env]:taken[env] + n]
-        taken[env] += n
+        picked += take(env, min(req.count - len(picked), max(1, left(env) - others)))
     return [picked]
 
 
