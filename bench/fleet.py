@@ -21,6 +21,8 @@ cluster; the clients run in this process):
   hold 1 MiB), claim p50/p99 and sustained claims/s on the 64 free instances, and the time to
   release all of them with one ``DELETE .../claims?holder=``.
 * ``recover_s``: 100 ready pods deleted until the fleet is back at ``ready == instances``.
+* ``etcd_db_mb_after_*``: the size of etcd's database file (a ledger write stores its whole
+  ConfigMap again; etcd's quota here is 2 GiB).
 * ``rss_mb`` / ``peak_rss_mb``: resident memory of the operator and each control-plane process
   after the ramp, and the peak of each over the whole run.
 
@@ -37,6 +39,7 @@ import importlib.util
 import json
 import os
 import platform
+import shutil
 import ssl
 import subprocess
 import sys
@@ -116,6 +119,7 @@ async def stub_control_api() -> tuple[web.AppRunner, str]:
 class Bench:
     def __init__(self, cp: Any, instances: int, log: Any) -> None:
         self.cp, self.n, self.log = cp, instances, log
+        self.profile: str | None = None
         pki = Path(cp.workdir) / "pki"
         tls = ssl.create_default_context(cafile=str(pki / "ca.crt"))
         tls.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
@@ -128,10 +132,27 @@ class Bench:
         out["operator"], out["clients"] = cpu_seconds(self.operator_pid), cpu_seconds(os.getpid())
         return out
 
+    def spy(self, phase: str, seconds: float) -> subprocess.Popen[bytes] | None:
+        """With --profile: py-spy samples the operator for ``seconds`` (collapsed stacks)."""
+        if not self.profile:
+            return None
+        exe = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+        return subprocess.Popen([exe, "record", "--pid", str(self.operator_pid), "--duration", str(int(seconds)),
+                                 "--rate", "100", "--nonblocking", "--format", "raw",
+                                 "--output", f"{self.profile}-{phase}.txt"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
     def rss(self, field: str = "VmRSS") -> dict[str, float]:
         out = {name: rss_mb(p.pid, field) for name, p in self.cp.procs.items()}
         out["operator"] = rss_mb(self.operator_pid, field)
         return out
+
+    def etcd_db_mb(self) -> float:
+        """etcd's database file: every ledger write stores the whole ConfigMap again, and until
+        the API server compacts (every 5 min) etcd keeps each version; the file grows to its
+        high-water mark and counts against etcd's 2 GiB quota."""
+        db = Path(self.cp.workdir) / "etcd" / "member" / "snap" / "db"
+        return round(db.stat().st_size / 1e6, 1) if db.exists() else 0.0
 
     async def ledger_size(self) -> tuple[int, int]:
         """(bytes of claim data, ConfigMaps) of the bench fleet's ledger."""
@@ -160,6 +181,7 @@ class Bench:
         out["ledger_bytes"], out["ledger_objects"] = await self.ledger_size()
         self.log(f"{len(held)} claims held in {out['full_fill_s']} s; ledger {out['ledger_bytes']} bytes "
                  f"in {out['ledger_objects']} ConfigMap(s)")
+        spy = self.spy("full", 10)
         lat = []
         for _ in range(100):
             t = time.perf_counter()
@@ -183,6 +205,8 @@ class Bench:
         t = time.monotonic()
         await asyncio.gather(*(worker() for _ in range(16)))
         out["full_claims_per_s"] = round(len(done) / (time.monotonic() - t), 1)
+        if spy is not None:
+            spy.wait()
         self.log(f"full fleet: claim p50 {out['full_claim_p50_ms']} ms, p99 {out['full_claim_p99_ms']} ms, "
                  f"{out['full_claims_per_s']} claims/s")
         t = time.monotonic()
@@ -191,7 +215,9 @@ class Bench:
             released = len((await r.json())["released"])
         out["full_release_s"] = round(time.monotonic() - t, 1)
         assert released == len(held), (released, len(held))
-        self.log(f"{released} claims released (one DELETE ?holder=) in {out['full_release_s']} s")
+        out["etcd_db_mb_after_full"] = self.etcd_db_mb()
+        self.log(f"{released} claims released (one DELETE ?holder=) in {out['full_release_s']} s; "
+                 f"etcd database {out['etcd_db_mb_after_full']} MB")
         return out
 
     async def fleet_status(self) -> dict[str, Any]:
@@ -280,12 +306,14 @@ class Bench:
                               "template": {"annotations": {"awm.dev/control-url": control_url}}}}
             cpu0 = self.cpu()
             t0 = time.monotonic()
+            spy = self.spy("ramp", 30)
             (await self.k8s.post(f"{API}/envfleets", json=fleet)).raise_for_status()
             result["time_to_ready_s"] = round(await self.wait_ready(), 1)
             self.log(f"{self.n} ready in {result['time_to_ready_s']} s")
             cpu1 = self.cpu()
             result["cpu_s_during_ramp"] = {k: round(cpu1[k] - cpu0[k], 1) for k in cpu0}
             result["rss_mb"] = self.rss()
+            result["etcd_db_mb_after_ramp"] = self.etcd_db_mb()
             await asyncio.sleep(max(0.0, 3 - (time.monotonic() - t0)))
 
             async with AllocationClient(self.api, NS, "bench") as alloc:
@@ -327,9 +355,14 @@ class Bench:
                             assert r.status == 200, await r.text()
                 cpu1 = self.cpu()
                 writes0 = await self.ledger_writes()
+                if spy is not None:
+                    spy.wait()
+                spy = self.spy("sustained", 10)
                 t = time.monotonic()
                 await asyncio.gather(*(worker() for _ in range(16)))
                 elapsed = time.monotonic() - t
+                if spy is not None:
+                    spy.wait()
                 result["ledger_writes_per_claim"] = round((await self.ledger_writes() - writes0) / len(done), 3)
                 cpu2 = self.cpu()
                 result["cpu_s_during_sustained"] = {k: round(cpu2[k] - cpu1[k], 1) for k in cpu1}
@@ -368,6 +401,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--instances", type=int, default=1024)
     ap.add_argument("--nodes", type=int, default=None, help="kwok nodes of 512 pods (default: enough for the fleet)")
+    ap.add_argument("--profile", metavar="PREFIX", help="py-spy the operator: PREFIX-ramp.txt, PREFIX-sustained.txt")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args()
     log = (lambda msg: print(f"# {msg}", file=sys.stderr, flush=True))
@@ -412,6 +446,7 @@ def main() -> int:
                 sys.exit("the operator did not start")
             time.sleep(0.2)
         bench = Bench(cp, args.instances, log)
+        bench.profile = args.profile
         bench.api, bench.operator_pid = f"http://127.0.0.1:{port}", operator.pid
         bench.metrics_url = f"http://127.0.0.1:{metrics}/metrics"
         result = asyncio.run(bench.run())

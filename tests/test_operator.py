@@ -12,6 +12,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psycopg
@@ -331,6 +332,24 @@ async def test_selector_reads_run_beside_the_reconcile_pass(monkeypatch: pytest.
     use()
     assert await rec.environments(4.0) == ["crm", "bike_shop"]
     assert rec.index_error is None and fleet.selected is None and rec.index_read == ("", 0.0)
+
+
+async def test_a_pass_replaces_its_wake_up_timer() -> None:
+    """Every pass over a fleet holding claims with a TTL asks to be woken at the next expiry: one
+    timer, replaced by the next pass, not one more per pass (a busy 4,096-instance fleet makes
+    several passes a second, for hours)."""
+    from awm_operator.reconcile import Context, Reconciler
+
+    ctx = Context(kube=None, allocator=None, metrics=None, config=OperatorConfig())  # type: ignore[arg-type]
+    fleet = ledger_fleet(2)
+    fleet.assign("api_1", ClaimRecord([["p0"]], expires=time.time() + 3600))
+    rec = Reconciler(fleet, ctx)
+    handles = []
+    for i in range(5):
+        rec.release_orphans(float(i))
+        handles.append(rec.timers["expiry"])
+    assert len(rec.timers) == 1 and all(h.cancelled() for h in handles[:-1]) and not handles[-1].cancelled()
+    handles[-1].cancel()
 
 
 async def test_releasing_a_holders_claims_waits_for_the_ledger() -> None:

@@ -4,9 +4,12 @@ goes to. Pure functions; the I/O is ``ledger.py``.
 Why shards: a ConfigMap holds at most 1 MiB of data (key and value bytes; the API server refuses
 more), and one claim record costs 100 to 800 bytes (pod names, the caller's identity, a holder of
 up to 253 characters). A fleet of 4,096 instances, each held by a claim of its own, needs up to
-about 3 MB. Size matters below the limit too: every ledger write makes the API server decode,
-patch and re-encode the whole object and etcd store all of it again, so a write to a full ledger
-costs more than a write to a small one.
+about 3 MB. Size matters far below the limit too: every ledger write makes the API server decode,
+patch and re-encode the whole object, and etcd stores all of it again as a new version, kept until
+the API server compacts (every 5 minutes). With one 800 KB ledger (4,096 claims, bench/fleet.py)
+releasing the claims one write each filled etcd's 2 GiB quota ("mvcc: database space exceeded")
+and the control plane refused every write after that. Shards of 64 KiB make a write cost at most
+64 KiB, whatever the fleet's size.
 
 So the ledger is ``<fleet>-claims`` (the only shard while the claims fit, as before shards
 existed), then ``<fleet>-claims-1``, ``-2``, ... A claim lives whole in one shard, so binding it is
@@ -22,7 +25,7 @@ import re
 from collections.abc import Sequence
 
 CONFIGMAP_LIMIT = 1024 * 1024       # bytes of keys and values the API server accepts in one ConfigMap
-SHARD_BYTES = 256 * 1024            # new claims go to a shard while it holds less than this
+SHARD_BYTES = 64 * 1024             # new claims go to a shard while it holds less than this
 
 
 def shard_name(fleet: str, index: int) -> str:
