@@ -737,6 +737,24 @@ def test_scale_down_waits_scale_up_does_not() -> None:
 # --------------------------------------------------------------------------- configuration and CRDs
 
 
+async def test_api_requests_skip_proxy_and_netrc_lookups_only_where_there_are_none(tmp_path: Path) -> None:
+    from kubernetes_asyncio import client as k8s
+
+    from awm_operator.kube import skip_env_lookups
+
+    for environ, skipped in (({"HOME": str(tmp_path)}, True),
+                             ({"HOME": str(tmp_path), "HTTPS_PROXY": "http://proxy:3128"}, False),
+                             ({"HOME": str(tmp_path), "all_proxy": "socks5://p"}, False),
+                             ({"HOME": str(tmp_path), "HTTPS_PROXY": ""}, True)):
+        api = k8s.ApiClient(k8s.Configuration())
+        assert skip_env_lookups(api, environ) is skipped and api.rest_client.pool_manager.trust_env is not skipped
+        await api.close()
+    (tmp_path / ".netrc").write_text("machine example.com login a password b\n")
+    api = k8s.ApiClient(k8s.Configuration())
+    assert not skip_env_lookups(api, {"HOME": str(tmp_path)}) and api.rest_client.pool_manager.trust_env
+    await api.close()
+
+
 def test_config_from_env() -> None:
     cfg = OperatorConfig.from_env({"AWM_NAMESPACES": "a, b", "AWM_PEERING": "awm", "AWM_HEALTH_PORT": "8081",
                                    "AWM_ENVSERVER_RESOURCES": '{"limits": {"cpu": "2"}}', "AWM_SCALE_DOWN_DELAY": "5",
