@@ -352,6 +352,19 @@ async def test_a_pass_replaces_its_wake_up_timer() -> None:
     handles[-1].cancel()
 
 
+async def test_claims_nudge_the_reconciler_pods_poke_it() -> None:
+    """A claim bound or released changes only the status's counts: it wakes the reconciler
+    without urgency (a pass within the status interval); a pod event is urgent."""
+    fleet = ledger_fleet(2)
+    fleet.wake.clear()
+    fleet.urgent = False
+    fleet.assign("c1", ClaimRecord([["p0"]]))
+    fleet.unassign("c1")
+    assert fleet.wake.is_set() and not fleet.urgent
+    fleet.update_pod(PodInfo.from_pod(pod("p2")))
+    assert fleet.urgent
+
+
 async def test_releasing_a_holders_claims_waits_for_the_ledger() -> None:
     """Until the fleet's claims are read from its ledger, "this holder holds nothing" would be a
     guess that leaves a dead trainer's instances allocated until their TTL: the answer is 503."""

@@ -4,7 +4,8 @@ Level-triggered, like a controller-runtime reconciler: every pass looks at the w
 state (pods from the watch, the live EnvFleet body) and converges it, so missed or coalesced
 events cost nothing but a little latency. Pod events, spec changes and waiting claims wake the
 loop (``Fleet.poke``); bursts of events are coalesced into one pass every
-``reconcile_min_interval`` seconds.
+``reconcile_min_interval`` seconds. Claims bound and released only change the status's counts
+(``Fleet.nudge``): a pass every ``status_min_interval`` seconds is soon enough for them.
 
 Taking a fleet over (start-up, or a standby replica becoming active) first reads its ledger, so
 no allocated instance is handed out or scaled away. One pass: delete failed pods; create or
@@ -91,7 +92,10 @@ class Reconciler:
                 await asyncio.wait([woken, halt], timeout=cfg.resync_interval, return_when=asyncio.FIRST_COMPLETED)
                 woken.cancel()
                 fleet.wake.clear()
-                pause = last + cfg.reconcile_min_interval - time.monotonic()
+                interval = cfg.reconcile_min_interval if fleet.urgent else \
+                    max(cfg.reconcile_min_interval, cfg.status_min_interval)
+                fleet.urgent = False
+                pause = last + interval - time.monotonic()
                 if pause > 0:
                     await asyncio.sleep(pause)
                 if stopped or fleet.deleted:

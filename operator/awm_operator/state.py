@@ -149,6 +149,7 @@ class Fleet:
     deleted: bool = False
     admin_dsn: str | None = None
     wake: asyncio.Event = field(default_factory=asyncio.Event)
+    urgent: bool = False                                    # woken by poke(), not only nudge()
     _capacity: asyncio.Event = field(default_factory=asyncio.Event)
     pods_gone_at: float = 0.0                               # last pod removal (database sweep)
 
@@ -254,7 +255,7 @@ class Fleet:
             info = self.pods.get(name)
             if info is not None:
                 self.available[info.env].pop(name, None)
-        self.poke()
+        self.nudge()
 
     def unassign(self, claim_id: str) -> None:
         """The claim is gone from the ledger: its pods are allocatable again (if still ready)."""
@@ -268,7 +269,7 @@ class Fleet:
             if info is not None and self._free(info):
                 self.available[info.env][name] = None
                 self._grew()
-        self.poke()
+        self.nudge()
 
     # ---- allocation support
     def available_lists(self) -> dict[str, list[str]]:
@@ -302,6 +303,15 @@ class Fleet:
         self._capacity = asyncio.Event()
 
     def poke(self) -> None:
+        """Something the reconciler acts on (pods, the spec, waiting claims): a pass soon."""
+        self.urgent = True
+        self.wake.set()
+
+    def nudge(self) -> None:
+        """Only what the status counts changed (a claim bound or released): a pass within the
+        status interval does. A pass looks at every pod and claim (~20 ms of CPU at 4,096
+        instances), and claims at hundreds a second ran one every 0.2 s, blocking the loop that
+        serves them."""
         self.wake.set()
 
     def demand(self) -> int:
