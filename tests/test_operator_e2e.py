@@ -610,7 +610,7 @@ def test_a_ledger_spread_over_configmaps(control_plane: Any, cluster: Cluster, a
 
 
 def test_the_pod_watch_lists_in_pages(cluster: Cluster, operator: InThread) -> None:
-    """At 4,096 pods one LIST answer is ~20 MB of JSON: the watch lists in pages (limit/continue)
+    """At 4,096 pods one LIST answer is ~45 MB of JSON: the watch lists in pages (limit/continue)
     and sees every pod; here in pages of 3 against the real API server."""
     from awm_operator.kube import Kube
     from awm_operator.state import Fleets
