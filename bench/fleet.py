@@ -15,7 +15,16 @@ cluster; the clients run in this process):
   pod (the operator's previous design), measured in the same run.
 * ``grpo_claim_p50_ms``: 8 groups of 8 instances in one claim.
 * ``envclaim_p50_ms`` / ``envclaim_p99_ms``: the EnvClaim resource: POST until a watch sees it Bound.
+* ``full_*``: the fleet full: every instance but 64 held by its own one-instance claim (a realistic
+  ``holder``), as a trainer taking single instances would leave it: the time to fill it, the
+  ledger's size and number of ConfigMaps (``ledger_bytes``, ``ledger_objects``; one ConfigMap may
+  hold 1 MiB), claim p50/p99 and sustained claims/s on the 64 free instances, and the time to
+  release all of them with one ``DELETE .../claims?holder=``.
 * ``recover_s``: 100 ready pods deleted until the fleet is back at ``ready == instances``.
+* ``etcd_db_mb_after_*``: the size of etcd's database file (a ledger write stores its whole
+  ConfigMap again; etcd's quota here is 2 GiB).
+* ``rss_mb`` / ``peak_rss_mb``: resident memory of the operator and each control-plane process
+  after the ramp, and the peak of each over the whole run.
 
 Releases reset each instance through its control API: every pod points (``awm.dev/control-url``)
 at a stub control API in this process that answers ``/reset`` at once. The clients authenticate
@@ -30,6 +39,7 @@ import importlib.util
 import json
 import os
 import platform
+import shutil
 import ssl
 import subprocess
 import sys
@@ -73,6 +83,20 @@ def machine() -> dict[str, Any]:
             "kernel": platform.release()}
 
 
+def rss_mb(pid: int, field: str = "VmRSS") -> float:
+    """``VmRSS`` (now) or ``VmHWM`` (the peak) of a process, in MB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return 0.0
+
+
+def nodes_for(instances: int, pods_per_node: int = 512) -> int:
+    """kwok nodes enough for the fleet with a quarter to spare (pods being replaced still hold a
+    slot until they are gone), at least the harness's usual 4."""
+    return max(4, -(-instances * 5 // 4 // pods_per_node))
+
+
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -95,6 +119,7 @@ async def stub_control_api() -> tuple[web.AppRunner, str]:
 class Bench:
     def __init__(self, cp: Any, instances: int, log: Any) -> None:
         self.cp, self.n, self.log = cp, instances, log
+        self.profile: str | None = None
         pki = Path(cp.workdir) / "pki"
         tls = ssl.create_default_context(cafile=str(pki / "ca.crt"))
         tls.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
@@ -105,6 +130,94 @@ class Bench:
         """CPU seconds used so far by each control-plane process, the operator and this client."""
         out = {name: cpu_seconds(p.pid) for name, p in self.cp.procs.items()}
         out["operator"], out["clients"] = cpu_seconds(self.operator_pid), cpu_seconds(os.getpid())
+        return out
+
+    def spy(self, phase: str, seconds: float) -> subprocess.Popen[bytes] | None:
+        """With --profile: py-spy samples the operator for ``seconds`` (collapsed stacks)."""
+        if not self.profile:
+            return None
+        exe = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+        return subprocess.Popen([exe, "record", "--pid", str(self.operator_pid), "--duration", str(int(seconds)),
+                                 "--rate", "100", "--nonblocking", "--format", "raw",
+                                 "--output", f"{self.profile}-{phase}.txt"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def rss(self, field: str = "VmRSS") -> dict[str, float]:
+        out = {name: rss_mb(p.pid, field) for name, p in self.cp.procs.items()}
+        out["operator"] = rss_mb(self.operator_pid, field)
+        return out
+
+    def etcd_db_mb(self) -> float:
+        """etcd's database file: every ledger write stores the whole ConfigMap again, and until
+        the API server compacts (every 5 min) etcd keeps each version; the file grows to its
+        high-water mark and counts against etcd's 2 GiB quota."""
+        db = Path(self.cp.workdir) / "etcd" / "member" / "snap" / "db"
+        return round(db.stat().st_size / 1e6, 1) if db.exists() else 0.0
+
+    async def ledger_size(self) -> tuple[int, int]:
+        """(bytes of claim data, ConfigMaps) of the bench fleet's ledger."""
+        r = await self.k8s.get(f"/api/v1/namespaces/{NS}/configmaps",
+                               params={"labelSelector": "app.kubernetes.io/name=awm-ledger,awm.dev/fleet=bench"})
+        items = r.json()["items"]
+        size = sum(len(k) + len(v) for cm in items for k, v in (cm.get("data") or {}).items())
+        return size, len(items)
+
+    async def full_fleet(self, session: aiohttp.ClientSession, base: str) -> dict[str, Any]:
+        """Hold all but 64 instances in one-instance claims, measure claims on the rest, release."""
+        out: dict[str, Any] = {}
+        holder = "campaign/grpo-qwen3-8b-run-017"
+        hold = self.n - 64
+        held: list[str] = []
+
+        async def filler(count: int) -> None:
+            for _ in range(count):
+                async with session.post(base, json={"count": 1, "waitSeconds": 30, "holder": holder}) as r:
+                    assert r.status == 201, await r.text()
+                    held.append((await r.json())["id"])
+        t = time.monotonic()
+        await asyncio.gather(*(filler(hold // 16 + (1 if i < hold % 16 else 0)) for i in range(16)))
+        out["full_fill_s"] = round(time.monotonic() - t, 1)
+        out["full_held_claims"] = len(held)
+        out["ledger_bytes"], out["ledger_objects"] = await self.ledger_size()
+        self.log(f"{len(held)} claims held in {out['full_fill_s']} s; ledger {out['ledger_bytes']} bytes "
+                 f"in {out['ledger_objects']} ConfigMap(s)")
+        spy = self.spy("full", 10)
+        lat = []
+        for _ in range(100):
+            t = time.perf_counter()
+            async with session.post(base, json={"count": 1}) as r:
+                assert r.status == 201, await r.text()
+                claim_id = (await r.json())["id"]
+            lat.append((time.perf_counter() - t) * 1000)
+            async with session.delete(f"{base}/{claim_id}") as r:
+                assert r.status == 200, await r.text()
+        out["full_claim_p50_ms"], out["full_claim_p99_ms"] = pct(lat, 0.5), pct(lat, 0.99)
+        done, stop_at = [], time.monotonic() + 5.0
+
+        async def worker() -> None:
+            while time.monotonic() < stop_at:
+                async with session.post(base, json={"count": 1, "waitSeconds": 30}) as r:
+                    assert r.status == 201, await r.text()
+                    claim_id = (await r.json())["id"]
+                done.append(1)
+                async with session.delete(f"{base}/{claim_id}") as r:
+                    assert r.status == 200, await r.text()
+        t = time.monotonic()
+        await asyncio.gather(*(worker() for _ in range(16)))
+        out["full_claims_per_s"] = round(len(done) / (time.monotonic() - t), 1)
+        if spy is not None:
+            spy.wait()
+        self.log(f"full fleet: claim p50 {out['full_claim_p50_ms']} ms, p99 {out['full_claim_p99_ms']} ms, "
+                 f"{out['full_claims_per_s']} claims/s")
+        t = time.monotonic()
+        async with session.delete(base, params={"holder": holder}, timeout=aiohttp.ClientTimeout(total=600)) as r:
+            assert r.status == 200, await r.text()
+            released = len((await r.json())["released"])
+        out["full_release_s"] = round(time.monotonic() - t, 1)
+        assert released == len(held), (released, len(held))
+        out["etcd_db_mb_after_full"] = self.etcd_db_mb()
+        self.log(f"{released} claims released (one DELETE ?holder=) in {out['full_release_s']} s; "
+                 f"etcd database {out['etcd_db_mb_after_full']} MB")
         return out
 
     async def fleet_status(self) -> dict[str, Any]:
@@ -193,11 +306,14 @@ class Bench:
                               "template": {"annotations": {"awm.dev/control-url": control_url}}}}
             cpu0 = self.cpu()
             t0 = time.monotonic()
+            spy = self.spy("ramp", 30)
             (await self.k8s.post(f"{API}/envfleets", json=fleet)).raise_for_status()
             result["time_to_ready_s"] = round(await self.wait_ready(), 1)
             self.log(f"{self.n} ready in {result['time_to_ready_s']} s")
             cpu1 = self.cpu()
             result["cpu_s_during_ramp"] = {k: round(cpu1[k] - cpu0[k], 1) for k in cpu0}
+            result["rss_mb"] = self.rss()
+            result["etcd_db_mb_after_ramp"] = self.etcd_db_mb()
             await asyncio.sleep(max(0.0, 3 - (time.monotonic() - t0)))
 
             async with AllocationClient(self.api, NS, "bench") as alloc:
@@ -239,9 +355,14 @@ class Bench:
                             assert r.status == 200, await r.text()
                 cpu1 = self.cpu()
                 writes0 = await self.ledger_writes()
+                if spy is not None:
+                    spy.wait()
+                spy = self.spy("sustained", 10)
                 t = time.monotonic()
                 await asyncio.gather(*(worker() for _ in range(16)))
                 elapsed = time.monotonic() - t
+                if spy is not None:
+                    spy.wait()
                 result["ledger_writes_per_claim"] = round((await self.ledger_writes() - writes0) / len(done), 3)
                 cpu2 = self.cpu()
                 result["cpu_s_during_sustained"] = {k: round(cpu2[k] - cpu1[k], 1) for k in cpu1}
@@ -249,6 +370,8 @@ class Bench:
                 result["sustained_claim_p50_ms"] = pct(claim_lat, 0.5)
                 result["sustained_claim_p99_ms"] = pct(claim_lat, 0.99)
                 self.log(f"{result['claims_per_s']} claims/s sustained (16 clients, claim+release)")
+                if self.n > 64:
+                    result.update(await self.full_fleet(session, base))
 
             result["baseline_pod_write_claims_per_s"] = await self.pod_write_baseline()
             self.log(f"baseline: {result['baseline_pod_write_claims_per_s']} claim+release cycles/s "
@@ -267,6 +390,7 @@ class Bench:
             await asyncio.sleep(0.5)
             result["recover_s"] = round(time.monotonic() - t0 + await self.wait_ready(300), 1)
             self.log(f"{len(victims)} pods deleted: back to {self.n} ready in {result['recover_s']} s")
+            result["peak_rss_mb"] = self.rss("VmHWM")
         finally:
             await stub.cleanup()
             await self.k8s.aclose()
@@ -276,6 +400,8 @@ class Bench:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--instances", type=int, default=1024)
+    ap.add_argument("--nodes", type=int, default=None, help="kwok nodes of 512 pods (default: enough for the fleet)")
+    ap.add_argument("--profile", metavar="PREFIX", help="py-spy the operator: PREFIX-ramp.txt, PREFIX-sustained.txt")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args()
     log = (lambda msg: print(f"# {msg}", file=sys.stderr, flush=True))
@@ -283,7 +409,8 @@ def main() -> int:
     if not harness.binaries_present():
         sys.exit(f"missing Kubernetes binaries in {harness.default_bin_dir()}: run k8s/build.sh")
     load0 = os.getloadavg()
-    cp = harness.ControlPlane()
+    nodes = args.nodes or nodes_for(args.instances)
+    cp = harness.ControlPlane(nodes=nodes)
     kubeconfig = cp.start()
     operator = None
     try:
@@ -319,6 +446,7 @@ def main() -> int:
                 sys.exit("the operator did not start")
             time.sleep(0.2)
         bench = Bench(cp, args.instances, log)
+        bench.profile = args.profile
         bench.api, bench.operator_pid = f"http://127.0.0.1:{port}", operator.pid
         bench.metrics_url = f"http://127.0.0.1:{metrics}/metrics"
         result = asyncio.run(bench.run())
@@ -336,7 +464,8 @@ def main() -> int:
            "machine": {**machine(), "loadavg_before": [round(x, 2) for x in load0],
                        "loadavg_after": [round(x, 2) for x in os.getloadavg()]},
            "control_plane": {"kubernetes": versions["K8S_VERSION"], "etcd": versions["ETCD_VERSION"],
-                             "kwok": versions["KWOK_VERSION"], "nodes": 4}}
+                             "kwok": versions["KWOK_VERSION"], "nodes": nodes,
+                             "pods_per_node": cp.node_pods}}
     print(json.dumps(out, indent=None if args.json else 2))
     return 0
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-
 import time
 import urllib.error
 from pathlib import Path
@@ -147,15 +146,15 @@ class Cluster:
         items = self.cp.api("GET", f"/api/v1/namespaces/{self.ns}/pods?labelSelector=awm.dev/fleet={fleet}")["items"]
         return [p for p in items if not p["metadata"].get("deletionTimestamp")]
 
+    def ledger_shards(self, fleet: str) -> dict[str, dict[str, str]]:
+        """The fleet's ledger ConfigMaps as stored in the API server: name -> data."""
+        items = self.cp.api("GET", f"/api/v1/namespaces/{self.ns}/configmaps"
+                                   f"?labelSelector=app.kubernetes.io/name=awm-ledger,awm.dev/fleet={fleet}")["items"]
+        return {cm["metadata"]["name"]: cm.get("data") or {} for cm in items}
+
     def ledger(self, fleet: str) -> dict[str, list[list[str]]]:
-        """The fleet's allocation ledger as stored in the API server: claim id -> groups of pods."""
-        try:
-            cm = self.cp.api("GET", f"/api/v1/namespaces/{self.ns}/configmaps/{fleet}-claims")
-        except urllib.error.HTTPError as exc:
-            if exc.code == 404:
-                return {}
-            raise
-        return {cid: json.loads(v)["groups"] for cid, v in (cm.get("data") or {}).items()}
+        """The fleet's allocation ledger, all its shards: claim id -> groups of pods."""
+        return {cid: json.loads(v)["groups"] for data in self.ledger_shards(fleet).values() for cid, v in data.items()}
 
     def allocated(self, fleet: str) -> dict[str, str]:
         """pod -> claim id, from the ledger."""

@@ -194,7 +194,7 @@ OPERATOR_RULES = {
     ("awm.dev", "envclaims/status"): {"get", "patch"},
     ("awm.dev", "envfleets/finalizers"): {"update"},
     ("", "pods"): {"get", "list", "watch", "create", "delete"},
-    ("", "configmaps"): {"get", "create", "patch"},  # each fleet's allocation ledger
+    ("", "configmaps"): {"get", "list", "create", "patch"},  # each fleet's allocation ledger (its shards)
     ("", "secrets"): {"get"},
     ("", "events"): {"create"},
     ("kopf.dev", "kopfpeerings"): {"get", "list", "watch", "patch"},

@@ -12,6 +12,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psycopg
@@ -27,6 +28,7 @@ from awm_operator.config import OperatorConfig
 from awm_operator.crds import EnvFleetSpec
 from awm_operator.kube import ApiError
 from awm_operator.ledger import Ledger, LostRace, ledger_name
+from awm_operator.shards import CONFIGMAP_LIMIT, SHARD_BYTES, entry_size, place, shard_index, shard_name
 from awm_operator.metrics import Metrics
 from awm_operator.pods import A_CONTROL_URL, A_ENV, PodInfo, label_value, pod_manifest, pod_prefix, spread
 from awm_operator.state import ClaimRecord, ClaimRequest, Fleet, plan
@@ -332,6 +334,37 @@ async def test_selector_reads_run_beside_the_reconcile_pass(monkeypatch: pytest.
     assert rec.index_error is None and fleet.selected is None and rec.index_read == ("", 0.0)
 
 
+async def test_a_pass_replaces_its_wake_up_timer() -> None:
+    """Every pass over a fleet holding claims with a TTL asks to be woken at the next expiry: one
+    timer, replaced by the next pass, not one more per pass (a busy 4,096-instance fleet makes
+    several passes a second, for hours)."""
+    from awm_operator.reconcile import Context, Reconciler
+
+    ctx = Context(kube=None, allocator=None, metrics=None, config=OperatorConfig())  # type: ignore[arg-type]
+    fleet = ledger_fleet(2)
+    fleet.assign("api_1", ClaimRecord([["p0"]], expires=time.time() + 3600))
+    rec = Reconciler(fleet, ctx)
+    handles = []
+    for i in range(5):
+        rec.release_orphans(float(i))
+        handles.append(rec.timers["expiry"])
+    assert len(rec.timers) == 1 and all(h.cancelled() for h in handles[:-1]) and not handles[-1].cancelled()
+    handles[-1].cancel()
+
+
+async def test_claims_nudge_the_reconciler_pods_poke_it() -> None:
+    """A claim bound or released changes only the status's counts: it wakes the reconciler
+    without urgency (a pass within the status interval); a pod event is urgent."""
+    fleet = ledger_fleet(2)
+    fleet.wake.clear()
+    fleet.urgent = False
+    fleet.assign("c1", ClaimRecord([["p0"]]))
+    fleet.unassign("c1")
+    assert fleet.wake.is_set() and not fleet.urgent
+    fleet.update_pod(PodInfo.from_pod(pod("p2")))
+    assert fleet.urgent
+
+
 async def test_releasing_a_holders_claims_waits_for_the_ledger() -> None:
     """Until the fleet's claims are read from its ledger, "this holder holds nothing" would be a
     guess that leaves a dead trainer's instances allocated until their TTL: the answer is 503."""
@@ -490,45 +523,79 @@ def test_claim_record_round_trip() -> None:
 
 
 class ConfigMapServer:
-    """The API server's ConfigMap semantics that the ledger relies on (get, create, JSON merge
-    patch with a resourceVersion precondition), for fast unit tests; test_operator_e2e.py runs the
-    same ledger against the real API server."""
+    """The API server's ConfigMap semantics that the ledger relies on (list by label, get, create,
+    JSON merge patch with a resourceVersion precondition, the 1 MiB data limit), for fast unit
+    tests; test_operator_e2e.py runs the same ledger against the real API server."""
+
+    BASE = "/api/v1/namespaces/ns/configmaps"
 
     def __init__(self) -> None:
-        self.obj: dict | None = None
+        self.objs: dict[str, dict] = {}
         self.version = 0
-        self.writes = 0
+        self.writes = 0  # patches
         self.gate: asyncio.Event | None = None  # hold writes while set (to pile up a batch)
+
+    @property
+    def obj(self) -> dict | None:
+        return self.objs.get("f-claims")
+
+    def data(self, name: str) -> dict[str, str]:
+        return self.objs[name].get("data") or {}
+
+    def bump(self, name: str) -> None:
+        """Another writer changed ``name``."""
+        self.version += 1
+        self.objs[name]["metadata"]["resourceVersion"] = str(self.version)
+
+    def _check_size(self, data: dict[str, str]) -> None:
+        if sum(len(k) + len(v) for k, v in data.items()) > CONFIGMAP_LIMIT:
+            raise ApiError(422, '{"message": "data: Too long: must have at most 1048576 bytes"}')
 
     async def request(self, method: str, path: str, body=None, content_type: str = "", query=None, timeout=0.0):
         await asyncio.sleep(0)
+        name = path[len(self.BASE) + 1:]
+        if method == "GET" and not name:
+            wanted = dict(part.split("=", 1) for part in dict(query or [])["labelSelector"].split(","))
+            return {"items": [json.loads(json.dumps(o)) for o in self.objs.values()
+                              if wanted.items() <= o["metadata"]["labels"].items()]}
         if method == "GET":
-            if self.obj is None:
+            if name not in self.objs:
                 raise ApiError(404, "{}")
-            return json.loads(json.dumps(self.obj))
+            return json.loads(json.dumps(self.objs[name]))
         if method == "POST":
-            if self.obj is not None:
+            name = body["metadata"]["name"]
+            if name in self.objs:
                 raise ApiError(409, "{}")
+            self._check_size(body.get("data") or {})
             self.version += 1
-            self.obj = {**body, "metadata": {**body["metadata"], "resourceVersion": str(self.version)}}
-            return self.obj
+            self.objs[name] = {**body, "metadata": {**body["metadata"], "resourceVersion": str(self.version)}}
+            return self.objs[name]
         assert method == "PATCH"
         if self.gate is not None:
             await self.gate.wait()
-        if self.obj is None:
+        if name not in self.objs:
             raise ApiError(404, "{}")
-        if body["metadata"]["resourceVersion"] != self.obj["metadata"]["resourceVersion"]:
+        obj = self.objs[name]
+        if body["metadata"]["resourceVersion"] != obj["metadata"]["resourceVersion"]:
             raise ApiError(409, '{"message": "the object has been modified"}')
-        data = self.obj.setdefault("data", {})
+        data = dict(obj.get("data") or {})
         for key, value in body["data"].items():
             if value is None:
                 data.pop(key, None)
             else:
                 data[key] = value
-        self.version += 1
+        self._check_size(data)
+        obj["data"] = data
         self.writes += 1
-        self.obj["metadata"]["resourceVersion"] = str(self.version)
-        return self.obj
+        self.bump(name)
+        return obj
+
+
+def ledger_fleet(pods: int) -> Fleet:
+    fleet = Fleet("ns", "f", uid="u1")
+    for i in range(pods):
+        fleet.update_pod(PodInfo.from_pod(pod(f"p{i}")))
+    return fleet
 
 
 async def test_ledger_group_commit_and_conflicts() -> None:
@@ -553,8 +620,7 @@ async def test_ledger_group_commit_and_conflicts() -> None:
     # pod the other one took loses the race while the rest still commits.
     server.gate = None
     server.obj["data"]["other"] = ClaimRecord([["d"]]).dump()
-    server.obj["metadata"]["resourceVersion"] = str(server.version + 1)
-    server.version += 1
+    server.bump("f-claims")
     with pytest.raises(LostRace):
         await ledger.commit({"c4": ClaimRecord([["d"]])})
     await ledger.commit({"c1": None})
@@ -565,6 +631,98 @@ async def test_ledger_group_commit_and_conflicts() -> None:
         fresh.update_pod(PodInfo.from_pod(pod(name)))
     await Ledger(server, fresh, Metrics()).load()  # type: ignore[arg-type]
     assert fresh.owner == {"b": "c2", "c": "c3", "d": "other"} and fresh.available_lists() == {"crm": ["a"]}
+
+
+def test_shard_names_and_placement() -> None:
+    assert [shard_name("train", i) for i in range(3)] == ["train-claims", "train-claims-1", "train-claims-2"]
+    for fleet in ("train", "a-claims", "f" * 253, "x-claims-1"):
+        for i in (0, 1, 12):
+            assert shard_index(fleet, shard_name(fleet, i)) == i and len(shard_name(fleet, i)) <= 253
+    assert shard_index("train", "train-claims-01") is None and shard_index("train", "other-claims") is None
+    assert shard_index("a", "a-claims-claims") is None  # fleet "a-claims"'s first shard, not "a"'s
+    assert place([], 10, 100) == 0                       # the first shard
+    assert place([95, 50], 10, 100) == 1                 # first fit
+    assert place([95, 95], 10, 100) == 2                 # a new shard
+    assert place([95, 0], 500, 100) == 1                 # an empty shard takes any one claim
+
+
+def test_4096_one_instance_claims_need_shards() -> None:
+    """The worst case the API allows: 4,096 instances (maxReplicas), each in its own claim, with
+    the longest pod names, identities and holders. One ConfigMap cannot hold that; the shards,
+    filled as the ledger fills them, each stay far below the limit."""
+    pods = [f"{'f' * 30}-{'e' * 25}-{i:05x}" for i in range(4096)]
+    owner = f"system:serviceaccount:{'n' * 63}:{'s' * 253}"
+    used: list[int] = []
+    total = 0
+    for i, name in enumerate(pods):
+        claim_id = f"api_{i:016x}"
+        size = entry_size(claim_id, ClaimRecord([[name]], holder="h" * 253, owner=owner).dump())
+        total += size
+        index = place(used, size, SHARD_BYTES)
+        used += [0] * (index + 1 - len(used))
+        used[index] += size
+    assert total > 2.5 * CONFIGMAP_LIMIT
+    assert len(used) <= -(-total // SHARD_BYTES) + 1 and max(used) <= SHARD_BYTES < CONFIGMAP_LIMIT
+
+
+async def test_ledger_spreads_over_shards() -> None:
+    server = ConfigMapServer()
+    fleet = ledger_fleet(12)
+    record = ClaimRecord([["p0"]], created=1.0)
+    size = entry_size("c00", record.dump())
+    ledger = Ledger(server, fleet, Metrics(), shard_bytes=3 * size)  # type: ignore[arg-type]
+    await ledger.load()
+    # Claims fill the first shard, then the next ones; a claim is whole in one shard.
+    await asyncio.gather(*(ledger.commit({f"c{i:02d}": ClaimRecord([[f"p{i}"]], created=1.0)}) for i in range(7)))
+    assert sorted(server.objs) == ["f-claims", "f-claims-1", "f-claims-2"]
+    assert [sorted(server.data(n)) for n in sorted(server.objs)] == [
+        ["c00", "c01", "c02"], ["c03", "c04", "c05"], ["c06"]]
+    assert all(server.objs[n]["metadata"]["ownerReferences"][0]["uid"] == "u1" for n in server.objs)
+    assert set(fleet.claims) == {f"c{i:02d}" for i in range(7)}
+    # A claim bigger than a shard's limit goes to an empty one, whole.
+    await ledger.commit({"big": ClaimRecord([["p7", "p8"], ["p9", "p10"]], created=1.0, holder="h" * 200)})
+    assert list(server.data("f-claims-3")) == ["big"]
+    # A release frees room in its shard, and the next claim takes it (first fit).
+    await ledger.commit({"c01": None})
+    await ledger.commit({"c11": ClaimRecord([["p1"]], created=1.0)})
+    assert sorted(server.data("f-claims")) == ["c00", "c02", "c11"]
+    # A renewal stays where its claim is.
+    await ledger.commit({"c04": ClaimRecord([["p4"]], created=1.0, expires=99.0)})
+    assert ClaimRecord.parse(server.data("f-claims-1")["c04"]).expires == 99.0
+    # A restarted operator (or a standby taking over) reads every shard back.
+    fresh = ledger_fleet(12)
+    await Ledger(server, fresh, Metrics(), shard_bytes=3 * size).load()  # type: ignore[arg-type]
+    assert fresh.owner == fleet.owner and fresh.available_lists() == fleet.available_lists()
+    # A shard deleted by hand is written back from what this replica knew, at its next write.
+    del server.objs["f-claims-1"]
+    await ledger.commit({"c03": None})
+    assert sorted(server.data("f-claims-1")) == ["c04", "c05"] and "c03" not in fleet.claims
+    assert fleet.owner.get("p4") == "c04"
+    # Another replica wrote a shard meanwhile: that shard's write is retried on the new version
+    # and the other shards' changes in the same batch are not lost.
+    server.data("f-claims-2")["other"] = ClaimRecord([["p3"]], created=1.0).dump()
+    server.bump("f-claims-2")
+    await asyncio.gather(ledger.commit({"c06": None}), ledger.commit({"c00": None}))
+    assert sorted(server.data("f-claims-2")) == ["other"] and sorted(server.data("f-claims")) == ["c02", "c11"]
+    assert fleet.owner.get("p3") == "other" and "c06" not in fleet.claims and "c00" not in fleet.claims
+
+
+async def test_a_claim_left_in_two_shards_is_read_once_and_released_from_both() -> None:
+    """A write whose answer was lost (the operator died after the API server applied it) can leave
+    a claim in a second shard when it is retried elsewhere: read back once, removed from both."""
+    server = ConfigMapServer()
+    fleet = ledger_fleet(4)
+    ledger = Ledger(server, fleet, Metrics())  # type: ignore[arg-type]
+    await ledger.load()
+    await ledger.commit({"c1": ClaimRecord([["p1"]], created=1.0)})
+    copy = dict(server.objs["f-claims"], metadata={**server.objs["f-claims"]["metadata"], "name": "f-claims-1"})
+    server.objs["f-claims-1"] = json.loads(json.dumps(copy))
+    fresh = ledger_fleet(4)
+    again = Ledger(server, fresh, Metrics())  # type: ignore[arg-type]
+    await again.load()
+    assert fresh.owner == {"p1": "c1"} and len(again.shards) == 2
+    await again.commit({"c1": None})
+    assert server.data("f-claims") == {} and server.data("f-claims-1") == {} and fresh.owner == {}
 
 
 # --------------------------------------------------------------------------- autoscaling
@@ -590,6 +748,24 @@ def test_scale_down_waits_scale_up_does_not() -> None:
 
 
 # --------------------------------------------------------------------------- configuration and CRDs
+
+
+async def test_api_requests_skip_proxy_and_netrc_lookups_only_where_there_are_none(tmp_path: Path) -> None:
+    from kubernetes_asyncio import client as k8s
+
+    from awm_operator.kube import skip_env_lookups
+
+    for environ, skipped in (({"HOME": str(tmp_path)}, True),
+                             ({"HOME": str(tmp_path), "HTTPS_PROXY": "http://proxy:3128"}, False),
+                             ({"HOME": str(tmp_path), "all_proxy": "socks5://p"}, False),
+                             ({"HOME": str(tmp_path), "HTTPS_PROXY": ""}, True)):
+        api = k8s.ApiClient(k8s.Configuration())
+        assert skip_env_lookups(api, environ) is skipped and api.rest_client.pool_manager.trust_env is not skipped
+        await api.close()
+    (tmp_path / ".netrc").write_text("machine example.com login a password b\n")
+    api = k8s.ApiClient(k8s.Configuration())
+    assert not skip_env_lookups(api, {"HOME": str(tmp_path)}) and api.rest_client.pool_manager.trust_env
+    await api.close()
 
 
 def test_config_from_env() -> None:

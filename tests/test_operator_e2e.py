@@ -555,6 +555,87 @@ def test_fleet_deletion_drops_its_databases(cluster: Cluster, operator: InThread
     provision.drop_instance(admin_dsn, other)
 
 
+# --------------------------------------------------------------------------- scale
+
+def test_a_ledger_spread_over_configmaps(control_plane: Any, cluster: Cluster, admin_dsn: str,
+                                        env_server: str) -> None:
+    """A ledger ConfigMap holds at most 1 MiB, and 4,096 one-instance claims can need 3 MB: the
+    ledger spreads over shards. Here an operator whose shards take ~3 claims each: claims of both
+    kinds land whole in one shard each and never share an instance, a restarted operator reads
+    every shard back, released room is reused before a new shard is made, and the shards go with
+    the fleet."""
+    ns = "awm-shards"
+    setup_namespace(control_plane, ns, admin_dsn)
+    shards = Cluster(control_plane, ns)
+    config = operator_config(ns, ledger_shard_bytes=450)
+
+    async def claim(op: InThread, n: int, **kwargs: Any) -> list[dict[str, Any]]:
+        async with AllocationClient(api_url(op), ns, "sharded") as alloc:
+            return list(await asyncio.gather(*(alloc.claim(count=1, **kwargs) for _ in range(n))))
+
+    async def release(op: InThread, ids: list[str]) -> None:
+        async with AllocationClient(api_url(op), ns, "sharded") as alloc:
+            await asyncio.gather(*(alloc.release(i) for i in ids))
+
+    with InThread(config, control_plane.kubeconfig) as op:
+        shards.create("envfleets", "sharded", fleet_spec(10, env_server, ["crm", "notes"]))
+        wait_for("10 ready", lambda: shards.ready("sharded", 10), timeout=120)
+        api = asyncio.run(claim(op, 8))
+        got = claim_of(shards, "two", {"fleet": "sharded", "count": 2})
+        assert got["phase"] == "Bound"
+    stored = shards.ledger_shards("sharded")
+    assert len(stored) >= 3 and "sharded-claims" in stored and "sharded-claims-1" in stored, stored
+    for name, data in stored.items():
+        assert len(data) == 1 or sum(len(k) + len(v) for k, v in data.items()) <= 450, (name, data)
+    held = [p for cid, groups in shards.ledger("sharded").items() for g in groups for p in g]
+    assert len(held) == 10 and len(set(held)) == 10
+    assert sum(len(data) for data in stored.values()) == 9  # each claim in exactly one shard
+
+    with InThread(config, control_plane.kubeconfig) as op:  # a restarted operator
+        wait_for("all 10 allocated", lambda: (s := shards.status("envfleets", "sharded")).get("allocated") == 10
+                 and s.get("ready") == 0)
+        with pytest.raises(AllocationError) as exc:
+            asyncio.run(claim(op, 1, wait_seconds=1))
+        assert exc.value.status == 409  # nothing handed out twice
+        asyncio.run(release(op, [c["id"] for c in api[:4]]))
+        again = asyncio.run(claim(op, 4))
+        assert set(shards.ledger_shards("sharded")) == set(stored)  # the freed room was reused
+        assert len(set(shards.allocated("sharded"))) == 10
+        asyncio.run(release(op, [c["id"] for c in api[4:] + again]))
+        shards.delete("envclaims", "two")
+        wait_for("all 10 back in the pool", lambda: shards.ready("sharded", 10) and not shards.ledger("sharded"))
+        shards.delete("envfleets", "sharded")
+        wait_for("the fleet and its ledger gone", lambda: shards.get("envfleets", "sharded") is None
+                 and not shards.ledger_shards("sharded"), timeout=120)
+
+
+def test_the_pod_watch_lists_in_pages(cluster: Cluster, operator: InThread) -> None:
+    """At 4,096 pods one LIST answer is ~45 MB of JSON: the watch lists in pages (limit/continue)
+    and sees every pod; here in pages of 3 against the real API server."""
+    from awm_operator.kube import Kube
+    from awm_operator.state import Fleets
+    from awm_operator.watch import PodWatcher
+
+    cluster.create("envfleets", "paged", fleet_spec(7, None, ["crm"]))
+    wait_for("7 ready", lambda: cluster.ready("paged", 7))
+    names = {p["metadata"]["name"] for p in cluster.pods("paged")}
+
+    async def go() -> tuple[set[str], str, list[int]]:
+        kube = await Kube.connect(cluster.cp.kubeconfig)
+        try:
+            fleets = Fleets()
+            version = await PodWatcher(kube, fleets, NS, page=3)._list()
+            sizes = [len(page.get("items") or []) async for page in kube.list_pages(
+                f"/api/v1/namespaces/{NS}/pods", [("labelSelector", "awm.dev/fleet=paged")], limit=3)]
+            return set((fleets.get(NS, "paged") or fleets.ensure(NS, "paged")).pods), version, sizes
+        finally:
+            await kube.close()
+    seen, version, sizes = asyncio.run(go())
+    assert seen == names and version.isdigit() and sizes == [3, 3, 1]
+    cluster.delete("envfleets", "paged")
+    wait_for("the fleet gone", lambda: cluster.get("envfleets", "paged") is None and not cluster.pods("paged"))
+
+
 # --------------------------------------------------------------------------- more than one replica
 
 

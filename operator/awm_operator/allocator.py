@@ -128,7 +128,7 @@ class Allocator:
                 await fleet.wait_capacity(remaining)
         finally:
             if fleet.pending.pop(claim_id, None) is not None:
-                fleet.poke()
+                fleet.nudge()  # less demand: the autoscaler may scale down, after its delay
 
     async def _bind(self, fleet: Fleet, claim_id: str, groups: list[list[str]],
                     ttl: float | None, holder: str | None = None, owner: str | None = None) -> list[Bound] | None:
@@ -174,7 +174,8 @@ class Allocator:
         replaced = len(results) - returned
         self.metrics.releases.labels(fleet.namespace, fleet.name, "returned").inc(returned)
         self.metrics.releases.labels(fleet.namespace, fleet.name, "replaced").inc(replaced)
-        fleet.poke()
+        if replaced:
+            fleet.poke()  # doomed pods: their replacements are created at once
         return returned, replaced
 
     async def _reset_or_replace(self, fleet: Fleet, pod: PodInfo) -> bool:

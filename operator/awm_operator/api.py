@@ -30,6 +30,7 @@ another identity's), unless the operator runs with AWM_API_AUTH=off.
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import time
 from typing import Any
@@ -45,6 +46,7 @@ from awm_operator.reconcile import Context
 from awm_operator.state import ClaimRequest, Fleets
 
 MAX_WAIT = 600.0
+HOLDER_RELEASE_CONCURRENCY = 64  # releases of one DELETE ?holder= in flight (resets, ledger writes)
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -199,14 +201,19 @@ def build_api(ctx: Context, fleets: Fleets, auth: authn.Authenticator | None = N
         ids = [cid for cid, rec in fleet.claims.items()  # with auth on, only the caller's own
                if cid.startswith("api_") and rec.holder == holder and cid not in fleet.releasing
                and (me is None or rec.owner in (None, me))]
-        returned = replaced = 0
+        # Concurrently (a trainer of a 4,096-instance fleet can hold thousands of claims): one at
+        # a time, each release's ledger write went alone; together they share group commits.
+        limit = asyncio.Semaphore(HOLDER_RELEASE_CONCURRENCY)
+
+        async def release(claim_id: str) -> tuple[int, int]:
+            async with limit:
+                return await ctx.allocator.release(fleet, claim_id)
         try:
-            for claim_id in ids:
-                r, p = await ctx.allocator.release(fleet, claim_id)
-                returned, replaced = returned + r, replaced + p
+            results = await asyncio.gather(*(release(claim_id) for claim_id in ids))
         except NotActive as exc:
             return _error(503, str(exc))
-        return web.json_response({"holder": holder, "released": ids, "returned": returned, "replaced": replaced})
+        return web.json_response({"holder": holder, "released": ids, "returned": sum(r for r, _ in results),
+                                  "replaced": sum(p for _, p in results)})
 
     add_progress_route(routes, ctx, fleets)  # POST /v1/namespaces/{ns}/campaigns/{name}/progress (campaigns.py)
     cfg = ctx.config

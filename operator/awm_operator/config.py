@@ -12,6 +12,8 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from awm_operator.shards import SHARD_BYTES
+
 
 def _list(value: str | None) -> list[str]:
     return [part.strip() for part in (value or "").split(",") if part.strip()]
@@ -61,6 +63,7 @@ class OperatorConfig:
     claim_wait_default: float = 30.0          # allocation API: wait for capacity this long
     claim_ttl_default: float = 3600.0         # allocation API: claims not renewed are released then
     claim_ttl_max: float = 7 * 86400.0
+    ledger_shard_bytes: int = SHARD_BYTES     # a ledger ConfigMap takes new claims until it holds this
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "OperatorConfig":
@@ -93,4 +96,5 @@ class OperatorConfig:
             key = f"AWM_{name.upper()}"
             if key in e:
                 setattr(cfg, name, float(e[key]))
+        cfg.ledger_shard_bytes = int(e.get("AWM_LEDGER_SHARD_BYTES", cfg.ledger_shard_bytes))
         return cfg

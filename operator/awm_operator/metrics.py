@@ -42,6 +42,11 @@ class Metrics:
         self.ledger_batch = Histogram("awm_ledger_batch_claims",
                                       "Claim changes (binds, releases, renewals) carried by one ledger write.",
                                       buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=r)
+        self.ledger_bytes = Gauge("awm_ledger_bytes",
+                                  "Bytes of claims in a fleet's ledger (a ConfigMap holds at most 1 MiB; the "
+                                  "ledger spreads over several).", ["namespace", "fleet"], registry=r)
+        self.ledger_shards = Gauge("awm_ledger_shards", "ConfigMaps a fleet's ledger is spread over.",
+                                   ["namespace", "fleet"], registry=r)
         self.claims_expired = Counter("awm_claims_expired_total", "Claims released because their TTL ran out.",
                                       ["namespace", "fleet"], registry=r)
 
@@ -83,7 +88,7 @@ class Metrics:
                 self.instances.remove(namespace, fleet, state)
             except KeyError:
                 pass
-        for gauge in (self.desired, self.demand):
+        for gauge in (self.desired, self.demand, self.ledger_bytes, self.ledger_shards):
             try:
                 gauge.remove(namespace, fleet)
             except KeyError:

@@ -4,7 +4,8 @@ Level-triggered, like a controller-runtime reconciler: every pass looks at the w
 state (pods from the watch, the live EnvFleet body) and converges it, so missed or coalesced
 events cost nothing but a little latency. Pod events, spec changes and waiting claims wake the
 loop (``Fleet.poke``); bursts of events are coalesced into one pass every
-``reconcile_min_interval`` seconds.
+``reconcile_min_interval`` seconds. Claims bound and released only change the status's counts
+(``Fleet.nudge``): a pass every ``status_min_interval`` seconds is soon enough for them.
 
 Taking a fleet over (start-up, or a standby replica becoming active) first reads its ledger, so
 no allocated instance is handed out or scaled away. One pass: delete failed pods; create or
@@ -70,6 +71,7 @@ class Reconciler:
     index_error: str | None = None
     index_task: asyncio.Task[None] | None = None  # a catalog index read in flight
     expiring: set[str] = field(default_factory=set)  # claims being released in the background
+    timers: dict[str, asyncio.TimerHandle] = field(default_factory=dict)  # wake_at's, by reason
 
     def __post_init__(self) -> None:
         self.gate = ScaleDownGate(self.ctx.config.scale_down_delay)
@@ -90,7 +92,10 @@ class Reconciler:
                 await asyncio.wait([woken, halt], timeout=cfg.resync_interval, return_when=asyncio.FIRST_COMPLETED)
                 woken.cancel()
                 fleet.wake.clear()
-                pause = last + cfg.reconcile_min_interval - time.monotonic()
+                interval = cfg.reconcile_min_interval if fleet.urgent else \
+                    max(cfg.reconcile_min_interval, cfg.status_min_interval)
+                fleet.urgent = False
+                pause = last + interval - time.monotonic()
                 if pause > 0:
                     await asyncio.sleep(pause)
                 if stopped or fleet.deleted:
@@ -104,13 +109,15 @@ class Reconciler:
             halt.cancel()
             if self.index_task is not None:
                 self.index_task.cancel()
+            for timer in self.timers.values():
+                timer.cancel()
             fleet.active = False
             fleet.ledger = None
 
     async def take_over(self, stopped: Any) -> bool:
         """Read the fleet's ledger (retrying while the API server is unreachable); False if the
         daemon was stopped first."""
-        ledger = Ledger(self.ctx.kube, self.fleet, self.ctx.metrics)
+        ledger = Ledger(self.ctx.kube, self.fleet, self.ctx.metrics, self.ctx.config.ledger_shard_bytes)
         delay = 0.5
         while not stopped:
             try:
@@ -296,9 +303,17 @@ class Reconciler:
         for claim in set(self.orphans) - set(fleet.claims):
             del self.orphans[claim]
         if self.orphans:
-            asyncio.get_running_loop().call_later(ORPHAN_GRACE / 2, fleet.poke)
+            self.wake_at(ORPHAN_GRACE / 2, "orphans")
         if next_expiry is not None:
-            asyncio.get_running_loop().call_later(max(0.0, next_expiry - wall) + 0.05, fleet.poke)
+            self.wake_at(max(0.0, next_expiry - wall) + 0.05, "expiry")
+
+    def wake_at(self, delay: float, why: str) -> None:
+        """Poke the fleet in ``delay`` seconds: one timer per reason, replaced by each pass (a
+        timer per pass piled up thousands an hour on a busy fleet, each holding its callback)."""
+        old = self.timers.pop(why, None)
+        if old is not None:
+            old.cancel()
+        self.timers[why] = asyncio.get_running_loop().call_later(delay, self.fleet.poke)
 
     def release_later(self, claim: str, expired: bool = False) -> None:
         """Release a claim in the background; an EnvClaim whose TTL ran out first says so in its
@@ -369,7 +384,7 @@ class Reconciler:
             fleet.poke()
         due = self.gate.due_in(now)
         if due is not None:
-            asyncio.get_running_loop().call_later(due + 0.01, fleet.poke)
+            self.wake_at(due + 0.01, "scale-down")
 
     def _condition(self, kind: str, ok: bool, reason: str, message: str) -> dict[str, Any]:
         status = "True" if ok else "False"
@@ -418,7 +433,7 @@ class Reconciler:
         now = time.monotonic()
         wait = self.last_status_at + self.ctx.config.status_min_interval - now
         if wait > 0 and not force:
-            asyncio.get_running_loop().call_later(wait + 0.01, fleet.poke)
+            self.wake_at(wait + 0.01, "status")
             return
         try:
             await self.ctx.kube.patch_status("envfleets", fleet.namespace, fleet.name, status)
@@ -437,7 +452,7 @@ class Reconciler:
         recent = fleet.pods_gone_at > self.last_sweep and now - fleet.pods_gone_at >= 2.0
         if not (due or recent) or now - self.ctx.started < 10.0:
             if fleet.pods_gone_at > self.last_sweep:
-                asyncio.get_running_loop().call_later(2.1, fleet.poke)
+                self.wake_at(2.1, "sweep")
             return
         self.last_sweep = now
         try:

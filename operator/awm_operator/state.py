@@ -15,7 +15,8 @@ import json
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from itertools import islice
+from typing import TYPE_CHECKING, Any, Collection, Iterable, Mapping
 
 from awm_operator.crds import EnvFleetSpec
 from awm_operator.pods import PodInfo
@@ -80,17 +81,23 @@ class ClaimRequest:
         return None
 
 
-def plan(available: Mapping[str, Iterable[str]], req: ClaimRequest) -> list[list[str]] | None:
+def plan(available: Mapping[str, Collection[str]], req: ClaimRequest) -> list[list[str]] | None:
     """Pick pods for a claim, or None if the pool cannot satisfy all of it (claims are
     all-or-nothing). GRPO groups come each from one environment, taken from whichever has the
     most instances left; plain claims draw one at a time from the fullest environment, which
-    keeps the pool balanced across environments."""
-    pools = {env: list(names) for env, names in available.items()
+    keeps the pool balanced across environments. Only the pods taken are read from the pools
+    (a 4,096-instance pool is not copied for a one-instance claim)."""
+    pools = {env: names for env, names in available.items()
              if names and (req.environment is None or env == req.environment)}
     taken = dict.fromkeys(pools, 0)
 
     def left(env: str) -> int:
         return len(pools[env]) - taken[env]
+
+    def take(env: str, n: int) -> list[str]:
+        names = list(islice(pools[env], taken[env], taken[env] + n))
+        taken[env] += n
+        return names
 
     if req.group_size:
         groups = []
@@ -98,8 +105,7 @@ def plan(available: Mapping[str, Iterable[str]], req: ClaimRequest) -> list[list
             env = max(pools, key=left, default=None)
             if env is None or left(env) < req.group_size:
                 return None
-            groups.append(pools[env][taken[env]:taken[env] + req.group_size])
-            taken[env] += req.group_size
+            groups.append(take(env, req.group_size))
         return groups
     if sum(len(v) for v in pools.values()) < req.count:
         return None
@@ -108,9 +114,7 @@ def plan(available: Mapping[str, Iterable[str]], req: ClaimRequest) -> list[list
         env = max(pools, key=left)
         # take a run from the fullest environment until it is no longer the fullest
         others = max((left(e) for e in pools if e != env), default=0)
-        n = min(req.count - len(picked), max(1, left(env) - others))
-        picked += pools[env][taken[env]:taken[env] + n]
-        taken[env] += n
+        picked += take(env, min(req.count - len(picked), max(1, left(env) - others)))
     return [picked]
 
 
@@ -145,6 +149,7 @@ class Fleet:
     deleted: bool = False
     admin_dsn: str | None = None
     wake: asyncio.Event = field(default_factory=asyncio.Event)
+    urgent: bool = False                                    # woken by poke(), not only nudge()
     _capacity: asyncio.Event = field(default_factory=asyncio.Event)
     pods_gone_at: float = 0.0                               # last pod removal (database sweep)
 
@@ -250,7 +255,7 @@ class Fleet:
             info = self.pods.get(name)
             if info is not None:
                 self.available[info.env].pop(name, None)
-        self.poke()
+        self.nudge()
 
     def unassign(self, claim_id: str) -> None:
         """The claim is gone from the ledger: its pods are allocatable again (if still ready)."""
@@ -264,7 +269,7 @@ class Fleet:
             if info is not None and self._free(info):
                 self.available[info.env][name] = None
                 self._grew()
-        self.poke()
+        self.nudge()
 
     # ---- allocation support
     def available_lists(self) -> dict[str, list[str]]:
@@ -298,6 +303,15 @@ class Fleet:
         self._capacity = asyncio.Event()
 
     def poke(self) -> None:
+        """Something the reconciler acts on (pods, the spec, waiting claims): a pass soon."""
+        self.urgent = True
+        self.wake.set()
+
+    def nudge(self) -> None:
+        """Only what the status counts changed (a claim bound or released): a pass within the
+        status interval does. A pass looks at every pod and claim (~20 ms of CPU at 4,096
+        instances), and claims at hundreds a second ran one every 0.2 s, blocking the loop that
+        serves them."""
         self.wake.set()
 
     def demand(self) -> int:

@@ -18,7 +18,7 @@ import json
 import logging
 from typing import Any
 
-from awm_operator.kube import ApiError, Kube
+from awm_operator.kube import LIST_PAGE, ApiError, Kube
 from awm_operator.pods import APP_NAME, L_NAME, PodInfo
 from awm_operator.state import Fleets
 
@@ -47,8 +47,8 @@ def apply_event(fleets: Fleets, kind: str, pod: dict[str, Any]) -> None:
 
 
 class PodWatcher:
-    def __init__(self, kube: Kube, fleets: Fleets, namespace: str | None) -> None:
-        self.kube, self.fleets, self.namespace = kube, fleets, namespace
+    def __init__(self, kube: Kube, fleets: Fleets, namespace: str | None, page: int = LIST_PAGE) -> None:
+        self.kube, self.fleets, self.namespace, self.page = kube, fleets, namespace, page
         self.synced = asyncio.Event()  # the first list has been applied
 
     @property
@@ -69,19 +69,22 @@ class PodWatcher:
                 await asyncio.sleep(1.0)
 
     async def _list(self) -> str:
-        data = await self.kube.request("GET", self.path, query=[("labelSelector", SELECTOR)], timeout=120)
+        """List in pages (``Kube.list_pages``), applying each page as it comes."""
         seen: dict[tuple[str, str], set[str]] = {}
-        for pod in data.get("items") or []:
-            apply_event(self.fleets, "ADDED", pod)
-            meta = pod["metadata"]
-            seen.setdefault((meta.get("namespace", ""), owner_fleet(pod) or ""), set()).add(meta["name"])
+        version = ""
+        async for page in self.kube.list_pages(self.path, [("labelSelector", SELECTOR)], self.page, timeout=120):
+            version = version or str(page["metadata"]["resourceVersion"])
+            for pod in page.get("items") or []:
+                apply_event(self.fleets, "ADDED", pod)
+                meta = pod["metadata"]
+                seen.setdefault((meta.get("namespace", ""), owner_fleet(pod) or ""), set()).add(meta["name"])
         for fleet in self.fleets:  # pods deleted while we were not watching
             if self.namespace and fleet.namespace != self.namespace:
                 continue
             for name in set(fleet.pods) - seen.get((fleet.namespace, fleet.name), set()):
                 fleet.remove_pod(name)
         self.synced.set()
-        return str(data["metadata"]["resourceVersion"])
+        return version
 
     async def _watch(self, version: str) -> str | None:
         """Stream events; return the version to resume from, or None to relist (410 Gone)."""
