@@ -208,6 +208,7 @@ CAMPAIGN_RULES = {
     ("awm.dev", "envfleets"): {"create", "delete"},
     ("batch", "jobs"): {"get", "list", "watch", "create"},
     ("", "configmaps"): {"get", "create"},
+    ("", "services"): {"get", "create"},  # the headless Service of a learner on several nodes
     # Each campaign's trainer identity (campaigns.trainer_access): RBAC lets the operator grant only
     # what it holds, hence the envclaims and campaigns/status verbs it never uses itself.
     ("", "serviceaccounts"): {"create", "get"},
