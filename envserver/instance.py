@@ -310,13 +310,19 @@ class EnvInstance:
         final = await self._db(lambda: build_sqlite(ddl, self.db.read_tables(False)))
         return {"initial": self._initial_sqlite, "final": final}
 
-    async def diff(self) -> dict[str, Any]:
+    async def diff(self, rows: int = 0) -> dict[str, Any]:
+        """Rows inserted/updated/deleted per table since the reset; with ``rows`` > 0 also the rows
+        themselves (at most that many per table), before and after."""
         async with self._lock:
             try:
                 tables = await self._db(self.db.diff)
+                changed = await self._db(lambda: self.db.diff_rows(rows)) if rows > 0 else None
             except DatabaseLost as exc:
                 raise ControlError(503, f"database unavailable: {exc}") from exc
-        return {"episode_id": self.episode.id if self.episode else None, "tables": tables}
+        out: dict[str, Any] = {"episode_id": self.episode.id if self.episode else None, "tables": tables}
+        if changed is not None:
+            out["rows"] = changed
+        return out
 
     async def checksum(self) -> dict[str, Any]:
         async with self._lock:

@@ -303,6 +303,9 @@ class EpisodeDatabase:
     def diff(self) -> dict[str, Any]:
         return self._guard(lambda c: snap.diff(c, self._keys, self._tables))
 
+    def diff_rows(self, limit: int) -> dict[str, Any]:
+        return self._guard(lambda c: snap.diff_rows(c, self._keys, self._tables, limit))
+
     def checksum(self) -> dict[str, Any]:
         current = self._guard(snap.compute_checksum)
         assert self._expected is not None
