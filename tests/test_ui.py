@@ -184,3 +184,23 @@ async def test_fleet_view_and_playground_on_a_real_instance(notes, home):
         await client.post(f"/api/playground/{notes.name}/release")
         assert next(i for i in (await client.get("/api/fleet")).json()["instances"] if i["name"] == notes.name)["holder"] is None
     await state.close()
+
+
+async def test_fleet_view_reads_the_operators_instances_and_claims(home):
+    from awm_operator.api import bound_port, build_api, serve
+    from awm_operator.config import OperatorConfig
+    from awm_operator.reconcile import Context
+    from tests.test_operator import operator_fleet
+
+    ctx = Context(kube=None, allocator=None, metrics=None, config=OperatorConfig())  # type: ignore[arg-type]
+    runner = await serve(build_api(ctx, operator_fleet()), "127.0.0.1", 0)
+    view = FleetView(operator_url=f"http://127.0.0.1:{bound_port(runner)}", fleets=["ns/f", "ns/missing"])
+    try:
+        (fleet, missing) = (await view.snapshot())["operator"]
+    finally:
+        await view.close()
+        await runner.cleanup()
+    assert (fleet["replicas"], fleet["ready"], fleet["allocated"], fleet["starting"]) == (3, 1, 1, 1)
+    assert fleet["environments"] == {"bike_shop": {"starting": 1}, "crm": {"ready": 1, "allocated": 1}}
+    assert [c["holder"] for c in fleet["claims"]] == ["campaign/c"]
+    assert missing == {"fleet": "ns/missing", "error": "no such fleet"}

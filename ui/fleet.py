@@ -131,14 +131,24 @@ class FleetView:
         return out
 
     async def _operator(self, ref: str) -> dict[str, Any]:
+        """An EnvFleet's counts, its instances (environment, state, claim, holder) and its claims."""
         namespace, _, name = ref.partition("/")
         url = f"{self.operator_url}/v1/namespaces/{namespace}/envfleets/{name}"
         try:
-            response = await self._client.get(url, headers=bearer())
+            response, listed = await asyncio.gather(self._client.get(url, headers=bearer()),
+                                                    self._client.get(url + "/instances", headers=bearer()))
             body = response.json()
+            detail = listed.json() if listed.status_code == 200 else {}
         except (httpx.HTTPError, ValueError) as exc:
             return {"fleet": ref, "error": str(exc)}
-        return body if response.status_code == 200 else {"fleet": ref, "error": body.get("error", response.text)}
+        if response.status_code != 200:
+            return {"fleet": ref, "error": body.get("error", response.text)}
+        by_env: dict[str, dict[str, int]] = {}
+        for inst in detail.get("instances", []):
+            states = by_env.setdefault(inst["environment"], {})
+            states[inst["state"]] = states.get(inst["state"], 0) + 1
+        return {**body, "environments": by_env, "instances": detail.get("instances", []),
+                "claims": detail.get("claims", [])}
 
     async def _prometheus(self) -> dict[str, Any]:
         out: dict[str, Any] = {}

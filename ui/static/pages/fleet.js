@@ -38,8 +38,29 @@ function view(data) {
     { label: "Ready", cell: (f) => f.ready ?? "–", cls: "num" },
     { label: "Allocated (claimed)", cell: (f) => f.allocated ?? "–", cls: "num" },
     { label: "Starting", cell: (f) => f.starting ?? "–", cls: "num" },
+    { label: "Per environment", cell: (f) => Object.entries(f.environments || {}).map(([env, states]) =>
+      h("div", {}, `${env}: `, Object.entries(states).map(([s, n]) => badge(`${s} ${n}`, s === "starting" || s === "failed" ? "err" : "ok")))) },
     { label: "Error", cell: (f) => f.error || "" },
   ], data.operator));
+  for (const f of data.operator.filter((f) => (f.instances || []).length)) {
+    parts.push(h("h3", {}, `${f.namespace}/${f.fleet}: instances`), table([
+      { label: "Pod", cell: (i) => h("code", {}, i.pod) },
+      { label: "Environment", cell: (i) => i.environment },
+      { label: "State", cell: (i) => badge(i.state, i.state === "ready" || i.state === "allocated" ? "ok" : "err") },
+      { label: "Claim", cell: (i) => i.claim || "–" },
+      { label: "Holder", cell: (i) => i.holder || "–" },
+      { label: "Problem", cell: (i) => i.problem || "" },
+    ], f.instances));
+    if (f.claims.length) parts.push(h("h3", {}, `${f.namespace}/${f.fleet}: claims`), table([
+      { label: "Claim", cell: (c) => h("code", {}, c.id) },
+      { label: "Holder", cell: (c) => c.holder || "–" },
+      { label: "Owner", cell: (c) => c.owner || "–" },
+      { label: "Instances", cell: (c) => c.instances, cls: "num" },
+      { label: "Groups", cell: (c) => c.groups, cls: "num" },
+      { label: "Age", cell: (c) => `${fmt.num(c.ageSeconds, 0)} s`, cls: "num" },
+      { label: "Expires in", cell: (c) => (c.expiresInSeconds == null ? "never" : `${fmt.num(c.expiresInSeconds, 0)} s`), cls: "num" },
+    ], f.claims));
+  }
   if (data.prometheus) parts.push(h("h2", {}, "Prometheus (whole fleet)"), h("dl", { class: "cards" },
     [["Episodes/s", fmt.num(data.prometheus.episodes_per_s)], ["Tool calls/s", fmt.num(data.prometheus.tool_calls_per_s)],
       ["Tool p50", fmt.ms(data.prometheus.tool_p50_s == null ? null : data.prometheus.tool_p50_s * 1000)],
