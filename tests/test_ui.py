@@ -113,6 +113,9 @@ def test_run_api(tmp_path, home):
         runs = {r["name"]: r for r in client.get("/api/runs").json()}
         assert runs["tiny"]["kind"] == "train" and runs["tiny"]["steps"] == 3 and runs["tiny"]["last_reward"] == 0.3
         assert runs["eval"]["kind"] == "eval" and runs["tiny"]["id"] == run_id(run)
+        # a run without trajectories (yet) has no episodes; an unknown run is not found
+        assert client.get(f"/api/runs/{run_id(evaluated)}/episodes").json()["total"] == 0
+        assert client.get("/api/runs/000000000000/episodes").status_code == 404
         summary = client.get(f"/api/runs/{run_id(run)}").json()
         assert [m["step"] for m in summary["metrics"]] == [1, 2, 3] and summary["episodes"] == 40
         assert {e["env"]: e["episodes"] for e in summary["per_env"]} == {"crm": 20, "lamps": 20}
@@ -120,6 +123,12 @@ def test_run_api(tmp_path, home):
         assert page["total"] == 20 and len(page["episodes"]) == 5 and page["episodes"][0]["episode_id"] == "ep000011"
         assert client.get(f"/api/runs/{run_id(run)}/episodes", params={"step": "x"}).status_code == 400
         assert client.get(f"/api/runs/{run_id(run)}/episodes/ep000003").json()["task_id"] == "task3"
+        # Python's json writes NaN and -Infinity, which a browser's JSON.parse refuses: null instead
+        with (run / "trajectories.jsonl").open("a") as f:
+            f.write(json.dumps({"event": "end", "episode_id": "nan", "env": "crm", "task_id": "t", "reward": float("nan"),
+                                "turns": [{"logprobs": [-0.5, float("-inf")]}]}) + "\n")
+        odd = client.get(f"/api/runs/{run_id(run)}/episodes/nan")
+        assert odd.status_code == 200 and '"reward":null' in odd.text and odd.json()["turns"][0]["logprobs"] == [-0.5, None]
         assert client.get(f"/api/runs/{run_id(run)}/episodes/nope").status_code == 404
         assert client.get("/api/runs/000000000000").status_code == 404
         assert client.get("/").headers["content-type"].startswith("text/html")
@@ -204,3 +213,15 @@ async def test_fleet_view_reads_the_operators_instances_and_claims(home):
     assert fleet["environments"] == {"bike_shop": {"starting": 1}, "crm": {"ready": 1, "allocated": 1}}
     assert [c["holder"] for c in fleet["claims"]] == ["campaign/c"]
     assert missing == {"fleet": "ns/missing", "error": "no such fleet"}
+
+
+def test_the_cli_loads_no_ui_server_until_awm_ui_runs():
+    """awm/cli.py registers `awm ui` the way it does the other upper layers: ui.cli alone, which
+    imports typer only; the server stack loads when the command runs."""
+    import subprocess
+    import sys
+
+    code = ("import sys, awm.cli; print(sorted(m for m in sys.modules "
+            "if m.startswith(('ui.', 'starlette', 'uvicorn', 'selenium'))))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "['ui.cli']"

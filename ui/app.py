@@ -16,6 +16,7 @@ The API is the front end's only data source, and plain enough to script against:
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable
@@ -23,8 +24,10 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 import httpx
 from pydantic import BaseModel, ValidationError
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.responses import FileResponse, Response
+from starlette.responses import JSONResponse as StarletteJSON
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
@@ -62,6 +65,27 @@ class UiState:
         self.runs.close()
 
 
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+class JSONResponse(StarletteJSON):
+    """JSON for the browser. Run files are written by Python's json, which writes NaN and
+    Infinity (a log-prob of -inf, a reward of NaN); JSON.parse refuses them: they become null."""
+
+    def render(self, content: Any) -> bytes:
+        try:
+            return super().render(content)
+        except ValueError:  # allow_nan=False found one: the rare slow path
+            return super().render(_finite(content))
+
+
 class _Revalidated(StaticFiles):
     """Static files the browser revalidates on every load (a 304 when unchanged): modules cached
     by heuristics would outlive an upgrade of awm and mix old pages with a new API."""
@@ -95,31 +119,35 @@ def episode_filter(params: Any) -> EpisodeFilter:
 
 def build_app(state: UiState) -> Starlette:
     async def catalog(request: Request) -> Response:
-        return JSONResponse(state.catalog_data())
+        return JSONResponse(await run_in_threadpool(state.catalog_data))
 
     async def runs(request: Request) -> Response:
-        return JSONResponse([r.model_dump() for r in state.runs.list()])
+        return JSONResponse([r.model_dump() for r in await run_in_threadpool(state.runs.list)])
 
+    # Run pages read files and SQLite (and the first one builds the index: seconds on a big run):
+    # in the thread pool, so the event loop keeps serving the fleet page and the playground.
     async def run(request: Request) -> Response:
-        summary = state.runs.summary(request.path_params["run"])
+        summary = await run_in_threadpool(state.runs.summary, request.path_params["run"])
         return JSONResponse(summary) if summary is not None else _error(404, "no such run")
 
     async def episodes(request: Request) -> Response:
-        index = state.runs.index(request.path_params["run"])
-        if index is None:
-            return _error(404, "no such run, or it has no trajectories.jsonl")
+        index = await run_in_threadpool(state.runs.index, request.path_params["run"])
         try:
             where = episode_filter(request.query_params)
             offset = max(0, _int(request.query_params.get("offset"), 0) or 0)
             limit = min(MAX_PAGE, max(1, _int(request.query_params.get("limit"), 50) or 50))
         except ValueError as exc:
             return _error(400, f"bad filter: {exc}")
-        total, rows = index.page(where, offset, limit)
+        if index is None:  # a run without trajectories.jsonl (yet) has no episodes; an unknown run is an error
+            if state.runs.path(request.path_params["run"]) is None:
+                return _error(404, "no such run")
+            return JSONResponse({"total": 0, "offset": offset, "limit": limit, "episodes": []})
+        total, rows = await run_in_threadpool(index.page, where, offset, limit)
         return JSONResponse({"total": total, "offset": offset, "limit": limit, "episodes": rows})
 
     async def episode(request: Request) -> Response:
-        index = state.runs.index(request.path_params["run"])
-        record = index.episode(request.path_params["episode"]) if index else None
+        index = await run_in_threadpool(state.runs.index, request.path_params["run"])
+        record = await run_in_threadpool(index.episode, request.path_params["episode"]) if index else None
         return JSONResponse(record) if record is not None else _error(404, "no such episode")
 
     async def fleet(request: Request) -> Response:

@@ -24,7 +24,7 @@ from typing import Any, Iterator
 
 from awm.postgres.server import awm_home
 
-SCHEMA_VERSION = 2  # bump when the tables change: older index files are rebuilt
+SCHEMA_VERSION = 3  # bump when the tables change: older index files are rebuilt
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
@@ -41,6 +41,7 @@ CREATE INDEX IF NOT EXISTS episodes_env_task ON episodes (env, task_id);
 CREATE INDEX IF NOT EXISTS episodes_group ON episodes (group_id);
 CREATE INDEX IF NOT EXISTS episodes_verdict ON episodes (verdict);
 CREATE INDEX IF NOT EXISTS episodes_id ON episodes (episode_id);
+CREATE INDEX IF NOT EXISTS group_steps_step ON group_steps (step);
 """
 
 _END = b'{"event": "end"'
@@ -119,6 +120,7 @@ class EpisodeIndex:
         self._db = sqlite3.connect(self.path, check_same_thread=False)
         self._db.row_factory = sqlite3.Row
         self._db.execute("PRAGMA journal_mode=WAL")
+        self._memo: dict[str, Any] = {}
         if self._meta("schema") != str(SCHEMA_VERSION):
             self._reset()
 
@@ -128,6 +130,12 @@ class EpisodeIndex:
         except sqlite3.OperationalError:
             return None
         return row[0] if row else None
+
+    def _memoised(self, key: str, compute: Any) -> Any:
+        """Aggregates over the whole log (facets, per environment) change only when it grows."""
+        if key not in self._memo:
+            self._memo[key] = compute()
+        return self._memo[key]
 
     def _reset(self) -> None:
         self._db.executescript("DROP TABLE IF EXISTS meta; DROP TABLE IF EXISTS episodes; "
@@ -146,12 +154,14 @@ class EpisodeIndex:
             inode, scanned = self._meta("inode"), int(self._meta("scanned") or 0)
             if inode != str(stat.st_ino) or stat.st_size < scanned:
                 self._reset()
+                self._memo.clear()
                 scanned = 0
             if stat.st_size == scanned:
                 return 0
             added = self._scan(scanned)
             self._db.execute("INSERT OR REPLACE INTO meta VALUES ('inode', ?)", (str(stat.st_ino),))
             self._db.commit()
+            self._memo.clear()
             return added
 
     def _scan(self, start: int) -> int:
@@ -190,8 +200,14 @@ class EpisodeIndex:
                                     [*params, limit, offset]).fetchall()
         return total, [_public(dict(r)) for r in rows]
 
+    def count(self) -> int:
+        return self._memoised("count", lambda: self._db.execute("SELECT count(*) FROM episodes").fetchone()[0])
+
     def facets(self) -> dict[str, list[Any]]:
         """Distinct values to filter by (environments, tasks, verdicts, error classes, steps)."""
+        return self._memoised("facets", self._facets)
+
+    def _facets(self) -> dict[str, list[Any]]:
         with self._lock:
             def distinct(sql: str) -> list[Any]:
                 return [r[0] for r in self._db.execute(sql) if r[0] is not None]
@@ -206,6 +222,9 @@ class EpisodeIndex:
 
     def per_env(self) -> list[dict[str, Any]]:
         """Episodes, masked and success rate per environment (for runs without an eval.json)."""
+        return self._memoised("per_env", self._per_env)
+
+    def _per_env(self) -> list[dict[str, Any]]:
         with self._lock:
             rows = self._db.execute(
                 "SELECT env, count(*) AS episodes, sum(masked) AS masked, "

@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
 
-from ui.index import EpisodeFilter, EpisodeIndex
+from ui.index import EpisodeIndex
 
 MARKERS = ("trajectories.jsonl", "metrics.jsonl", "eval.json")
 MAX_DEPTH = 4  # how deep under a root run directories are looked for
-_ALL = EpisodeFilter()
 
 
 class RunInfo(BaseModel):
@@ -76,6 +76,7 @@ class Runs:
     def __init__(self, roots: list[Path]) -> None:
         self.roots = roots
         self._indexes: dict[str, EpisodeIndex] = {}
+        self._lock = threading.Lock()
 
     def paths(self) -> dict[str, Path]:
         return {run_id(p): p for root in self.roots for p in _find(root)}
@@ -101,9 +102,10 @@ class Runs:
         path = self.path(rid)
         if path is None or not (path / "trajectories.jsonl").is_file():
             return None
-        index = self._indexes.get(rid)
-        if index is None:
-            index = self._indexes[rid] = EpisodeIndex(path / "trajectories.jsonl")
+        with self._lock:  # requests run in a thread pool: one index object per run
+            index = self._indexes.get(rid)
+            if index is None:
+                index = self._indexes[rid] = EpisodeIndex(path / "trajectories.jsonl")
         index.refresh()
         return index
 
@@ -117,7 +119,7 @@ class Runs:
         return {"id": rid, "name": path.name, "path": str(path), "metrics": read_metrics(path),
                 "eval": _read_json(path / "eval.json"), "config": _read_json(path / "config.json"),
                 "per_env": index.per_env() if index else [], "facets": index.facets() if index else {},
-                "episodes": index.page(_ALL, 0, 0)[0] if index else 0}
+                "episodes": index.count() if index else 0}
 
     def close(self) -> None:
         for index in self._indexes.values():

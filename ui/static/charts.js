@@ -1,6 +1,7 @@
 // Inline SVG charts. Points are links: focusable, named for screen readers, Enter or click
 // follows them (the reward curve's points open the episodes of their step).
 const NS = "http://www.w3.org/2000/svg";
+const MAX_POINTS = 200;
 
 function s(tag, attrs = {}, text) {
   const el = document.createElementNS(NS, tag);
@@ -35,7 +36,10 @@ export function lineChart(series, { width = 640, height = 240, title = "", xLabe
     if (!pts.length) continue;
     svg.append(s("polyline", { points: pts.map((p) => `${X(p.x)},${Y(p.y)}`).join(" "), fill: "none",
       stroke: se.color, "stroke-width": 2, class: "series" }));
-    for (const p of pts) {
+    // a long run's curve keeps every step in the line but at most MAX_POINTS links (evenly
+    // spaced, the last one included): thousands of focusable dots would slow the first paint
+    const every = Math.ceil(pts.length / MAX_POINTS);
+    for (const p of pts.filter((_, i) => i % every === 0 || i === pts.length - 1)) {
       const dot = s("circle", { cx: X(p.x), cy: Y(p.y), r: 4.5, fill: se.color, class: "point" });
       const label = p.label || `${se.name} ${p.x}: ${p.y}`;
       dot.append(s("title", {}, label));

@@ -5,8 +5,12 @@ import { headline, perEnv, rewardCurve, throughput } from "./summary.js";
 const FILTERS = ["env", "task_id", "verdict", "error_kind", "step", "masked", "min_reward", "max_reward", "q"];
 const PAGE = 50;
 
+const pageUrl = (id, params) => `/api/runs/${id}/episodes${query({ ...Object.fromEntries(FILTERS.map((k) => [k, params[k]])),
+  offset: Number(params.offset || 0), limit: PAGE })}`;
+
 export async function render(main, [id], params) {
-  const run = await api(`/api/runs/${id}`);
+  // the summary and the first page of episodes in parallel: one round trip less before the paint
+  const [run, page] = await Promise.all([api(`/api/runs/${id}`), api(pageUrl(id, params)).catch((err) => err)]);
   const list = h("section", { "aria-labelledby": "episodes-h" });
   fill(main, 
     h("p", {}, h("a", { href: "#/runs" }, "Runs"), " / ", run.name),
@@ -17,7 +21,7 @@ export async function render(main, [id], params) {
       h("figure", {}, throughput(run))),
     h("h2", {}, "Environments"), perEnv(run),
     list);
-  await episodes(list, run, params);
+  episodes(list, run, params, page);
 }
 
 function filterForm(run, params) {
@@ -44,15 +48,12 @@ function filterForm(run, params) {
   h("a", { href: `#/run/${run.id}`, class: "button" }, "Clear"));
 }
 
-async function episodes(section, run, params) {
+function episodes(section, run, params, page) {
   const offset = Number(params.offset || 0);
   const filters = Object.fromEntries(FILTERS.map((k) => [k, params[k]]));
   fill(section, h("h2", { id: "episodes-h" }, "Episodes"), filterForm(run, params));
   if (!run.episodes) { section.append(h("p", { class: "muted" }, "This run has no trajectories.jsonl.")); return; }
-  let page;
-  try { page = await api(`/api/runs/${run.id}/episodes${query({ ...filters, offset, limit: PAGE })}`); } catch (err) {
-    section.append(errorBox(err)); return;
-  }
+  if (page instanceof Error) { section.append(errorBox(page)); return; }
   const nav = (to, label) => h("a", { href: `#/run/${run.id}${query({ ...filters, offset: to })}`, class: "button" }, label);
   section.append(
     h("p", { class: "muted", id: "episode-count" }, `${page.total} episodes match · showing ${page.total ? offset + 1 : 0}–${offset + page.episodes.length}`),
