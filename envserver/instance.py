@@ -315,14 +315,19 @@ class EnvInstance:
         themselves (at most that many per table), before and after."""
         async with self._lock:
             try:
-                tables = await self._db(self.db.diff)
-                changed = await self._db(lambda: self.db.diff_rows(rows)) if rows > 0 else None
+                if rows <= 0:
+                    return {"episode_id": self.episode.id if self.episode else None, "tables": await self._db(self.db.diff)}
+                # one scan per table, not two: the counts are the rows' unless a table was cut at the limit
+                changed = await self._db(lambda: self.db.diff_rows(rows))
+                cut = [t for t, e in changed.items() if e["truncated"]]
+                tables = await self._db(lambda: self.db.diff(cut)) if cut else {}
             except DatabaseLost as exc:
                 raise ControlError(503, f"database unavailable: {exc}") from exc
-        out: dict[str, Any] = {"episode_id": self.episode.id if self.episode else None, "tables": tables}
-        if changed is not None:
-            out["rows"] = changed
-        return out
+        for table, entry in changed.items():
+            if not entry["truncated"]:
+                tables[table] = {k: len(entry[k]) for k in ("inserted", "updated", "deleted")}
+        return {"episode_id": self.episode.id if self.episode else None, "tables": dict(sorted(tables.items())),
+                "rows": changed}
 
     async def checksum(self) -> dict[str, Any]:
         async with self._lock:

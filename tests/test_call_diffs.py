@@ -3,6 +3,7 @@ record of what each tool call changed (trainer/calldiff.py), on a real instance.
 
 import httpx
 
+from awm.client import McpSession
 from tests.llm_server import Reply
 from tests.test_trainer_agent import by_turn, env, episode, native  # noqa: F401  (env: fixture)
 from trainer.agent import AgentConfig
@@ -44,6 +45,19 @@ async def test_row_diff_endpoint_and_its_limits(notes):
         assert (await client.get("/diff?rows=10001")).status_code == 400
         assert (await client.get("/diff?rows=5")).json()["rows"] == {}
         assert "rows" not in (await client.get("/diff")).json()
+        # the counts of a rows answer are the plain answer's, whether the rows were cut or not
+        async with McpSession(notes.mcp_url) as mcp:
+            for title in ("a", "b", "c"):
+                await mcp.call_tool("add_note", {"title": title, "tags": ["x", "y"]})
+            await mcp.call_tool("archive_note", {"note_id": 1})
+            await mcp.call_tool("add_then_crash", {"title": "ghost"})  # written, then rolled back
+        plain = (await client.get("/diff")).json()["tables"]
+        assert plain == {"notes": {"inserted": 3, "updated": 1, "deleted": 0},
+                         "tags": {"inserted": 6, "updated": 0, "deleted": 0}}
+        for limit in (2, 100):
+            answer = (await client.get(f"/diff?rows={limit}")).json()
+            assert answer["tables"] == plain
+            assert answer["rows"]["tags"]["truncated"] is (limit == 2) and len(answer["rows"]["tags"]["inserted"]) == min(6, limit)
 
 
 async def test_each_tool_call_records_what_it_changed(env, tmp_path):  # noqa: F811

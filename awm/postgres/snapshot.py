@@ -189,6 +189,15 @@ def diff(conn: psycopg.Connection, keys: dict[str, list[str]], tables: list[str]
     return result
 
 
+def written_tables(conn: psycopg.Connection) -> set[str]:
+    """Public tables that the current transaction has written to (inserted, updated or deleted
+    rows, rolled-back savepoints included), from PostgreSQL's own per-transaction statistics: a
+    table not among them is as in the snapshot, if the episode is one transaction since the reset."""
+    return {r[0] for r in conn.execute(
+        "SELECT relname FROM pg_stat_xact_user_tables WHERE schemaname = 'public' "
+        "AND n_tup_ins + n_tup_upd + n_tup_del > 0")}
+
+
 def add_change(entry: dict[str, Any], before: dict[str, Any] | None, after: dict[str, Any] | None) -> None:
     """File one row's change under ``inserted`` (no row before), ``deleted`` (none after) or
     ``updated`` (both: kept as a before/after pair)."""
