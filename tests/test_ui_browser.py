@@ -168,6 +168,17 @@ def test_reward_curve_point_to_an_episode_with_its_tool_calls_and_diffs(ui, brow
     wait(lambda: browser.execute_script("return document.body.dataset.ready") == "run", "the step's episodes")
     assert f"step={step}" in browser.current_url
     assert browser.find_element("id", "episode-count").text.startswith(f"{in_step} episodes match")
+    # the filter form narrows the step's episodes further, and the URL says how (shareable)
+    from selenium.webdriver.support.ui import Select
+
+    verdict = chosen["verdict"]["verdict"]
+    Select(browser.find_element("name", "verdict")).select_by_value(verdict)
+    browser.execute_script("document.body.dataset.ready = ''")
+    browser.find_element("xpath", "//form[@role='search']//button[text()='Filter']").click()
+    wait(lambda: browser.execute_script("return document.body.dataset.ready") == "run", "the filtered episodes")
+    assert f"step={step}" in browser.current_url and f"verdict={verdict}" in browser.current_url
+    same = sum(1 for e in ended if steps.get(e["group_id"]) == step and e["verdict"]["verdict"] == verdict)
+    assert browser.find_element("id", "episode-count").text.startswith(f"{same} episodes match")
     browser.execute_script("document.body.dataset.ready = ''")
     browser.find_element("link text", chosen["episode_id"]).click()
     wait(lambda: browser.execute_script("return document.body.dataset.ready") == "episode", "the episode")
@@ -177,8 +188,8 @@ def test_reward_curve_point_to_an_episode_with_its_tool_calls_and_diffs(ui, brow
     changed = first.find_elements("css selector", "table.rows tr.upd td.changed")
     assert [c.text for c in changed] == ["false → true"]  # is_on, before → after
     assert "lamps" in first.find_element("css selector", ".diff-table h5").text
-    verdict = main.find_element("css selector", "section.verdict")
-    assert chosen["verdict"]["verdict"] in verdict.text and "Reward parts" in verdict.text
+    panel = main.find_element("css selector", "section.verdict")
+    assert verdict in panel.text and "Reward parts" in panel.text
     assert severe(browser) == []
     browser.execute_script("arguments[0].scrollIntoView()", main.find_elements("css selector", "section.turn")[0])
     browser.save_screenshot(str(shots / "episode-diff.png"))  # docs/ui-episode.png is one of these
@@ -269,3 +280,16 @@ def test_accessibility_labels_contrast_and_keyboard(ui, browser, runs):
     active.send_keys(Keys.ENTER)
     wait(lambda: browser.execute_script("return document.body.dataset.ready") == "run", "the step's episodes")
     assert "step=1" in browser.current_url
+
+
+def test_a_foreign_page_cannot_drive_the_ui(ui):
+    """DNS-rebinding protection, as the env servers have it (envserver.hostguard): a page on
+    another origin, or a request for another host name, is refused before the playground."""
+    import httpx
+
+    with httpx.Client(base_url=ui) as client:
+        assert client.get("/api/fleet").status_code == 200
+        assert client.get("/api/fleet", headers={"Host": "evil.example"}).status_code == 421
+        refused = client.post("/api/playground/any/open", headers={"Origin": "http://evil.example"})
+        assert refused.status_code == 403
+        assert client.post("/api/playground/nobody/open", headers={"Origin": ui.rstrip("/")}).status_code == 404

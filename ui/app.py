@@ -25,6 +25,7 @@ import httpx
 from pydantic import BaseModel, ValidationError
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import FileResponse, Response
 from starlette.responses import JSONResponse as StarletteJSON
@@ -117,7 +118,9 @@ def episode_filter(params: Any) -> EpisodeFilter:
                          search=params.get("q") or None)
 
 
-def build_app(state: UiState) -> Starlette:
+def build_app(state: UiState, middleware: list[Middleware] | None = None) -> Starlette:
+    """``middleware``: the Host/Origin guard (envserver.hostguard) when served for real: the
+    playground changes databases, so a foreign web page must not reach it through the browser."""
     async def catalog(request: Request) -> Response:
         return JSONResponse(await run_in_threadpool(state.catalog_data))
 
@@ -197,4 +200,4 @@ def build_app(state: UiState) -> Starlette:
         Route("/api/playground/{instance}/release", playground(release, None), methods=["POST"]),
         Mount("/static", _Revalidated(directory=STATIC), name="static"),
         Route("/", index_html),
-    ], lifespan=lifespan)
+    ], lifespan=lifespan, middleware=middleware)

@@ -43,6 +43,8 @@ def ui_command(
     grafana_url: Annotated[Optional[str], typer.Option("--grafana-url", help=(
         "The awm Grafana dashboard (linked from the fleet page)."))] = None,
     host: Annotated[str, typer.Option(help="Bind address (the UI has no authentication: keep it local).")] = "127.0.0.1",
+    allowed_host: Annotated[Optional[list[str]], typer.Option("--allowed-host", help=(
+        "Another Host name the UI answers to (DNS-rebinding protection, as awm serve; also AWM_ALLOWED_HOSTS)."))] = None,
     port: Annotated[int, typer.Option(help="Port (0: any free one; the URL is printed).")] = 8090,
     database_url: Annotated[Optional[str], typer.Option("--database-url", envvar="AWM_DATABASE_URL",
                                                         help="External Postgres admin DSN for --serve.")] = None,
@@ -52,6 +54,7 @@ def ui_command(
     import uvicorn
 
     from awm import catalog as catalog_mod
+    from envserver import hostguard
     from ui.app import UiState, build_app
     from ui.fleet import FleetView, Instance
     from ui.runs import Runs
@@ -86,7 +89,8 @@ def ui_command(
             url = f"http://{'[' + bound[0] + ']' if ':' in bound[0] else bound[0]}:{bound[1]}/"
             console.print(f"awm ui on {url} · runs under {', '.join(map(str, roots))} · catalog {catalog} · "
                           f"{len(found)} instance(s)")
-            server = uvicorn.Server(uvicorn.Config(build_app(state), log_level="warning"))
+            guard = hostguard.guard(hostguard.allowed_hosts([host], allowed_host or []), hostguard.allowed_origins())
+            server = uvicorn.Server(uvicorn.Config(build_app(state, [guard]), log_level="warning"))
             await server.serve(sockets=[sock])
 
     asyncio.run(run())
