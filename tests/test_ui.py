@@ -225,3 +225,29 @@ def test_the_cli_loads_no_ui_server_until_awm_ui_runs():
             "if m.startswith(('ui.', 'starlette', 'uvicorn', 'selenium'))))")
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert loaded.strip() == "['ui.cli']"
+
+
+def test_a_big_runs_first_open_indexes_in_the_background(tmp_path, home, monkeypatch):
+    """More log to index than a request should wait for: the summary answers at once with the
+    metrics and the indexing progress, the list says it is indexing, and both are complete once
+    the background refresh is done (here every run counts as big)."""
+    import time
+
+    import ui.runs
+
+    monkeypatch.setattr(ui.runs, "SYNC_BYTES", 0)
+    run = tmp_path / "runs" / "big"
+    run.mkdir(parents=True)
+    write_run(run, 300)
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward_mean": 0.5}) + "\n")
+    with TestClient(build_app(UiState(Runs([tmp_path / "runs"])))) as client:
+        first = client.get(f"/api/runs/{run_id(run)}").json()
+        assert first["indexing"]["size"] == (run / "trajectories.jsonl").stat().st_size
+        assert first["episodes"] is None and first["metrics"] == [{"step": 1, "reward_mean": 0.5}]
+        deadline = time.monotonic() + 60
+        while (summary := client.get(f"/api/runs/{run_id(run)}").json())["indexing"] is not None:
+            assert time.monotonic() < deadline, "the background index never finished"
+            time.sleep(0.05)
+        assert summary["episodes"] == 300 and {e["env"] for e in summary["per_env"]} == {"crm", "lamps"}
+        page = client.get(f"/api/runs/{run_id(run)}/episodes", params={"limit": 3}).json()
+        assert page["total"] == 300 and "indexing" not in page

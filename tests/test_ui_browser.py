@@ -293,3 +293,37 @@ def test_a_foreign_page_cannot_drive_the_ui(ui):
         refused = client.post("/api/playground/any/open", headers={"Origin": "http://evil.example"})
         assert refused.status_code == 403
         assert client.post("/api/playground/nobody/open", headers={"Origin": ui.rstrip("/")}).status_code == 404
+
+
+def test_a_big_runs_page_draws_before_its_index_is_built(browser, runs, tmp_path, monkeypatch):
+    """A run whose log is too big to index within a request (here: every run) draws its numbers
+    and curves at once, says that it is indexing, and lists its episodes when the index is built.
+    The server runs in process to set that threshold; the rest is the same app."""
+    import socket
+    import threading
+
+    import uvicorn
+
+    import ui.runs
+    from ui.app import UiState, build_app
+    from ui.runs import Runs
+
+    monkeypatch.setattr(ui.runs, "SYNC_BYTES", 0)
+    monkeypatch.setenv("AWM_HOME", str(tmp_path / "home"))  # no index yet
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(build_app(UiState(Runs([runs]))), log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    wait(lambda: server.started, "the in-process server")
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}/"
+    try:
+        open_page(browser, url, f"#/run/{run_id(runs / 'tiny')}", "run")
+        main = browser.find_element("id", "main")
+        assert "Indexing the episodes" in main.text and main.find_elements("css selector", "svg a.point-link")
+        count = wait(lambda: browser.find_elements("id", "episode-count"), "the episode list")[0]
+        assert count.text.startswith(f"{len(episodes_of(runs / 'tiny')[1])} episodes match")
+        assert severe(browser) == []
+    finally:
+        server.should_exit = True
+        thread.join(30)

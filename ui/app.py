@@ -134,7 +134,7 @@ def build_app(state: UiState, middleware: list[Middleware] | None = None) -> Sta
         return JSONResponse(summary) if summary is not None else _error(404, "no such run")
 
     async def episodes(request: Request) -> Response:
-        index = await run_in_threadpool(state.runs.index, request.path_params["run"])
+        index, indexing = await run_in_threadpool(state.runs.index_now, request.path_params["run"])
         try:
             where = episode_filter(request.query_params)
             offset = max(0, _int(request.query_params.get("offset"), 0) or 0)
@@ -145,6 +145,8 @@ def build_app(state: UiState, middleware: list[Middleware] | None = None) -> Sta
             if state.runs.path(request.path_params["run"]) is None:
                 return _error(404, "no such run")
             return JSONResponse({"total": 0, "offset": offset, "limit": limit, "episodes": []})
+        if indexing is not None:  # a big run's first open: the list follows when the index is built
+            return JSONResponse({"total": None, "offset": offset, "limit": limit, "episodes": [], "indexing": indexing})
         total, rows = await run_in_threadpool(index.page, where, offset, limit)
         return JSONResponse({"total": total, "offset": offset, "limit": limit, "episodes": rows})
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sqlite3
 import threading
 from dataclasses import dataclass
@@ -116,7 +117,10 @@ class EpisodeIndex:
         self.log = log
         self.path = path or index_path(log)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._lock = threading.Lock()  # one writer; pages read through the same connection
+        self._lock = threading.Lock()  # the SQLite connection, shared by the server's threads
+        self._refreshing = threading.Lock()  # one refresh at a time
+        self._progress = (0, 0)  # bytes scanned and the log's size, while a refresh runs
+        self._closing = False
         self._db = sqlite3.connect(self.path, check_same_thread=False)
         self._db.row_factory = sqlite3.Row
         self._db.execute("PRAGMA journal_mode=WAL")
@@ -143,52 +147,82 @@ class EpisodeIndex:
         self._db.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
         self._db.commit()
 
+    def _state(self) -> tuple[os.stat_result | None, int]:
+        """The log's stat and the offset to scan from (0: replaced or shrunk, index it again)."""
+        try:
+            stat = self.log.stat()
+        except FileNotFoundError:
+            return None, 0
+        with self._lock:
+            inode, scanned = self._meta("inode"), int(self._meta("scanned") or 0)
+        return stat, 0 if inode != str(stat.st_ino) or stat.st_size < scanned else scanned
+
+    def pending(self) -> int:
+        """Bytes of log not indexed yet."""
+        stat, scanned = self._state()
+        return stat.st_size - scanned if stat else 0
+
+    @property
+    def busy(self) -> bool:
+        """A refresh is running (on another thread): pages would show a partial index."""
+        return self._refreshing.locked()
+
+    def progress(self) -> dict[str, int]:
+        """Bytes scanned so far and the log's size (before a refresh starts: none of it)."""
+        scanned, size = self._progress
+        return {"scanned": scanned, "size": size or (self.log.stat().st_size if self.log.exists() else 0)}
+
     def refresh(self) -> int:
         """Index what was appended since the last scan (everything after a shrink or replacement);
-        returns how many episodes were added."""
-        with self._lock:
-            try:
-                stat = self.log.stat()
-            except FileNotFoundError:
+        returns how many episodes were added. One refresh at a time; the log is parsed outside the
+        database lock, so pages of the previous state are served meanwhile."""
+        with self._refreshing:
+            stat, scanned = self._state()
+            if stat is None or stat.st_size == scanned:
                 return 0
-            inode, scanned = self._meta("inode"), int(self._meta("scanned") or 0)
-            if inode != str(stat.st_ino) or stat.st_size < scanned:
-                self._reset()
+            if scanned == 0:
+                with self._lock:
+                    self._reset()
+                    self._memo.clear()
+            self._progress = (scanned, stat.st_size)
+            episodes, steps, offset = self._scan(scanned)
+            with self._lock:
+                if episodes:
+                    columns = list(episodes[0])
+                    self._db.executemany(f"INSERT INTO episodes ({', '.join(columns)}) VALUES "
+                                         f"({', '.join(':' + c for c in columns)})", episodes)
+                # a resumed run trains a redone step's groups again: the later step line wins
+                self._db.executemany("INSERT OR REPLACE INTO group_steps VALUES (?, ?)", steps)
+                self._db.execute("INSERT OR REPLACE INTO meta VALUES ('scanned', ?)", (str(offset),))
+                self._db.execute("INSERT OR REPLACE INTO meta VALUES ('inode', ?)", (str(stat.st_ino),))
+                self._db.commit()
                 self._memo.clear()
-                scanned = 0
-            if stat.st_size == scanned:
-                return 0
-            added = self._scan(scanned)
-            self._db.execute("INSERT OR REPLACE INTO meta VALUES ('inode', ?)", (str(stat.st_ino),))
-            self._db.commit()
-            self._memo.clear()
-            return added
+            self._progress = (0, 0)
+            return len(episodes)
 
-    def _scan(self, start: int) -> int:
+    def _scan(self, start: int) -> tuple[list[dict[str, Any]], list[tuple[str, int]], int]:
         episodes, steps = [], []
-        n = self._db.execute("SELECT coalesce(max(n), -1) + 1 FROM episodes").fetchone()[0]
+        with self._lock:
+            n = self._db.execute("SELECT coalesce(max(n), -1) + 1 FROM episodes").fetchone()[0]
         offset = start
         with self.log.open("rb") as f:
             f.seek(start)
             for line in f:
+                if self._closing:
+                    return [], [], start  # the server is stopping: nothing is written
                 if not line.endswith(b"\n"):
                     break  # a line still being written: the next refresh reads it whole
                 if line.startswith(_END):
                     row = summary_row(json.loads(line))
                     episodes.append({**row, "n": n, "offset": offset, "length": len(line)})
                     n += 1
+                    if n % 1000 == 0:
+                        self._progress = (offset, self._progress[1])
                 elif line.startswith(_STEP):
                     event = json.loads(line)
                     steps += [(g, event["step"]) for g in event.get("groups") or []]
                 offset += len(line)
-        if episodes:
-            columns = list(episodes[0])
-            self._db.executemany(f"INSERT INTO episodes ({', '.join(columns)}) VALUES "
-                                 f"({', '.join(':' + c for c in columns)})", episodes)
-        # a resumed run trains a redone step's groups again: the later step line wins
-        self._db.executemany("INSERT OR REPLACE INTO group_steps VALUES (?, ?)", steps)
-        self._db.execute("INSERT OR REPLACE INTO meta VALUES ('scanned', ?)", (str(offset),))
-        return len(episodes)
+        return episodes, steps, offset
 
     def page(self, where: EpisodeFilter, offset: int = 0, limit: int = 50) -> tuple[int, list[dict[str, Any]]]:
         """The total matching ``where`` and one page of them, in log order."""
@@ -201,7 +235,11 @@ class EpisodeIndex:
         return total, [_public(dict(r)) for r in rows]
 
     def count(self) -> int:
-        return self._memoised("count", lambda: self._db.execute("SELECT count(*) FROM episodes").fetchone()[0])
+        def compute() -> int:
+            with self._lock:
+                return self._db.execute("SELECT count(*) FROM episodes").fetchone()[0]
+
+        return self._memoised("count", compute)
 
     def facets(self) -> dict[str, list[Any]]:
         """Distinct values to filter by (environments, tasks, verdicts, error classes, steps)."""
@@ -248,7 +286,9 @@ class EpisodeIndex:
         return record
 
     def close(self) -> None:
-        self._db.close()
+        self._closing = True  # a background refresh stops at its next line
+        with self._refreshing, self._lock:
+            self._db.close()
 
 
 def _public(row: dict[str, Any]) -> dict[str, Any]:

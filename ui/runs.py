@@ -19,6 +19,7 @@ from ui.index import EpisodeIndex
 
 MARKERS = ("trajectories.jsonl", "metrics.jsonl", "eval.json")
 MAX_DEPTH = 4  # how deep under a root run directories are looked for
+SYNC_BYTES = 16 * 2**20  # less log than this to index: within the request (well under a second)
 
 
 class RunInfo(BaseModel):
@@ -97,8 +98,7 @@ class Runs:
     def path(self, rid: str) -> Path | None:
         return self.paths().get(rid)
 
-    def index(self, rid: str) -> EpisodeIndex | None:
-        """The run's episode index, brought up to date (a run still writing grows it)."""
+    def _get(self, rid: str) -> EpisodeIndex | None:
         path = self.path(rid)
         if path is None or not (path / "trajectories.jsonl").is_file():
             return None
@@ -106,8 +106,28 @@ class Runs:
             index = self._indexes.get(rid)
             if index is None:
                 index = self._indexes[rid] = EpisodeIndex(path / "trajectories.jsonl")
-        index.refresh()
         return index
+
+    def index(self, rid: str) -> EpisodeIndex | None:
+        """The run's episode index, brought up to date (a run still writing grows it)."""
+        index = self._get(rid)
+        if index is not None:
+            index.refresh()
+        return index
+
+    def index_now(self, rid: str) -> tuple[EpisodeIndex | None, dict[str, int] | None]:
+        """The index if it is up to date, or after a short refresh; when more than ``SYNC_BYTES``
+        are left to scan (a big run's first open) the refresh runs on its own thread and the
+        answer is its progress instead, so a page can draw what needs no index meanwhile."""
+        index = self._get(rid)
+        if index is None:
+            return None, None
+        if not index.busy and index.pending() <= SYNC_BYTES:
+            index.refresh()
+            return index, None
+        if not index.busy:  # two requests may both start one: the second waits, then finds nothing left
+            threading.Thread(target=index.refresh, name=f"awm-ui-index-{rid}", daemon=True).start()
+        return index, index.progress()
 
     def summary(self, rid: str) -> dict[str, Any] | None:
         """Everything the run page draws: metrics per step, the eval report, per-environment
@@ -115,11 +135,13 @@ class Runs:
         path = self.path(rid)
         if path is None:
             return None
-        index = self.index(rid)
+        index, indexing = self.index_now(rid)
+        ready = index if indexing is None else None
         return {"id": rid, "name": path.name, "path": str(path), "metrics": read_metrics(path),
                 "eval": _read_json(path / "eval.json"), "config": _read_json(path / "config.json"),
-                "per_env": index.per_env() if index else [], "facets": index.facets() if index else {},
-                "episodes": index.count() if index else 0}
+                "indexing": indexing,
+                "per_env": ready.per_env() if ready else [], "facets": ready.facets() if ready else {},
+                "episodes": ready.count() if ready else (None if indexing else 0)}
 
     def close(self) -> None:
         for index in self._indexes.values():

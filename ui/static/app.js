@@ -12,6 +12,7 @@ import * as playground from "./pages/playground.js";
 const PAGES = { catalog, runs, run, compare, episode, fleet, playground };
 const NAV = { run: "runs", compare: "runs", episode: "runs" };
 let stop = null;
+let shown = null;
 
 export function parse(hash) {
   const [path, q = ""] = (hash.replace(/^#\/?/, "") || "runs").split("?");
@@ -27,7 +28,8 @@ async function route() {
     if (a.dataset.page === (NAV[page] || page)) a.setAttribute("aria-current", "page");
     else a.removeAttribute("aria-current");
   }
-  fill(main, h("p", { class: "muted" }, "Loading…"));
+  if (location.hash !== shown) fill(main, h("p", { class: "muted" }, "Loading…"));  // not on a redraw
+  shown = location.hash;
   try {
     stop = (await PAGES[page].render(main, args, params)) || null;
   } catch (err) {

@@ -21,7 +21,23 @@ export async function render(main, [id], params) {
       h("figure", {}, throughput(run))),
     h("h2", {}, "Environments"), perEnv(run),
     list);
-  episodes(list, run, params, page);
+  const indexing = run.indexing || page.indexing;
+  if (!indexing) { episodes(list, run, params, page); return null; }
+  // a big run's first open: the index is being built. Ask the (cheap) list until it is, showing
+  // the progress, then draw the whole page again (per-environment numbers and filters need it).
+  const mb = (n) => (n / 2 ** 20).toFixed(0);
+  const status = h("p", { class: "muted", role: "status" });
+  const show = (p) => fill(status, `Indexing the episodes: ${mb(p.scanned)} of ${mb(p.size)} MB of trajectories.jsonl…`);
+  fill(list, h("h2", { id: "episodes-h" }, "Episodes"), status);
+  show(indexing);
+  let timer = null, live = true;
+  const poll = async () => {
+    const next = await api(pageUrl(id, params)).catch(() => ({ indexing }));
+    if (!live) return;
+    if (next.indexing) { show(next.indexing); timer = setTimeout(poll, 1000); } else window.dispatchEvent(new HashChangeEvent("hashchange"));
+  };
+  timer = setTimeout(poll, 1000);
+  return () => { live = false; clearTimeout(timer); };
 }
 
 function filterForm(run, params) {

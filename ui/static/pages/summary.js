@@ -13,12 +13,12 @@ export function headline(run) {
   const last = m[m.length - 1] || {};
   const success = run.eval ? run.eval.overall["pass@1"] : mean(run.per_env.map((e) => e.success_rate).filter((v) => v !== null));
   const cards = [
-    ["Episodes", episodes],
+    ["Episodes", episodes ?? "indexing…"],
     ["Steps", m.length],
     ["Last reward", fmt.num(last.reward_mean)],
     [run.eval ? "pass@1" : "Success rate", fmt.pct(success)],
     ...(run.eval ? [[`pass@${run.eval.k}`, fmt.pct(run.eval.overall[`pass@${run.eval.k}`])]] : []),
-    ["Masked (our faults)", episodes ? fmt.pct(masked / episodes) : "–"],
+    ["Masked (our faults)", episodes && !run.indexing ? fmt.pct(masked / episodes) : "–"],
     ["Mean staleness", fmt.num(mean(staleness), 2)],
     ["Rollouts/s", fmt.num(mean(m.map((r) => r.rollouts_per_s).filter((v) => v != null)), 2)],
   ];
