@@ -158,7 +158,8 @@ def test_quantile_interpolates_like_prometheus():
 
 
 async def test_fleet_view_and_playground_on_a_real_instance(notes, home):
-    view = FleetView([Instance(env="notes", name=notes.name, mcp_url=notes.mcp_url, control_url=notes.control_url),
+    # given by URL only (awm ui --instance): the instance names itself and its environment
+    view = FleetView([Instance(env="?", name="by-url", mcp_url=notes.mcp_url, control_url=notes.control_url),
                       Instance(env="notes", name="gone", mcp_url="http://127.0.0.1:9/mcp",
                                control_url="http://127.0.0.1:9")])
     state = UiState(Runs([]), fleet=view)

@@ -18,12 +18,12 @@ console = Console(stderr=True)
 
 
 def _instance(spec: str):  # type: ignore[no-untyped-def]
-    from ui.fleet import Instance
+    from ui.fleet import UNKNOWN, Instance
 
     mcp, sep, control = spec.partition(",")
     if not sep or not mcp.startswith("http") or not control.startswith("http"):
         raise typer.BadParameter(f"--instance wants MCP_URL,CONTROL_URL, not {spec!r}")
-    return Instance(env="?", name=control.rstrip("/").rsplit("/", 1)[-1] or control, mcp_url=mcp, control_url=control)
+    return Instance(env=UNKNOWN, name=control.rstrip("/").rsplit("/", 1)[-1] or control, mcp_url=mcp, control_url=control)
 
 
 def ui_command(

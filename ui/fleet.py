@@ -32,6 +32,9 @@ PROMQL = {  # fleet-wide, from a real Prometheus (checked by promtool in tests/t
 }
 
 
+UNKNOWN = "?"  # the environment of an instance given by URL, until it answers /info
+
+
 class Instance(BaseModel):
     env: str
     name: str
@@ -109,6 +112,9 @@ class FleetView:
     async def _instance(self, inst: Instance) -> dict[str, Any]:
         state, counters = "down", None
         try:
+            if inst.env == UNKNOWN:  # given by URL (--instance): the instance says what it serves
+                info = (await self._client.get(inst.control_url.rstrip("/") + "/info")).json()
+                inst.env, inst.name = info.get("env") or UNKNOWN, info.get("instance") or inst.name
             ready = await self._client.get(inst.control_url.rstrip("/") + "/readyz")
             state = "ready" if ready.status_code == 200 else "not_ready"
             counters = parse_metrics((await self._client.get(inst.control_url.rstrip("/") + "/metrics")).text)
