@@ -454,6 +454,38 @@ def env_check(
     console.print(table)
 
 
+@env_app.command("call")
+def env_call(
+    url: Annotated[str, typer.Argument(help="MCP URL of an instance, e.g. http://10.85.0.7:8000/mcp")],
+    tool: Annotated[str, typer.Argument(help="Tool name (see `awm env check`).")],
+    arguments: Annotated[str, typer.Argument(help="Arguments as a JSON object.")] = "{}",
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for the server.")] = 30.0,
+) -> None:
+    """Call one tool over MCP and print its result (exit 1 if the tool reports an error)."""
+    from awm.client import McpError, McpSession
+
+    try:
+        args = json.loads(arguments)
+    except json.JSONDecodeError as exc:
+        err.print(f"[red]error:[/red] arguments are not JSON: {exc}")
+        raise typer.Exit(2) from exc
+    if not isinstance(args, dict):
+        err.print("[red]error:[/red] arguments must be a JSON object")
+        raise typer.Exit(2)
+
+    async def run():
+        async with McpSession(url, timeout=timeout) as session:
+            return await session.call_tool(tool, args)
+
+    try:
+        outcome = asyncio.run(run())
+    except McpError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from exc
+    print(outcome.text)
+    raise typer.Exit(1 if outcome.is_error else 0)
+
+
 @pg_app.command("start")
 def pg_start() -> None:
     """Start the embedded server (it keeps running until `awm postgres stop`)."""

@@ -1,7 +1,15 @@
-"""awm as the environment side of the RL stacks people already run.
+"""awm as the environment side of the RL stacks people already run (docs/integrations.md).
 
+* :mod:`integrations.episode` and :mod:`integrations.instances` - what every adapter shares: one
+  episode step by step (reset, MCP tool calls, verdict, awm's reward with masking) and where
+  instances come from (a running pool with whole GRPO-group claims, or the operator's allocation
+  API);
 * :mod:`integrations.openenv_server` - OpenEnv's HTTP/WebSocket environment API in front of a
-  fleet (any OpenEnv client: TRL, SkyRL, torchforge, Unsloth, ART).
+  fleet (any OpenEnv client: TRL, SkyRL, torchforge, Unsloth, ART);
+* :mod:`integrations.trl_env` - a ``rollout_func`` for TRL's ``GRPOTrainer``;
+* :mod:`integrations.verl_agent` - a verl agent loop (``awm_agent``);
+* :mod:`integrations.skyrl_env` - a skyrl-gym ``BaseTextEnv`` (``awm``).
 
-These modules sit above ``awm`` (and use ``trainer.reward`` for rewards); nothing below imports them.
+Each framework is imported only by its own module. These modules sit above ``awm`` and
+``trainer`` (agent loop, rewards); nothing below imports them.
 """

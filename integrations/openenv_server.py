@@ -23,8 +23,6 @@ The instance goes back to the pool when the episode ends or the session closes.
 from __future__ import annotations
 
 import asyncio
-import itertools
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from openenv.core.env_server.interfaces import Environment
@@ -33,8 +31,10 @@ from openenv.core.env_server.mcp_types import (CallToolAction, CallToolObservati
 from openenv.core.env_server.types import Action, EnvironmentMetadata, Observation, State
 from pydantic import Field
 
-from awm.client import ControlClient, McpSession
-from trainer.reward import RewardConfig, score
+from integrations.episode import Episode, Outcome
+from integrations.instances import InstancePool, Slot
+
+__all__ = ["AwmAction", "AwmEnvironment", "AwmObservation", "InstancePool", "Slot", "build_app"]
 
 
 class AwmAction(Action):
@@ -62,42 +62,6 @@ class AwmState(State):
     instance: str | None = None
 
 
-@dataclass(frozen=True)
-class Slot:
-    env: str
-    name: str
-    mcp_url: str
-    control_url: str
-
-
-class InstancePool:
-    """The instances a server hands to sessions, per environment (a local fleet's, or claimed)."""
-
-    def __init__(self, slots: list[Slot], max_steps: int = 30, reward: RewardConfig | None = None) -> None:
-        self.queues: dict[str, asyncio.Queue[Slot]] = {}
-        for slot in slots:
-            self.queues.setdefault(slot.env, asyncio.Queue()).put_nowait(slot)
-        self.size = len(slots)
-        self.max_steps = max_steps
-        self.reward = reward or RewardConfig()
-        self.tasks: dict[str, list[str]] = {}  # env -> task ids, for a reset that names none
-        self._turn = itertools.count()
-
-    def envs(self) -> list[str]:
-        return sorted(self.queues)
-
-    async def claim(self, env: str | None) -> Slot:
-        if env is None:
-            envs = self.envs()
-            env = envs[next(self._turn) % len(envs)]
-        if env not in self.queues:
-            raise ValueError(f"unknown environment {env!r} (serving: {', '.join(self.envs())})")
-        return await self.queues[env].get()
-
-    def release(self, slot: Slot) -> None:
-        self.queues[slot.env].put_nowait(slot)
-
-
 class AwmEnvironment(Environment):
     """One OpenEnv session on awm. Cheap to construct (OpenEnv builds throwaway ones to ask
     questions): it claims an instance only on reset."""
@@ -107,12 +71,8 @@ class AwmEnvironment(Environment):
     def __init__(self, pool: InstancePool) -> None:
         super().__init__()
         self.pool = pool
-        self.slot: Slot | None = None
-        self.control: ControlClient | None = None
-        self.mcp: McpSession | None = None
+        self.episode: Episode | None = None
         self._state = AwmState()
-        self._error_kinds: list[str] = []
-        self._done = False
 
     @property
     def state(self) -> AwmState:
@@ -131,79 +91,71 @@ class AwmEnvironment(Environment):
     async def reset_async(self, seed: int | None = None, episode_id: str | None = None,
                           task_id: str | None = None, env: str | None = None, **kwargs: Any) -> AwmObservation:
         await self._release()
-        self.slot = await self.pool.claim(env)
-        self.control = ControlClient(self.slot.control_url)
-        self.mcp = await McpSession(self.slot.mcp_url).__aenter__()
-        if task_id is None:
-            info = await self.control.info()
-            served = [t["id"] for t in info["tasks"] if t.get("served", True)]
-            if not served:
-                raise ValueError(f"environment {self.slot.env!r} serves no task")
-            task_id = served[(seed or 0) % len(served)]
-        episode = await self.control.reset(task_id)
+        slot = await self.pool.claim(env)
+        self.episode = Episode(slot, self.pool.reward, self.pool.max_steps)
+        try:
+            reset = await self.episode.start(task_id, seed)
+        except BaseException:
+            await self._release()
+            raise
         tools = [{"name": t["name"], "description": t.get("description", ""), "input_schema": t.get("inputSchema", {})}
-                 for t in await self.mcp.list_tools()]
-        self._state = AwmState(episode_id=episode_id or episode["episode_id"], step_count=0, env=self.slot.env,
-                               task_id=task_id, instance=self.slot.name)
-        self._error_kinds, self._done = [], False
-        return AwmObservation(env=self.slot.env, task_id=task_id, instruction=episode["instruction"], tools=tools,
-                              metadata={"reset_ms": episode["reset_ms"], "ungated": episode.get("ungated", False)})
+                 for t in self.episode.tools]
+        self._state = AwmState(episode_id=episode_id or reset["episode_id"], step_count=0, env=slot.env,
+                               task_id=self.episode.task_id, instance=slot.name)
+        return AwmObservation(env=slot.env, task_id=self.episode.task_id, instruction=reset["instruction"],
+                              tools=tools, metadata={"reset_ms": reset["reset_ms"],
+                                                     "ungated": reset.get("ungated", False)})
 
     async def step_async(self, action: Action, timeout_s: float | None = None, **kwargs: Any) -> Observation:
-        if self.mcp is None or self.control is None or self._done:
+        episode = self.episode
+        if episode is None or episode.outcome is not None:
             raise RuntimeError("no episode: reset first")
         if isinstance(action, AwmAction) and action.type != "answer":  # the MCP shapes, as OpenEnv's
             action = (ListToolsAction() if action.type == "list_tools" else  # own types
                       CallToolAction(tool_name=action.tool_name or "", arguments=action.arguments))
         if isinstance(action, ListToolsAction):
             tools = [Tool(name=t["name"], description=t.get("description") or "", input_schema=t.get("inputSchema", {}))
-                     for t in await self.mcp.list_tools()]
+                     for t in await episode.mcp.list_tools()]
             return ListToolsObservation(tools=tools)
         if isinstance(action, CallToolAction):
-            self._state.step_count += 1
-            out = await self.mcp.call_tool(action.tool_name, action.arguments)
-            if out.is_error:
-                self._error_kinds.append(out.error_kind or "tool_error")
+            out = await episode.call_tool(action.tool_name, action.arguments)
+            self._state.step_count = episode.steps
             observation = CallToolObservation(
                 tool_name=action.tool_name, result=out.structured if out.structured is not None else out.text,
                 error=ToolError(error_type=_error_type(out.error_kind), message=out.text) if out.is_error else None,
                 metadata={"error_kind": out.error_kind} if out.is_error else {})
-            if self._state.step_count >= self.pool.max_steps:
-                return await self._finish(None, f"{self.pool.max_steps} tool calls without an answer")
+            if episode.exhausted:
+                return await self._finish(None, f"{self.pool.max_steps} tool calls without an answer"
+                                          if episode.infra_error is None else "infrastructure")
             return observation
         if isinstance(action, AwmAction):
             return await self._finish(action.answer, "answer")
         raise ValueError(f"unsupported action {type(action).__name__}: use list_tools, call_tool or answer")
 
     async def _finish(self, answer: str | None, why: str) -> AwmObservation:
-        assert self.control is not None and self.slot is not None
-        verdict = await self.control.verify(answer)
-        result = score(verdict, self._error_kinds, 0, None, self.pool.reward)
-        self._done = True
+        assert self.episode is not None
+        episode = self.episode
+        result: Outcome = await episode.finish(answer, why)
         observation = AwmObservation(
-            done=True, reward=None if result.masked else result.reward, env=self.slot.env,
-            task_id=self._state.task_id, verdict=verdict,
+            done=True, reward=result.reward, env=episode.slot.env, task_id=episode.task_id, verdict=result.verdict,
             metadata={"masked": result.masked, "mask_reason": result.mask_reason, "ended_by": why,
                       "reward_components": result.components})
         await self._release()
         return observation
 
     async def _release(self) -> None:
-        if self.mcp is not None:
-            await self.mcp.__aexit__(None, None, None)
-        if self.control is not None:
-            await self.control.close()
-        if self.slot is not None:
-            self.pool.release(self.slot)
-        self.slot, self.control, self.mcp = None, None, None
+        episode, self.episode = self.episode, None
+        if episode is not None:
+            await episode.close()
+            await self.pool.release(episode.slot)
 
     def close(self) -> None:
-        if self.slot is not None:  # a session closed mid-episode: its instance goes back
+        if self.episode is not None:  # a session closed mid-episode: its instance goes back
             try:
                 asyncio.get_running_loop().create_task(self._release())
             except RuntimeError:
-                self.pool.release(self.slot)
-                self.slot = None
+                self.pool.release_nowait(self.episode.slot)
+                self.episode = None
 
 
 def _error_type(kind: str | None) -> ToolErrorType:

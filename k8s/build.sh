@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build the binaries of the test control plane from their Go modules (Go module proxy only):
 #   etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok, helm
+# and of its real node (k8s/node.py): kubelet, kube-proxy, coredns (cluster DNS)
 # into ${AWM_K8S_CACHE:-$HOME/.cache/awm/k8s}/<versions-key>/bin (outside the repo).
 #
 # Versions are pinned in k8s/versions.env. Idempotent: a binary that is already in the cache
@@ -23,7 +24,7 @@ KEY="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}_helm-${HELM_VE
 ROOT="${AWM_K8S_CACHE:-$HOME/.cache/awm/k8s}/$KEY"
 BIN="$ROOT/bin"
 SRC="$ROOT/src"
-BINARIES=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok helm)
+BINARIES=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok helm kubelet kube-proxy coredns)
 
 STAGES=kwok-stages.yaml   # kwok >= 0.8 has no built-in stages: config written below
 missing() {
@@ -96,7 +97,7 @@ fi
 # k8s.io/kubernetes requires its staging modules at v0.0.0 with replaces to ./staging: a wrapper
 # module replaces each of them with its published tag v0.<minor>.<patch>. The list is derived
 # from upstream's go.mod, so it follows new versions.
-K8S_BINS=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
+K8S_BINS=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy)
 need_k8s=0; for b in "${K8S_BINS[@]}"; do [ -x "$BIN/$b" ] || need_k8s=1; done
 if [ "$need_k8s" = 1 ]; then
   begin "kubernetes $K8S_VERSION: module graph"
@@ -182,6 +183,17 @@ if [ ! -x "$BIN/helm" ]; then
   mv -f "$t/helm" "$BIN/.helm.tmp"; rm -rf "$t"
   install_tmp helm version
   finish helm
+fi
+
+# ---------------------------------------------------------------- coredns (no replaces: go install)
+# The real node's cluster DNS (the chart's pods reach Postgres and the operator by Service name).
+if [ ! -x "$BIN/coredns" ]; then
+  begin "coredns $COREDNS_VERSION"
+  t="$SRC/coredns-gobin"; rm -rf "$t"; mkdir -p "$t"
+  GOBIN="$t" go install -p "$P" -ldflags "-s -w" "github.com/coredns/coredns@$COREDNS_VERSION"
+  mv -f "$t/coredns" "$BIN/.coredns.tmp"; rm -rf "$t"
+  install_tmp coredns -version
+  finish coredns
 fi
 
 m="$(missing)"

@@ -85,6 +85,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def node_module():
+    """k8s/node.py (RealNode), imported on demand: by package when k8s/ is importable, else by
+    path (the harness also runs as a script)."""
+    try:
+        from k8s import node
+    except ImportError:
+        import importlib.util
+        spec = importlib.util.spec_from_file_location("awm_k8s_node", HERE / "node.py")
+        node = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(node)
+    return node
+
+
 # --------------------------------------------------------------------------- PKI
 
 
@@ -100,7 +113,7 @@ SERVER_SANS = [
 ]
 
 
-def make_pki_openssl(d: Path) -> None:
+def make_pki_openssl(d: Path, sans: list[str]) -> None:
     """CA, apiserver serving cert, admin client cert (system:masters), SA key pair. ECDSA P-256:
     key generation is ~100x faster than RSA, and every component accepts it."""
     ossl = shutil.which("openssl")
@@ -124,7 +137,7 @@ def make_pki_openssl(d: Path) -> None:
               "-extfile", f"{name}.ext", "-out", f"{name}.crt"], d)
 
     leaf("apiserver", "/CN=kube-apiserver",
-         f"subjectAltName={','.join(SERVER_SANS)}\nextendedKeyUsage=serverAuth\n"
+         f"subjectAltName={','.join(sans)}\nextendedKeyUsage=serverAuth\n"
          "keyUsage=critical,digitalSignature\n")
     leaf("admin", "/O=system:masters/CN=awm-harness-admin",
          "extendedKeyUsage=clientAuth\nkeyUsage=critical,digitalSignature\n")
@@ -132,7 +145,7 @@ def make_pki_openssl(d: Path) -> None:
     _run([ossl, "pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub"], d)
 
 
-def make_pki_cryptography(d: Path) -> None:
+def make_pki_cryptography(d: Path, sans_spec: list[str]) -> None:
     """Same files as make_pki_openssl, with the `cryptography` package (no openssl CLI)."""
     import datetime
     import ipaddress
@@ -171,7 +184,7 @@ def make_pki_cryptography(d: Path) -> None:
 
     srv_key = key("apiserver")
     sans = []
-    for s in SERVER_SANS:
+    for s in sans_spec:
         kind, val = s.split(":", 1)
         sans.append(x509.IPAddress(ipaddress.ip_address(val)) if kind == "IP" else x509.DNSName(val))
     srv = (builder(name("kube-apiserver"), ca_name, srv_key.public_key())
@@ -193,12 +206,14 @@ def make_pki_cryptography(d: Path) -> None:
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
 
 
-def make_pki(d: Path) -> None:
+def make_pki(d: Path, extra_ips: tuple[str, ...] = ()) -> None:
+    """extra_ips: more addresses the API server is reached at (a real node's address)."""
     d.mkdir(parents=True, exist_ok=True)
+    sans = SERVER_SANS + [f"IP:{ip}" for ip in extra_ips]
     if shutil.which("openssl"):
-        make_pki_openssl(d)
+        make_pki_openssl(d, sans)
     else:
-        make_pki_cryptography(d)
+        make_pki_cryptography(d, sans)
 
 
 def write_kubeconfig(path: Path, server: str, pki: Path) -> None:
@@ -244,12 +259,15 @@ class ControlPlane:
     def __init__(self, bin_dir: str | os.PathLike | None = None, *, nodes: int = 4,
                  node_cpu: str = "256", node_memory: str = "1Ti", node_pods: int = 512,
                  fast_clients: bool = True, verbosity: int = 1,
-                 extra_apiserver_args: tuple[str, ...] = (), timeout: float = 90.0):
+                 extra_apiserver_args: tuple[str, ...] = (), timeout: float = 90.0,
+                 real_node: bool = False):
         self.bin_dir = Path(bin_dir) if bin_dir else default_bin_dir()
         self.nodes, self.node_cpu, self.node_memory, self.node_pods = nodes, node_cpu, node_memory, node_pods
         self.fast_clients, self.verbosity = fast_clients, verbosity
         self.extra_apiserver_args = tuple(extra_apiserver_args)
         self.timeout = timeout
+        self.real_node = real_node
+        self.node = None  # a k8s.node.RealNode when real_node
         self.workdir: Path | None = None
         self.kubeconfig: str | None = None
         self.server: str | None = None
@@ -301,6 +319,10 @@ class ControlPlane:
         if missing:
             raise ControlPlaneError(
                 f"missing binaries in {self.bin_dir}: {', '.join(missing)}; run k8s/build.sh")
+        if self.real_node:
+            lacking = node_module().missing_prerequisites(self.bin_dir)
+            if lacking:
+                raise ControlPlaneError(f"a real node needs: {'; '.join(lacking)}")
         self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="awm-k8s-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
         t0 = time.monotonic()
@@ -321,7 +343,10 @@ class ControlPlane:
         w = self.workdir
         pki, logs = w / "pki", w / "logs"
         logs.mkdir(exist_ok=True)
-        make_pki(pki)
+        if self.real_node:
+            self.node = node_module().RealNode(self)
+            self.node.prepare_network()
+        make_pki(pki, (self.node.ip,) if self.node else ())
         self.timings["pki"] = time.monotonic() - t0
         for name in ("etcd", "etcd_peer", "apiserver", "kcm", "scheduler", "kwok"):
             self.ports[name] = free_port()
@@ -347,7 +372,9 @@ class ControlPlane:
 
         self._spawn("kube-apiserver", [
             f"--etcd-servers={etcd_url}",
-            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={p['apiserver']}",
+            *(self.node.apiserver_args(pki) if self.node else
+              ["--bind-address=127.0.0.1", "--advertise-address=127.0.0.1"]),
+            f"--secure-port={p['apiserver']}",
             f"--tls-cert-file={pki / 'apiserver.crt'}", f"--tls-private-key-file={pki / 'apiserver.key'}",
             f"--client-ca-file={pki / 'ca.crt'}",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
@@ -372,7 +399,9 @@ class ControlPlane:
             *qps])
         self._spawn("kube-scheduler", [*common, f"--secure-port={p['scheduler']}", *qps])
         self._spawn("kwok", [
-            kc, f"--config={self.bin_dir / KWOK_STAGES}", "--manage-all-nodes=true", f"--cidr={POD_CIDR}", "--node-ip=10.244.0.1",
+            # only the fake nodes (annotated below): never a real kubelet's node
+            kc, f"--config={self.bin_dir / KWOK_STAGES}", "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+            f"--cidr={POD_CIDR}", "--node-ip=10.244.0.1",
             "--node-lease-duration-seconds=40", f"--server-address=127.0.0.1:{p['kwok']}"],
             # kwok reads $KWOK_WORKDIR/kwok.yaml (default ~/.kwok) if it exists: isolate it.
             env={"KWOK_WORKDIR": str(w / "kwok")})
@@ -384,6 +413,9 @@ class ControlPlane:
         # Pods are rejected until kcm has made the namespace's default ServiceAccount.
         self._wait("default ServiceAccount", lambda: self._exists("/api/v1/namespaces/default/serviceaccounts/default"))
         self.timings["default_sa"] = time.monotonic() - t0
+        if self.node:
+            self.node.start()
+            self.timings["real_node_ready"] = time.monotonic() - t0
 
     def _node(self, i: int) -> dict:
         cap = {"cpu": self.node_cpu, "memory": self.node_memory, "pods": str(self.node_pods)}
@@ -406,6 +438,11 @@ class ControlPlane:
         Clients first (kwok, scheduler, kcm), then kube-apiserver, then etcd: SIGTERM to the
         process group, SIGKILL after 5 s. (Terminating all at once makes kube-apiserver's
         graceful shutdown hang on the dead etcd until the kill: ~10 s instead of ~1 s.)"""
+        if self.node is not None:
+            try:
+                self.node.stop()  # while the API server is up: its pods are deleted through it
+            finally:
+                self.node = None
         names = list(self.procs)
         groups = [[n for n in names if n not in ("kube-apiserver", "etcd")],
                   [n for n in names if n == "kube-apiserver"], [n for n in names if n == "etcd"]]
@@ -505,17 +542,22 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--workdir", help="default: a new temp dir (removed on exit)")
     up.add_argument("--nodes", type=int, default=4)
     up.add_argument("--bin-dir", help="default: the dir k8s/build.sh builds into")
+    up.add_argument("--real-node", action="store_true", help="also a real kubelet node (k8s/node.py; root)")
+    up.add_argument("--load", nargs="*", default=[], metavar="ARCHIVE",
+                    help="image archives to import into the real node (images/build.py writes them)")
     sub.add_parser("bin-dir", help="print the bin dir the harness uses")
     a = ap.parse_args(argv)
     if a.cmd == "bin-dir":
         print(default_bin_dir())
         return 0
-    cp = ControlPlane(a.bin_dir, nodes=a.nodes)
+    cp = ControlPlane(a.bin_dir, nodes=a.nodes, real_node=a.real_node)
     stop = threading.Event()
     for s in (signal.SIGINT, signal.SIGTERM):
         signal.signal(s, lambda *_: stop.set())
     try:
         kubeconfig = cp.start(a.workdir)
+        if cp.node and a.load:
+            cp.node.load_images(a.load)
         print(kubeconfig, flush=True)
         print(f"# up in {cp.timings['total']:.1f}s; workdir {cp.workdir}\n"
               f"# export KUBECONFIG={kubeconfig} PATH={cp.bin_dir}:$PATH\n# Ctrl-C to stop",

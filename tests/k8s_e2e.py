@@ -3,6 +3,7 @@ database Secret, the CRDs, and an in-process operator's configuration and URLs."
 
 from __future__ import annotations
 
+import json
 import os
 
 import time
@@ -16,6 +17,7 @@ from awm_operator.config import OperatorConfig
 from awm_operator.main import InThread
 
 CRDS = Path(__file__).resolve().parent.parent / "charts" / "awm" / "crds"
+API = "/apis/awm.dev/v1alpha1"
 
 
 def wait_for(what: str, ok: Callable[[], Any], timeout: float = 90.0, interval: float = 0.2) -> Any:
@@ -111,3 +113,67 @@ def metric(op: InThread, name: str, **labels: str) -> float:
         if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
             total += float(line.rsplit(" ", 1)[1])
     return total
+
+
+class Cluster:
+    """The few calls the tests make, as the admin user."""
+
+    def __init__(self, cp: Any, namespace: str) -> None:
+        self.cp, self.ns = cp, namespace
+
+    def create(self, plural: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+        kind = {"envfleets": "EnvFleet", "envclaims": "EnvClaim"}[plural]
+        body = {"apiVersion": "awm.dev/v1alpha1", "kind": kind, "metadata": {"name": name}, "spec": spec}
+        return self.cp.api("POST", f"{API}/namespaces/{self.ns}/{plural}", body)
+
+    def get(self, plural: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self.cp.api("GET", f"{API}/namespaces/{self.ns}/{plural}/{name}")
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                return None
+            raise
+
+    def status(self, plural: str, name: str) -> dict[str, Any]:
+        return (self.get(plural, name) or {}).get("status") or {}
+
+    def delete(self, plural: str, name: str) -> None:
+        self.cp.api("DELETE", f"{API}/namespaces/{self.ns}/{plural}/{name}")
+
+    def scale(self, fleet: str, replicas: int) -> None:
+        self.cp.kubectl("-n", self.ns, "scale", f"envfleet/{fleet}", f"--replicas={replicas}")
+
+    def pods(self, fleet: str) -> list[dict[str, Any]]:
+        items = self.cp.api("GET", f"/api/v1/namespaces/{self.ns}/pods?labelSelector=awm.dev/fleet={fleet}")["items"]
+        return [p for p in items if not p["metadata"].get("deletionTimestamp")]
+
+    def ledger(self, fleet: str) -> dict[str, list[list[str]]]:
+        """The fleet's allocation ledger as stored in the API server: claim id -> groups of pods."""
+        try:
+            cm = self.cp.api("GET", f"/api/v1/namespaces/{self.ns}/configmaps/{fleet}-claims")
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                return {}
+            raise
+        return {cid: json.loads(v)["groups"] for cid, v in (cm.get("data") or {}).items()}
+
+    def allocated(self, fleet: str) -> dict[str, str]:
+        """pod -> claim id, from the ledger."""
+        return {pod: cid for cid, groups in self.ledger(fleet).items() for g in groups for pod in g}
+
+    def delete_pods(self, names: list[str]) -> None:
+        for i in range(0, len(names), 50):
+            self.cp.kubectl("-n", self.ns, "delete", "pod", "--wait=false", *names[i:i + 50])
+
+    def annotate(self, pod: str, key: str, value: str) -> None:
+        self.cp.kubectl("-n", self.ns, "annotate", "--overwrite", "pod", pod, f"{key}={value}")
+
+    def ready(self, fleet: str, n: int) -> bool:
+        s = self.status("envfleets", fleet)
+        return s.get("ready") == n and s.get("replicas") == n
+
+
+def claim_of(cluster: Cluster, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    cluster.create("envclaims", name, spec)
+    return wait_for(f"claim {name} to settle",
+                    lambda: (s := cluster.status("envclaims", name)).get("phase") in ("Bound", "Failed") and s)

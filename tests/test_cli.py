@@ -69,6 +69,12 @@ def test_serve_prints_urls_serves_and_cleans_up(home, admin_dsn):
         assert {line["env"] for line in lines} == {"notes"} and len({line["mcp_url"] for line in lines}) == 2
         check = awm("env", "check", lines[0]["mcp_url"], home=home)
         assert check.returncode == 0 and "add_note" in check.stdout and "9 tools" in check.stdout
+        added = awm("env", "call", lines[0]["mcp_url"], "add_note", '{"title": "from the CLI"}', home=home)
+        assert added.returncode == 0 and "from the CLI" in added.stdout, added.stderr
+        found = awm("env", "call", lines[0]["mcp_url"], "find_note", '{"title": "no such note"}', home=home)
+        assert found.returncode == 1  # the tool's own error, reported as such
+        bad = awm("env", "call", lines[0]["mcp_url"], "add_note", "{title:", home=home)
+        assert bad.returncode == 2 and "not JSON" in bad.stderr
         assert {line["instance"] for line in lines} <= set(provision.list_instances(admin_dsn))
     finally:
         proc.send_signal(signal.SIGINT)

@@ -252,8 +252,29 @@ def eval_command(
     judge_votes: JudgeVotesOpt = 1,
     verifier_kind: KindOpt = None,
     allow_ungated: UngatedOpt = False,
+    suite: Annotated[Optional[str], typer.Option(
+        "--suite", help="Run an out-of-distribution benchmark's own harness instead: bfcl, tau2 or mcp-universe "
+                        "(docs/integrations.md). -k is then tau2's trials per task.")] = None,
+    suite_python: Annotated[Optional[str], typer.Option(
+        "--suite-python", help="A Python with the benchmark installed (default: its cached virtualenv, made on "
+                               "first use).")] = None,
+    category: Annotated[Optional[list[str]], typer.Option(
+        "--category", help="Suite categories: BFCL test categories, tau2 domains, MCP-Universe domains.")] = None,
+    case: Annotated[Optional[list[str]], typer.Option(
+        "--case", help="Only these suite cases, as CATEGORY:ID (e.g. simple_python:simple_python_0, airline:9).")] = None,
+    num_tasks: Annotated[Optional[int], typer.Option("--num-tasks", min=1, help="tau2: the first N tasks per domain.")] = None,
+    user_base_url: Annotated[Optional[str], typer.Option(
+        "--user-base-url", help="tau2's user simulator endpoint (default: the policy's).")] = None,
+    user_model: Annotated[Optional[str], typer.Option("--user-model", help="tau2's user simulator model.")] = None,
+    benchmark_config: Annotated[Optional[list[str]], typer.Option(
+        "--benchmark-config", help="MCP-Universe: its benchmark YAML files (from its repository).")] = None,
 ) -> None:
-    """pass@1 and pass@k per environment for a model endpoint (k samples of every task)."""
+    """pass@1 and pass@k per environment for a model endpoint (k samples of every task); with
+    --suite, a published benchmark's own harness and evaluator, in a table shaped like the AWM paper's."""
+    if suite is not None:
+        _suite(suite, base_url, model, api_key, temperature, out, suite_python, category, case, num_tasks, k,
+               user_base_url, user_model, benchmark_config)
+        return
     from awm import catalog as catalog_mod
     from awm.fleet import Database
     from trainer import eval as ev
@@ -367,6 +388,28 @@ def eval_command(
         console.print(f"{o['short']} task(s) kept fewer than {k} scored samples (episodes masked by our own "
                       f"failures): they count in pass@1, not in pass@{k}")
     console.print(f"wrote {out / 'eval.json'}, {out / 'eval.png'}, {out / 'trajectories.jsonl'}")
+
+
+def _suite(suite: str, base_url: str | None, model: str | None, api_key: str | None, temperature: float, out: Path,
+           python: str | None, categories: list[str] | None, cases: list[str] | None, num_tasks: int | None,
+           trials: int, user_base_url: str | None, user_model: str | None, configs: list[str] | None) -> None:
+    from trainer.suites.proc import HarnessError
+    from trainer.suites.run import SUITES, run_suite
+    from trainer.suites.table import Endpoint
+
+    if suite not in SUITES:
+        err.print(f"[red]error:[/red] --suite {suite!r}: one of {', '.join(SUITES)}")
+        raise typer.Exit(2)
+    url, name = _endpoint(base_url, model)
+    key = api_key or os.environ.get("OPENAI_API_KEY", "")
+    policy = Endpoint(url, name, key, temperature)
+    user = Endpoint(user_base_url or url, user_model or name, key, temperature)
+    try:
+        run_suite(suite, policy, out, console, python=python, categories=categories, cases=cases,
+                  num_tasks=num_tasks, trials=trials, user=user, configs=configs)
+    except (ValueError, HarnessError, RuntimeError) as exc:  # bad input: 2; the harness failed: 1
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2 if isinstance(exc, ValueError) else 1) from exc
 
 
 @trainer_app.command("verify")

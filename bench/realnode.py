@@ -1,0 +1,228 @@
+"""Real-pod benchmark: env pods on a real kubelet node (k8s/node.py), the chart's images.
+
+    sudo .venv/bin/python bench/realnode.py --json            # 8, 32 and 64 env pods
+    sudo .venv/bin/python bench/realnode.py --sizes 8 --json
+
+What it measures, each against a baseline taken in the same run:
+
+* ``ready_p50_s`` / ``ready_p99_s`` per fleet size: an env pod first seen in the API until it is
+  Ready (bundle init container, database clone, env server start, readiness probe), with images
+  already on the node. Baseline: plain pods of the same image that only ``sleep``
+  (``baseline_ready_*``): what the node itself costs per pod. Polled every 0.2 s.
+* ``pod_memory_mb_p50`` / ``_max``: each env pod's working set from the kubelet's summary API
+  (the container cgroup), once the fleet is Ready and idle.
+* ``tool_call_p50_ms`` / ``_p99``, ``reset_p50_ms`` / ``_p99``: MCP tool calls and control-API
+  resets from this host to a pod IP, through the CNI bridge. Baseline: the same calls to an env
+  server running as a host process (awm.fleet.LocalFleet) on the same Postgres (``host_*``).
+
+Needs root and what tests/test_realnode.py needs (images/build.py, k8s/build.sh, Debian packages).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import importlib.util
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "operator"))
+
+from awm import catalog  # noqa: E402
+from awm.client import ControlClient, McpSession  # noqa: E402
+from awm.fleet import Database, LocalFleet  # noqa: E402
+from k8s import chart  # noqa: E402
+
+NS = "awm"
+API = f"/apis/awm.dev/v1alpha1/namespaces/{NS}"
+ENVS = ["crm", "bike_shop"]
+
+
+def load(name: str, path: Path) -> Any:
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+def pct(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return round(s[min(len(s) - 1, int(round(q * (len(s) - 1))))], 3)
+
+
+def wait(what: str, ok, timeout: float = 600, interval: float = 0.5) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            got = ok()
+        except Exception:
+            got = None
+        if got:
+            return got
+        time.sleep(interval)
+    raise TimeoutError(f"timed out waiting for {what}")
+
+
+def ready_times(cp: Any, selector: str, n: int, timeout: float = 900) -> list[float]:
+    """Seconds from a pod's first sighting to its Ready condition, for n pods matching selector."""
+    seen: dict[str, float] = {}
+    ready: dict[str, float] = {}
+    deadline = time.monotonic() + timeout
+    while len(ready) < n and time.monotonic() < deadline:
+        now = time.monotonic()
+        for p in cp.api("GET", f"/api/v1/namespaces/{NS}/pods?labelSelector={selector}")["items"]:
+            name = p["metadata"]["name"]
+            seen.setdefault(name, now)
+            ok = any(c["type"] == "Ready" and c["status"] == "True" for c in p.get("status", {}).get("conditions", []))
+            if ok and name not in ready:
+                ready[name] = now - seen[name]
+        time.sleep(0.2)
+    if len(ready) < n:
+        raise TimeoutError(f"only {len(ready)} of {n} pods Ready ({selector})")
+    return list(ready.values())
+
+
+def gone(cp: Any, selector: str) -> bool:
+    return not cp.api("GET", f"/api/v1/namespaces/{NS}/pods?labelSelector={selector}")["items"]
+
+
+def baseline_pods(cp: Any, image: str, n: int) -> list[float]:
+    name = f"sleepers-{n}"
+    cp.api("POST", f"/apis/apps/v1/namespaces/{NS}/deployments", {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
+        "spec": {"replicas": n, "selector": {"matchLabels": {"bench": name}},
+                 "template": {"metadata": {"labels": {"bench": name}}, "spec": {
+                     "automountServiceAccountToken": False, "terminationGracePeriodSeconds": 0,
+                     "containers": [{"name": "sleep", "image": image, "imagePullPolicy": "Never",
+                                     "command": ["sleep", "3600"],
+                                     "resources": {"requests": {"cpu": "1m", "memory": "8Mi"}},
+                                     "readinessProbe": {"exec": {"command": ["true"]}, "periodSeconds": 1}}]}}}})
+    times = ready_times(cp, f"bench={name}", n)
+    cp.api("DELETE", f"/apis/apps/v1/namespaces/{NS}/deployments/{name}", {"propagationPolicy": "Foreground"})
+    wait("sleepers gone", lambda: gone(cp, f"bench={name}"))
+    return times
+
+
+def env_fleet(cp: Any, n: int) -> tuple[list[float], list[float]]:
+    """(ready seconds, working-set MB) of an n-pod EnvFleet."""
+    name = f"bench-{n}"
+    cp.api("POST", f"{API}/envfleets", {"apiVersion": "awm.dev/v1alpha1", "kind": "EnvFleet", "metadata": {"name": name},
+                                        "spec": {"environments": ENVS, "replicas": n, "catalog": {},
+                                                 "database": {"secretName": "awm-database"}}})
+    times = ready_times(cp, f"awm.dev/fleet={name}", n)
+    time.sleep(5)  # idle: let start-up garbage settle before reading memory
+    summary = cp.api("GET", f"/api/v1/nodes/{cp.node.name}/proxy/stats/summary")
+    mem = [p["memory"]["workingSetBytes"] / 1e6 for p in summary["pods"]
+           if p["podRef"]["namespace"] == NS and p["podRef"]["name"].startswith(f"{name}-")]
+    return times, mem
+
+
+def delete_fleet(cp: Any, n: int) -> None:
+    name = f"bench-{n}"
+    cp.api("DELETE", f"{API}/envfleets/{name}")
+    wait("fleet gone", lambda: gone(cp, f"awm.dev/fleet={name}"))
+
+
+async def call_latency(mcp_url: str, control_url: str, calls: int, resets: int) -> dict[str, float]:
+    control = ControlClient(control_url)
+    tool_ms, reset_ms = [], []
+    try:
+        async with McpSession(mcp_url) as mcp:
+            await mcp.call_tool("search_accounts", {"limit": 5})  # warm
+            for _ in range(calls):
+                t0 = time.perf_counter()
+                out = await mcp.call_tool("search_accounts", {"limit": 5})
+                tool_ms.append((time.perf_counter() - t0) * 1000)
+                assert not out.is_error, out.text
+        for _ in range(resets):
+            t0 = time.perf_counter()
+            await control.reset()
+            reset_ms.append((time.perf_counter() - t0) * 1000)
+    finally:
+        await control.close()
+    return {"tool_call_p50_ms": pct(tool_ms, 0.5), "tool_call_p99_ms": pct(tool_ms, 0.99),
+            "reset_p50_ms": pct(reset_ms, 0.5), "reset_p99_ms": pct(reset_ms, 0.99)}
+
+
+def admin_dsn_via_service(cp: Any) -> str:
+    """The chart's admin DSN with the Service's ClusterIP for its host name (kube-proxy routes
+    ClusterIPs from this host too), for the host-process baseline."""
+    secret = cp.api("GET", f"/api/v1/namespaces/{NS}/secrets/awm-database")
+    dsn = base64.b64decode(secret["data"]["dsn"]).decode()
+    svc = cp.api("GET", f"/api/v1/namespaces/{NS}/services/awm-postgres")
+    return dsn.replace(f"awm-postgres.{NS}.svc", svc["spec"]["clusterIP"])
+
+
+async def host_latency(dsn: str, calls: int, resets: int) -> dict[str, float]:
+    bundle = catalog.load(None, ["crm"])[0]
+    fleet = LocalFleet([bundle], replicas=1, database=Database(dsn))
+    await fleet.start()
+    try:
+        inst = fleet.instances[0]
+        return await call_latency(inst.mcp_url, inst.control_url, calls, resets)
+    finally:
+        await fleet.stop()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", type=int, nargs="+", default=[8, 32, 64])
+    ap.add_argument("--calls", type=int, default=300)
+    ap.add_argument("--resets", type=int, default=100)
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args()
+    images = {b.name: b for b in load("awm_images_build", ROOT / "images" / "build.py").Builder(quiet=True).build(
+        list(chart.COMPONENTS))}
+    harness = load("awm_k8s_harness", ROOT / "k8s" / "harness.py")
+    cp = harness.ControlPlane(nodes=0, real_node=True)
+    out: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "kernel": platform.release(),
+                                       "python": platform.python_version(), "load_before": os.getloadavg()[0]}}
+    t0 = time.monotonic()
+    cp.start(tempfile.mkdtemp(prefix="awm-bench-real-"))
+    try:
+        out["node_ready_s"] = round(cp.timings["real_node_ready"], 2)
+        loads = cp.node.load_images([images[n].archive for n in chart.COMPONENTS])
+        out["image_import_s"] = {Path(k).name.split("-")[0]: round(v, 1) for k, v in loads.items()}
+        out["image_mb"] = {n: round(images[n].size_bytes / 1e6) for n in chart.COMPONENTS}
+        t1 = time.monotonic()
+        r = chart.helm_install(cp, {n: b.ref for n, b in images.items()}, release="awm", namespace=NS)
+        if r.returncode != 0:
+            raise RuntimeError(f"helm install: {r.stderr}")
+        out["helm_install_s"] = round(time.monotonic() - t1, 1)
+        sizes = {}
+        for n in a.sizes:
+            base = baseline_pods(cp, images["envserver"].ref, n)
+            times, mem = env_fleet(cp, n)
+            if n == a.sizes[0]:
+                pod = next(p for p in cp.api("GET", f"/api/v1/namespaces/{NS}/pods?labelSelector=awm.dev/fleet=bench-{n}")["items"]
+                           if p["metadata"]["annotations"]["awm.dev/environment"] == "crm")
+                ip = pod["status"]["podIP"]
+                out["pod_network"] = asyncio.run(call_latency(f"http://{ip}:8000/mcp", f"http://{ip}:8001", a.calls, a.resets))
+            delete_fleet(cp, n)
+            sizes[str(n)] = {"ready_p50_s": pct(times, 0.5), "ready_p99_s": pct(times, 0.99),
+                             "baseline_ready_p50_s": pct(base, 0.5), "baseline_ready_p99_s": pct(base, 0.99),
+                             "pod_memory_mb_p50": round(statistics.median(mem), 1) if mem else None,
+                             "pod_memory_mb_max": round(max(mem), 1) if mem else None,
+                             "load": os.getloadavg()[0]}
+        out["sizes"] = sizes
+        out["host_process"] = asyncio.run(host_latency(admin_dsn_via_service(cp), a.calls, a.resets))
+    finally:
+        cp.stop()
+    out["wall_s"] = round(time.monotonic() - t0, 1)
+    print(json.dumps(out, indent=None if a.json else 1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,40 @@
+"""Install charts/awm on a harness cluster with locally built images (images/build.py).
+
+Shared by the real-node tests (tests/test_realnode.py) and benchmark (bench/realnode.py) so both
+install the chart the same way: the images as built (pullPolicy Never: they were imported into
+the node's containerd), Postgres without a volume (the harness has no storage provisioner), small
+resource requests (a test node has two cores).
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+CHART = Path(__file__).resolve().parent.parent / "charts" / "awm"
+COMPONENTS = ("operator", "envserver", "catalog", "postgres")  # chart value key == image name
+SMALL = ("postgres.persistence.enabled=false",
+         "postgres.resources.requests.cpu=100m", "postgres.resources.requests.memory=128Mi",
+         "operator.resources.requests.cpu=50m", "operator.resources.requests.memory=128Mi",
+         "envserver.resources.requests.cpu=10m", "envserver.resources.requests.memory=64Mi")
+
+
+def image_sets(refs: dict[str, str]) -> list[str]:
+    """--set values pointing the chart's components at image refs (``name -> repo:tag``)."""
+    out = []
+    for component in COMPONENTS:
+        repo, tag = refs[component].rsplit(":", 1)
+        out += [f"{component}.image.repository={repo}", f"{component}.image.tag={tag}",
+                f"{component}.image.pullPolicy=Never"]
+    return out
+
+
+def helm_install(cp: Any, refs: dict[str, str], *, release: str = "awm", namespace: str = "awm",
+                 sets: tuple[str, ...] = (), timeout: str = "5m") -> subprocess.CompletedProcess:
+    """`helm install --wait` of the chart; the result (check returncode: the caller reports)."""
+    args = [*SMALL, *image_sets(refs), *sets]
+    return subprocess.run([cp.bin("helm"), "install", release, str(CHART), "--namespace", namespace,
+                           "--create-namespace", "--wait", "--timeout", timeout,
+                           *[a for s in args for a in ("--set", s)]],
+                          capture_output=True, text=True, env=cp.env())

@@ -1,0 +1,614 @@
+"""A real node for the test control plane: kubelet + containerd + runc + CNI bridge on this host.
+
+kwok's nodes run nothing; this one runs real containers. It joins a harness ``ControlPlane``
+started with ``real_node=True`` (which advertises the API server on the node's address and lets
+kwok leave it alone), next to any fake nodes:
+
+    cp = ControlPlane(nodes=0, real_node=True)
+    cp.start()                                  # also starts cp.node (a RealNode)
+    cp.node.load_images(["~/.cache/awm/images/envserver-<key>.tar"])   # pods never pull
+    ...
+    cp.stop()                                   # the node first; nothing is left on the host
+
+What runs, as host processes: containerd (Debian's package: a private root, state and socket, runc
+with cgroupfs), kubelet and kube-proxy (iptables mode, from k8s/build.sh), CoreDNS (cluster DNS for
+Service names). The node's address is 10.86.<N>.1 on the loopback interface (label lo:awm<N>), so
+nothing depends on the host's own addresses; pods get 10.85.<N>.0/24 on a CNI bridge (``awmbr<N>``).
+
+The host is changed (cgroups, a bridge, an address on lo, iptables chains, mounts, network
+namespaces, net.ipv4.ip_forward): ``stop`` undoes all of it, and ``leftovers()`` says what is
+still there (the tests assert it is empty). Needs root, cgroups, and the Debian packages
+containerd, runc, containernetworking-plugins and iptables. Measured recipe and pitfalls:
+docs/k8s-harness.md "A real node".
+"""
+
+from __future__ import annotations
+
+import base64
+import ipaddress
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the harness imports this module; only type names come back
+    from k8s.harness import ControlPlane
+
+NODE_BINARIES = ("kubelet", "kube-proxy", "coredns")
+HOST_TOOLS = {"containerd": "containerd", "runc": "runc", "ctr": "containerd",
+              "iptables": "iptables", "ip": "iproute2", "openssl": "openssl", "conntrack": "conntrack"}
+# Host settings the node changes (the bridge plugin turns on forwarding, kube-proxy route_localnet):
+# read before start, written back by stop.
+SYSCTLS = ("net/ipv4/ip_forward", "net/ipv4/conf/all/route_localnet")
+CNI_DIRS = ("/usr/lib/cni", "/opt/cni/bin")
+CNI_PLUGINS = ("bridge", "host-local", "loopback", "portmap")
+LABEL = "awm.dev/node-kind"   # real | (kwok nodes carry type=kwok)
+CLUSTER_DOMAIN = "cluster.local"
+# cgroup v1 controllers the kubelet's QoS hierarchy uses (each needs the private root made first).
+CGROUP_V1 = ("cpu", "cpuacct", "cpuset", "memory", "pids", "blkio", "devices", "freezer", "hugetlb",
+             "net_cls", "net_prio", "perf_event", "systemd")
+
+
+class NodeError(RuntimeError):
+    pass
+
+
+def cni_bin_dir() -> str | None:
+    return next((d for d in CNI_DIRS if all(os.access(Path(d) / p, os.X_OK) for p in CNI_PLUGINS)), None)
+
+
+def missing_prerequisites(bin_dir: Path) -> list[str]:
+    """What this machine lacks to run a real node (empty: it can). Each entry says how to get it."""
+    out = []
+    if os.geteuid() != 0:
+        out.append("root (containerd, kubelet and CNI change the host's network and cgroups)")
+    for b in NODE_BINARIES:
+        if not os.access(bin_dir / b, os.X_OK):
+            out.append(f"{b} in {bin_dir} (run k8s/build.sh)")
+    for tool, pkg in HOST_TOOLS.items():
+        if not shutil.which(tool):
+            out.append(f"{tool} (Debian package {pkg})")
+    if not cni_bin_dir():
+        out.append(f"CNI plugins {', '.join(CNI_PLUGINS)} (Debian package containernetworking-plugins)")
+    if not Path("/sys/fs/cgroup").is_dir():
+        out.append("a cgroup filesystem at /sys/fs/cgroup")
+    if not shutil.which("gcc"):
+        out.append("gcc (the pod sandbox image is Kubernetes' pause.c, compiled static)")
+    return out
+
+
+def _run(*cmd: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if check and r.returncode != 0:
+        raise NodeError(f"{' '.join(cmd)} failed ({r.returncode}): {r.stderr.strip() or r.stdout.strip()}")
+    return r
+
+
+def _cgroup_v1_roots() -> dict[str, Path]:
+    """controller -> its v1 mount point (only controllers mounted on their own or co-mounted)."""
+    out: dict[str, Path] = {}
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        dev, mnt, fstype, opts, *_ = line.split()
+        if fstype != "cgroup":
+            continue
+        for o in opts.split(","):
+            name = o.removeprefix("name=")
+            if name in CGROUP_V1:
+                out[name] = Path(mnt)
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _pki_leaf(pki: Path, name: str, cn: str, org: str | None, server_ips: list[str] = ()) -> None:
+    """A client (or serving) certificate signed by the harness CA, with openssl."""
+    subj = (f"/O={org}" if org else "") + f"/CN={cn}"
+    _run("openssl", "genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", str(pki / f"{name}.key"))
+    _run("openssl", "req", "-new", "-key", str(pki / f"{name}.key"), "-subj", subj, "-out", str(pki / f"{name}.csr"))
+    ext = "keyUsage=critical,digitalSignature\n"
+    if server_ips:
+        ext += "extendedKeyUsage=serverAuth,clientAuth\nsubjectAltName=" + ",".join(f"IP:{ip}" for ip in server_ips) + "\n"
+    else:
+        ext += "extendedKeyUsage=clientAuth\n"
+    (pki / f"{name}.ext").write_text(ext)
+    _run("openssl", "x509", "-req", "-in", str(pki / f"{name}.csr"), "-CA", str(pki / "ca.crt"),
+         "-CAkey", str(pki / "ca.key"), "-set_serial", str(int.from_bytes(os.urandom(8), "big")),
+         "-days", "3650", "-extfile", str(pki / f"{name}.ext"), "-out", str(pki / f"{name}.crt"))
+
+
+class RealNode:
+    """One real node of a harness ControlPlane (see the module docstring).
+
+    index: picks the node's addresses and names (two harnesses on one host use different
+    indexes; ``index=None`` takes the first free one). max_pods: the kubelet's pod limit.
+    """
+
+    def __init__(self, cp: "ControlPlane", *, index: int | None = None, max_pods: int = 250):
+        self.cp = cp
+        self.index = self._free_index() if index is None else index
+        n = self.index
+        self.name = f"awm-real-{n}"
+        self.ip = f"10.86.{n}.1"                     # the node's address (on lo)
+        self.pod_cidr = f"10.85.{n}.0/24"
+        self.label, self.bridge = f"lo:awm{n}", f"awmbr{n}"
+        self.cgroup_root = f"/awm-node-{n}"
+        self.max_pods = max_pods
+        self.run: Path | None = None                # short paths: unix sockets are limited to 108 bytes
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.timings: dict[str, float] = {}
+        self._logfiles: list = []
+        self._sysctls: dict[str, str] = {}
+        self._netns_before: set[str] = set()
+        self.images: dict[str, str] = {}            # ref -> archive loaded
+
+    @staticmethod
+    def _free_index() -> int:
+        used = _run("ip", "-4", "-o", "addr", "show", "dev", "lo").stdout
+        return next(i for i in range(200) if f"10.86.{i}.1/" not in used)
+
+    def _has_address(self) -> bool:
+        return f" {self.ip}/" in _run("ip", "-4", "-o", "addr", "show", "dev", "lo", check=False).stdout
+
+    # ---- what the control plane needs before it starts
+    def apiserver_args(self, pki: Path) -> list[str]:
+        """Flags the API server needs for a real kubelet: reachable on the node address (pods
+        talk to it through the `kubernetes` Service), and a client cert for logs/exec/port-forward."""
+        return [f"--advertise-address={self.ip}", "--bind-address=0.0.0.0",
+                f"--kubelet-client-certificate={pki / 'admin.crt'}",
+                f"--kubelet-client-key={pki / 'admin.key'}",
+                "--kubelet-preferred-address-types=InternalIP"]
+
+    def prepare_network(self) -> None:
+        """The node's address, on the loopback interface (kernels without the dummy link type are
+        common in VMs; pods reach a host-local address through their gateway all the same).
+        Before the API server starts: it binds and advertises that address."""
+        if self._has_address():
+            raise NodeError(f"{self.ip} is already on this host: another harness uses node index {self.index}")
+        _run("ip", "addr", "add", f"{self.ip}/32", "dev", "lo", "label", self.label)
+
+    # ---- lifecycle
+    def start(self) -> None:
+        t0 = time.monotonic()
+        self.run = Path(tempfile.mkdtemp(prefix=f"awmn{self.index}-", dir="/tmp"))
+        (self.run / "logs").mkdir()
+        self._sysctls = {k: (Path("/proc/sys") / k).read_text().strip() for k in SYSCTLS
+                         if (Path("/proc/sys") / k).exists()}
+        self._netns_before = self._netns()
+        self._cgroups_make()
+        self._containerd()
+        self.timings["containerd"] = time.monotonic() - t0
+        self._pause_image()
+        self.timings["pause_image"] = time.monotonic() - t0
+        self._coredns()
+        self._kubelet()
+        self._kube_proxy()
+        self._wait("node Ready", self._ready, timeout=90)
+        self.timings["ready"] = time.monotonic() - t0
+
+    def stop(self) -> None:
+        """Delete the node's pods, stop every process, and undo every change to the host."""
+        if self.run is None and not self.procs:
+            self._host_cleanup()
+            return
+        if "kubelet" in self.procs and self.procs["kubelet"].poll() is None:
+            self._drain()
+        for name in ("kube-proxy", "kubelet", "coredns"):
+            self._kill(name)
+        self._stop_containers()
+        self._kill("containerd")
+        for f in self._logfiles:
+            f.close()
+        self._logfiles = []
+        if shutil.which("kube-proxy") or (self.cp.bin_dir / "kube-proxy").exists():
+            _run(str(self.cp.bin_dir / "kube-proxy"), "--cleanup", check=False)
+        self._host_cleanup()
+        if self.run is not None:
+            self._umount_under(self.run)
+            shutil.rmtree(self.run, ignore_errors=True)
+            self.run = None
+
+    # ---- images
+    def load_images(self, archives: list[str | os.PathLike]) -> dict[str, float]:
+        """Import image archives (docker-archive or OCI tars) into the node's containerd, in the
+        namespace the kubelet uses; pods then start them without pulling. -> seconds per archive."""
+        out = {}
+        for a in archives:
+            t0 = time.monotonic()
+            r = self.ctr("images", "import", str(a), timeout=600)
+            out[str(a)] = time.monotonic() - t0
+            for line in r.stdout.splitlines():
+                if line.startswith("unpacking "):
+                    self.images[line.split()[1]] = str(a)
+        return out
+
+    def ctr(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        return _run("ctr", "--address", str(self.run / "containerd.sock"), "-n", "k8s.io", *args, timeout=timeout)
+
+    # ---- checks
+    def leftovers(self) -> list[str]:
+        """What of this node is still on the host (empty after a clean stop)."""
+        out = []
+        if Path(f"/sys/class/net/{self.bridge}").exists():
+            out.append(f"interface {self.bridge}")
+        if self._has_address():
+            out.append(f"address {self.ip} on lo")
+        veths = [d for d in os.listdir("/sys/class/net")
+                 if d.startswith("veth") and (Path(f"/sys/class/net/{d}/master").resolve().name == self.bridge)]
+        out += [f"veth {v}" for v in veths]
+        for ctrl, root in _cgroup_v1_roots().items():
+            if (root / self.cgroup_root.lstrip("/")).exists():
+                out.append(f"cgroup {ctrl}:{self.cgroup_root}")
+        mounts = Path("/proc/self/mounts").read_text()
+        marker = f"/tmp/awmn{self.index}-"
+        out += [f"mount {ln.split()[1]}" for ln in mounts.splitlines() if marker in ln.split()[1]]
+        for line in _run("iptables-save", check=False).stdout.splitlines():
+            if self.pod_cidr.split("/")[0].rsplit(".", 1)[0] in line and line.startswith("-A"):
+                out.append(f"iptables rule {line.strip()[:120]}")
+        out += [f"netns {ns}" for ns in sorted(self._netns() - self._netns_before)]
+        for name, p in self.procs.items():
+            if p.poll() is None:
+                out.append(f"process {name} ({p.pid})")
+        return out
+
+    # ---- internals: host setup
+    def _cgroups_make(self) -> None:
+        for ctrl, root in _cgroup_v1_roots().items():
+            d = root / self.cgroup_root.lstrip("/")
+            d.mkdir(exist_ok=True)
+            if ctrl == "cpuset":  # a new cpuset cgroup has no cpus or mems until given its parent's
+                for f in ("cpuset.cpus", "cpuset.mems"):
+                    (d / f).write_text((root / f).read_text())
+
+    def _cgroups_remove(self) -> None:
+        for root in _cgroup_v1_roots().values():
+            top = root / self.cgroup_root.lstrip("/")
+            if not top.exists():
+                continue
+            for d in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+                self._rmdir_cgroup(d)
+            self._rmdir_cgroup(top)
+
+    @staticmethod
+    def _rmdir_cgroup(d: Path) -> None:
+        for _ in range(50):
+            try:
+                d.rmdir()
+                return
+            except FileNotFoundError:
+                return
+            except OSError:  # busy for a moment after its last task exits
+                try:
+                    for pid in (d / "cgroup.procs").read_text().split():
+                        os.kill(int(pid), signal.SIGKILL)
+                except (OSError, ValueError):
+                    pass
+                time.sleep(0.1)
+
+    def _host_cleanup(self) -> None:
+        if Path(f"/sys/class/net/{self.bridge}").exists():
+            _run("ip", "link", "delete", self.bridge, check=False)
+        if self._has_address():
+            _run("ip", "addr", "del", f"{self.ip}/32", "dev", "lo", check=False)
+        self._cgroups_remove()
+        self._iptables_cleanup()
+        for key, value in self._sysctls.items():
+            (Path("/proc/sys") / key).write_text(value)
+
+    def _iptables_cleanup(self) -> None:
+        """Rules the CNI bridge (ipMasq) and portmap plugins leave for this node's subnet, and the
+        chains kube-proxy --cleanup leaves (KUBE-FIREWALL, KUBE-KUBELET-CANARY...)."""
+        prefix = self.pod_cidr.split("/")[0].rsplit(".", 1)[0] + "."
+        for table in ("nat", "filter", "mangle"):
+            dump = _run("iptables-save", "-t", table, check=False).stdout.splitlines()
+            for line in dump:
+                if line.startswith("-A") and prefix in line:
+                    _run("iptables", "-t", table, *line.replace("-A", "-D", 1).split(), check=False)
+            chains = [ln[1:].split()[0] for ln in dump if ln.startswith(":")]
+            for chain in chains:
+                if chain.startswith(("KUBE-", "CNI-")):
+                    for line in _run("iptables-save", "-t", table, check=False).stdout.splitlines():
+                        if line.startswith("-A") and f"-j {chain}" in line:
+                            _run("iptables", "-t", table, *line.replace("-A", "-D", 1).split(), check=False)
+                    _run("iptables", "-t", table, "-F", chain, check=False)
+            for chain in chains:
+                if chain.startswith(("KUBE-", "CNI-")):
+                    _run("iptables", "-t", table, "-X", chain, check=False)
+
+    @staticmethod
+    def _umount_under(path: Path) -> None:
+        mounts = [ln.split()[1] for ln in Path("/proc/self/mounts").read_text().splitlines()]
+        for m in sorted((m for m in mounts if m.startswith(str(path))), key=len, reverse=True):
+            _run("umount", "-l", m, check=False)
+
+    # ---- internals: processes
+    def _spawn(self, name: str, cmd: list[str], env: dict[str, str] | None = None) -> None:
+        log = open(self.run / "logs" / f"{name}.log", "wb")
+        self._logfiles.append(log)
+        self.procs[name] = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                            cwd=self.run, env={**os.environ, **(env or {})}, start_new_session=True)
+
+    def _kill(self, name: str, grace: float = 10) -> None:
+        p = self.procs.get(name)
+        if p is None or p.poll() is not None:
+            return
+        os.killpg(p.pid, signal.SIGTERM)
+        try:
+            p.wait(grace)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+    def _wait(self, what: str, ok, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for name, p in self.procs.items():
+                if p.poll() is not None:
+                    raise NodeError(f"{name} exited ({p.returncode}) while waiting for {what}:\n{self.log_tail(name)}")
+            try:
+                if ok():
+                    return
+            except Exception:
+                pass
+            time.sleep(0.2)
+        raise NodeError(f"timed out after {timeout:.0f}s waiting for {what}:\n"
+                        + "\n".join(self.log_tail(n) for n in self.procs))
+
+    def log_tail(self, name: str, lines: int = 20) -> str:
+        f = (self.run / "logs" / f"{name}.log") if self.run else None
+        if not f or not f.exists():
+            return ""
+        return f"--- {name}\n" + "\n".join(f.read_text(errors="replace").splitlines()[-lines:])
+
+    # ---- containerd
+    def _containerd(self) -> None:
+        r = self.run
+        cni_conf = r / "cni"
+        cni_conf.mkdir()
+        (cni_conf / "10-awm.conflist").write_text(json.dumps({
+            "cniVersion": "0.4.0", "name": f"awm{self.index}",
+            "plugins": [
+                {"type": "bridge", "bridge": self.bridge, "isGateway": True, "ipMasq": True,
+                 "hairpinMode": True,
+                 "ipam": {"type": "host-local", "ranges": [[{"subnet": self.pod_cidr}]],
+                          "routes": [{"dst": "0.0.0.0/0"}], "dataDir": str(r / "ipam")}},
+                {"type": "portmap", "capabilities": {"portMappings": True}},
+            ]}, indent=1))
+        cri = 'plugins."io.containerd.grpc.v1.cri"'
+        (r / "containerd.toml").write_text(f"""version = 2
+root = "{r / 'containerd-root'}"
+state = "{r / 'containerd-state'}"
+[grpc]
+  address = "{r / 'containerd.sock'}"
+[ttrpc]
+  address = "{r / 'containerd.sock.ttrpc'}"
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{r / 'opt'}"
+[{cri}]
+  sandbox_image = "{self._pause_ref}"
+  # The VM lacks CAP_SYS_RESOURCE in its bounding set: runc cannot set a negative oom_score_adj.
+  restrict_oom_score_adj = true
+  [{cri}.containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [{cri}.containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [{cri}.containerd.runtimes.runc.options]
+        SystemdCgroup = false
+  [{cri}.cni]
+    bin_dir = "{cni_bin_dir()}"
+    conf_dir = "{cni_conf}"
+""")
+        self._spawn("containerd", ["containerd", "--config", str(r / "containerd.toml")])
+        self._wait("containerd", lambda: _run("ctr", "--address", str(r / "containerd.sock"), "version",
+                                              check=False).returncode == 0)
+
+    @property
+    def _pause_ref(self) -> str:
+        return "localhost/awm-pause:3.10"
+
+    def _pause_image(self) -> None:
+        """The pod sandbox image: Kubernetes' own pause.c (from the k8s.io/kubernetes module the
+        control plane is built from), compiled static, in a one-file image imported here."""
+        src = self._pause_source()
+        d = self.run / "pause"
+        (d / "rootfs").mkdir(parents=True)
+        _run("gcc", "-Os", "-static", "-Wall", "-o", str(d / "rootfs/pause"), str(src),
+             f"-DVERSION={self._pause_ref.rsplit(':', 1)[1]}")
+        _run("strip", str(d / "rootfs/pause"), check=False)
+        layer = d / "layer.tar"
+        _run("tar", "--sort=name", "--mtime=@0", "--owner=0", "--group=0", "--numeric-owner",
+             "-C", str(d / "rootfs"), "-cf", str(layer), "pause")
+        import hashlib
+        diff_id = "sha256:" + hashlib.sha256(layer.read_bytes()).hexdigest()
+        config = {"architecture": "amd64", "os": "linux",
+                  "config": {"Entrypoint": ["/pause"], "User": "65535:65535"},
+                  "rootfs": {"type": "layers", "diff_ids": [diff_id]}}
+        cfg = json.dumps(config, sort_keys=True).encode()
+        cfg_name = hashlib.sha256(cfg).hexdigest() + ".json"
+        (d / cfg_name).write_bytes(cfg)
+        (d / "manifest.json").write_text(json.dumps([{"Config": cfg_name, "RepoTags": [self._pause_ref],
+                                                       "Layers": ["layer.tar"]}]))
+        archive = d / "pause.tar"
+        _run("tar", "-C", str(d), "-cf", str(archive), "manifest.json", cfg_name, "layer.tar")
+        self.load_images([archive])
+
+    def _pause_source(self) -> Path:
+        import sys
+        v = sys.modules[type(self.cp).__module__].read_versions()["K8S_VERSION"]  # the harness's pins
+        r = _run("go", "mod", "download", "-json", f"k8s.io/kubernetes@{v}", timeout=300,
+                 check=False)
+        try:
+            d = Path(json.loads(r.stdout)["Dir"])
+        except (ValueError, KeyError) as exc:
+            raise NodeError(f"cannot find the k8s.io/kubernetes@{v} module source for pause.c: {r.stderr.strip()}") from exc
+        return d / "build/pause/linux/pause.c"
+
+    # ---- DNS
+    def _coredns(self) -> None:
+        kc = self.cp.kubeconfig
+        (self.run / "Corefile").write_text(f"""{CLUSTER_DOMAIN}:53 in-addr.arpa:53 {{
+    bind {self.ip}
+    kubernetes {CLUSTER_DOMAIN} in-addr.arpa {{
+        kubeconfig {kc} awm-harness
+        pods insecure
+    }}
+    cache 5
+    errors
+}}
+.:53 {{
+    bind {self.ip}
+    forward . /etc/resolv.conf
+    cache 30
+    errors
+}}
+""")
+        self._spawn("coredns", [str(self.cp.bin_dir / "coredns"), "-conf", str(self.run / "Corefile")])
+
+    # ---- kubelet
+    def _kubelet(self) -> None:
+        r, pki = self.run, self.cp.workdir / "pki"
+        _pki_leaf(pki, f"kubelet-{self.index}", f"system:node:{self.name}", "system:nodes")
+        _pki_leaf(pki, f"kubelet-serving-{self.index}", self.name, None, server_ips=[self.ip])
+        kubeconfig = r / "kubelet.kubeconfig"
+
+        def b64(name: str) -> str:
+            return base64.b64encode((pki / name).read_bytes()).decode()
+
+        kubeconfig.write_text(json.dumps({
+            "apiVersion": "v1", "kind": "Config",
+            "clusters": [{"name": "c", "cluster": {"server": f"https://{self.ip}:{self.cp.ports['apiserver']}",
+                                                   "certificate-authority-data": b64("ca.crt")}}],
+            "users": [{"name": "u", "user": {"client-certificate-data": b64(f"kubelet-{self.index}.crt"),
+                                             "client-key-data": b64(f"kubelet-{self.index}.key")}}],
+            "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}], "current-context": "c"}))
+        self.kubelet_port = _free_port()
+        config = {
+            "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
+            "address": self.ip, "port": self.kubelet_port, "readOnlyPort": 0,
+            "healthzBindAddress": "127.0.0.1", "healthzPort": _free_port(),
+            "tlsCertFile": str(pki / f"kubelet-serving-{self.index}.crt"),
+            "tlsPrivateKeyFile": str(pki / f"kubelet-serving-{self.index}.key"),
+            "authentication": {"x509": {"clientCAFile": str(pki / "ca.crt")},
+                               "webhook": {"enabled": True}, "anonymous": {"enabled": False}},
+            "authorization": {"mode": "Webhook"},
+            # cgroup v1 here (kubelet 1.36 refuses it unless told), cgroupfs (no systemd), a
+            # private root so teardown removes exactly what the node made.
+            "failCgroupV1": False, "cgroupDriver": "cgroupfs", "cgroupRoot": self.cgroup_root,
+            "failSwapOn": False,
+            "containerRuntimeEndpoint": f"unix://{r / 'containerd.sock'}",
+            "clusterDNS": [self.ip], "clusterDomain": CLUSTER_DOMAIN,
+            "podLogsDir": str(r / "pod-logs"),
+            "maxPods": self.max_pods, "serializeImagePulls": False,
+            # A test host's disk is often fuller than a production node's: evict only when critical,
+            # and never garbage-collect the imported images (they cannot be pulled again).
+            # (absolute sizes: 1% of a large shared disk is gigabytes)
+            "evictionHard": {"memory.available": "100Mi", "nodefs.available": "256Mi",
+                             "imagefs.available": "256Mi", "nodefs.inodesFree": "1%"},
+            "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
+            "kubeAPIQPS": 100, "kubeAPIBurst": 200,
+            "syncFrequency": "10s", "nodeStatusReportFrequency": "10s",
+            "resolvConf": "/etc/resolv.conf",
+        }
+        (r / "kubelet.yaml").write_text(json.dumps(config, indent=1))
+        self._spawn("kubelet", [
+            str(self.cp.bin_dir / "kubelet"), f"--config={r / 'kubelet.yaml'}", f"--kubeconfig={kubeconfig}",
+            f"--root-dir={r / 'kubelet'}", f"--cert-dir={r / 'kubelet-pki'}",
+            f"--hostname-override={self.name}", f"--node-ip={self.ip}",
+            f"--node-labels={LABEL}=real", "--v=1"])
+
+    def _kube_proxy(self) -> None:
+        """iptables mode; masquerade-all because pods on one bridge reach each other through
+        Services without br_netfilter (the reply must come back through the host to be un-NATed)."""
+        config = {
+            "apiVersion": "kubeproxy.config.k8s.io/v1alpha1", "kind": "KubeProxyConfiguration",
+            "clientConnection": {"kubeconfig": self.cp.kubeconfig},
+            "hostnameOverride": self.name, "mode": "iptables", "clusterCIDR": str(ipaddress.ip_network(self.pod_cidr)),
+            "iptables": {"masqueradeAll": True, "syncPeriod": "10s", "minSyncPeriod": "0s"},
+            "conntrack": {"maxPerCore": 0},
+            "metricsBindAddress": f"127.0.0.1:{_free_port()}", "healthzBindAddress": f"127.0.0.1:{_free_port()}",
+        }
+        (self.run / "kube-proxy.yaml").write_text(json.dumps(config, indent=1))
+        self._spawn("kube-proxy", [str(self.cp.bin_dir / "kube-proxy"), f"--config={self.run / 'kube-proxy.yaml'}", "--v=1"])
+
+    def _ready(self) -> bool:
+        node = self.cp.api("GET", f"/api/v1/nodes/{self.name}")
+        return any(c["type"] == "Ready" and c["status"] == "True" for c in node["status"].get("conditions", []))
+
+    # ---- teardown
+    def _pods_here(self) -> list[dict]:
+        items = self.cp.api("GET", f"/api/v1/pods?fieldSelector=spec.nodeName%3D{self.name}")["items"]
+        return items
+
+    def _drain(self) -> None:
+        """Delete the node's pods through the API and wait for the kubelet to tear them down
+        (killing the kubelet first would leave their volume mounts and sandboxes behind)."""
+        try:
+            # cordoned first: the controllers' replacements must not land here again
+            self.cp.kubectl("cordon", self.name, check=False)
+            for p in self._pods_here():
+                m = p["metadata"]
+                try:
+                    self.cp.api("DELETE", f"/api/v1/namespaces/{m['namespace']}/pods/{m['name']}",
+                                {"gracePeriodSeconds": 0})
+                except Exception:
+                    pass
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and self._pods_here():
+                time.sleep(0.5)
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and self._sandboxes():
+                time.sleep(0.5)
+        except Exception:
+            pass
+
+    def _sandboxes(self) -> list[str]:
+        r = _run("ctr", "--address", str(self.run / "containerd.sock"), "-n", "k8s.io", "tasks", "ls", "-q", check=False)
+        return r.stdout.split()
+
+    def _stop_containers(self) -> None:
+        """Kill whatever tasks are left and their shims (a shim outlives containerd otherwise)."""
+        if self.run is None or "containerd" not in self.procs or self.procs["containerd"].poll() is not None:
+            pass
+        else:
+            for task in self._sandboxes():
+                _run("ctr", "--address", str(self.run / "containerd.sock"), "-n", "k8s.io",
+                     "tasks", "kill", "-s", "SIGKILL", task, check=False)
+        sock = str(self.run / "containerd.sock") if self.run else None
+        if sock is None:
+            return
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if cmd and cmd[0].endswith(b"containerd-shim-runc-v2") and sock.encode() in b" ".join(cmd):
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except OSError:
+                    pass
+        # network namespaces the CNI made for this node's sandboxes (containerd leaves them when
+        # its sandboxes are killed rather than stopped)
+        for name in self._netns() - self._netns_before:
+            ns = Path("/var/run/netns") / name
+            _run("umount", "-l", str(ns), check=False)
+            try:
+                ns.unlink()
+            except OSError:
+                pass
+
+    @staticmethod
+    def _netns() -> set[str]:
+        d = Path("/var/run/netns")
+        return {p.name for p in d.glob("cni-*")} if d.is_dir() else set()

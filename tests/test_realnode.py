@@ -1,0 +1,296 @@
+"""The fleet on real pods: images built without Docker, a real kubelet node, the chart installed.
+
+Unlike the kwok tests (pods that run nothing, env servers in the test process), everything here
+runs in containers on a real node (k8s/node.py: kubelet, containerd, runc, a CNI bridge): the
+chart's Postgres and operator pods, env pods going through their real init containers (bundle out
+of the catalog image, database cloned by `provision`), the env server as uid 10001 on a read-only
+root filesystem. The images come from images/build.py (cached by content) and are imported into
+the node's containerd, so nothing is pulled.
+
+What the bridge CNI cannot do: enforce NetworkPolicy (it has no policy engine; the chart's
+policies are created and checked for shape elsewhere, tests/test_chart.py). Everything else
+(securityContext, seccomp, read-only root, non-root user, no capabilities) is enforced by runc
+and checked from inside a pod.
+
+Needs root and the Debian packages containerd, runc, containernetworking-plugins, iptables,
+buildah, mmdebstrap (`.ci/run` installs them); under CI=true a missing one fails the test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from awm import catalog
+from awm.client import ControlClient, McpSession
+from awm.gates import replay
+from awm_operator.client import AllocationClient
+from k8s import chart as chart_install
+from tests.conftest import _load_k8s_harness, require
+from tests.k8s_e2e import CLIENTS_NS, Cluster, claim_of, client_token, grant_claims, wait_for
+
+# Image builds (cold: minutes), a cluster, and pods starting on two shared cores.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
+
+ROOT = Path(__file__).resolve().parent.parent
+NS = "awm"
+RELEASE = "awm"
+ENVS = ["crm", "bike_shop"]
+
+
+def _image_builder():
+    spec = importlib.util.spec_from_file_location("awm_images_build", ROOT / "images" / "build.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["awm_images_build"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def images() -> dict[str, Any]:
+    """The chart's images, built (or taken from the cache) by images/build.py."""
+    build = _image_builder()
+    require(os.geteuid() == 0, "images/build.py needs root (mmdebstrap, buildah chroot builds)")
+    for tool in ("buildah", "mmdebstrap"):
+        require(bool(shutil_which(tool)), f"{tool} not found (Debian package {tool}; .ci/run installs it)")
+    built = build.Builder(quiet=True).build(["envserver", "operator", "catalog", "postgres"])
+    return {b.name: b for b in built}
+
+
+def shutil_which(name: str) -> str | None:
+    import shutil
+    return shutil.which(name)
+
+
+def walkthrough() -> str:
+    """The bash block of docs/kubernetes.md between the walkthrough markers."""
+    doc = (ROOT / "docs" / "kubernetes.md").read_text()
+    block = doc.split("<!-- walkthrough -->", 1)[1].split("<!-- /walkthrough -->", 1)[0]
+    return block.split("```bash\n", 1)[1].rsplit("```", 1)[0]
+
+
+def test_walkthrough(images: dict[str, Any]) -> None:
+    """docs/kubernetes.md "From zero on one machine", every command as written (first in this
+    module: it brings up and tears down its own cluster before the module's cluster starts)."""
+    harness = _load_k8s_harness()
+    require(harness.binaries_present(), f"Kubernetes test binaries missing in {harness.default_bin_dir()}: run k8s/build.sh")
+    lacking = harness.node_module().missing_prerequisites(harness.default_bin_dir())
+    require(not lacking, f"a real node needs: {'; '.join(lacking)}")
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    env.pop("KUBECONFIG", None)
+    r = subprocess.run(["bash", "-euo", "pipefail", "-c", walkthrough()], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=1800)
+    assert r.returncode == 0, f"walkthrough failed ({r.returncode}):\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}"
+    assert "search_accounts" in r.stdout  # awm env check listed the tools
+    assert re.search(r'"name":\s*"', r.stdout), r.stdout[-2000:]  # awm env call printed accounts (JSON)
+    assert "release \"awm\" uninstalled" in r.stdout
+
+
+@pytest.fixture(scope="module")
+def real_cp(tmp_path_factory: pytest.TempPathFactory, images: dict[str, Any]):
+    harness = _load_k8s_harness()
+    require(harness.binaries_present(), f"Kubernetes test binaries missing in {harness.default_bin_dir()}: run k8s/build.sh")
+    lacking = harness.node_module().missing_prerequisites(harness.default_bin_dir())
+    require(not lacking, f"a real node needs: {'; '.join(lacking)}")
+    cp = harness.ControlPlane(nodes=0, real_node=True)
+    cp.start(tmp_path_factory.mktemp("realk8s"))
+    node = cp.node
+    try:
+        cp.timings["images_loaded"] = sum(node.load_images([images[n].archive for n in
+                                                           ("envserver", "operator", "catalog", "postgres")]).values())
+        yield cp
+    finally:
+        cp.stop()
+        left = node.leftovers()
+        assert left == [], f"the real node left things on the host: {left}"
+
+
+@pytest.fixture(scope="module")
+def chart(real_cp: Any, images: dict[str, Any]) -> Cluster:
+    """`helm install` of charts/awm with the built images: Postgres and two operator replicas as
+    real pods."""
+    cp = real_cp
+    r = chart_install.helm_install(cp, {n: b.ref for n, b in images.items()}, release=RELEASE, namespace=NS,
+                                   sets=("operator.replicas=2",))
+    assert r.returncode == 0, f"helm install failed: {r.stderr}\n{_describe(cp)}"
+    cluster = Cluster(cp, NS)
+    os.environ["AWM_API_TOKEN"] = client_token(cp)
+    grant_claims(cp, NS, CLIENTS_NS, "trainer")
+    return cluster
+
+
+def _describe(cp: Any) -> str:
+    pods = cp.kubectl("get", "pods", "-A", "-o", "wide", check=False).stdout
+    events = cp.kubectl("get", "events", "-A", "--sort-by=.lastTimestamp", check=False).stdout[-4000:]
+    return f"{pods}\n{events}\n" + "\n".join(cp.node.log_tail(n) for n in ("kubelet", "containerd"))
+
+
+def _pod_on_node(pod: dict[str, Any], node: str) -> bool:
+    return pod["spec"].get("nodeName") == node
+
+
+def _operator_url(cp: Any) -> str:
+    svc = cp.api("GET", f"/api/v1/namespaces/{NS}/services/{RELEASE}-operator")
+    port = next(p["port"] for p in svc["spec"]["ports"] if p["name"] in ("api", "http"))
+    return f"http://{svc['spec']['clusterIP']}:{port}"
+
+
+def _exec(cp: Any, pod: str, *cmd: str, container: str | None = None) -> subprocess.CompletedProcess:
+    args = ["-n", NS, "exec", pod] + (["-c", container] if container else []) + ["--", *cmd]
+    return cp.kubectl(*args, check=False)
+
+
+@pytest.fixture(scope="module")
+def fleet(chart: Cluster) -> str:
+    chart.create("envfleets", "real", {"environments": ENVS, "replicas": 8, "catalog": {},
+                                        "database": {"secretName": f"{RELEASE}-database"}})
+    try:
+        wait_for("8 real env pods Ready", lambda: chart.ready("real", 8), timeout=300, interval=1)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{_describe(chart.cp)}") from None
+    return "real"
+
+
+def test_env_pods_run_on_the_real_node(chart: Cluster, fleet: str) -> None:
+    cp = chart.cp
+    pods = chart.pods(fleet)
+    assert len(pods) == 8
+    assert {p["metadata"]["annotations"]["awm.dev/environment"] for p in pods} == set(ENVS)
+    for p in pods:
+        assert _pod_on_node(p, cp.node.name)
+        assert p["status"]["podIP"].startswith(cp.node.pod_cidr.rsplit(".", 1)[0])
+        inits = p["status"]["initContainerStatuses"]
+        assert [c["name"] for c in inits] == ["bundle", "provision"]
+        assert all(c["state"]["terminated"]["exitCode"] == 0 for c in inits)
+        assert p["status"]["containerStatuses"][0]["state"].get("running")
+    infra = cp.api("GET", f"/api/v1/namespaces/{NS}/pods")["items"]
+    names = {p["metadata"]["name"] for p in infra}
+    assert any(n.startswith(f"{RELEASE}-postgres") for n in names)
+    assert sum(n.startswith(f"{RELEASE}-operator") for n in names) == 2
+
+
+def test_security_context_enforced_in_the_env_pod(chart: Cluster, fleet: str) -> None:
+    cp = chart.cp
+    pod = chart.pods(fleet)[0]["metadata"]["name"]
+    status = _exec(cp, pod, "cat", "/proc/1/status")
+    assert status.returncode == 0, status.stderr
+    fields = dict(line.split(":", 1) for line in status.stdout.splitlines() if ":" in line)
+    assert fields["Uid"].split()[:2] == ["10001", "10001"]
+    assert fields["CapEff"].strip() == "0000000000000000"
+    assert fields["NoNewPrivs"].strip() == "1"
+    assert fields["Seccomp"].strip() == "2"           # RuntimeDefault: a filter is installed
+    write = _exec(cp, pod, "python", "-c", "open('/usr/awm-probe', 'w')")
+    assert write.returncode != 0 and "Read-only file system" in write.stderr
+    # The env server's own confinement of untrusted code holds inside the pod (RuntimeDefault
+    # seccomp forbids unshare, so no user namespace: seccomp and Landlock must still apply).
+    ip = chart.pods(fleet)[0]["status"]["podIP"]
+    info = httpx.get(f"http://{ip}:8001/info", timeout=30).json()
+    assert info["isolation"]["strong"] is True, info["isolation"]
+    assert {"seccomp", "landlock"} <= set(info["isolation"]["applied"]), info["isolation"]
+
+
+def test_claim_tools_reset_verify_on_pod_ips(chart: Cluster, fleet: str) -> None:
+    """An EnvClaim binds a real pod; its URLs are the pod IP (no endpoint annotations); every task
+    of the environment is replayed through MCP and verified complete; releasing the claim resets
+    the instance's database to the snapshot (same checksum as before the episode)."""
+    cp = chart.cp
+    bound = claim_of(chart, "one", {"fleet": fleet, "count": 1, "environment": "crm"})
+    assert bound["phase"] == "Bound", bound
+    inst = bound["instances"][0]
+    pod = cp.api("GET", f"/api/v1/namespaces/{NS}/pods/{inst['pod']}")
+    assert inst["mcpUrl"] == f"http://{pod['status']['podIP']}:8000/mcp"
+    assert inst["controlUrl"] == f"http://{pod['status']['podIP']}:8001"
+    assert "awm.dev/control-url" not in (pod["metadata"].get("annotations") or {})
+    bundle = catalog.load(None, ["crm"])[0]
+
+    async def episodes() -> tuple[str, list[Any], dict[str, Any], set[str]]:
+        control = ControlClient(inst["controlUrl"])
+        try:
+            pristine = (await control.checksum())
+            async with McpSession(inst["mcpUrl"]) as mcp:
+                served = {t["name"] for t in await mcp.list_tools()}
+                reports = [await replay("crm", task, mcp, control) for task in bundle.tasks]
+            changed = await control.diff()
+        finally:
+            await control.close()
+        return pristine, reports, changed, served
+
+    pristine, reports, changed, served = asyncio.run(episodes())
+    assert served == {t.name for t in bundle.tools}
+    assert [r.verdict for r in reports] == ["complete"] * len(bundle.tasks), [(r.task_id, r.reason) for r in reports]
+    assert changed.get("tables"), changed  # the last solution changed rows
+    chart.delete("envclaims", "one")
+    wait_for("released", lambda: not chart.ledger(fleet), timeout=60)
+
+    async def after() -> Any:
+        control = ControlClient(inst["controlUrl"])
+        try:
+            return await control.checksum()
+        finally:
+            await control.close()
+
+    assert asyncio.run(after()) == pristine
+
+
+def test_allocation_api_claim_through_the_operator_service(chart: Cluster, fleet: str) -> None:
+    async def claim() -> dict[str, Any]:
+        async with AllocationClient(_operator_url(chart.cp), NS, fleet) as alloc:
+            got = await alloc.claim(count=2, group_size=2)
+            await alloc.release(got["id"])
+            return got
+
+    got = asyncio.run(claim())
+    assert len(got["instances"]) == 2 and len({i["environment"] for i in got["instances"]}) == 1
+    assert all(i["mcpUrl"].startswith("http://10.85.") for i in got["instances"])
+
+
+def test_pod_killed_mid_episode_is_replaced_without_leaking_a_database(chart: Cluster, fleet: str) -> None:
+    cp = chart.cp
+    bound = claim_of(chart, "victim", {"fleet": fleet, "count": 1})
+    pod = bound["instances"][0]["pod"]
+    before = _databases(chart)
+    cp.kubectl("-n", NS, "delete", "pod", pod, "--wait=false")
+    lost = wait_for("the claim reports the loss",
+                    lambda: [i for i in chart.status("envclaims", "victim").get("instances", []) if i.get("lost")],
+                    timeout=60)
+    assert lost[0]["pod"] == pod
+    wait_for("a new pod Ready", lambda: chart.ready(fleet, 8) and pod not in {p["metadata"]["name"] for p in chart.pods(fleet)},
+             timeout=180, interval=1)
+    chart.delete("envclaims", "victim")
+    wait_for("the lost pod's database dropped", lambda: len(_databases(chart)) == len(before), timeout=120, interval=1)
+    assert not any(pod.replace("-", "_") in d for d in _databases(chart))
+
+
+def _databases(chart: Cluster) -> list[str]:
+    pg = next(p["metadata"]["name"] for p in chart.cp.api("GET", f"/api/v1/namespaces/{NS}/pods")["items"]
+              if p["metadata"]["name"].startswith(f"{RELEASE}-postgres"))
+    r = _exec(chart.cp, pg, "psql", "-h", "/var/run/postgresql", "-U", "postgres", "-Atc",
+              "select datname from pg_database where not datistemplate and datname like 'awm_i_%'")
+    assert r.returncode == 0, r.stderr
+    return r.stdout.split()
+
+
+def test_operator_pod_killed_standby_takes_over(chart: Cluster, fleet: str) -> None:
+    cp = chart.cp
+    ops = [p["metadata"]["name"] for p in cp.api("GET", f"/api/v1/namespaces/{NS}/pods")["items"]
+           if p["metadata"]["name"].startswith(f"{RELEASE}-operator")]
+    assert len(ops) == 2
+    cp.kubectl("-n", NS, "delete", "pod", ops[0], "--wait=false")
+    name = f"after-{uuid.uuid4().hex[:6]}"
+    bound = claim_of(chart, name, {"fleet": fleet, "count": 1})
+    assert bound["phase"] == "Bound"
+    chart.delete("envclaims", name)
+    chart.scale(fleet, 9)
+    wait_for("the fleet scaled by whichever replica leads", lambda: chart.ready(fleet, 9), timeout=180, interval=1)
+    chart.scale(fleet, 8)
+    wait_for("back to 8", lambda: chart.ready(fleet, 8), timeout=180, interval=1)
