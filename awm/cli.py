@@ -63,6 +63,15 @@ def _add_integrations() -> None:  # `awm openenv serve` (integrations/; openenv-
 
 _add_integrations()
 
+
+def _add_ui() -> None:  # `awm ui` (ui/; starlette and uvicorn load when it runs)
+    from ui.cli import ui_command
+
+    app.command("ui")(ui_command)
+
+
+_add_ui()
+
 console = Console()
 err = Console(stderr=True, soft_wrap=True)  # an error line stays one line in logs
 

@@ -124,6 +124,9 @@ def _last_sse_message(body: str, request_id: Any) -> dict[str, Any] | None:
     return found
 
 
+MAX_DIFF_ROWS = 10_000  # rows per table in one GET /diff?rows=N answer: bounds its size and time
+
+
 class ControlClient:
     """The instance's control API (reset, verify, diff, checksum, health)."""
 
@@ -138,8 +141,10 @@ class ControlClient:
     async def verify(self, final_answer: str | None = None) -> dict[str, Any]:
         return await self._call("POST", "/verify", {"final_answer": final_answer})
 
-    async def diff(self) -> dict[str, Any]:
-        return await self._call("GET", "/diff")
+    async def diff(self, rows: int = 0) -> dict[str, Any]:
+        """Counts per changed table; with ``rows`` > 0 also up to that many changed rows per table
+        (``rows``: inserted, deleted, updated before/after)."""
+        return await self._call("GET", f"/diff?rows={rows}" if rows else "/diff")
 
     async def checksum(self) -> dict[str, Any]:
         return await self._call("GET", "/checksum")

@@ -44,9 +44,9 @@ from trainer.rollout import LocalFleetSource, RolloutConfig, RolloutService, Tas
 
 
 async def run_mode(mode: str, source: LocalFleetSource, policy: ReplayPolicy, tasks: list[TaskRef], steps: int,
-                   groups_per_step: int, group_size: int, learner_s: float) -> dict[str, Any]:
+                   groups_per_step: int, group_size: int, learner_s: float, agent: AgentConfig) -> dict[str, Any]:
     cfg = RolloutConfig(group_size=group_size, max_staleness=1, max_inflight_groups=groups_per_step)
-    service = RolloutService(source, policy, tasks, AgentConfig(max_turns=40), RewardConfig(), cfg)
+    service = RolloutService(source, policy, tasks, agent, RewardConfig(), cfg)
     episodes = tool_calls = complete = 0
     staleness: list[int] = []
     if mode == "async":
@@ -89,19 +89,21 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     try:
         async with LocalFleetSource(bundles, args.instances, database) as source:
             policy = ReplayPolicy(bundles)
+            agent = AgentConfig(max_turns=40, call_diff_rows=args.call_diff_rows)
             # warm-up: every instance runs a few episodes (prepared statements, caches)
-            await RolloutService(source, policy, tasks, AgentConfig(max_turns=40), RewardConfig(),
+            await RolloutService(source, policy, tasks, agent, RewardConfig(),
                                  RolloutConfig(group_size=args.group_size)).collect(args.groups_per_step)
             results = {}
             for mode in ("sync", "async"):
                 results[mode] = await run_mode(mode, source, policy, tasks, args.steps, args.groups_per_step,
-                                               args.group_size, args.learner_ms / 1000)
+                                               args.group_size, args.learner_ms / 1000, agent)
     finally:
         await asyncio.to_thread(database.close)
     return {
         "env": args.env, "tasks": len(tasks), "instances": args.instances, "group_size": args.group_size,
         "groups_per_step": args.groups_per_step, "episodes_per_step": args.group_size * args.groups_per_step,
         "learner_ms": args.learner_ms, "policy": "replay (instant, reference solutions)",
+        "call_diff_rows": args.call_diff_rows,
         "rollouts_per_s": results["async"]["rollouts_per_s"],
         "env_time_fraction": results["async"]["env_time_fraction"],
         "tool_calls_per_s": results["async"]["tool_calls_per_s"],
@@ -142,6 +144,9 @@ if __name__ == "__main__":
                         help="replay: the simulated step (default 1000); vllm: added to each real step (default 0)")
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--database-url", default=None)
+    parser.add_argument("--call-diff-rows", type=int, default=0, help=(
+        "rows per table of each call's recorded database change (the agent's default is 50; 0, not recorded, "
+        "keeps the numbers comparable with docs/benchmarks.md's; its cost: bench/calldiff.py)"))
     args = parser.parse_args()
     vllm = args.policy == "vllm"
     args.group_size = args.group_size or (8 if vllm else 4)

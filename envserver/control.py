@@ -4,7 +4,8 @@ Served on its own port (a pod exposes only the MCP port to agents' network polic
 
     POST /reset   {"task_id": str | null, "verify": bool}  -> episode id, instruction, reset time
     POST /verify  {"final_answer": str | null}              -> verdict, reward, reason
-    GET  /diff                                              -> rows inserted/updated/deleted per table
+    GET  /diff[?rows=N]                                     -> rows inserted/updated/deleted per table
+                                                               (N > 0: and up to N of those rows each)
     GET  /checksum                                          -> is the state the snapshot? (on demand)
     GET  /info, /healthz, /readyz, /metrics
 """
@@ -21,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from awm.client import MAX_DIFF_ROWS
 from envserver.instance import ControlError, EnvInstance
 
 
@@ -64,7 +66,12 @@ def build_control(instance: EnvInstance, middleware: list[Middleware] | None = N
         return await handle(call)
 
     async def diff(request: Request) -> Response:
-        return await handle(instance.diff)
+        async def call() -> dict[str, Any]:
+            raw = request.query_params.get("rows", "0")
+            if not raw.isdigit() or int(raw) > MAX_DIFF_ROWS:
+                raise ControlError(400, f"rows must be an integer from 0 to {MAX_DIFF_ROWS}")
+            return await instance.diff(int(raw))
+        return await handle(call)
 
     async def checksum(request: Request) -> Response:
         return await handle(instance.checksum)

@@ -310,13 +310,24 @@ class EnvInstance:
         final = await self._db(lambda: build_sqlite(ddl, self.db.read_tables(False)))
         return {"initial": self._initial_sqlite, "final": final}
 
-    async def diff(self) -> dict[str, Any]:
+    async def diff(self, rows: int = 0) -> dict[str, Any]:
+        """Rows inserted/updated/deleted per table since the reset; with ``rows`` > 0 also the rows
+        themselves (at most that many per table), before and after."""
         async with self._lock:
             try:
-                tables = await self._db(self.db.diff)
+                if rows <= 0:
+                    return {"episode_id": self.episode.id if self.episode else None, "tables": await self._db(self.db.diff)}
+                # one scan per table, not two: the counts are the rows' unless a table was cut at the limit
+                changed = await self._db(lambda: self.db.diff_rows(rows))
+                cut = [t for t, e in changed.items() if e["truncated"]]
+                tables = await self._db(lambda: self.db.diff(cut)) if cut else {}
             except DatabaseLost as exc:
                 raise ControlError(503, f"database unavailable: {exc}") from exc
-        return {"episode_id": self.episode.id if self.episode else None, "tables": tables}
+        for table, entry in changed.items():
+            if not entry["truncated"]:
+                tables[table] = {k: len(entry[k]) for k in ("inserted", "updated", "deleted")}
+        return {"episode_id": self.episode.id if self.episode else None, "tables": dict(sorted(tables.items())),
+                "rows": changed}
 
     async def checksum(self) -> dict[str, Any]:
         async with self._lock:

@@ -300,8 +300,19 @@ class EpisodeDatabase:
 
         return self._guard(run)
 
-    def diff(self) -> dict[str, Any]:
-        return self._guard(lambda c: snap.diff(c, self._keys, self._tables))
+    def diff(self, tables: list[str] | None = None) -> dict[str, Any]:
+        return self._guard(lambda c: snap.diff(c, self._keys, self._tables if tables is None else tables))
+
+    def diff_rows(self, limit: int) -> dict[str, Any]:
+        """The changed rows, scanning only the tables this episode's transaction wrote to (every
+        table if the episode escaped its transaction): taken after every tool call, it must not
+        cost a scan of every table each time."""
+        def run(conn: psycopg.Connection) -> dict[str, Any]:
+            written = snap.written_tables(conn)
+            tables = self._tables if self.escaped else [t for t in self._tables if t in written]
+            return snap.diff_rows(conn, self._keys, tables, limit)
+
+        return self._guard(run)
 
     def checksum(self) -> dict[str, Any]:
         current = self._guard(snap.compute_checksum)

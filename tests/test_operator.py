@@ -389,6 +389,40 @@ async def test_releasing_a_holders_claims_waits_for_the_ledger() -> None:
         assert r.status == 400 and "holder= is required" in (await r.json())["error"]
 
 
+def operator_fleet():  # type: ignore[no-untyped-def]
+    """An in-memory fleet with a ready, a claimed (held by a campaign) and a starting instance."""
+    from awm_operator.pods import PodInfo
+    from awm_operator.state import ClaimRecord, Fleets
+
+    fleets = Fleets()
+    fleet = fleets.ensure("ns", "f")
+    fleet.spec = fleet_spec()
+    for name, env, ready in (("f-crm-0", "crm", True), ("f-crm-1", "crm", True), ("f-bike-0", "bike_shop", False)):
+        fleet.update_pod(PodInfo(name, env, ready, "Running" if ready else "Pending", "10.0.0.1", False, 1,
+                                 "http://10.0.0.1:8000/mcp", "http://10.0.0.1:8001",
+                                 None if ready else "envserver: CrashLoopBackOff"))
+    fleet.assign("api_1", ClaimRecord([["f-crm-1"]], holder="campaign/c", owner="system:serviceaccount:ns:t"))
+    return fleets
+
+
+async def test_the_instance_list_says_state_claim_and_holder() -> None:
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from awm_operator.api import build_api
+    from awm_operator.reconcile import Context
+
+    ctx = Context(kube=None, allocator=None, metrics=None, config=OperatorConfig())  # type: ignore[arg-type]
+    async with TestClient(TestServer(build_api(ctx, operator_fleet()))) as client:
+        body = await (await client.get("/v1/namespaces/ns/envfleets/f/instances")).json()
+        assert [(i["pod"], i["environment"], i["state"], i["claim"], i["holder"]) for i in body["instances"]] == [
+            ("f-bike-0", "bike_shop", "starting", None, None), ("f-crm-0", "crm", "ready", None, None),
+            ("f-crm-1", "crm", "allocated", "api_1", "campaign/c")]
+        assert body["instances"][0]["problem"] == "envserver: CrashLoopBackOff"
+        (claim,) = body["claims"]
+        assert (claim["id"], claim["holder"], claim["instances"], claim["expiresInSeconds"]) == ("api_1", "campaign/c", 1, None)
+        assert (await client.get("/v1/namespaces/ns/envfleets/nope/instances")).status == 404
+
+
 async def test_the_client_asks_again_when_a_standby_answers() -> None:
     """Behind one Service, a standby replica answers 503 and does nothing: the client asks again
     on a new connection until the active one answers; other errors are not retried."""

@@ -30,8 +30,9 @@ def prometheus_bin():
     return PROMETHEUS
 
 
-async def test_prometheus_scrapes_an_instance(prometheus_bin, notes, tmp_path):
-    target = urlparse(notes.control_url).netloc
+def start_prometheus(prometheus_bin: str, control_url: str, tmp_path) -> tuple[subprocess.Popen, int]:
+    """A Prometheus scraping one instance's /metrics every second (job "awm"); its port."""
+    target = urlparse(control_url).netloc
     (tmp_path / "prometheus.yml").write_text(
         "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
         "scrape_configs:\n"
@@ -41,6 +42,11 @@ async def test_prometheus_scrapes_an_instance(prometheus_bin, notes, tmp_path):
     proc = subprocess.Popen([prometheus_bin, f"--config.file={tmp_path / 'prometheus.yml'}",
                              f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return proc, port
+
+
+async def test_prometheus_scrapes_an_instance(prometheus_bin, notes, tmp_path):
+    proc, port = start_prometheus(prometheus_bin, notes.control_url, tmp_path)
     control = ControlClient(notes.control_url)
     try:
         await control.reset("add_note")

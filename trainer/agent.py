@@ -25,8 +25,9 @@ from typing import Any, Callable
 
 import httpx
 
-from awm.client import ControlApiError, ControlClient, McpError, McpSession
+from awm.client import MAX_DIFF_ROWS, ControlApiError, ControlClient, McpError, McpSession
 from trainer import awm_format, toolcalls
+from trainer.calldiff import DiffTracker
 from trainer.history import window
 from trainer.policy import ContextExceeded, Policy, PolicyReply, PolicyUnavailable
 from trainer.reward import RewardConfig, score
@@ -50,6 +51,10 @@ class AgentConfig:
     verify_reset: bool = False  # checksum (and repair) the snapshot at every reset: slower, certain
     # the paper's early termination: a malformed call ends the episode, scored reward.format_error
     stop_on_format_error: bool = False
+    # After each successful tool call, record the rows it inserted/updated/deleted (before and
+    # after; at most this many per table) in its result's "diff" (trainer/calldiff.py): one more
+    # control-API round trip per call. 0: off.
+    call_diff_rows: int = 50
 
     def __post_init__(self) -> None:
         # A misspelt format would send the model no tools at all: every episode would fail quietly.
@@ -59,6 +64,8 @@ class AgentConfig:
             raise ValueError("max_turns must be at least 1")
         if self.history_window is not None and self.history_window < 1:
             raise ValueError("history_window must be at least 1 (or unset: the whole history)")
+        if not 0 <= self.call_diff_rows <= MAX_DIFF_ROWS:
+            raise ValueError(f"call_diff_rows must be from 0 (off) to {MAX_DIFF_ROWS}")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> AgentConfig:
@@ -130,6 +137,7 @@ async def run_episode(policy: Policy, env: EnvHandle, task_id: str, cfg: AgentCo
     native_tools = toolcalls.openai_tools(env.tools) if cfg.tool_format == "native" else None
     traj.tools = native_tools
     traj.stop_reason = "max_turns"
+    tracker = DiffTracker(cfg.call_diff_rows) if cfg.call_diff_rows else None
     for index in range(cfg.max_turns):
         context = window(traj.messages, cfg.history_window)
         t0 = time.perf_counter()
@@ -163,7 +171,7 @@ async def run_episode(policy: Policy, env: EnvHandle, task_id: str, cfg: AgentCo
             _record_turn(traj, turn, log, on_turn)
             break
         try:
-            await _execute(env, calls, turn, cfg)
+            await _execute(env, calls, turn, cfg, tracker)
         except InfraError as exc:
             _record_turn(traj, turn, log, on_turn)
             return _finish(traj, None, str(exc), timings, start, reward_cfg, log)
@@ -219,7 +227,8 @@ def _interpret(reply: PolicyReply, index: int, awm: bool = False) -> tuple[list[
     return calls, "text" if calls else "none", {"role": "assistant", "content": reply.content or ""}
 
 
-async def _execute(env: EnvHandle, calls: list[toolcalls.Parsed], turn: Turn, cfg: AgentConfig) -> None:
+async def _execute(env: EnvHandle, calls: list[toolcalls.Parsed], turn: Turn, cfg: AgentConfig,
+                   tracker: DiffTracker | None = None) -> None:
     awm = cfg.tool_format == "awm"
     limit = 1 if awm else cfg.max_calls_per_turn  # the reference executes one call per turn
     for n, call in enumerate(calls):
@@ -248,8 +257,14 @@ async def _execute(env: EnvHandle, calls: list[toolcalls.Parsed], turn: Turn, cf
             raise InfraError(f"tool call {call.name} failed: {exc}") from exc
         ms = (time.perf_counter() - t0) * 1000
         turn.tools_ms += ms
-        turn.results.append({"tool_call_id": call.id, "name": call.name, "is_error": outcome.is_error,
-                             "error_kind": outcome.error_kind, "text": outcome.text, "ms": round(ms, 3)})
+        result = {"tool_call_id": call.id, "name": call.name, "is_error": outcome.is_error,
+                  "error_kind": outcome.error_kind, "text": outcome.text, "ms": round(ms, 3)}
+        if tracker is not None and not outcome.is_error:  # a failed call's writes are rolled back
+            try:
+                result["diff"] = await tracker.after_call(env.control)
+            except _ENV_ERRORS as exc:  # only the record is lost: the call itself succeeded
+                result["diff_error"] = str(exc)
+        turn.results.append(result)
     turn.tools_ms = round(turn.tools_ms, 3)
 
 

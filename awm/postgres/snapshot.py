@@ -189,6 +189,66 @@ def diff(conn: psycopg.Connection, keys: dict[str, list[str]], tables: list[str]
     return result
 
 
+def written_tables(conn: psycopg.Connection) -> set[str]:
+    """Public tables that the current transaction has written to (inserted, updated or deleted
+    rows, rolled-back savepoints included), from PostgreSQL's own per-transaction statistics: a
+    table not among them is as in the snapshot, if the episode is one transaction since the reset."""
+    return {r[0] for r in conn.execute(
+        "SELECT relname FROM pg_stat_xact_user_tables WHERE schemaname = 'public' "
+        "AND n_tup_ins + n_tup_upd + n_tup_del > 0")}
+
+
+def add_change(entry: dict[str, Any], before: dict[str, Any] | None, after: dict[str, Any] | None) -> None:
+    """File one row's change under ``inserted`` (no row before), ``deleted`` (none after) or
+    ``updated`` (both: kept as a before/after pair)."""
+    if before is None:
+        entry["inserted"].append(after)
+    elif after is None:
+        entry["deleted"].append(before)
+    else:
+        entry["updated"].append({"before": before, "after": after})
+
+
+def diff_rows(conn: psycopg.Connection, keys: dict[str, list[str]], tables: list[str],
+              limit: int = 100) -> dict[str, Any]:
+    """The rows behind :func:`diff`: per changed table the inserted and deleted rows and the
+    updated ones before and after (rows as JSON objects in column order), at most ``limit`` per
+    table (``truncated`` then says some are missing).
+
+    A trainer that takes this after every tool call learns what each call did to the database
+    (trainer/calldiff.py); the counts alone cannot tell two calls' changes apart.
+    """
+    result: dict[str, Any] = {}
+    for table in tables:
+        t = sql.Identifier(table)
+        s = sql.SQL("{}.{}").format(sql.Identifier(SNAPSHOT_SCHEMA), t)
+        pk = keys.get(table) or []
+        entry: dict[str, Any] = {"key": pk, "inserted": [], "updated": [], "deleted": [], "truncated": False}
+        if pk:
+            on = sql.SQL(" AND ").join(sql.SQL("a.{c} = b.{c}").format(c=sql.Identifier(c)) for c in pk)
+            first = sql.Identifier(pk[0])
+            rows = conn.execute(sql.SQL(
+                "SELECT CASE WHEN b.{f} IS NULL THEN NULL ELSE row_to_json(b) END, "
+                "CASE WHEN a.{f} IS NULL THEN NULL ELSE row_to_json(a) END "
+                "FROM public.{t} a FULL JOIN {s} b ON {on} "
+                "WHERE a.{f} IS NULL OR b.{f} IS NULL OR a::text IS DISTINCT FROM b::text LIMIT {n}"
+            ).format(f=first, t=t, s=s, on=on, n=sql.Literal(limit + 1))).fetchall()
+            entry["truncated"] = len(rows) > limit
+            for before, after in rows[:limit]:
+                add_change(entry, before, after)
+        else:
+            for name, first_rel, second_rel in (("inserted", sql.SQL("public.{}").format(t), s),
+                                                ("deleted", s, sql.SQL("public.{}").format(t))):
+                rows = conn.execute(sql.SQL(
+                    "SELECT row_to_json(x) FROM (SELECT * FROM {a} EXCEPT ALL SELECT * FROM {b}) x LIMIT {n}"
+                ).format(a=first_rel, b=second_rel, n=sql.Literal(limit + 1))).fetchall()
+                entry["truncated"] = entry["truncated"] or len(rows) > limit
+                entry[name] = [r[0] for r in rows[:limit]]
+        if entry["inserted"] or entry["updated"] or entry["deleted"]:
+            result[table] = entry
+    return result
+
+
 def _quote_ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 

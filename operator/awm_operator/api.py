@@ -25,6 +25,8 @@ Every /v1/ request is authenticated and authorised against Kubernetes RBAC (awm_
 a bearer ServiceAccount token; 401 without a valid one, 403 when RBAC says no or the claim is
 another identity's), unless the operator runs with AWM_API_AUTH=off.
     GET    /v1/namespaces/{ns}/envfleets/{fleet}              -> sizes, demand, whether this replica acts
+    GET    /v1/namespaces/{ns}/envfleets/{fleet}/instances    -> every instance (environment, state,
+        claim, holder, problem) and every claim (holder, size, age, time left)
     GET    /healthz (process alive), /readyz (this replica acts on its fleets)
 """
 
@@ -94,6 +96,28 @@ def build_api(ctx: Context, fleets: Fleets, auth: authn.Authenticator | None = N
         return web.json_response({"namespace": fleet.namespace, "fleet": fleet.name, "active": fleet.active,
                                   "replicas": c.replicas, "ready": c.ready, "allocated": c.allocated,
                                   "starting": c.starting, "demand": fleet.demand()})
+
+    @routes.get("/v1/namespaces/{ns}/envfleets/{fleet}/instances")
+    async def instances(request: web.Request) -> web.Response:
+        """Every instance with its state and who holds it, and the claims: what a person looking at
+        the fleet (awm ui's fleet page) wants beyond the counts. Read-only, like ``show``."""
+        fleet = fleet_of(request)
+        now = time.time()
+        rows = []
+        for pod in sorted(fleet.pods.values(), key=lambda p: (p.env, p.name)):
+            claim = fleet.owner.get(pod.name)
+            record = fleet.claims.get(claim) if claim else None
+            state = ("deleting" if pod.deleting else "failed" if pod.failed else "allocated" if claim
+                     else "ready" if pod.allocatable else "starting")
+            rows.append({"pod": pod.name, "environment": pod.env, "state": state, "phase": pod.phase,
+                         "claim": claim, "holder": record.holder if record else None, "problem": pod.problem,
+                         "mcpUrl": pod.mcp_url, "controlUrl": pod.control_url})
+        claims = [{"id": cid, "holder": rec.holder, "owner": rec.owner, "instances": len(rec.pods),
+                   "groups": len(rec.groups), "ageSeconds": round(now - rec.created, 1),
+                   "expiresInSeconds": None if rec.expires is None else round(rec.expires - now, 1)}
+                  for cid, rec in sorted(fleet.claims.items())]
+        return web.json_response({"namespace": fleet.namespace, "fleet": fleet.name, "instances": rows,
+                                  "claims": claims})
 
     def ttl_of(body: dict[str, Any]) -> float:
         ttl = float(body.get("ttlSeconds") or ctx.config.claim_ttl_default)

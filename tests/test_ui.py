@@ -1,0 +1,254 @@
+"""`awm ui`'s server side: the episode index (paging, filters, incremental refresh, rebuild), the
+JSON API over a run, the catalog, and the fleet view and playground against a real instance (the
+notes fixture on the session's Postgres). The browser tests are in test_ui_browser.py."""
+
+import json
+
+import httpx
+import pytest
+from starlette.testclient import TestClient
+
+from trainer.trajectory import Trajectory, TrajectoryLog, Turn
+from ui.app import UiState, build_app
+from ui.fleet import FleetView, Instance, quantile
+from ui.index import EpisodeFilter, EpisodeIndex, scan_page
+from ui.runs import Runs, run_id
+
+
+def trajectory(n: int) -> Trajectory:
+    """A varied but deterministic episode: env, task, verdict, reward, an error class now and then."""
+    env = ["crm", "lamps"][n % 2]
+    errored = n % 5 == 0
+    result = {"tool_call_id": "c0", "name": "t", "is_error": errored,
+              "error_kind": ("tool_crashed" if n % 10 == 0 else "tool_error") if errored else None, "text": "x", "ms": 1.0}
+    turn = Turn(0, {"role": "assistant", "content": ""}, [{"id": "c0", "name": "t", "arguments": {}}], [result],
+                "native", 1.0, 1.0, 0)
+    complete = n % 3 == 0
+    return Trajectory(f"ep{n:06d}", env, f"task{n % 4}", "do it", "p", group_id=f"g{n // 4}", turns=[turn],
+                      verdict={"verdict": "complete" if complete else "incomplete"}, reward=1.0 if complete else 0.0,
+                      masked=n % 10 == 0, mask_reason="tool_crashed" if n % 10 == 0 else None)
+
+
+def write_run(path, episodes: int, start: int = 0, steps: bool = True) -> None:
+    log = TrajectoryLog(path / "trajectories.jsonl")
+    for n in range(start, start + episodes):
+        t = trajectory(n)
+        log.start(t)
+        log.turn(t, t.turns[0])
+        log.end(t)
+        if steps and n % 8 == 7:  # a step trains on two groups of four
+            log.write("step", {"step": n // 8 + 1, "version": n // 8 + 1, "groups": [f"g{n // 4 - 1}", f"g{n // 4}"]})
+    log.close()
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("AWM_HOME", str(tmp_path / "home"))  # where index files go
+    return tmp_path / "home"
+
+
+def test_index_pages_and_filters_like_a_full_scan(tmp_path, home):
+    write_run(tmp_path, 200)
+    log = tmp_path / "trajectories.jsonl"
+    index = EpisodeIndex(log)
+    assert index.refresh() == 200 and index.refresh() == 0
+    assert index.path.is_relative_to(home)  # not in the run directory
+    filters = [EpisodeFilter(), EpisodeFilter(env="crm"), EpisodeFilter(verdict="complete", env="lamps"),
+               EpisodeFilter(error_kind="tool_crashed"), EpisodeFilter(step=3), EpisodeFilter(masked=True),
+               EpisodeFilter(min_reward=0.5), EpisodeFilter(search="task3"), EpisodeFilter(error_kind="tool_error", step=2)]
+    for where in filters:
+        for offset, limit in ((0, 7), (5, 50), (190, 50)):
+            assert index.page(where, offset, limit) == scan_page(log, where, offset, limit), where
+    total, rows = index.page(EpisodeFilter(step=3), 0, 100)
+    assert total == 8 and {r["step"] for r in rows} == {3} and {r["group_id"] for r in rows} == {"g4", "g5"}
+    assert index.page(EpisodeFilter(error_kind="tool_crashed"), 0, 1)[1][0]["error_kinds"] == ["tool_crashed"]
+    facets = index.facets()
+    assert facets["env"] == ["crm", "lamps"] and facets["error_kind"] == ["tool_crashed", "tool_error"]
+    assert facets["step"] == list(range(1, 26))
+    record = index.episode("ep000042")
+    assert record["episode_id"] == "ep000042" and record["turns"][0]["tool_calls"][0]["name"] == "t"
+    assert record["step"] == 6 and index.episode("nope") is None
+    index.close()
+
+
+def test_index_follows_a_growing_log_and_rebuilds_a_replaced_one(tmp_path, home):
+    log = tmp_path / "trajectories.jsonl"
+    write_run(tmp_path, 10, steps=False)
+    index = EpisodeIndex(log)
+    assert index.refresh() == 10
+    with log.open("a") as f:  # a line still being written is left for the next refresh
+        f.write('{"event": "end", "episode_id": "half')
+    assert index.refresh() == 0
+    with log.open("a") as f:
+        f.write('", "env": "crm", "task_id": "x", "turns": []}\n')
+    assert index.refresh() == 1 and index.episode("half")["env"] == "crm"
+    write_run(tmp_path, 5, start=100, steps=False)  # appended: only the new episodes are scanned
+    assert index.refresh() == 5 and index.page(EpisodeFilter(), 0, 1)[0] == 16
+    log.unlink()  # replaced by a shorter log: indexed again from the start
+    write_run(tmp_path, 3, start=500, steps=False)
+    assert index.refresh() == 3
+    assert [r["episode_id"] for r in index.page(EpisodeFilter(), 0, 10)[1]] == ["ep000500", "ep000501", "ep000502"]
+    index.close()
+    # another process's index file of an older layout is rebuilt, not misread
+    import sqlite3
+    with sqlite3.connect(index.path) as db:
+        db.execute("UPDATE meta SET value = '0' WHERE key = 'schema'")
+    again = EpisodeIndex(log)
+    assert again.page(EpisodeFilter(), 0, 1)[0] == 0 and again.refresh() == 3
+    again.close()
+
+
+def test_run_api(tmp_path, home):
+    run = tmp_path / "runs" / "tiny"
+    run.mkdir(parents=True)
+    write_run(run, 40)
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "reward_mean": s / 10, "success_rate": s / 10,
+                                                            "staleness": [0, 1], "rollouts_per_s": 3.0}) + "\n"
+                                               for s in (1, 2, 3)) + '{"step": 4, "rew')  # cut by a crash
+    evaluated = tmp_path / "runs" / "eval"
+    evaluated.mkdir()
+    (evaluated / "eval.json").write_text(json.dumps({"k": 2, "environments": [], "overall": {"pass@1": 0.5}}))
+    state = UiState(Runs([tmp_path / "runs"]))
+    with TestClient(build_app(state)) as client:
+        runs = {r["name"]: r for r in client.get("/api/runs").json()}
+        assert runs["tiny"]["kind"] == "train" and runs["tiny"]["steps"] == 3 and runs["tiny"]["last_reward"] == 0.3
+        assert runs["eval"]["kind"] == "eval" and runs["tiny"]["id"] == run_id(run)
+        # a run without trajectories (yet) has no episodes; an unknown run is not found
+        assert client.get(f"/api/runs/{run_id(evaluated)}/episodes").json()["total"] == 0
+        assert client.get("/api/runs/000000000000/episodes").status_code == 404
+        summary = client.get(f"/api/runs/{run_id(run)}").json()
+        assert [m["step"] for m in summary["metrics"]] == [1, 2, 3] and summary["episodes"] == 40
+        assert {e["env"]: e["episodes"] for e in summary["per_env"]} == {"crm": 20, "lamps": 20}
+        page = client.get(f"/api/runs/{run_id(run)}/episodes", params={"env": "lamps", "limit": 5, "offset": 5}).json()
+        assert page["total"] == 20 and len(page["episodes"]) == 5 and page["episodes"][0]["episode_id"] == "ep000011"
+        assert client.get(f"/api/runs/{run_id(run)}/episodes", params={"step": "x"}).status_code == 400
+        assert client.get(f"/api/runs/{run_id(run)}/episodes/ep000003").json()["task_id"] == "task3"
+        # Python's json writes NaN and -Infinity, which a browser's JSON.parse refuses: null instead
+        with (run / "trajectories.jsonl").open("a") as f:
+            f.write(json.dumps({"event": "end", "episode_id": "nan", "env": "crm", "task_id": "t", "reward": float("nan"),
+                                "turns": [{"logprobs": [-0.5, float("-inf")]}]}) + "\n")
+        odd = client.get(f"/api/runs/{run_id(run)}/episodes/nan")
+        assert odd.status_code == 200 and '"reward":null' in odd.text and odd.json()["turns"][0]["logprobs"] == [-0.5, None]
+        assert client.get(f"/api/runs/{run_id(run)}/episodes/nope").status_code == 404
+        assert client.get("/api/runs/000000000000").status_code == 404
+        assert client.get("/").headers["content-type"].startswith("text/html")
+        assert client.get("/static/app.js").headers["content-type"] in ("text/javascript; charset=utf-8",
+                                                                         "application/javascript")
+
+
+def test_catalog_api_shows_tables_tools_and_gates(home):
+    with TestClient(build_app(UiState(Runs([]), catalog="starter"))) as client:
+        data = client.get("/api/catalog").json()
+    crm = next(e for e in data["environments"] if e["name"] == "crm")
+    assert {e["name"] for e in data["environments"]} == {"bike_shop", "crm", "project_tracker"} and not data["broken"]
+    contacts = next(t for t in crm["tables"] if t["name"] == "contacts")
+    assert contacts["rows"] > 0 and "id" in [c["name"] for c in contacts["columns"]]
+    assert all(t["input_schema"]["type"] == "object" and t["description"] for t in crm["tools"])
+    task = crm["tasks"][0]
+    assert task["gated"] is True and task["verifier_kind"] == "code" and task["gate_reason"] == "passed"
+    assert task["gates"][0]["negative"]["passed"] and task["gates"][0]["positive"]["passed"]
+
+
+def test_quantile_interpolates_like_prometheus():
+    buckets = {0.001: 0.0, 0.01: 50.0, 0.1: 100.0, float("inf"): 100.0}
+    assert quantile(buckets, 0.5) == pytest.approx(0.01)
+    assert quantile(buckets, 0.25) == pytest.approx(0.001 + 0.009 * 0.5)
+    assert quantile(buckets, 0.99) == pytest.approx(0.01 + 0.09 * 0.98)
+    assert quantile({float("inf"): 0.0}, 0.5) is None
+
+
+async def test_fleet_view_and_playground_on_a_real_instance(notes, home):
+    # given by URL only (awm ui --instance): the instance names itself and its environment
+    view = FleetView([Instance(env="?", name="by-url", mcp_url=notes.mcp_url, control_url=notes.control_url),
+                      Instance(env="notes", name="gone", mcp_url="http://127.0.0.1:9/mcp",
+                               control_url="http://127.0.0.1:9")])
+    state = UiState(Runs([]), fleet=view)
+    transport = httpx.ASGITransport(app=build_app(state))
+    async with httpx.AsyncClient(transport=transport, base_url="http://ui") as client:
+        first = (await client.get("/api/fleet")).json()
+        states = {i["name"]: i["state"] for i in first["instances"]}
+        assert states == {notes.name: "ready", "gone": "down"}
+        opened = (await client.post(f"/api/playground/{notes.name}/open")).json()
+        add = next(t for t in opened["tools"] if t["name"] == "add_note")
+        assert add["inputSchema"]["required"] == ["title"] and "add_note" in [t["id"] for t in opened["tasks"]]
+        reset = (await client.post(f"/api/playground/{notes.name}/reset", json={"task_id": "add_note"})).json()
+        assert reset["instruction"].startswith("Add a note")
+        call = (await client.post(f"/api/playground/{notes.name}/call",
+                                  json={"tool": "add_note", "arguments": {"title": "groceries", "body": "milk, eggs",
+                                                                      "tags": ["a"]}})).json()
+        assert not call["is_error"] and [r["title"] for r in call["diff"]["notes"]["inserted"]] == ["groceries"]
+        assert call["diff"]["tags"]["inserted"] == [{"note_id": 5, "tag": "a"}]
+        bad = (await client.post(f"/api/playground/{notes.name}/call", json={"tool": "add_note", "arguments": {}})).json()
+        assert bad["is_error"] and bad["error_kind"] == "invalid_arguments" and bad["diff"] == {}
+        assert (await client.post(f"/api/playground/{notes.name}/call", json={"arguments": {}})).status_code == 400
+        assert (await client.post("/api/playground/nobody/open")).status_code == 404
+        verdict = (await client.post(f"/api/playground/{notes.name}/verify", json={})).json()
+        assert verdict["verdict"]["verdict"] == "complete"
+        assert verdict["diff"]["notes"] == {"inserted": 1, "updated": 0, "deleted": 0}
+        second = (await client.get("/api/fleet")).json()
+        mine = next(i for i in second["instances"] if i["name"] == notes.name)
+        assert mine["holder"] == "playground" and mine["tool_calls"] >= first["instances"][0]["tool_calls"] + 2
+        assert mine["tool_calls_per_s"] > 0 and mine["tool_p50_ms"] is not None
+        (env,) = second["environments"]
+        assert env["instances"] == 2 and env["states"] == {"ready": 1, "down": 1} and env["held"] == 1
+        await client.post(f"/api/playground/{notes.name}/release")
+        assert next(i for i in (await client.get("/api/fleet")).json()["instances"] if i["name"] == notes.name)["holder"] is None
+    await state.close()
+
+
+async def test_fleet_view_reads_the_operators_instances_and_claims(home):
+    from awm_operator.api import bound_port, build_api, serve
+    from awm_operator.config import OperatorConfig
+    from awm_operator.reconcile import Context
+    from tests.test_operator import operator_fleet
+
+    ctx = Context(kube=None, allocator=None, metrics=None, config=OperatorConfig())  # type: ignore[arg-type]
+    runner = await serve(build_api(ctx, operator_fleet()), "127.0.0.1", 0)
+    view = FleetView(operator_url=f"http://127.0.0.1:{bound_port(runner)}", fleets=["ns/f", "ns/missing"])
+    try:
+        (fleet, missing) = (await view.snapshot())["operator"]
+    finally:
+        await view.close()
+        await runner.cleanup()
+    assert (fleet["replicas"], fleet["ready"], fleet["allocated"], fleet["starting"]) == (3, 1, 1, 1)
+    assert fleet["environments"] == {"bike_shop": {"starting": 1}, "crm": {"ready": 1, "allocated": 1}}
+    assert [c["holder"] for c in fleet["claims"]] == ["campaign/c"]
+    assert missing == {"fleet": "ns/missing", "error": "no such fleet"}
+
+
+def test_the_cli_loads_no_ui_server_until_awm_ui_runs():
+    """awm/cli.py registers `awm ui` the way it does the other upper layers: ui.cli alone, which
+    imports typer only; the server stack loads when the command runs."""
+    import subprocess
+    import sys
+
+    code = ("import sys, awm.cli; print(sorted(m for m in sys.modules "
+            "if m.startswith(('ui.', 'starlette', 'uvicorn', 'selenium'))))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "['ui.cli']"
+
+
+def test_a_big_runs_first_open_indexes_in_the_background(tmp_path, home, monkeypatch):
+    """More log to index than a request should wait for: the summary answers at once with the
+    metrics and the indexing progress, the list says it is indexing, and both are complete once
+    the background refresh is done (here every run counts as big)."""
+    import time
+
+    import ui.runs
+
+    monkeypatch.setattr(ui.runs, "SYNC_BYTES", 0)
+    run = tmp_path / "runs" / "big"
+    run.mkdir(parents=True)
+    write_run(run, 300)
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward_mean": 0.5}) + "\n")
+    with TestClient(build_app(UiState(Runs([tmp_path / "runs"])))) as client:
+        first = client.get(f"/api/runs/{run_id(run)}").json()
+        assert first["indexing"]["size"] == (run / "trajectories.jsonl").stat().st_size
+        assert first["episodes"] is None and first["metrics"] == [{"step": 1, "reward_mean": 0.5}]
+        deadline = time.monotonic() + 60
+        while (summary := client.get(f"/api/runs/{run_id(run)}").json())["indexing"] is not None:
+            assert time.monotonic() < deadline, "the background index never finished"
+            time.sleep(0.05)
+        assert summary["episodes"] == 300 and {e["env"] for e in summary["per_env"]} == {"crm", "lamps"}
+        page = client.get(f"/api/runs/{run_id(run)}/episodes", params={"limit": 3}).json()
+        assert page["total"] == 300 and "indexing" not in page

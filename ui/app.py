@@ -1,0 +1,205 @@
+"""The UI's HTTP server (Starlette): a JSON API over runs, catalogs, the fleet and the playground,
+and the static front end (plain ES modules, no build step) from ``ui/static``.
+
+The API is the front end's only data source, and plain enough to script against:
+
+    GET  /api/catalog                          environments, tables, tools, tasks, gates
+    GET  /api/runs                             run directories found under the roots
+    GET  /api/runs/{id}                        metrics per step, eval report, per-env rates, facets
+    GET  /api/runs/{id}/episodes?env=&task_id=&verdict=&error_kind=&step=&masked=&min_reward=
+                                 &max_reward=&q=&offset=&limit=        one page of the episode list
+    GET  /api/runs/{id}/episodes/{episode_id}  one whole episode
+    GET  /api/fleet                            instances, states, holders, rates, latency
+    POST /api/playground/{instance}/open|reset|call|verify|release
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+import httpx
+from pydantic import BaseModel, ValidationError
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import FileResponse, Response
+from starlette.responses import JSONResponse as StarletteJSON
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from awm.client import ControlApiError, McpError
+from ui import catalog as catalog_view
+from ui.fleet import FleetView
+from ui.index import EpisodeFilter
+from ui.playground import CallRequest, Playground, ResetRequest, VerifyRequest
+from ui.runs import Runs
+
+STATIC = Path(__file__).with_name("static")
+MAX_PAGE = 500
+
+
+@dataclass
+class UiState:
+    """What one UI server shows: run roots, a catalog, and a fleet view."""
+
+    runs: Runs
+    catalog: str = "starter"
+    fleet: FleetView = field(default_factory=FleetView)
+
+    def __post_init__(self) -> None:
+        self.playground = Playground(self.fleet)
+        self._catalog: dict[str, Any] | None = None
+
+    def catalog_data(self) -> dict[str, Any]:
+        if self._catalog is None:  # bundles do not change under a running UI; loading them is slow
+            self._catalog = catalog_view.load(self.catalog)
+        return self._catalog
+
+    async def close(self) -> None:
+        await self.playground.close()
+        await self.fleet.close()
+        self.runs.close()
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+class JSONResponse(StarletteJSON):
+    """JSON for the browser. Run files are written by Python's json, which writes NaN and
+    Infinity (a log-prob of -inf, a reward of NaN); JSON.parse refuses them: they become null."""
+
+    def render(self, content: Any) -> bytes:
+        try:
+            return super().render(content)
+        except ValueError:  # allow_nan=False found one: the rare slow path
+            return super().render(_finite(content))
+
+
+class _Revalidated(StaticFiles):
+    """Static files the browser revalidates on every load (a 304 when unchanged): modules cached
+    by heuristics would outlive an upgrade of awm and mix old pages with a new API."""
+
+    def file_response(self, *args: Any, **kwargs: Any) -> Response:
+        response = super().file_response(*args, **kwargs)
+        response.headers["Cache-Control"] = "no-cache"
+        return response
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+def _int(value: str | None, default: int | None = None) -> int | None:
+    return default if value in (None, "") else int(value)  # type: ignore[arg-type]
+
+
+def _float(value: str | None) -> float | None:
+    return None if value in (None, "") else float(value)  # type: ignore[arg-type]
+
+
+def episode_filter(params: Any) -> EpisodeFilter:
+    masked = params.get("masked")
+    return EpisodeFilter(env=params.get("env") or None, task_id=params.get("task_id") or None,
+                         verdict=params.get("verdict") or None, error_kind=params.get("error_kind") or None,
+                         step=_int(params.get("step")), masked=None if masked in (None, "") else masked == "true",
+                         min_reward=_float(params.get("min_reward")), max_reward=_float(params.get("max_reward")),
+                         search=params.get("q") or None)
+
+
+def build_app(state: UiState, middleware: list[Middleware] | None = None) -> Starlette:
+    """``middleware``: the Host/Origin guard (envserver.hostguard) when served for real: the
+    playground changes databases, so a foreign web page must not reach it through the browser."""
+    async def catalog(request: Request) -> Response:
+        return JSONResponse(await run_in_threadpool(state.catalog_data))
+
+    async def runs(request: Request) -> Response:
+        return JSONResponse([r.model_dump() for r in await run_in_threadpool(state.runs.list)])
+
+    # Run pages read files and SQLite (and the first one builds the index: seconds on a big run):
+    # in the thread pool, so the event loop keeps serving the fleet page and the playground.
+    async def run(request: Request) -> Response:
+        summary = await run_in_threadpool(state.runs.summary, request.path_params["run"])
+        return JSONResponse(summary) if summary is not None else _error(404, "no such run")
+
+    async def episodes(request: Request) -> Response:
+        index, indexing = await run_in_threadpool(state.runs.index_now, request.path_params["run"])
+        try:
+            where = episode_filter(request.query_params)
+            offset = max(0, _int(request.query_params.get("offset"), 0) or 0)
+            limit = min(MAX_PAGE, max(1, _int(request.query_params.get("limit"), 50) or 50))
+        except ValueError as exc:
+            return _error(400, f"bad filter: {exc}")
+        if index is None:  # a run without trajectories.jsonl (yet) has no episodes; an unknown run is an error
+            if state.runs.path(request.path_params["run"]) is None:
+                return _error(404, "no such run")
+            return JSONResponse({"total": 0, "offset": offset, "limit": limit, "episodes": []})
+        if indexing is not None:  # a big run's first open: the list follows when the index is built
+            return JSONResponse({"total": None, "offset": offset, "limit": limit, "episodes": [], "indexing": indexing})
+        total, rows = await run_in_threadpool(index.page, where, offset, limit)
+        return JSONResponse({"total": total, "offset": offset, "limit": limit, "episodes": rows})
+
+    async def episode(request: Request) -> Response:
+        index = await run_in_threadpool(state.runs.index, request.path_params["run"])
+        record = await run_in_threadpool(index.episode, request.path_params["episode"]) if index else None
+        return JSONResponse(record) if record is not None else _error(404, "no such episode")
+
+    async def fleet(request: Request) -> Response:
+        return JSONResponse(await state.fleet.snapshot())
+
+    def playground(action: Callable[[str, Any], Awaitable[Any]], body_model: type[BaseModel] | None):
+        async def handler(request: Request) -> Response:
+            name = request.path_params["instance"]
+            try:
+                raw = await request.body()
+                body = body_model.model_validate_json(raw or b"{}") if body_model else None
+                result = await action(name, body)
+            except ValidationError as exc:
+                return _error(400, str(exc))
+            except KeyError:
+                return _error(404, f"no instance {name!r} in this UI's fleet")
+            except (McpError, ControlApiError, httpx.HTTPError) as exc:
+                return _error(502, f"the instance failed: {exc}")
+            return JSONResponse(result, status_code=200)
+        return handler
+
+    pg = state.playground
+
+    async def release(name: str, _: Any) -> dict[str, Any]:
+        await pg.release(name)
+        return {"released": name}
+
+    async def index_html(request: Request) -> Response:
+        return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        await state.close()
+
+    return Starlette(routes=[
+        Route("/api/catalog", catalog),
+        Route("/api/runs", runs),
+        Route("/api/runs/{run}", run),
+        Route("/api/runs/{run}/episodes", episodes),
+        Route("/api/runs/{run}/episodes/{episode}", episode),
+        Route("/api/fleet", fleet),
+        Route("/api/playground/{instance}/open", playground(lambda n, _: pg.open(n), None), methods=["POST"]),
+        Route("/api/playground/{instance}/reset", playground(pg.reset, ResetRequest), methods=["POST"]),
+        Route("/api/playground/{instance}/call", playground(pg.call, CallRequest), methods=["POST"]),
+        Route("/api/playground/{instance}/verify", playground(pg.verify, VerifyRequest), methods=["POST"]),
+        Route("/api/playground/{instance}/release", playground(release, None), methods=["POST"]),
+        Mount("/static", _Revalidated(directory=STATIC), name="static"),
+        Route("/", index_html),
+    ], lifespan=lifespan, middleware=middleware)

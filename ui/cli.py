@@ -1,0 +1,96 @@
+"""``awm ui``: the web view of runs, catalogs, the fleet and a playground (docs/ui.md).
+
+Registered by awm/cli.py like the other upper layers' commands; this module imports only typer at
+import time, the server's stack (starlette, uvicorn) loads when the command runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+console = Console(stderr=True)
+
+
+def _instance(spec: str):  # type: ignore[no-untyped-def]
+    from ui.fleet import UNKNOWN, Instance
+
+    mcp, sep, control = spec.partition(",")
+    if not sep or not mcp.startswith("http") or not control.startswith("http"):
+        raise typer.BadParameter(f"--instance wants MCP_URL,CONTROL_URL, not {spec!r}")
+    return Instance(env=UNKNOWN, name=control.rstrip("/").rsplit("/", 1)[-1] or control, mcp_url=mcp, control_url=control)
+
+
+def ui_command(
+    runs: Annotated[Optional[list[Path]], typer.Option("--runs", "-r", help=(
+        "Directory holding run directories of awm train / awm eval (searched 4 levels deep; repeatable)."))] = None,
+    catalog: Annotated[str, typer.Option("--catalog", "-c", help="Catalog to show ('starter' = built in).")] = "starter",
+    serve: Annotated[Optional[list[str]], typer.Option("--serve", "-e", help=(
+        "Start a local fleet of this catalog environment for the fleet page and the playground (repeatable)."))] = None,
+    replicas: Annotated[int, typer.Option("--replicas", "-n", min=1, help="Instances per --serve environment.")] = 1,
+    instance: Annotated[Optional[list[str]], typer.Option("--instance", help=(
+        "A running instance as MCP_URL,CONTROL_URL (awm serve prints them; repeatable)."))] = None,
+    operator_url: Annotated[Optional[str], typer.Option("--operator-url", envvar="AWM_OPERATOR_URL", help=(
+        "The operator's allocation API (fleet counts; token from AWM_API_TOKEN)."))] = None,
+    fleet: Annotated[Optional[list[str]], typer.Option("--fleet", help="An EnvFleet as NAMESPACE/NAME (repeatable).")] = None,
+    prometheus_url: Annotated[Optional[str], typer.Option("--prometheus-url", help=(
+        "Prometheus for fleet-wide episodes/s and tool-call latency."))] = None,
+    grafana_url: Annotated[Optional[str], typer.Option("--grafana-url", help=(
+        "The awm Grafana dashboard (linked from the fleet page)."))] = None,
+    host: Annotated[str, typer.Option(help="Bind address (the UI has no authentication: keep it local).")] = "127.0.0.1",
+    allowed_host: Annotated[Optional[list[str]], typer.Option("--allowed-host", help=(
+        "Another Host name the UI answers to (DNS-rebinding protection, as awm serve; also AWM_ALLOWED_HOSTS)."))] = None,
+    port: Annotated[int, typer.Option(help="Port (0: any free one; the URL is printed).")] = 8090,
+    database_url: Annotated[Optional[str], typer.Option("--database-url", envvar="AWM_DATABASE_URL",
+                                                        help="External Postgres admin DSN for --serve.")] = None,
+) -> None:
+    """Serve the web view: catalog, runs (reward curves, pass@k, episodes with per-call database
+    diffs), fleet, and a playground that calls a real instance's tools."""
+    import uvicorn
+
+    from awm import catalog as catalog_mod
+    from envserver import hostguard
+    from ui.app import UiState, build_app
+    from ui.fleet import FleetView, Instance
+    from ui.runs import Runs
+
+    static = [_instance(s) for s in instance or []]
+    roots = [p.resolve() for p in (runs or [Path("runs")])]
+    try:
+        bundles = catalog_mod.load(catalog, serve) if serve else []
+    except catalog_mod.CatalogError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from exc
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+
+    async def run() -> None:
+        from contextlib import AsyncExitStack
+
+        from awm.fleet import Database, LocalFleet
+
+        async with AsyncExitStack() as stack:
+            found = list(static)
+            if bundles:
+                database = await asyncio.to_thread(Database.open, database_url)
+                stack.push_async_callback(asyncio.to_thread, database.close)
+                local = await stack.enter_async_context(LocalFleet(bundles, replicas, database, allow_ungated=True))
+                found += [Instance(env=h.env, name=h.name, mcp_url=h.mcp_url, control_url=h.control_url)
+                          for h in local.instances]
+            view = FleetView(found, operator_url, fleet, prometheus_url, grafana_url)
+            state = UiState(Runs(roots), catalog, view)
+            bound = sock.getsockname()
+            url = f"http://{'[' + bound[0] + ']' if ':' in bound[0] else bound[0]}:{bound[1]}/"
+            console.print(f"awm ui on {url} · runs under {', '.join(map(str, roots))} · catalog {catalog} · "
+                          f"{len(found)} instance(s)")
+            guard = hostguard.guard(hostguard.allowed_hosts([host], allowed_host or []), hostguard.allowed_origins())
+            server = uvicorn.Server(uvicorn.Config(build_app(state, [guard]), log_level="warning"))
+            await server.serve(sockets=[sock])
+
+    asyncio.run(run())

@@ -1,0 +1,332 @@
+"""An SQLite index of a run's ``trajectories.jsonl``, so a page of 100,000 episodes opens at once.
+
+The log is append-only JSONL (trainer/trajectory.py): ``start``/``turn`` lines while an episode
+runs, an ``end`` line with the whole record, ``step`` lines naming the GRPO groups a training
+step used. Parsing all of it for every page takes seconds on a large run; the index keeps, per
+finished episode, the fields the episode list filters and sorts on plus the byte offset and length
+of its ``end`` line, so a page is one SQL query and an episode one ``seek`` + one ``json.loads``.
+
+The index lives outside the run directory (which may be read-only or shared), under
+``$AWM_HOME/ui-index/``, named by the log's path. It is refreshed on open: a log that only grew
+(same inode, larger size) is scanned from where the last scan stopped; one that shrank or was
+replaced is indexed again from the start.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sqlite3
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from awm.postgres.server import awm_home
+
+SCHEMA_VERSION = 3  # bump when the tables change: older index files are rebuilt
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
+CREATE TABLE IF NOT EXISTS episodes (
+  n INTEGER PRIMARY KEY,          -- order in the log
+  episode_id TEXT, env TEXT, task_id TEXT, group_id TEXT,
+  verdict TEXT, reward REAL, masked INTEGER, mask_reason TEXT, stop_reason TEXT,
+  error_kinds TEXT,               -- ',kind,kind,' of the tool errors (agent's and ours)
+  turns INTEGER, tool_calls INTEGER, policy_version INTEGER, started_at REAL,
+  offset INTEGER, length INTEGER
+);
+CREATE TABLE IF NOT EXISTS group_steps (group_id TEXT PRIMARY KEY, step INTEGER);
+CREATE INDEX IF NOT EXISTS episodes_env_task ON episodes (env, task_id);
+CREATE INDEX IF NOT EXISTS episodes_group ON episodes (group_id);
+CREATE INDEX IF NOT EXISTS episodes_verdict ON episodes (verdict);
+CREATE INDEX IF NOT EXISTS episodes_id ON episodes (episode_id);
+CREATE INDEX IF NOT EXISTS group_steps_step ON group_steps (step);
+"""
+
+_END = b'{"event": "end"'
+_STEP = b'{"event": "step"'
+
+
+@dataclass(frozen=True)
+class EpisodeFilter:
+    """What the episode list can be narrowed to (all optional; combined with AND)."""
+
+    env: str | None = None
+    task_id: str | None = None
+    verdict: str | None = None
+    error_kind: str | None = None
+    step: int | None = None
+    masked: bool | None = None
+    min_reward: float | None = None
+    max_reward: float | None = None
+    search: str | None = None  # part of an episode id or task id
+
+    def where(self) -> tuple[str, list[Any]]:
+        clauses, params = [], []  # type: ignore[var-annotated]
+        for column in ("env", "task_id", "verdict"):
+            value = getattr(self, column)
+            if value:
+                clauses.append(f"e.{column} = ?")
+                params.append(value)
+        if self.error_kind:
+            clauses.append("e.error_kinds LIKE ?")
+            params.append(f"%,{self.error_kind},%")
+        if self.step is not None:
+            clauses.append("g.step = ?")
+            params.append(self.step)
+        if self.masked is not None:
+            clauses.append("e.masked = ?")
+            params.append(int(self.masked))
+        if self.min_reward is not None:
+            clauses.append("e.reward >= ?")
+            params.append(self.min_reward)
+        if self.max_reward is not None:
+            clauses.append("e.reward <= ?")
+            params.append(self.max_reward)
+        if self.search:
+            clauses.append("(e.episode_id LIKE ? OR e.task_id LIKE ?)")
+            params += [f"%{self.search}%"] * 2
+        return (" WHERE " + " AND ".join(clauses)) if clauses else "", params
+
+
+def summary_row(record: dict[str, Any]) -> dict[str, Any]:
+    """The indexed fields of one ``end`` record."""
+    turns = record.get("turns") or []
+    kinds = sorted({r.get("error_kind") for t in turns for r in t.get("results", [])
+                    if r.get("is_error") and r.get("error_kind")})
+    return {"episode_id": record.get("episode_id"), "env": record.get("env"), "task_id": record.get("task_id"),
+            "group_id": record.get("group_id"), "verdict": (record.get("verdict") or {}).get("verdict"),
+            "reward": record.get("reward"), "masked": int(bool(record.get("masked"))),
+            "mask_reason": record.get("mask_reason"), "stop_reason": record.get("stop_reason"),
+            "error_kinds": "," + ",".join(kinds) + "," if kinds else "",
+            "turns": len(turns), "tool_calls": sum(len(t.get("tool_calls") or []) for t in turns),
+            "policy_version": record.get("policy_version"), "started_at": record.get("started_at")}
+
+
+def index_path(log: Path) -> Path:
+    digest = hashlib.sha256(str(log.resolve()).encode()).hexdigest()[:20]
+    return awm_home() / "ui-index" / f"{digest}.sqlite"
+
+
+class EpisodeIndex:
+    """The index of one log; :meth:`refresh` brings it up to date (cheap when nothing changed)."""
+
+    def __init__(self, log: Path, path: Path | None = None) -> None:
+        self.log = log
+        self.path = path or index_path(log)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()  # the SQLite connection, shared by the server's threads
+        self._refreshing = threading.Lock()  # one refresh at a time
+        self._progress = (0, 0)  # bytes scanned and the log's size, while a refresh runs
+        self._closing = False
+        self._db = sqlite3.connect(self.path, check_same_thread=False)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._memo: dict[str, Any] = {}
+        if self._meta("schema") != str(SCHEMA_VERSION):
+            self._reset()
+
+    def _meta(self, key: str) -> str | None:
+        try:
+            row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        except sqlite3.OperationalError:
+            return None
+        return row[0] if row else None
+
+    def _memoised(self, key: str, compute: Any) -> Any:
+        """Aggregates over the whole log (facets, per environment) change only when it grows."""
+        if key not in self._memo:
+            self._memo[key] = compute()
+        return self._memo[key]
+
+    def _reset(self) -> None:
+        self._db.executescript("DROP TABLE IF EXISTS meta; DROP TABLE IF EXISTS episodes; "
+                               "DROP TABLE IF EXISTS group_steps;" + _SCHEMA)
+        self._db.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+        self._db.commit()
+
+    def _state(self) -> tuple[os.stat_result | None, int]:
+        """The log's stat and the offset to scan from (0: replaced or shrunk, index it again)."""
+        try:
+            stat = self.log.stat()
+        except FileNotFoundError:
+            return None, 0
+        with self._lock:
+            inode, scanned = self._meta("inode"), int(self._meta("scanned") or 0)
+        return stat, 0 if inode != str(stat.st_ino) or stat.st_size < scanned else scanned
+
+    def pending(self) -> int:
+        """Bytes of log not indexed yet."""
+        stat, scanned = self._state()
+        return stat.st_size - scanned if stat else 0
+
+    @property
+    def busy(self) -> bool:
+        """A refresh is running (on another thread): pages would show a partial index."""
+        return self._refreshing.locked()
+
+    def progress(self) -> dict[str, int]:
+        """Bytes scanned so far and the log's size (before a refresh starts: none of it)."""
+        scanned, size = self._progress
+        return {"scanned": scanned, "size": size or (self.log.stat().st_size if self.log.exists() else 0)}
+
+    def refresh(self) -> int:
+        """Index what was appended since the last scan (everything after a shrink or replacement);
+        returns how many episodes were added. One refresh at a time; the log is parsed outside the
+        database lock, so pages of the previous state are served meanwhile."""
+        with self._refreshing:
+            stat, scanned = self._state()
+            if stat is None or stat.st_size == scanned:
+                return 0
+            if scanned == 0:
+                with self._lock:
+                    self._reset()
+                    self._memo.clear()
+            self._progress = (scanned, stat.st_size)
+            episodes, steps, offset = self._scan(scanned)
+            with self._lock:
+                if episodes:
+                    columns = list(episodes[0])
+                    self._db.executemany(f"INSERT INTO episodes ({', '.join(columns)}) VALUES "
+                                         f"({', '.join(':' + c for c in columns)})", episodes)
+                # a resumed run trains a redone step's groups again: the later step line wins
+                self._db.executemany("INSERT OR REPLACE INTO group_steps VALUES (?, ?)", steps)
+                self._db.execute("INSERT OR REPLACE INTO meta VALUES ('scanned', ?)", (str(offset),))
+                self._db.execute("INSERT OR REPLACE INTO meta VALUES ('inode', ?)", (str(stat.st_ino),))
+                self._db.commit()
+                self._memo.clear()
+            self._progress = (0, 0)
+            return len(episodes)
+
+    def _scan(self, start: int) -> tuple[list[dict[str, Any]], list[tuple[str, int]], int]:
+        episodes, steps = [], []
+        with self._lock:
+            n = self._db.execute("SELECT coalesce(max(n), -1) + 1 FROM episodes").fetchone()[0]
+        offset = start
+        with self.log.open("rb") as f:
+            f.seek(start)
+            for line in f:
+                if self._closing:
+                    return [], [], start  # the server is stopping: nothing is written
+                if not line.endswith(b"\n"):
+                    break  # a line still being written: the next refresh reads it whole
+                if line.startswith(_END):
+                    row = summary_row(json.loads(line))
+                    episodes.append({**row, "n": n, "offset": offset, "length": len(line)})
+                    n += 1
+                    if n % 1000 == 0:
+                        self._progress = (offset, self._progress[1])
+                elif line.startswith(_STEP):
+                    event = json.loads(line)
+                    steps += [(g, event["step"]) for g in event.get("groups") or []]
+                offset += len(line)
+        return episodes, steps, offset
+
+    def page(self, where: EpisodeFilter, offset: int = 0, limit: int = 50) -> tuple[int, list[dict[str, Any]]]:
+        """The total matching ``where`` and one page of them, in log order."""
+        clause, params = where.where()
+        base = f"FROM episodes e LEFT JOIN group_steps g ON g.group_id = e.group_id{clause}"
+        with self._lock:
+            total = self._db.execute(f"SELECT count(*) {base}", params).fetchone()[0]
+            rows = self._db.execute(f"SELECT e.*, g.step AS step {base} ORDER BY e.n LIMIT ? OFFSET ?",
+                                    [*params, limit, offset]).fetchall()
+        return total, [_public(dict(r)) for r in rows]
+
+    def count(self) -> int:
+        def compute() -> int:
+            with self._lock:
+                return self._db.execute("SELECT count(*) FROM episodes").fetchone()[0]
+
+        return self._memoised("count", compute)
+
+    def facets(self) -> dict[str, list[Any]]:
+        """Distinct values to filter by (environments, tasks, verdicts, error classes, steps)."""
+        return self._memoised("facets", self._facets)
+
+    def _facets(self) -> dict[str, list[Any]]:
+        with self._lock:
+            def distinct(sql: str) -> list[Any]:
+                return [r[0] for r in self._db.execute(sql) if r[0] is not None]
+
+            kinds = {k for r in distinct("SELECT DISTINCT error_kinds FROM episodes WHERE error_kinds != ''")
+                     for k in r.strip(",").split(",")}
+            return {"env": distinct("SELECT DISTINCT env FROM episodes ORDER BY env"),
+                    "task_id": distinct("SELECT DISTINCT task_id FROM episodes ORDER BY task_id"),
+                    "verdict": distinct("SELECT DISTINCT verdict FROM episodes ORDER BY verdict"),
+                    "error_kind": sorted(kinds),
+                    "step": distinct("SELECT DISTINCT step FROM group_steps ORDER BY step")}
+
+    def per_env(self) -> list[dict[str, Any]]:
+        """Episodes, masked and success rate per environment (for runs without an eval.json)."""
+        return self._memoised("per_env", self._per_env)
+
+    def _per_env(self) -> list[dict[str, Any]]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT env, count(*) AS episodes, sum(masked) AS masked, "
+                "avg(CASE WHEN masked = 0 THEN reward END) AS reward_mean, "
+                "avg(CASE WHEN masked = 0 THEN verdict = 'complete' END) AS success_rate "
+                "FROM episodes GROUP BY env ORDER BY env").fetchall()
+        return [dict(r) for r in rows]
+
+    def episode(self, episode_id: str) -> dict[str, Any] | None:
+        with self._lock:
+            row = self._db.execute("SELECT e.offset, e.length, g.step FROM episodes e LEFT JOIN group_steps g "
+                                   "ON g.group_id = e.group_id WHERE e.episode_id = ? ORDER BY e.n DESC LIMIT 1",
+                                   (episode_id,)).fetchone()
+        if row is None:
+            return None
+        with self.log.open("rb") as f:
+            f.seek(row["offset"])
+            record = json.loads(f.read(row["length"]))
+        record.pop("event", None)
+        record["step"] = row["step"]
+        return record
+
+    def close(self) -> None:
+        self._closing = True  # a background refresh stops at its next line
+        with self._refreshing, self._lock:
+            self._db.close()
+
+
+def _public(row: dict[str, Any]) -> dict[str, Any]:
+    row["masked"] = bool(row["masked"])
+    row["error_kinds"] = [k for k in (row.get("error_kinds") or "").split(",") if k]
+    for private in ("offset", "length", "n"):
+        row.pop(private, None)
+    return row
+
+
+def scan_page(log: Path, where: EpisodeFilter, offset: int = 0, limit: int = 50) -> tuple[int, list[dict[str, Any]]]:
+    """The same page without an index: parse the whole log (the baseline bench/ui.py measures)."""
+    steps: dict[str, int] = {}
+    rows: list[dict[str, Any]] = []
+    for event in _events(log):
+        if event.get("event") == "end":
+            rows.append(summary_row(event))
+        elif event.get("event") == "step":
+            steps.update({g: event["step"] for g in event.get("groups") or []})
+    matching = [r for r in rows if _matches(r, steps.get(r["group_id"] or ""), where)]
+    return len(matching), [_public({**r, "step": steps.get(r["group_id"] or "")})
+                           for r in matching[offset:offset + limit]]
+
+
+def _events(log: Path) -> Iterator[dict[str, Any]]:
+    with log.open(encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                yield json.loads(line)
+
+
+def _matches(row: dict[str, Any], step: int | None, where: EpisodeFilter) -> bool:
+    reward = row["reward"] if row["reward"] is not None else 0.0
+    return ((not where.env or row["env"] == where.env) and (not where.task_id or row["task_id"] == where.task_id)
+            and (not where.verdict or row["verdict"] == where.verdict)
+            and (not where.error_kind or f",{where.error_kind}," in row["error_kinds"])
+            and (where.step is None or step == where.step)
+            and (where.masked is None or bool(row["masked"]) == where.masked)
+            and (where.min_reward is None or reward >= where.min_reward)
+            and (where.max_reward is None or reward <= where.max_reward)
+            and (not where.search or where.search in (row["episode_id"] or "") or where.search in (row["task_id"] or "")))

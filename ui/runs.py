@@ -1,0 +1,148 @@
+"""Run directories of ``awm train`` and ``awm eval``, found under the roots ``awm ui`` was given.
+
+A run directory is one that holds any of ``trajectories.jsonl`` (both), ``metrics.jsonl`` (train:
+one line per step), ``eval.json`` (eval: pass@1/pass@k per environment) and ``config.json``
+(train's resolved configuration). What each file holds: docs/training.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from ui.index import EpisodeIndex
+
+MARKERS = ("trajectories.jsonl", "metrics.jsonl", "eval.json")
+MAX_DEPTH = 4  # how deep under a root run directories are looked for
+SYNC_BYTES = 16 * 2**20  # less log than this to index: within the request (well under a second)
+
+
+class RunInfo(BaseModel):
+    """One run as the run list shows it."""
+
+    id: str
+    name: str
+    path: str
+    kind: str  # train | eval | unknown
+    steps: int = 0
+    last_reward: float | None = None
+    modified: float = 0.0
+
+
+def run_id(path: Path) -> str:
+    return hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]
+
+
+def _find(root: Path, depth: int = 0) -> list[Path]:
+    if not root.is_dir():
+        return []
+    found = [root] if any((root / m).is_file() for m in MARKERS) else []
+    if depth < MAX_DEPTH:
+        for child in sorted(root.iterdir()):
+            if child.is_dir() and not child.name.startswith(".") and child.name not in ("checkpoints", "weights"):
+                found += _find(child, depth + 1)
+    return found
+
+
+def read_metrics(run: Path) -> list[dict[str, Any]]:
+    """The per-step records of ``metrics.jsonl``; a line cut by a crash is skipped."""
+    path = run / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    records = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+class Runs:
+    """The runs under some roots, and one episode index per run (opened when first asked for)."""
+
+    def __init__(self, roots: list[Path]) -> None:
+        self.roots = roots
+        self._indexes: dict[str, EpisodeIndex] = {}
+        self._lock = threading.Lock()
+
+    def paths(self) -> dict[str, Path]:
+        return {run_id(p): p for root in self.roots for p in _find(root)}
+
+    def list(self) -> list[RunInfo]:
+        out = []
+        for rid, path in self.paths().items():
+            metrics = read_metrics(path)
+            rewards = [m["reward_mean"] for m in metrics if m.get("reward_mean") is not None]
+            kind = "eval" if (path / "eval.json").is_file() else "train" if metrics or (path / "config.json").is_file() \
+                else "unknown"
+            name = next((str(path.relative_to(r)) for r in self.roots if path.is_relative_to(r)), path.name)
+            modified = max((path / m).stat().st_mtime for m in MARKERS if (path / m).is_file())
+            out.append(RunInfo(id=rid, name=name if name != "." else path.name, path=str(path), kind=kind,
+                               steps=len(metrics), last_reward=rewards[-1] if rewards else None, modified=modified))
+        return sorted(out, key=lambda r: -r.modified)
+
+    def path(self, rid: str) -> Path | None:
+        return self.paths().get(rid)
+
+    def _get(self, rid: str) -> EpisodeIndex | None:
+        path = self.path(rid)
+        if path is None or not (path / "trajectories.jsonl").is_file():
+            return None
+        with self._lock:  # requests run in a thread pool: one index object per run
+            index = self._indexes.get(rid)
+            if index is None:
+                index = self._indexes[rid] = EpisodeIndex(path / "trajectories.jsonl")
+        return index
+
+    def index(self, rid: str) -> EpisodeIndex | None:
+        """The run's episode index, brought up to date (a run still writing grows it)."""
+        index = self._get(rid)
+        if index is not None:
+            index.refresh()
+        return index
+
+    def index_now(self, rid: str) -> tuple[EpisodeIndex | None, dict[str, int] | None]:
+        """The index if it is up to date, or after a short refresh; when more than ``SYNC_BYTES``
+        are left to scan (a big run's first open) the refresh runs on its own thread and the
+        answer is its progress instead, so a page can draw what needs no index meanwhile."""
+        index = self._get(rid)
+        if index is None:
+            return None, None
+        if not index.busy and index.pending() <= SYNC_BYTES:
+            index.refresh()
+            return index, None
+        if not index.busy:  # two requests may both start one: the second waits, then finds nothing left
+            threading.Thread(target=index.refresh, name=f"awm-ui-index-{rid}", daemon=True).start()
+        return index, index.progress()
+
+    def summary(self, rid: str) -> dict[str, Any] | None:
+        """Everything the run page draws: metrics per step, the eval report, per-environment
+        rates, filter values."""
+        path = self.path(rid)
+        if path is None:
+            return None
+        index, indexing = self.index_now(rid)
+        ready = index if indexing is None else None
+        return {"id": rid, "name": path.name, "path": str(path), "metrics": read_metrics(path),
+                "eval": _read_json(path / "eval.json"), "config": _read_json(path / "config.json"),
+                "indexing": indexing,
+                "per_env": ready.per_env() if ready else [], "facets": ready.facets() if ready else {},
+                "episodes": ready.count() if ready else (None if indexing else 0)}
+
+    def close(self) -> None:
+        for index in self._indexes.values():
+            index.close()

@@ -1,0 +1,69 @@
+// One episode step by step: the prompt, each assistant turn with its tool calls (arguments,
+// result or classified error, and the rows the call changed), the verdict and the reward.
+import { renderCounts, renderDiff } from "../diff.js";
+import { api, badge, fill, fmt, h } from "../lib.js";
+
+const AGENT_FAULTS = new Set(["invalid_arguments", "tool_error", "malformed", "too_many_calls"]);
+
+function message(m) {
+  const text = typeof m.content === "string" ? m.content : JSON.stringify(m.content);
+  return h("div", { class: `msg ${m.role}` }, h("div", { class: "role" }, m.role), h("pre", {}, text));
+}
+
+function call(c, result) {
+  const args = c.malformed ? (c.raw || c.error || "") : fmt.json(c.arguments ?? {});
+  const status = !result ? badge("no result", "warn")
+    : result.is_error ? badge(result.error_kind || "error", AGENT_FAULTS.has(result.error_kind) ? "err" : "ours") : badge("ok");
+  return h("li", { class: "call" },
+    h("h4", {}, h("code", {}, c.name || "(malformed)"), " ", status, result ? h("span", { class: "muted" }, ` ${fmt.ms(result.ms)}`) : null,
+      result && result.error_kind && !AGENT_FAULTS.has(result.error_kind) ? h("span", { class: "muted" }, " · the environment's fault: masked") : null),
+    h("div", { class: "two" },
+      h("div", {}, h("h5", {}, "Arguments"), h("pre", {}, args)),
+      h("div", {}, h("h5", {}, result && result.is_error ? "Error" : "Result"), h("pre", {}, result ? result.text : ""))),
+    result && "diff" in result ? h("div", {}, h("h5", {}, "Database change"), renderDiff(result.diff))
+      : result && result.diff_error ? h("p", { class: "error" }, `diff not recorded: ${result.diff_error}`) : null);
+}
+
+function turn(t) {
+  const byId = Object.fromEntries((t.results || []).map((r) => [r.tool_call_id, r]));
+  const content = t.assistant && typeof t.assistant.content === "string" ? t.assistant.content : "";
+  return h("section", { class: "turn", "aria-label": `Turn ${t.index + 1}` },
+    h("h3", {}, `Turn ${t.index + 1}`, h("span", { class: "muted" }, ` · policy ${fmt.ms(t.policy_ms)} · version ${t.policy_version} · ${t.completion_tokens} tokens`)),
+    content ? h("div", { class: "msg assistant" }, h("div", { class: "role" }, "assistant"), h("pre", {}, content)) : null,
+    t.tool_calls.length ? h("ol", { class: "calls" }, t.tool_calls.map((c) => call(c, byId[c.id]))) : h("p", { class: "muted" }, "No tool call: the final answer."));
+}
+
+function verdict(ep) {
+  const v = ep.verdict || {};
+  const extra = Object.entries(v).filter(([k]) => !["verdict", "reason", "reward", "error_kind", "episode_id"].includes(k));
+  const plain = extra.filter(([, value]) => value === null || typeof value !== "object");
+  const nested = extra.filter(([, value]) => value !== null && typeof value === "object");  // evidence, judge
+  return h("section", { class: "verdict", "aria-labelledby": "verdict-h" },
+    h("h2", { id: "verdict-h" }, "Verdict ", badge(v.verdict || "none"), v.error_kind ? badge(v.error_kind, "ours") : null),
+    v.reason ? h("p", { class: "reason" }, v.reason) : null,
+    plain.length ? h("dl", { class: "facts" }, plain.map(([k, value]) => [h("dt", {}, k), h("dd", {}, String(value))])) : null,
+    nested.map(([k, value]) => h("details", { open: true }, h("summary", {}, k === "judge" ? "Judge (reasoning, votes)" : k),
+      h("pre", {}, fmt.json(value)))),
+    h("h3", {}, "Reward ", h("strong", {}, fmt.num(ep.reward)), ep.masked ? badge(`masked: ${ep.mask_reason}`, "masked") : null),
+    h("table", { class: "parts" }, h("caption", {}, "Reward parts"), h("tbody", {},
+      Object.entries(ep.reward_components || {}).map(([k, value]) => h("tr", {}, h("th", { scope: "row" }, k), h("td", { class: "num" }, fmt.num(value)))))),
+    h("h3", {}, "Database at the end"), renderCounts(ep.diff));
+}
+
+export async function render(main, [runId, episodeId]) {
+  const ep = await api(`/api/runs/${runId}/episodes/${episodeId}`);
+  const prompt = (ep.messages || []).slice(0, 2);
+  fill(main, 
+    h("p", {}, h("a", { href: "#/runs" }, "Runs"), " / ", h("a", { href: `#/run/${runId}` }, "run"), " / ",
+      ep.step != null ? [h("a", { href: `#/run/${runId}?step=${ep.step}` }, `step ${ep.step}`), " / "] : null, ep.episode_id),
+    h("h1", {}, `${ep.env} · ${ep.task_id}`),
+    h("dl", { class: "cards" }, [
+      ["Verdict", badge(ep.verdict?.verdict || "none")], ["Reward", fmt.num(ep.reward)], ["Stop", ep.stop_reason],
+      ["Turns", ep.turns.length], ["Instance", ep.instance || "–"], ["Wall", fmt.ms(ep.timings?.wall_ms)],
+    ].map(([k, v]) => h("div", { class: "card" }, h("dt", {}, k), h("dd", {}, v)))),
+    ep.infra_error ? h("p", { class: "error" }, `Infrastructure: ${ep.infra_error}`) : null,
+    h("h2", {}, "Prompt"), prompt.map(message),
+    h("h2", {}, "Turns"), ep.turns.map(turn),
+    ep.final_answer != null ? [h("h2", {}, "Final answer"), h("pre", {}, ep.final_answer)] : null,
+    verdict(ep));
+}

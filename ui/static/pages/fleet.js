@@ -1,0 +1,80 @@
+// Instances per environment and state, who holds them, episodes/s and tool-call latency;
+// polled every 2 s while the page is open.
+import { api, badge, errorBox, fill, fmt, h, table } from "../lib.js";
+
+const POLL_MS = 2000;
+
+function view(data) {
+  const parts = [h("h1", {}, "Fleet"),
+    h("p", { class: "muted" }, `Updated ${new Date(data.at * 1000).toLocaleTimeString()} · every ${POLL_MS / 1000} s · `,
+      data.grafana_url ? h("a", { href: data.grafana_url }, "Grafana dashboard") : "Grafana dashboard: charts/awm/files/awm-dashboard.json (pass --grafana-url to link it)")];
+  if (!data.instances.length && !data.operator.length) {
+    parts.push(h("p", {}, "No instances. Start the UI with ", h("code", {}, "awm ui --serve ENV"), " or ",
+      h("code", {}, "--instance MCP_URL,CONTROL_URL"), " or ", h("code", {}, "--operator-url URL --fleet NS/NAME"), "."));
+  }
+  if (data.environments.length) parts.push(h("h2", {}, "Environments"), table([
+    { label: "Environment", cell: (e) => e.env },
+    { label: "Instances", cell: (e) => e.instances, cls: "num" },
+    { label: "States", cell: (e) => Object.entries(e.states).map(([s, n]) => badge(`${s} ${n}`, s === "ready" ? "ok" : "err")) },
+    { label: "Held", cell: (e) => e.held, cls: "num" },
+    { label: "Episodes/s", cell: (e) => fmt.num(e.episodes_per_s), cls: "num" },
+    { label: "Tool calls/s", cell: (e) => fmt.num(e.tool_calls_per_s), cls: "num" },
+    { label: "Tool p50", cell: (e) => fmt.ms(e.tool_p50_ms), cls: "num" },
+    { label: "Tool p99", cell: (e) => fmt.ms(e.tool_p99_ms), cls: "num" },
+  ], data.environments));
+  if (data.instances.length) parts.push(h("h2", {}, "Instances"), table([
+    { label: "Instance", cell: (i) => h("code", {}, i.name) },
+    { label: "Environment", cell: (i) => i.env },
+    { label: "State", cell: (i) => badge(i.state, i.state === "ready" ? "ok" : "err") },
+    { label: "Holder", cell: (i) => i.holder || "–" },
+    { label: "Episodes", cell: (i) => fmt.num(i.episodes, 0), cls: "num" },
+    { label: "Tool calls", cell: (i) => fmt.num(i.tool_calls, 0), cls: "num" },
+    { label: "Tool mean", cell: (i) => fmt.ms(i.tool_mean_ms), cls: "num" },
+    { label: "Control", cell: (i) => h("code", {}, i.control_url) },
+  ], data.instances));
+  if (data.operator.length) parts.push(h("h2", {}, "Operator fleets"), table([
+    { label: "Fleet", cell: (f) => f.namespace ? `${f.namespace}/${f.fleet}` : f.fleet },
+    { label: "Replicas", cell: (f) => f.replicas ?? "–", cls: "num" },
+    { label: "Ready", cell: (f) => f.ready ?? "–", cls: "num" },
+    { label: "Allocated (claimed)", cell: (f) => f.allocated ?? "–", cls: "num" },
+    { label: "Starting", cell: (f) => f.starting ?? "–", cls: "num" },
+    { label: "Per environment", cell: (f) => Object.entries(f.environments || {}).map(([env, states]) =>
+      h("div", {}, `${env}: `, Object.entries(states).map(([s, n]) => badge(`${s} ${n}`, s === "starting" || s === "failed" ? "err" : "ok")))) },
+    { label: "Error", cell: (f) => f.error || "" },
+  ], data.operator));
+  for (const f of data.operator.filter((f) => (f.instances || []).length)) {
+    parts.push(h("h3", {}, `${f.namespace}/${f.fleet}: instances`), table([
+      { label: "Pod", cell: (i) => h("code", {}, i.pod) },
+      { label: "Environment", cell: (i) => i.environment },
+      { label: "State", cell: (i) => badge(i.state, i.state === "ready" || i.state === "allocated" ? "ok" : "err") },
+      { label: "Claim", cell: (i) => i.claim || "–" },
+      { label: "Holder", cell: (i) => i.holder || "–" },
+      { label: "Problem", cell: (i) => i.problem || "" },
+    ], f.instances));
+    if (f.claims.length) parts.push(h("h3", {}, `${f.namespace}/${f.fleet}: claims`), table([
+      { label: "Claim", cell: (c) => h("code", {}, c.id) },
+      { label: "Holder", cell: (c) => c.holder || "–" },
+      { label: "Owner", cell: (c) => c.owner || "–" },
+      { label: "Instances", cell: (c) => c.instances, cls: "num" },
+      { label: "Groups", cell: (c) => c.groups, cls: "num" },
+      { label: "Age", cell: (c) => `${fmt.num(c.ageSeconds, 0)} s`, cls: "num" },
+      { label: "Expires in", cell: (c) => (c.expiresInSeconds == null ? "never" : `${fmt.num(c.expiresInSeconds, 0)} s`), cls: "num" },
+    ], f.claims));
+  }
+  if (data.prometheus) parts.push(h("h2", {}, "Prometheus (whole fleet)"), h("dl", { class: "cards" },
+    [["Episodes/s", fmt.num(data.prometheus.episodes_per_s)], ["Tool calls/s", fmt.num(data.prometheus.tool_calls_per_s)],
+      ["Tool p50", fmt.ms(data.prometheus.tool_p50_s == null ? null : data.prometheus.tool_p50_s * 1000)],
+      ["Tool p99", fmt.ms(data.prometheus.tool_p99_s == null ? null : data.prometheus.tool_p99_s * 1000)]]
+      .map(([k, v]) => h("div", { class: "card" }, h("dt", {}, k), h("dd", {}, v)))));
+  return parts;
+}
+
+export async function render(main) {
+  let timer = null, live = true;
+  const tick = async () => {
+    try { fill(main, ...view(await api("/api/fleet"))); } catch (err) { fill(main, errorBox(err)); }
+    if (live) timer = setTimeout(tick, POLL_MS);
+  };
+  await tick();
+  return () => { live = false; clearTimeout(timer); };
+}

@@ -1,0 +1,54 @@
+// Act as the agent on a real instance: reset to a task, call tools from forms built from their
+// JSON Schemas, see each call's result and database change, verify.
+import { renderCounts, renderDiff } from "../diff.js";
+import { api, badge, errorBox, field, fill, fmt, h, select } from "../lib.js";
+import { schemaForm } from "../schemaform.js";
+
+export async function render(main, args, params) {
+  const fleet = await api("/api/fleet");
+  const ready = fleet.instances.filter((i) => i.state === "ready");
+  fill(main, h("h1", {}, "Playground"));
+  if (!fleet.instances.length) {
+    main.append(h("p", {}, "No instance to play on. Start the UI with ", h("code", {}, "awm ui --serve ENV"),
+      " or give one with ", h("code", {}, "--instance MCP_URL,CONTROL_URL"), "."));
+    return;
+  }
+  const picker = select("instance", fleet.instances.map((i) => i.name), params.instance || (ready[0] || fleet.instances[0]).name, "choose");
+  picker.addEventListener("change", () => { location.hash = `#/playground?instance=${encodeURIComponent(picker.value)}`; });
+  main.append(h("form", { class: "inline", onsubmit: (e) => e.preventDefault() }, field("Instance", picker)));
+  const name = picker.value;
+  if (!name) return;
+  const session = await api(`/api/playground/${encodeURIComponent(name)}/open`, { method: "POST" });
+  const log = h("ol", { class: "calls", "aria-live": "polite", id: "play-log" });
+  const status = h("p", { class: "muted", id: "play-status" }, "Reset to a task to start an episode.");
+  const guard = async (fn) => { try { await fn(); } catch (err) { log.append(h("li", {}, errorBox(err))); } };
+
+  const task = select("task", session.tasks.map((t) => t.id), params.task, "(no task)");
+  const reset = h("form", { class: "inline", onsubmit: (e) => { e.preventDefault(); guard(async () => {
+    const r = await api(`/api/playground/${encodeURIComponent(name)}/reset`, { body: { task_id: task.value || null } });
+    fill(log);
+    fill(status, `Episode ${r.episode_id} · reset in ${fmt.ms(r.reset_ms)}`, r.instruction ? h("blockquote", {}, r.instruction) : "");
+  }); } }, field("Task", task), h("button", { type: "submit" }, "Reset"));
+
+  const answer = h("input", { type: "text", name: "final_answer" });
+  const verify = h("form", { class: "inline", onsubmit: (e) => { e.preventDefault(); guard(async () => {
+    const r = await api(`/api/playground/${encodeURIComponent(name)}/verify`, { body: { final_answer: answer.value || null } });
+    log.append(h("li", { class: "call verify-result" }, h("h4", {}, "Verdict ", badge(r.verdict.verdict), ` reward ${fmt.num(r.verdict.reward)}`),
+      r.verdict.reason ? h("p", {}, r.verdict.reason) : null, renderCounts(r.diff)));
+  }); } }, field("Final answer", answer), h("button", { type: "submit" }, "Verify"));
+
+  const tools = h("div", { class: "tools" }, session.tools.map((tool) => h("details", { class: "tool", "data-tool": tool.name },
+    h("summary", {}, h("code", {}, tool.name), " ", h("span", { class: "muted" }, tool.description.split("\n")[0])),
+    schemaForm(tool.inputSchema || {}, (read) => guard(async () => {
+      const r = await api(`/api/playground/${encodeURIComponent(name)}/call`, { body: { tool: tool.name, arguments: read() } });
+      log.append(h("li", { class: "call" },
+        h("h4", {}, h("code", {}, r.name), " ", r.is_error ? badge(r.error_kind || "error", "err") : badge("ok"), h("span", { class: "muted" }, ` ${fmt.ms(r.ms)}`)),
+        h("div", { class: "two" }, h("div", {}, h("h5", {}, "Arguments"), h("pre", {}, fmt.json(r.arguments))),
+          h("div", {}, h("h5", {}, r.is_error ? "Error" : "Result"), h("pre", {}, r.text))),
+        r.is_error ? null : h("div", {}, h("h5", {}, "Database change"), renderDiff(r.diff))));
+    })))));
+
+  main.append(reset, status, h("div", { class: "two" },
+    h("section", { "aria-labelledby": "tools-h" }, h("h2", { id: "tools-h" }, "Tools"), tools),
+    h("section", { "aria-labelledby": "log-h" }, h("h2", { id: "log-h" }, "Calls"), log, verify)));
+}

@@ -1,0 +1,91 @@
+// One run: its summary, and its episodes (filtered, paged through the server's index).
+import { api, badge, errorBox, field, fill, fmt, h, query, select, table } from "../lib.js";
+import { headline, perEnv, rewardCurve, throughput } from "./summary.js";
+
+const FILTERS = ["env", "task_id", "verdict", "error_kind", "step", "masked", "min_reward", "max_reward", "q"];
+const PAGE = 50;
+
+const pageUrl = (id, params) => `/api/runs/${id}/episodes${query({ ...Object.fromEntries(FILTERS.map((k) => [k, params[k]])),
+  offset: Number(params.offset || 0), limit: PAGE })}`;
+
+export async function render(main, [id], params) {
+  // the summary and the first page of episodes in parallel: one round trip less before the paint
+  const [run, page] = await Promise.all([api(`/api/runs/${id}`), api(pageUrl(id, params)).catch((err) => err)]);
+  const list = h("section", { "aria-labelledby": "episodes-h" });
+  fill(main, 
+    h("p", {}, h("a", { href: "#/runs" }, "Runs"), " / ", run.name),
+    h("h1", {}, run.name), h("p", { class: "muted" }, h("code", {}, run.path)),
+    headline(run),
+    h("div", { class: "two" },
+      h("figure", {}, rewardCurve(run), h("figcaption", {}, "Click a point (or focus it and press Enter) for that step's episodes.")),
+      h("figure", {}, throughput(run))),
+    h("h2", {}, "Environments"), perEnv(run),
+    list);
+  const indexing = run.indexing || page.indexing;
+  if (!indexing) { episodes(list, run, params, page); return null; }
+  // a big run's first open: the index is being built. Ask the (cheap) list until it is, showing
+  // the progress, then draw the whole page again (per-environment numbers and filters need it).
+  const mb = (n) => (n / 2 ** 20).toFixed(0);
+  const status = h("p", { class: "muted", role: "status" });
+  const show = (p) => fill(status, `Indexing the episodes: ${mb(p.scanned)} of ${mb(p.size)} MB of trajectories.jsonl…`);
+  fill(list, h("h2", { id: "episodes-h" }, "Episodes"), status);
+  show(indexing);
+  let timer = null, live = true;
+  const poll = async () => {
+    const next = await api(pageUrl(id, params)).catch(() => ({ indexing }));
+    if (!live) return;
+    if (next.indexing) { show(next.indexing); timer = setTimeout(poll, 1000); } else window.dispatchEvent(new HashChangeEvent("hashchange"));
+  };
+  timer = setTimeout(poll, 1000);
+  return () => { live = false; clearTimeout(timer); };
+}
+
+function filterForm(run, params) {
+  const f = run.facets || {};
+  const controls = {
+    env: select("env", f.env || [], params.env),
+    task_id: select("task_id", f.task_id || [], params.task_id),
+    verdict: select("verdict", f.verdict || [], params.verdict),
+    error_kind: select("error_kind", f.error_kind || [], params.error_kind),
+    step: select("step", f.step || [], params.step),
+    masked: select("masked", ["true", "false"], params.masked),
+    min_reward: h("input", { name: "min_reward", type: "number", step: "any", value: params.min_reward || "" }),
+    max_reward: h("input", { name: "max_reward", type: "number", step: "any", value: params.max_reward || "" }),
+    q: h("input", { name: "q", type: "search", value: params.q || "", placeholder: "episode or task id" }),
+  };
+  const labels = { env: "Environment", task_id: "Task", verdict: "Verdict", error_kind: "Error class", step: "Step",
+    masked: "Masked", min_reward: "Reward ≥", max_reward: "Reward ≤", q: "Search" };
+  return h("form", { class: "filters", role: "search", "aria-label": "Filter episodes", onsubmit: (e) => {
+    e.preventDefault();
+    const next = {};
+    for (const k of FILTERS) next[k] = controls[k].value;
+    location.hash = `#/run/${run.id}${query(next)}`;
+  } }, FILTERS.map((k) => field(labels[k], controls[k])), h("button", { type: "submit" }, "Filter"),
+  h("a", { href: `#/run/${run.id}`, class: "button" }, "Clear"));
+}
+
+function episodes(section, run, params, page) {
+  const offset = Number(params.offset || 0);
+  const filters = Object.fromEntries(FILTERS.map((k) => [k, params[k]]));
+  fill(section, h("h2", { id: "episodes-h" }, "Episodes"), filterForm(run, params));
+  if (!run.episodes) { section.append(h("p", { class: "muted" }, "This run has no trajectories.jsonl.")); return; }
+  if (page instanceof Error) { section.append(errorBox(page)); return; }
+  const nav = (to, label) => h("a", { href: `#/run/${run.id}${query({ ...filters, offset: to })}`, class: "button" }, label);
+  section.append(
+    h("p", { class: "muted", id: "episode-count" }, `${page.total} episodes match · showing ${page.total ? offset + 1 : 0}–${offset + page.episodes.length}`),
+    table([
+      { label: "Episode", cell: (e) => h("a", { href: `#/episode/${run.id}/${e.episode_id}` }, e.episode_id) },
+      { label: "Step", cell: (e) => e.step ?? "–", cls: "num" },
+      { label: "Environment", cell: (e) => e.env },
+      { label: "Task", cell: (e) => e.task_id },
+      { label: "Verdict", cell: (e) => badge(e.verdict || "none") },
+      { label: "Reward", cell: (e) => fmt.num(e.reward), cls: "num" },
+      { label: "Masked", cell: (e) => (e.masked ? badge(e.mask_reason || "masked", "masked") : "") },
+      { label: "Turns", cell: (e) => e.turns, cls: "num" },
+      { label: "Calls", cell: (e) => e.tool_calls, cls: "num" },
+      { label: "Errors", cell: (e) => e.error_kinds.map((k) => badge(k, "err")) },
+    ], page.episodes),
+    h("nav", { class: "pager", "aria-label": "Episode pages" },
+      offset > 0 ? nav(Math.max(0, offset - PAGE), "← Previous") : null,
+      offset + PAGE < page.total ? nav(offset + PAGE, "Next →") : null));
+}
