@@ -27,6 +27,7 @@ import importlib.util
 import json
 import os
 import platform
+import signal
 import statistics
 import sys
 import tempfile
@@ -182,6 +183,8 @@ def main() -> int:
     ap.add_argument("--resets", type=int, default=100)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
+    # SIGTERM (a timeout, a Ctrl-C from a runner) must still stop the node and restore the host
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     images = {b.name: b for b in load("awm_images_build", ROOT / "images" / "build.py").Builder(quiet=True).build(
         list(chart.COMPONENTS))}
     harness = load("awm_k8s_harness", ROOT / "k8s" / "harness.py")

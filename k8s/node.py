@@ -28,6 +28,7 @@ import base64
 import ipaddress
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -312,13 +313,13 @@ class RealNode:
             dump = _run("iptables-save", "-t", table, check=False).stdout.splitlines()
             for line in dump:
                 if line.startswith("-A") and prefix in line:
-                    _run("iptables", "-t", table, *line.replace("-A", "-D", 1).split(), check=False)
+                    _run("iptables", "-t", table, *shlex.split(line.replace("-A", "-D", 1)), check=False)
             chains = [ln[1:].split()[0] for ln in dump if ln.startswith(":")]
             for chain in chains:
                 if chain.startswith(("KUBE-", "CNI-")):
                     for line in _run("iptables-save", "-t", table, check=False).stdout.splitlines():
                         if line.startswith("-A") and f"-j {chain}" in line:
-                            _run("iptables", "-t", table, *line.replace("-A", "-D", 1).split(), check=False)
+                            _run("iptables", "-t", table, *shlex.split(line.replace("-A", "-D", 1)), check=False)
                     _run("iptables", "-t", table, "-F", chain, check=False)
             for chain in chains:
                 if chain.startswith(("KUBE-", "CNI-")):
