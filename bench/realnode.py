@@ -178,6 +178,7 @@ async def host_latency(dsn: str, calls: int, resets: int) -> dict[str, float]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    # 64 env pods do not fit one 2-CPU node: each pod's init containers request 50m CPU
     ap.add_argument("--sizes", type=int, nargs="+", default=[8, 32, 64])
     ap.add_argument("--calls", type=int, default=300)
     ap.add_argument("--resets", type=int, default=100)
@@ -218,6 +219,7 @@ def main() -> int:
                              "pod_memory_mb_p50": round(statistics.median(mem), 1) if mem else None,
                              "pod_memory_mb_max": round(max(mem), 1) if mem else None,
                              "load": os.getloadavg()[0]}
+            print(json.dumps({"size": n, **sizes[str(n)]}), file=sys.stderr, flush=True)  # partial results
         out["sizes"] = sizes
         out["host_process"] = asyncio.run(host_latency(admin_dsn_via_service(cp), a.calls, a.resets))
     finally:
