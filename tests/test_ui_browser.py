@@ -107,6 +107,18 @@ def wait(predicate, what: str) -> Any:  # type: ignore[no-untyped-def]
     pytest.fail(f"timed out waiting for {what}")
 
 
+def episode_count(driver) -> str:  # type: ignore[no-untyped-def]
+    """The episode list's count line once it is drawn (the list is redrawn after the page's ready
+    flag when a filter or a step changes, so look until it is there)."""
+    def text() -> str:
+        found = driver.find_elements("id", "episode-count")
+        try:
+            return found[0].text if found else ""
+        except Exception:  # replaced while read (stale element): look again
+            return ""
+    return wait(text, "the episode count")
+
+
 def open_page(driver, url: str, fragment: str, page: str) -> None:  # type: ignore[no-untyped-def]
     """Go to a page of the single-page app and wait until it has drawn (data-ready)."""
     if driver.current_url.startswith(url):
@@ -167,7 +179,7 @@ def test_reward_curve_point_to_an_episode_with_its_tool_calls_and_diffs(ui, brow
     point.click()
     wait(lambda: browser.execute_script("return document.body.dataset.ready") == "run", "the step's episodes")
     assert f"step={step}" in browser.current_url
-    assert browser.find_element("id", "episode-count").text.startswith(f"{in_step} episodes match")
+    wait(lambda: episode_count(browser).startswith(f"{in_step} episodes match"), "the step's episode count")
     # the filter form narrows the step's episodes further, and the URL says how (shareable)
     from selenium.webdriver.support.ui import Select
 
@@ -178,7 +190,7 @@ def test_reward_curve_point_to_an_episode_with_its_tool_calls_and_diffs(ui, brow
     wait(lambda: browser.execute_script("return document.body.dataset.ready") == "run", "the filtered episodes")
     assert f"step={step}" in browser.current_url and f"verdict={verdict}" in browser.current_url
     same = sum(1 for e in ended if steps.get(e["group_id"]) == step and e["verdict"]["verdict"] == verdict)
-    assert browser.find_element("id", "episode-count").text.startswith(f"{same} episodes match")
+    wait(lambda: episode_count(browser).startswith(f"{same} episodes match"), "the filtered episode count")
     browser.execute_script("document.body.dataset.ready = ''")
     browser.find_element("link text", chosen["episode_id"]).click()
     wait(lambda: browser.execute_script("return document.body.dataset.ready") == "episode", "the episode")
