@@ -56,6 +56,11 @@ CGROUP_V1 = ("cpu", "cpuacct", "cpuset", "memory", "pids", "blkio", "devices", "
              "net_cls", "net_prio", "perf_event", "systemd")
 
 
+def run_base() -> str:
+    """Where node directories go: ``$AWM_NODE_DIR``, else the system temp dir."""
+    return os.environ.get("AWM_NODE_DIR") or tempfile.gettempdir()
+
+
 class NodeError(RuntimeError):
     pass
 
@@ -180,7 +185,8 @@ class RealNode:
     # ---- lifecycle
     def start(self) -> None:
         t0 = time.monotonic()
-        self.run = Path(tempfile.mkdtemp(prefix=f"awmn{self.index}-", dir="/tmp"))
+        # short paths (unix sockets are limited to 108 bytes): $AWM_NODE_DIR or the temp dir
+        self.run = Path(tempfile.mkdtemp(prefix=f"awmn{self.index}-", dir=run_base()))
         (self.run / "logs").mkdir()
         self._sysctls = {k: (Path("/proc/sys") / k).read_text().strip() for k in SYSCTLS
                          if (Path("/proc/sys") / k).exists()}
@@ -250,7 +256,7 @@ class RealNode:
             if (root / self.cgroup_root.lstrip("/")).exists():
                 out.append(f"cgroup {ctrl}:{self.cgroup_root}")
         mounts = Path("/proc/self/mounts").read_text()
-        marker = f"/tmp/awmn{self.index}-"
+        marker = f"{run_base()}/awmn{self.index}-"
         out += [f"mount {ln.split()[1]}" for ln in mounts.splitlines() if marker in ln.split()[1]]
         for line in _run("iptables-save", check=False).stdout.splitlines():
             if self.pod_cidr.split("/")[0].rsplit(".", 1)[0] in line and line.startswith("-A"):
