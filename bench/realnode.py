@@ -11,6 +11,9 @@ What it measures, each against a baseline taken in the same run:
   (``baseline_ready_*``): what the node itself costs per pod. Polled every 0.2 s.
 * ``pod_memory_mb_p50`` / ``_max``: each env pod's working set from the kubelet's summary API
   (the container cgroup), once the fleet is Ready and idle.
+* ``pod_cpu_s_p50``, ``envserver_cpu_s_p50``, ``machine_cpu_s_per_pod``: where a start's CPU goes:
+  a whole pod (init containers included), its env server alone, and everything the machine did
+  from the fleet's creation to the last Ready (kubelet, containerd, API server, Postgres, ...) per pod.
 * ``tool_call_p50_ms`` / ``_p99``, ``reset_p50_ms`` / ``_p99``: MCP tool calls and control-API
   resets from this host to a pod IP, through the CNI bridge. Baseline: the same calls to an env
   server running as a host process (awm.fleet.LocalFleet) on the same Postgres (``host_*``).
@@ -115,18 +118,34 @@ def baseline_pods(cp: Any, image: str, n: int) -> list[float]:
     return times
 
 
-def env_fleet(cp: Any, n: int) -> tuple[list[float], list[float]]:
-    """(ready seconds, working-set MB) of an n-pod EnvFleet."""
+def busy_cpu_s() -> float:
+    """CPU seconds the whole machine has spent busy (all cores; /proc/stat, not idle or iowait)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def env_fleet(cp: Any, n: int) -> tuple[list[float], list[float], dict[str, float]]:
+    """(ready seconds, working-set MB, CPU seconds) of an n-pod EnvFleet. CPU: per pod, from the
+    kubelet's summary API (the pod cgroup, which still counts its finished init containers) and its
+    env-server container alone; the machine's busy CPU from the fleet's creation to the last Ready."""
     name = f"bench-{n}"
+    cpu0 = busy_cpu_s()
     cp.api("POST", f"{API}/envfleets", {"apiVersion": "awm.dev/v1alpha1", "kind": "EnvFleet", "metadata": {"name": name},
                                         "spec": {"environments": ENVS, "replicas": n, "catalog": {},
                                                  "database": {"secretName": "awm-database"}}})
     times = ready_times(cp, f"awm.dev/fleet={name}", n)
+    machine_cpu = busy_cpu_s() - cpu0
     time.sleep(5)  # idle: let start-up garbage settle before reading memory
     summary = cp.api("GET", f"/api/v1/nodes/{cp.node.name}/proxy/stats/summary")
-    mem = [p["memory"]["workingSetBytes"] / 1e6 for p in summary["pods"]
-           if p["podRef"]["namespace"] == NS and p["podRef"]["name"].startswith(f"{name}-")]
-    return times, mem
+    pods = [p for p in summary["pods"] if p["podRef"]["namespace"] == NS and p["podRef"]["name"].startswith(f"{name}-")]
+    mem = [p["memory"]["workingSetBytes"] / 1e6 for p in pods]
+    pod_cpu = [p["cpu"]["usageCoreNanoSeconds"] / 1e9 for p in pods if "cpu" in p]
+    server_cpu = [c["cpu"]["usageCoreNanoSeconds"] / 1e9 for p in pods for c in p.get("containers", [])
+                  if c["name"] == "envserver" and "cpu" in c]
+    cpu = {"pod_cpu_s_p50": pct(pod_cpu, 0.5) if pod_cpu else None,
+           "envserver_cpu_s_p50": pct(server_cpu, 0.5) if server_cpu else None,
+           "machine_cpu_s_per_pod": round(machine_cpu / n, 2)}
+    return times, mem, cpu
 
 
 def delete_fleet(cp: Any, n: int) -> None:
@@ -207,7 +226,7 @@ def main() -> int:
         sizes = {}
         for n in a.sizes:
             base = baseline_pods(cp, images["envserver"].ref, n)
-            times, mem = env_fleet(cp, n)
+            times, mem, cpu = env_fleet(cp, n)
             if n == a.sizes[0]:
                 pod = next(p for p in cp.api("GET", f"/api/v1/namespaces/{NS}/pods?labelSelector=awm.dev/fleet=bench-{n}")["items"]
                            if p["metadata"]["annotations"]["awm.dev/environment"] == "crm")
@@ -218,7 +237,7 @@ def main() -> int:
                              "baseline_ready_p50_s": pct(base, 0.5), "baseline_ready_p99_s": pct(base, 0.99),
                              "pod_memory_mb_p50": round(statistics.median(mem), 1) if mem else None,
                              "pod_memory_mb_max": round(max(mem), 1) if mem else None,
-                             "load": os.getloadavg()[0]}
+                             **cpu, "load": os.getloadavg()[0]}
             print(json.dumps({"size": n, **sizes[str(n)]}), file=sys.stderr, flush=True)  # partial results
         out["sizes"] = sizes
         out["host_process"] = asyncio.run(host_latency(admin_dsn_via_service(cp), a.calls, a.resets))

@@ -64,10 +64,10 @@ async def serve(args: argparse.Namespace) -> None:
                                             allowed_origins=origins)
     control_app = build_control(instance, middleware=[hostguard.guard(hosts, origins)])
     servers = [
-        uvicorn.Server(uvicorn.Config(mcp_app, host=args.host, port=args.mcp_port, log_level="warning",
+        uvicorn.Server(uvicorn.Config(mcp_app, host=args.host, port=args.mcp_port, log_level="warning", http=args.http,
                                       access_log=False, lifespan="on", timeout_graceful_shutdown=2)),
         uvicorn.Server(uvicorn.Config(control_app, host=control_host, port=args.control_port,
-                                      log_level="warning", access_log=False, lifespan="off",
+                                      log_level="warning", http=args.http, access_log=False, lifespan="off",
                                       timeout_graceful_shutdown=2)),
     ]
     for server in servers:
@@ -145,9 +145,29 @@ def main(argv: list[str] | None = None) -> None:
                         help="serve tasks that have not passed both gates, marked ungated (also AWM_ALLOW_UNGATED=1)")
     parser.add_argument("--sse", dest="json_response", action="store_false",
                         help="answer MCP requests as SSE streams instead of plain JSON")
+    # As uvicorn's own options: `auto` takes uvloop and httptools when installed (the image has
+    # both); the pure-Python ones stay selectable to measure the difference (bench/runtime.py).
+    parser.add_argument("--loop", choices=("auto", "asyncio", "uvloop"), default=os.environ.get("AWM_SERVER_LOOP", "auto"),
+                        help="event loop (also AWM_SERVER_LOOP)")
+    parser.add_argument("--http", choices=("auto", "h11", "httptools"), default=os.environ.get("AWM_SERVER_HTTP", "auto"),
+                        help="HTTP/1.1 parser (also AWM_SERVER_HTTP)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    asyncio.run(serve(args))
+    run_loop(serve(args), args.loop)
+
+
+def run_loop(main_coro, loop: str) -> None:
+    """Run on uvloop when asked or (``auto``) when installed, else on asyncio's own loop."""
+    if loop != "asyncio":
+        try:
+            import uvloop
+        except ImportError:
+            if loop == "uvloop":
+                raise SystemExit("envserver: --loop uvloop: uvloop is not installed") from None
+        else:
+            uvloop.run(main_coro)
+            return
+    asyncio.run(main_coro)
 
 
 if __name__ == "__main__":

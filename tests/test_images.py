@@ -122,7 +122,10 @@ def test_dockerfile_rules(name: str) -> None:
     if "python" in final_base:  # the final stage runs Python
         env = " ".join(final.all("ENV"))
         assert "PYTHONDONTWRITEBYTECODE=1" in env, "read-only root: no .pyc writes at run time"
-        assert any("compileall" in r for s in stages for r in s.all("RUN")), "precompile bytecode"
+        compile_runs = [r for s in stages for r in s.all("RUN") if "compileall" in r]
+        assert compile_runs, "precompile bytecode"
+        # images/build.py clamps layer timestamps: mtime-checked .pyc files would all be stale
+        assert all("--invalidation-mode unchecked-hash" in r for r in compile_runs), compile_runs
 
 
 # --------------------------------------------------------------------------- replaying builds

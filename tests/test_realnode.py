@@ -199,6 +199,18 @@ def test_security_context_enforced_in_the_env_pod(chart: Cluster, fleet: str) ->
     assert {"seccomp", "landlock"} <= set(info["isolation"]["applied"]), info["isolation"]
 
 
+
+def test_env_pod_python_loads_precompiled_bytecode(chart: Cluster, fleet: str) -> None:
+    """The image's bytecode is valid as shipped: on a read-only root nothing can be cached, so a
+    stale .pyc (mtime-checked against sources whose layer timestamps were clamped) would make every
+    process of every pod compile the whole import graph again (it once doubled the start's CPU)."""
+    pod = chart.pods(fleet)[0]["metadata"]["name"]
+    r = _exec(chart.cp, pod, "python", "-v", "-c", "import envserver.__main__, awm.cli")
+    assert r.returncode == 0, r.stderr[-2000:]
+    loaded = r.stderr.count("# code object from")
+    stale = [line for line in r.stderr.splitlines() if "bytecode is stale" in line or "# wrote" in line]
+    assert loaded > 500 and not stale, f"{loaded} modules from .pyc; compiled at run time: {stale[:10]}"
+
 def test_claim_tools_reset_verify_on_pod_ips(chart: Cluster, fleet: str) -> None:
     """An EnvClaim binds a real pod; its URLs are the pod IP (no endpoint annotations); every task
     of the environment is replayed through MCP and verified complete; releasing the claim resets
