@@ -157,7 +157,7 @@ class LocalFleet:
         await self.stop()
 
     async def start(self) -> list[InstanceHandle]:
-        if importlib.util.find_spec("fastmcp") is None:  # before any database is made for nothing
+        if importlib.util.find_spec("uvicorn") is None:  # before any database is made for nothing
             raise FleetError("a local fleet runs env servers, which need the envserver extra: "
                              "pip install 'awm[envserver]'")
         if self.database is None:

@@ -32,7 +32,7 @@ from envserver import hostguard
 from envserver.control import build_control
 from envserver.instance import EnvInstance
 from envserver.lifeline import die_with_parent
-from envserver.mcp import build_mcp
+from envserver.mcp import McpApp
 
 
 def _port(server: uvicorn.Server) -> int:
@@ -59,13 +59,11 @@ async def serve(args: argparse.Namespace) -> None:
     control_host = args.control_host or args.host
     hosts = hostguard.allowed_hosts([args.host, control_host], args.allowed_host)
     origins = hostguard.allowed_origins(args.allowed_origin)
-    mcp_app = build_mcp(instance).http_app(path="/mcp", json_response=args.json_response,
-                                            host_origin_protection=True, allowed_hosts=hosts,
-                                            allowed_origins=origins)
+    mcp_app = hostguard.HostOriginGuard(McpApp(instance, json_response=args.json_response), hosts, origins)
     control_app = build_control(instance, middleware=[hostguard.guard(hosts, origins)])
     servers = [
         uvicorn.Server(uvicorn.Config(mcp_app, host=args.host, port=args.mcp_port, log_level="warning", http=args.http,
-                                      access_log=False, lifespan="on", timeout_graceful_shutdown=2)),
+                                      access_log=False, lifespan="off", timeout_graceful_shutdown=2)),
         uvicorn.Server(uvicorn.Config(control_app, host=control_host, port=args.control_port,
                                       log_level="warning", http=args.http, access_log=False, lifespan="off",
                                       timeout_graceful_shutdown=2)),

@@ -2,8 +2,9 @@
 
 The MCP specification requires a server to validate ``Origin`` (and, bound to a local address,
 ``Host``): a web page on ``evil.example.com`` whose name the attacker re-points at 127.0.0.1 would
-otherwise drive a local env server from the victim's browser. We use FastMCP's own guard
-(``HostOriginGuardMiddleware``, strict mode) on both apps, so there is one implementation:
+otherwise drive a local env server from the victim's browser. One ASGI middleware guards both apps
+(the rules of FastMCP's ``HostOriginGuardMiddleware`` in strict mode: every request is checked,
+whatever the bind address):
 
 - ``Host`` must be a loopback name, the address the request arrived on (a pod's IP when reached by
   pod IP, whatever the bind address), the bind address, this machine's hostname when bound to all
@@ -18,13 +19,20 @@ The operator passes the names a pod may be reached by (Service names) in ``AWM_A
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import os
 import socket
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from fnmatch import fnmatchcase
+from typing import Any, Awaitable, Callable
+from urllib.parse import urlsplit
 
-from fastmcp.server.http import DEFAULT_HOSTS, HostOriginGuardMiddleware
 from starlette.middleware import Middleware
+
+ASGIApp = Callable[[dict[str, Any], Callable[[], Awaitable[dict[str, Any]]],
+                    Callable[[dict[str, Any]], Awaitable[None]]], Awaitable[None]]
+DEFAULT_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 HOSTS_ENV = "AWM_ALLOWED_HOSTS"
 ORIGINS_ENV = "AWM_ALLOWED_ORIGINS"
@@ -34,6 +42,7 @@ def _split(value: str | None) -> list[str]:
     return [part.strip() for part in (value or "").split(",") if part.strip()]
 
 
+@functools.lru_cache(maxsize=64)  # asked for every request's local address
 def _unspecified(host: str) -> bool:
     try:
         return ipaddress.ip_address(host.strip("[]")).is_unspecified
@@ -60,7 +69,86 @@ def allowed_origins(extra: Iterable[str] = ()) -> list[str]:
     return list(dict.fromkeys([*_split(os.environ.get(ORIGINS_ENV)), *extra]))
 
 
+class HostOriginGuard:
+    """ASGI middleware: 421 for a ``Host`` that is not ours, 403 for a foreign browser ``Origin``."""
+
+    def __init__(self, app: ASGIApp, allowed_hosts: Sequence[str], allowed_origins: Sequence[str]) -> None:
+        self.app = app
+        self.hosts = tuple(allowed_hosts)
+        self.origins = tuple(allowed_origins)
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            host, origin = "", None
+            for key, value in scope.get("headers") or ():
+                if key == b"host":
+                    host = value.decode("latin-1")
+                elif key == b"origin":
+                    origin = value.decode("latin-1")
+            server = scope.get("server")
+            hosts = self.hosts + ((server[0],) if server and not _unspecified(server[0]) else ())
+            if not host_matches(host, hosts):
+                return await _refuse(send, 421, b"Misdirected Request")
+            if origin and not self._origin_allowed(origin, host, scope.get("scheme", "http")):
+                return await _refuse(send, 403, b"Forbidden Origin")
+        await self.app(scope, receive, send)
+
+    def _origin_allowed(self, origin: str, host: str, scheme: str) -> bool:
+        wanted = normalize_origin(origin)
+        if any(p == "*" or fnmatchcase(wanted, normalize_origin(p)) for p in self.origins):
+            return True
+        if _loopback(urlsplit(origin).hostname or "") and _loopback(host):
+            return True
+        return wanted == normalize_origin(f"{scheme}://{host}")
+
+
 def guard(hosts: list[str], origins: list[str]) -> Middleware:
-    """FastMCP's Host/Origin guard in strict mode (every request is checked, whatever the bind
-    address), as Starlette middleware for an app that is not FastMCP's (the control API)."""
-    return Middleware(HostOriginGuardMiddleware, allowed_hosts=hosts, allowed_origins=origins, mode="strict")
+    """The guard as Starlette middleware (the control API, the web view)."""
+    return Middleware(HostOriginGuard, allowed_hosts=hosts, allowed_origins=origins)
+
+
+async def _refuse(send: Any, status: int, text: bytes) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"text/plain; charset=utf-8"), (b"content-length", str(len(text)).encode())]})
+    await send({"type": "http.response.body", "body": text})
+
+
+def normalize_host(host: str) -> str:
+    """Lower case, without port or IPv6 brackets."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        end = host.find("]")
+        return host[1:end] if end != -1 else host
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+def host_matches(host: str, allowed: Sequence[str]) -> bool:
+    host = normalize_host(host)
+    return any(normalize_host(p) == "*" or fnmatchcase(host, normalize_host(p)) for p in allowed)
+
+
+def normalize_origin(origin: str) -> str:
+    """``scheme://host:port`` with the default port spelled out; anything else lower-cased."""
+    origin = origin.strip().rstrip("/")
+    try:
+        parsed = urlsplit(origin)
+        port = parsed.port
+    except ValueError:
+        return origin.lower()
+    if not parsed.scheme or not parsed.hostname or parsed.path or parsed.query or parsed.fragment:
+        return origin.lower()
+    scheme = parsed.scheme.lower()
+    host = normalize_host(parsed.hostname)
+    host = f"[{host}]" if ":" in host else host
+    port = port if port is not None else {"http": 80, "https": 443}.get(scheme)
+    return f"{scheme}://{host}" if port is None else f"{scheme}://{host}:{port}"
+
+
+def _loopback(host: str) -> bool:
+    host = normalize_host(host)
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

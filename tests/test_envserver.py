@@ -2,6 +2,7 @@
 API, Prometheus metrics, and every kind of bad input."""
 
 import asyncio
+import json
 
 import httpx
 import pytest
@@ -33,6 +34,22 @@ async def test_official_fastmcp_client_sees_exactly_the_tools(notes, notes_bundl
         result = await client.call_tool("list_notes", {}, raise_on_error=False)
         assert not result.is_error
         assert [n["title"] for n in result.structured_content["result"]] == ["todo", "ideas", "books"]
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+async def test_official_sdk_client_sees_exactly_the_tools(notes, notes_bundle, mode):
+    """The MCP SDK's own client: in ``auto`` it first probes for the stateless 2026-07-28 revision
+    (``server/discover``), is refused, and falls back to the handshake."""
+    from mcp.client.client import Client as SdkClient
+
+    async with SdkClient(notes.mcp_url, mode=mode) as client:
+        tools = (await client.list_tools()).tools
+        assert sorted(t.name for t in tools) == sorted(t.name for t in notes_bundle.tools)
+        result = await client.call_tool("list_notes", {})
+        assert not result.is_error
+        assert [n["title"] for n in result.structured_content["result"]] == ["todo", "ideas", "books"]
+        bad = await client.call_tool("add_note", {"title": 5})
+        assert bad.is_error and "invalid_arguments" in bad.content[0].text
 
 
 async def test_episode_round_trip(control, mcp):
@@ -199,3 +216,110 @@ async def test_looping_tool_times_out_and_the_instance_keeps_serving(notes_fleet
     async with httpx.AsyncClient() as client:
         text = (await client.get(notes.control_url + "/metrics")).text
     assert 'awm_worker_restarts_total{reason="timeout"}' in text
+
+
+# --------------------------------------------------------------------------- the MCP transport, raw
+
+_MCP_HEADERS = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+
+
+def _rpc(method: str, params: dict | None = None, id_: int | None = 1) -> dict:
+    message = {"jsonrpc": "2.0", "method": method, "params": params or {}}
+    if id_ is not None:
+        message["id"] = id_
+    return message
+
+
+async def _session(client: httpx.AsyncClient, url: str) -> dict[str, str]:
+    r = await client.post(url, json=_rpc("initialize", {"protocolVersion": "2025-11-25", "capabilities": {},
+                                                        "clientInfo": {"name": "raw", "version": "1"}}),
+                          headers=_MCP_HEADERS)
+    assert r.status_code == 200 and r.json()["result"]["protocolVersion"] == "2025-11-25"
+    assert r.json()["result"]["capabilities"]["tools"] == {"listChanged": False}
+    return {**_MCP_HEADERS, "Mcp-Session-Id": r.headers["mcp-session-id"], "MCP-Protocol-Version": "2025-11-25"}
+
+
+async def test_mcp_transport_answers_bad_requests_with_the_specified_status(notes):
+    """Every malformed or out-of-protocol request gets a clear answer and the server goes on."""
+    url = notes.mcp_url
+    async with httpx.AsyncClient(timeout=30) as c:
+        headers = await _session(c, url)
+        # an old client's version is kept; an unknown one gets the latest
+        r = await c.post(url, json=_rpc("initialize", {"protocolVersion": "2024-11-05"}), headers=_MCP_HEADERS)
+        assert r.json()["result"]["protocolVersion"] == "2024-11-05"
+        r = await c.post(url, json=_rpc("initialize", {"protocolVersion": "1999-01-01"}), headers=_MCP_HEADERS)
+        assert r.json()["result"]["protocolVersion"] == "2025-11-25"
+        cases = [
+            ({**_MCP_HEADERS}, _rpc("tools/list"), 400, "Missing session"),
+            ({**headers, "Mcp-Session-Id": "not-a-session"}, _rpc("tools/list"), 404, "Session not found"),
+            ({**headers, "MCP-Protocol-Version": "1999-01-01"}, _rpc("tools/list"), 400, "unsupported protocol version"),
+            ({**headers, "Accept": "text/html"}, _rpc("tools/list"), 406, "Not Acceptable"),
+            ({**headers, "Content-Type": "text/plain"}, _rpc("tools/list"), 415, "Content-Type"),
+            (headers, [_rpc("ping"), _rpc("ping", id_=2)], 400, "batches"),
+            (headers, {"method": "ping", "id": 1}, 400, "JSON-RPC 2.0"),
+            (headers, _rpc("ping", id_=None) | {"id": [1]}, 400, "id must be"),
+        ]
+        for hdrs, body, status, fragment in cases:
+            r = await c.post(url, json=body, headers=hdrs)
+            assert r.status_code == status and fragment in r.json()["error"]["message"], (body, r.status_code, r.text)
+        r = await c.post(url, content=b"{not json", headers=headers)
+        assert r.status_code == 400 and r.json()["error"]["code"] == -32700
+        r = await c.post(url, content=b'{"jsonrpc": "2.0", "id": 1, "method": "ping", "params": {"x": "'
+                         + b"a" * (9 * 1024 * 1024) + b'"}}', headers=headers)
+        assert r.status_code == 413
+        for method, code in [("completion/complete", -32601), ("no/such/method", -32601),
+                             ("resources/read", -32002), ("prompts/get", -32602)]:
+            r = await c.post(url, json=_rpc(method, {"uri": "file:///etc/passwd", "name": "x"}), headers=headers)
+            assert r.status_code == 200 and r.json()["error"]["code"] == code, (method, r.text)
+        r = await c.post(url, json=_rpc("tools/call", {"arguments": {}}), headers=headers)
+        assert r.json()["error"]["code"] == -32602
+        r = await c.post(url, json=_rpc("logging/setLevel", {"level": "loud"}), headers=headers)
+        assert r.json()["error"]["code"] == -32602
+        # tool errors are results the agent can read, with their class
+        r = await c.post(url, json=_rpc("tools/call", {"name": "add_note", "arguments": [1, 2]}), headers=headers)
+        result = r.json()["result"]
+        assert result["isError"] and result["_meta"]["awm_error"] == "invalid_arguments"
+        r = await c.post(url, json=_rpc("tools/call", {"name": "no_such_tool"}), headers=headers)
+        assert r.json()["result"]["isError"] and "unknown tool" in r.json()["result"]["content"][0]["text"]
+        # notifications and a client's responses are acknowledged; empty lists for what we do not have
+        assert (await c.post(url, json=_rpc("notifications/initialized", id_=None), headers=headers)).status_code == 202
+        assert (await c.post(url, json={"jsonrpc": "2.0", "id": 7, "result": {}}, headers=headers)).status_code == 202
+        for method, key in [("resources/list", "resources"), ("resources/templates/list", "resourceTemplates"),
+                            ("prompts/list", "prompts"), ("ping", None), ("logging/setLevel", None)]:
+            r = await c.post(url, json=_rpc(method, {"level": "info"} if "logging" in method else {}), headers=headers)
+            assert r.status_code == 200 and r.json()["result"] == ({key: []} if key else {}), (method, r.text)
+        # no standalone SSE stream; other paths are not MCP
+        r = await c.get(url, headers={**headers, "Accept": "text/event-stream"})
+        assert r.status_code == 405 and "POST" in r.headers["allow"]
+        assert (await c.post(url.rsplit("/", 1)[0] + "/other", json=_rpc("ping"), headers=headers)).status_code == 404
+        # DELETE ends the session
+        assert (await c.delete(url, headers=headers)).status_code == 200
+        assert (await c.post(url, json=_rpc("ping"), headers=headers)).status_code == 404
+        # and the server still serves
+        fresh = await _session(c, url)
+        r = await c.post(url, json=_rpc("tools/call", {"name": "list_notes", "arguments": {}}), headers=fresh)
+        assert r.status_code == 200 and not r.json()["result"]["isError"]
+
+
+async def test_mcp_sse_mode_frames_each_answer_as_one_event(notes_bundle):
+    """``--sse``: the answer travels as one ``event: message`` (unit level: the app over ASGI)."""
+    from envserver.mcp import McpApp
+
+    class Instance:
+        bundle = notes_bundle
+
+        async def call_tool(self, name, arguments):
+            return [{"id": 1, "title": "todo"}]
+
+    transport = httpx.ASGITransport(app=McpApp(Instance(), json_response=False))
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as c:
+        r = await c.post("/mcp", json=_rpc("initialize", {"protocolVersion": "2025-06-18"}), headers=_MCP_HEADERS)
+        assert r.headers["content-type"] == "text/event-stream"
+        headers = {**_MCP_HEADERS, "Mcp-Session-Id": r.headers["mcp-session-id"]}
+        r = await c.post("/mcp", json=_rpc("tools/call", {"name": "list_notes"}, id_=3), headers=headers)
+        events = [line for line in r.text.splitlines() if line.startswith("data:")]
+        assert r.text.startswith("event: message") and len(events) == 1
+        message = json.loads(events[0][5:])
+        assert message["id"] == 3 and message["result"]["structuredContent"] == {"result": [{"id": 1, "title": "todo"}]}
+        r = await c.post("/mcp", json=_rpc("tools/list"), headers={**headers, "Accept": "application/json"})
+        assert r.status_code == 406  # an SSE server needs a client that takes SSE

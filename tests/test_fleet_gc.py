@@ -151,7 +151,7 @@ async def test_a_fleet_without_the_envserver_extra_says_what_to_install(monkeypa
     from awm.fleet import FleetError
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "fastmcp" else real(name, *a))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "uvicorn" else real(name, *a))
     fleet = LocalFleet([notes_bundle], replicas=1, database=None)
     with pytest.raises(FleetError, match=r"pip install 'awm\[envserver\]'"):
         await fleet.start()
