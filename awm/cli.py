@@ -539,25 +539,12 @@ def pg_provision_instance(
     namespace: Annotated[str, typer.Option("--namespace", envvar="POD_NAMESPACE", help="Recorded with the database.")] = "",
 ) -> None:
     """A pod's init container: ensure the environment's template, clone the instance database
-    and its role from it, and write the instance DSN to a file only the env server reads."""
-    import os
-
-    from awm.bundle import EnvBundle
+    and its role from it, and write the instance DSN to a file only the env server reads (pods
+    run the same thing as ``python -m awm.postgres.provision``, which starts faster)."""
     from awm.postgres import provision
 
-    env_bundle = EnvBundle.model_validate_json(bundle.read_text())
-    template = provision.ensure_template(admin_dsn, env_bundle)
-    dbname = provision.pod_instance_name(name)
-    instance = provision.create_instance(admin_dsn, template, dbname,
-                                         meta={"pod": name, "fleet": fleet, "namespace": namespace})
-    dsn_file.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dsn_file.with_name(dsn_file.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(instance.dsn)
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, dsn_file)  # the env server never sees a half-written file
-    err.print(f"provisioned {dbname} from {template.dbname} for {env_bundle.name}")
+    dbname = provision.provision_pod(str(bundle), name, str(dsn_file), admin_dsn, fleet, namespace)
+    err.print(f"provisioned {dbname}")
 
 
 def main() -> None:  # pragma: no cover

@@ -63,7 +63,7 @@ def test_pod_manifest_follows_the_contract() -> None:
     bundle, prov = ps["initContainers"]
     assert bundle["image"] == "reg/awm-catalog:1"
     assert bundle["command"] == ["cp", "/catalog/bike_shop.json", "/bundle/env.json"]
-    assert prov["command"][:3] == ["awm", "postgres", "provision-instance"]
+    assert prov["command"][:3] == ["python", "-m", "awm.postgres.provision"]
     assert "--dsn-file" in prov["command"] and "/run/awm/instance.dsn" in prov["command"]
     env = {e["name"]: e for e in prov["env"]}
     assert env["AWM_ADMIN_DSN"]["valueFrom"]["secretKeyRef"] == {"name": "awm-database", "key": "dsn"}
@@ -834,7 +834,7 @@ def test_provision_instance_command(admin_dsn: str, notes_bundle, tmp_path: Path
     dsn_file = tmp_path / "run" / "instance.dsn"
     pod_name = "unit-notes-abcde"
     env = {**os.environ, "AWM_ADMIN_DSN": admin_dsn, "AWM_FLEET": "unit", "POD_NAMESPACE": "ns1"}
-    command = [str(Path(sys.executable).with_name("awm")), "postgres", "provision-instance", "--bundle", str(bundle),
+    command = [sys.executable, "-m", "awm.postgres.provision", "--bundle", str(bundle),
                "--name", pod_name, "--dsn-file", str(dsn_file)]  # exactly what the init container runs
     r = subprocess.run(command, env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr

@@ -383,3 +383,56 @@ def harden_cluster(admin_dsn: str) -> None:
     with _admin(admin_dsn) as conn:
         for db in ("postgres", "template1"):
             conn.execute(sql.SQL("REVOKE ALL ON DATABASE {} FROM PUBLIC").format(sql.Identifier(db)))
+
+
+def provision_pod(bundle_path: str, pod: str, dsn_file: str, admin_dsn: str,
+                  fleet: str = "", namespace: str = "") -> str:
+    """A Kubernetes env pod's ``provision`` init container: ensure the environment's template,
+    clone the pod's database and role from it, and write the instance DSN to ``dsn_file`` (mode
+    0600, replaced atomically: the env server never reads a half-written file). Returns the
+    database name."""
+    import os
+    from pathlib import Path
+
+    with open(bundle_path, encoding="utf-8") as f:
+        bundle = EnvBundle.model_validate_json(f.read())
+    template = ensure_template(admin_dsn, bundle)
+    dbname = pod_instance_name(pod)
+    instance = create_instance(admin_dsn, template, dbname, meta={"pod": pod, "fleet": fleet, "namespace": namespace})
+    target = Path(dsn_file)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(target.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(instance.dsn)
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, target)
+    log.warning("provisioned %s from %s for %s", dbname, template.dbname, bundle.name)
+    return dbname
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m awm.postgres.provision``: :func:`provision_pod` for an init container. A plain
+    argparse entry rather than ``awm postgres provision-instance`` (the same thing): every pod
+    start pays for this process, and the CLI's imports cost it twice the CPU."""
+    import argparse
+    import os
+    import sys
+
+    ap = argparse.ArgumentParser(prog="python -m awm.postgres.provision", description=main.__doc__)
+    ap.add_argument("--bundle", required=True, help="the environment's bundle (JSON)")
+    ap.add_argument("--name", required=True, help="pod name: the database is awm_i_<name>")
+    ap.add_argument("--dsn-file", required=True, help="where to write the instance DSN (mode 0600)")
+    ap.add_argument("--fleet", default=os.environ.get("AWM_FLEET", ""), help="recorded with the database (AWM_FLEET)")
+    ap.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE", ""),
+                    help="recorded with the database (POD_NAMESPACE)")
+    args = ap.parse_args(argv)
+    admin_dsn = os.environ.get("AWM_ADMIN_DSN")  # never argv: visible to every user in ps
+    if not admin_dsn:
+        sys.exit("provision: set AWM_ADMIN_DSN to the admin DSN (CREATEDB, CREATEROLE)")
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    provision_pod(args.bundle, args.name, args.dsn_file, admin_dsn, args.fleet, args.namespace)
+
+
+if __name__ == "__main__":
+    main()

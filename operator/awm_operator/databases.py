@@ -1,7 +1,7 @@
 """A fleet's instance databases on its Postgres (admin DSN from the fleet's Secret).
 
-Pods create their own databases (init container ``provision``: ``awm postgres
-provision-instance``) and record pod, fleet and namespace in the database comment; the operator
+Pods create their own databases (init container ``provision``: ``python -m
+awm.postgres.provision``) and record pod, fleet and namespace in the database comment; the operator
 only ever drops them: those of deleted pods (a periodic sweep) and all of a deleted fleet
 (its finalizer). Blocking psycopg calls: callers run these in a thread.
 """
