@@ -124,7 +124,6 @@ def _last_sse_message(body: str, request_id: Any) -> dict[str, Any] | None:
     return found
 
 
-MAX_DIFF_ROWS = 10_000  # rows per table in one GET /diff?rows=N answer: bounds its size and time
 
 
 class ControlClient:

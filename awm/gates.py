@@ -16,9 +16,12 @@ from __future__ import annotations
 import datetime as dt
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from awm.bundle import EnvBundle, GateRecord, GateResult, Task
-from awm.client import ControlClient, McpSession
+
+if TYPE_CHECKING:  # env servers import this module for gate_status: no HTTP client in them
+    from awm.client import ControlClient, McpSession
 
 
 @dataclass

@@ -39,7 +39,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
-from awm.llm import LLMBadOutput, LLMClient, LLMSettings, LLMUnavailable, extract_json
+# awm.llm (and httpx under it) is imported where a judge is built: every env server imports this
+# module, most serve no judge, and that import is a tenth of a pod's start.
 
 CLASSES = ("complete", "incomplete", "agent_error", "server_error")
 # A tie between votes goes to the class that pays the agent least and masks nothing it should not.
@@ -215,6 +216,8 @@ class Judge:
 
     def __init__(self, settings: JudgeSettings, api_key: str | None = None) -> None:
         self.settings = settings
+        from awm.llm import LLMClient, LLMSettings
+
         key = api_key if api_key is not None else os.environ.get(settings.api_key_env, "")
         self._client = LLMClient(LLMSettings(
             base_url=settings.base_url.rstrip("/"), api_key=key, model=settings.model,
@@ -272,6 +275,8 @@ class Judge:
                    ) -> tuple[Judgement | str, int, int]:
         """One vote and its tokens; a malformed reply is asked again once with the error, then the
         vote counts as failed."""
+        from awm.llm import LLMBadOutput, LLMUnavailable, extract_json
+
         convo = list(messages)
         error, prompt_tokens, completion_tokens = "", 0, 0
         for _ in range(2):

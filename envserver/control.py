@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from awm.client import MAX_DIFF_ROWS
+from awm.postgres.snapshot import MAX_DIFF_ROWS
 from envserver.instance import ControlError, EnvInstance
 
 

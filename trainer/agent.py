@@ -25,7 +25,8 @@ from typing import Any, Callable
 
 import httpx
 
-from awm.client import MAX_DIFF_ROWS, ControlApiError, ControlClient, McpError, McpSession
+from awm.client import ControlApiError, ControlClient, McpError, McpSession
+from awm.postgres.snapshot import MAX_DIFF_ROWS
 from trainer import awm_format, toolcalls
 from trainer.calldiff import DiffTracker
 from trainer.history import window

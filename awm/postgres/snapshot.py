@@ -209,6 +209,9 @@ def add_change(entry: dict[str, Any], before: dict[str, Any] | None, after: dict
         entry["updated"].append({"before": before, "after": after})
 
 
+MAX_DIFF_ROWS = 10_000  # rows per table in one GET /diff?rows=N answer: bounds its size and time
+
+
 def diff_rows(conn: psycopg.Connection, keys: dict[str, list[str]], tables: list[str],
               limit: int = 100) -> dict[str, Any]:
     """The rows behind :func:`diff`: per changed table the inserted and deleted rows and the
