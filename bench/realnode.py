@@ -1,6 +1,6 @@
 """Real-pod benchmark: env pods on a real kubelet node (k8s/node.py), the chart's images.
 
-    sudo .venv/bin/python bench/realnode.py --json            # 8, 32 and 64 env pods
+    sudo .venv/bin/python bench/realnode.py --json            # 1, 8, 32 and 64 env pods
     sudo .venv/bin/python bench/realnode.py --sizes 8 --json
 
 What it measures, each against a baseline taken in the same run:
@@ -50,6 +50,9 @@ from k8s import chart  # noqa: E402
 NS = "awm"
 API = f"/apis/awm.dev/v1alpha1/namespaces/{NS}"
 ENVS = ["crm", "bike_shop"]
+# Requests small enough for 64 env pods on one 2-CPU node (the chart's default, 100m, fits 16):
+# what a dense fleet on small nodes would set in its template.
+POD_RESOURCES = {"requests": {"cpu": "20m", "memory": "128Mi"}, "limits": {"cpu": "1", "memory": "512Mi"}}
 
 
 def load(name: str, path: Path) -> Any:
@@ -132,7 +135,8 @@ def env_fleet(cp: Any, n: int) -> tuple[list[float], list[float], dict[str, floa
     cpu0 = busy_cpu_s()
     cp.api("POST", f"{API}/envfleets", {"apiVersion": "awm.dev/v1alpha1", "kind": "EnvFleet", "metadata": {"name": name},
                                         "spec": {"environments": ENVS, "replicas": n, "catalog": {},
-                                                 "database": {"secretName": "awm-database"}}})
+                                                 "database": {"secretName": "awm-database"},
+                                                 "template": {"resources": POD_RESOURCES}}})
     times = ready_times(cp, f"awm.dev/fleet={name}", n)
     machine_cpu = busy_cpu_s() - cpu0
     time.sleep(5)  # idle: let start-up garbage settle before reading memory
@@ -197,8 +201,7 @@ async def host_latency(dsn: str, calls: int, resets: int) -> dict[str, float]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    # 64 env pods do not fit one 2-CPU node: each pod's init containers request 50m CPU
-    ap.add_argument("--sizes", type=int, nargs="+", default=[8, 32, 64])
+    ap.add_argument("--sizes", type=int, nargs="+", default=[1, 8, 32, 64])
     ap.add_argument("--calls", type=int, default=300)
     ap.add_argument("--resets", type=int, default=100)
     ap.add_argument("--json", action="store_true")

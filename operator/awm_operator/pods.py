@@ -102,7 +102,10 @@ def pod_manifest(fleet: str, namespace: str, fleet_uid: str, spec: EnvFleetSpec,
     bundle_mount = {"name": "bundle", "mountPath": "/bundle"}
     run_mount = {"name": "run", "mountPath": "/run/awm"}
     tmp_mount = {"name": "tmp", "mountPath": "/tmp"}
-    small = {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"cpu": "1", "memory": "512Mi"}}
+    # Init containers run one at a time before the server: a pod's request is the larger of theirs
+    # and its containers' sum, so theirs stays below any sensible server request (a 50m one kept
+    # a 2-CPU node at 40 env pods whatever the fleet asked for). They burst to their limit.
+    small = {"requests": {"cpu": "10m", "memory": "64Mi"}, "limits": {"cpu": "1", "memory": "512Mi"}}
     pod: dict[str, Any] = {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {
