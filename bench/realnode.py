@@ -139,16 +139,27 @@ def env_fleet(cp: Any, n: int) -> tuple[list[float], list[float], dict[str, floa
                                                  "template": {"resources": POD_RESOURCES}}})
     times = ready_times(cp, f"awm.dev/fleet={name}", n)
     machine_cpu = busy_cpu_s() - cpu0
+    # A slow start with restarts is a failure retried, not a slow start: say so.
+    restarts = sum(c.get("restartCount", 0) for p in cp.api("GET", f"/api/v1/namespaces/{NS}/pods?labelSelector=awm.dev/fleet={name}")["items"]
+                   for c in [*(p["status"].get("initContainerStatuses") or []), *(p["status"].get("containerStatuses") or [])])
     time.sleep(5)  # idle: let start-up garbage settle before reading memory
-    summary = cp.api("GET", f"/api/v1/nodes/{cp.node.name}/proxy/stats/summary")
-    pods = [p for p in summary["pods"] if p["podRef"]["namespace"] == NS and p["podRef"]["name"].startswith(f"{name}-")]
+
+    def pod_stats() -> list[dict[str, Any]] | None:
+        """Every pod's summary once the kubelet's housekeeping has filled in its pod-level cgroup."""
+        summary = cp.api("GET", f"/api/v1/nodes/{cp.node.name}/proxy/stats/summary")
+        found = [p for p in summary["pods"] if p["podRef"]["namespace"] == NS and p["podRef"]["name"].startswith(f"{name}-")]
+        full = len(found) == n and all(p.get("memory", {}).get("workingSetBytes") and
+                                      p.get("cpu", {}).get("usageCoreNanoSeconds") for p in found)
+        return found if full else None
+
+    pods = wait("pod stats", pod_stats, timeout=60, interval=2)
     mem = [p["memory"]["workingSetBytes"] / 1e6 for p in pods]
     pod_cpu = [p["cpu"]["usageCoreNanoSeconds"] / 1e9 for p in pods if "cpu" in p]
     server_cpu = [c["cpu"]["usageCoreNanoSeconds"] / 1e9 for p in pods for c in p.get("containers", [])
                   if c["name"] == "envserver" and "cpu" in c]
     cpu = {"pod_cpu_s_p50": pct(pod_cpu, 0.5) if pod_cpu else None,
            "envserver_cpu_s_p50": pct(server_cpu, 0.5) if server_cpu else None,
-           "machine_cpu_s_per_pod": round(machine_cpu / n, 2)}
+           "machine_cpu_s_per_pod": round(machine_cpu / n, 2), "container_restarts": restarts}
     return times, mem, cpu
 
 
