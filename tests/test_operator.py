@@ -73,6 +73,9 @@ def test_pod_manifest_follows_the_contract() -> None:
     assert {p["name"]: p["containerPort"] for p in server["ports"]} == {"mcp": 8000, "control": 8001}
     assert server["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "control"}
     assert server["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "control"}
+    # liveness waits for the start, however long a crowded node makes it
+    assert server["startupProbe"]["httpGet"] == {"path": "/healthz", "port": "control"}
+    assert "initialDelaySeconds" not in server["livenessProbe"]
     # The env server reads its DSN from a file and never sees the admin Secret.
     assert {e["name"] for e in server["env"]} == {"POD_NAME", "AWM_INSTANCE_DSN_FILE", "AWM_ALLOWED_HOSTS"}
     # It answers to Services in its namespace (and to its pod IP by itself), to nothing else.

@@ -152,9 +152,13 @@ def pod_manifest(fleet: str, namespace: str, fleet_uid: str, spec: EnvFleetSpec,
                 # 2 s period cost a second on average per start); the probe is one local GET.
                 "readinessProbe": {"httpGet": {"path": "/readyz", "port": "control"},
                                    "periodSeconds": 1, "timeoutSeconds": 2, "failureThreshold": 2},
+                # Liveness only once started: dozens of pods starting together on a small node take
+                # longer than any fixed initial delay, and killing a slow start starts it again.
+                # A start that hangs is ended after 5 minutes; one that fails exits by itself.
+                "startupProbe": {"httpGet": {"path": "/healthz", "port": "control"},
+                                 "periodSeconds": 1, "timeoutSeconds": 2, "failureThreshold": 300},
                 "livenessProbe": {"httpGet": {"path": "/healthz", "port": "control"},
-                                  "initialDelaySeconds": 10, "periodSeconds": 10, "timeoutSeconds": 5,
-                                  "failureThreshold": 3},
+                                  "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 3},
                 "resources": t.resources or cfg.envserver_resources,
                 "securityContext": container_security,
                 "terminationMessagePolicy": "FallbackToLogsOnError",  # its last words, in the fleet's status
