@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build the binaries of the test control plane from their Go modules (Go module proxy only):
 #   etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok, helm
-# and of its real node (k8s/node.py): kubelet, kube-proxy, coredns (cluster DNS)
+# and of its real node (k8s/node.py): kubelet, kube-proxy, coredns (cluster DNS),
+# kube-router (its network-policy controller only: NetworkPolicy enforced with iptables + ipset)
 # into ${AWM_K8S_CACHE:-$HOME/.cache/awm/k8s}/<versions-key>/bin (outside the repo).
 #
 # Versions are pinned in k8s/versions.env. Idempotent: a binary that is already in the cache
@@ -24,11 +25,21 @@ KEY="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}_helm-${HELM_VE
 ROOT="${AWM_K8S_CACHE:-$HOME/.cache/awm/k8s}/$KEY"
 BIN="$ROOT/bin"
 SRC="$ROOT/src"
-BINARIES=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok helm kubelet kube-proxy coredns)
+BINARIES=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok helm kubelet kube-proxy coredns kube-router)
 
 STAGES=kwok-stages.yaml   # kwok >= 0.8 has no built-in stages: config written below
+# current NAME: $BIN/NAME is there, and for the node's add-ons (coredns, kube-router), reports its
+# pinned version. Their pins are not in KEY (a new one would rebuild everything): checking the
+# binary's own report instead means changing such a pin rebuilds just that binary.
+current() {
+  case "$1" in
+    coredns) "$BIN/coredns" -version 2>/dev/null | grep -qxF "CoreDNS-${COREDNS_VERSION#v}" ;;
+    kube-router) "$BIN/kube-router" --version 2>&1 | grep -qF "version $KUBE_ROUTER_VERSION," ;;
+    *) [ -x "$BIN/$1" ] ;;
+  esac
+}
 missing() {
-  local b; for b in "${BINARIES[@]}"; do [ -x "$BIN/$b" ] || echo "$b"; done
+  local b; for b in "${BINARIES[@]}"; do current "$b" || echo "$b"; done
   [ -s "$BIN/$STAGES" ] || echo "$STAGES"
 }
 
@@ -187,13 +198,27 @@ fi
 
 # ---------------------------------------------------------------- coredns (no replaces: go install)
 # The real node's cluster DNS (the chart's pods reach Postgres and the operator by Service name).
-if [ ! -x "$BIN/coredns" ]; then
+if ! current coredns; then
   begin "coredns $COREDNS_VERSION"
   t="$SRC/coredns-gobin"; rm -rf "$t"; mkdir -p "$t"
   GOBIN="$t" go install -p "$P" -ldflags "-s -w" "github.com/coredns/coredns@$COREDNS_VERSION"
   mv -f "$t/coredns" "$BIN/.coredns.tmp"; rm -rf "$t"
   install_tmp coredns -version
   finish coredns
+fi
+
+# ---------------------------------------------------------------- kube-router (no replaces: go install)
+# The real node's NetworkPolicy enforcement (k8s/node.py runs only its firewall controller). The
+# version and a fixed build date go in the way its Makefile injects them (`kube-router --version`).
+if ! current kube-router; then
+  begin "kube-router $KUBE_ROUTER_VERSION"
+  kmod="github.com/cloudnativelabs/kube-router/${KUBE_ROUTER_VERSION%%.*}"   # .../v2
+  LDF="-s -w -X $kmod/pkg/version.Version=$KUBE_ROUTER_VERSION -X $kmod/pkg/version.BuildDate=1970-01-01T00:00:00Z"
+  t="$SRC/kube-router-gobin"; rm -rf "$t"; mkdir -p "$t"
+  GOBIN="$t" go install -p "$P" -ldflags "$LDF" "$kmod/cmd/kube-router@$KUBE_ROUTER_VERSION"
+  mv -f "$t/kube-router" "$BIN/.kube-router.tmp"; rm -rf "$t"
+  install_tmp kube-router --version
+  finish kube-router
 fi
 
 m="$(missing)"

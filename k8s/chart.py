@@ -3,7 +3,8 @@
 Shared by the real-node tests (tests/test_realnode.py) and benchmark (bench/realnode.py) so both
 install the chart the same way: the images as built (pullPolicy Never: they were imported into
 the node's containerd), Postgres without a volume (the harness has no storage provisioner), small
-resource requests (a test node has two cores).
+resource requests (a test node has two cores), and the NetworkPolicies on, with the node's DNS as
+their DNS peer (the node enforces them: k8s/node.py runs kube-router's policy controller).
 """
 
 from __future__ import annotations
@@ -30,10 +31,20 @@ def image_sets(refs: dict[str, str]) -> list[str]:
     return out
 
 
+def network_policy_sets(node_ip: str) -> list[str]:
+    """--set values for the NetworkPolicies on a harness real node. Its cluster DNS is CoreDNS as
+    a host process on the node address (the kubelet's clusterDNS), not a kube-dns pod the chart's
+    default DNS peer selects: the env pods' DNS egress goes to that address instead."""
+    return ["networkPolicy.enabled=true",
+            "networkPolicy.dns.namespaceSelector=null", "networkPolicy.dns.podSelector=null",
+            f"networkPolicy.dns.ipBlock.cidr={node_ip}/32"]
+
+
 def helm_install(cp: Any, refs: dict[str, str], *, release: str = "awm", namespace: str = "awm",
                  sets: tuple[str, ...] = (), timeout: str = "5m") -> subprocess.CompletedProcess:
-    """`helm install --wait` of the chart; the result (check returncode: the caller reports)."""
-    args = [*SMALL, *image_sets(refs), *sets]
+    """`helm install --wait` of the chart on a harness with a real node (``cp.node``); the result
+    (check returncode: the caller reports)."""
+    args = [*SMALL, *image_sets(refs), *network_policy_sets(cp.node.ip), *sets]
     return subprocess.run([cp.bin("helm"), "install", release, str(CHART), "--namespace", namespace,
                            "--create-namespace", "--wait", "--timeout", timeout,
                            *[a for s in args for a in ("--set", s)]],

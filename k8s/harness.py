@@ -562,6 +562,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"# up in {cp.timings['total']:.1f}s; workdir {cp.workdir}\n"
               f"# export KUBECONFIG={kubeconfig} PATH={cp.bin_dir}:$PATH\n# Ctrl-C to stop",
               file=sys.stderr, flush=True)
+        if cp.node and not cp.node.network_policy:
+            print(f"# NetworkPolicy is NOT enforced on this node: {cp.node.network_policy_off}", file=sys.stderr, flush=True)
         while not stop.wait(1):
             for name, proc in cp.procs.items():
                 if proc.poll() is not None:

@@ -12,14 +12,20 @@ kwok leave it alone), next to any fake nodes:
 
 What runs, as host processes: containerd (Debian's package: a private root, state and socket, runc
 with cgroupfs), kubelet and kube-proxy (iptables mode, from k8s/build.sh), CoreDNS (cluster DNS for
-Service names). The node's address is 10.86.<N>.1 on the loopback interface (label lo:awm<N>), so
-nothing depends on the host's own addresses; pods get 10.85.<N>.0/24 on a CNI bridge (``awmbr<N>``).
+Service names), and kube-router's network-policy controller (k8s/build.sh): the bridge CNI has no
+policy engine, so kube-router enforces NetworkPolicy with iptables and ipset in the same iptables
+backend as kube-proxy (both run the host's ``iptables``). The node's address is 10.86.<N>.1 on the
+loopback interface (label lo:awm<N>), so nothing depends on the host's own addresses; pods get
+10.85.<N>.0/24 on a CNI bridge (``awmbr<N>``).
 
-The host is changed (cgroups, a bridge, an address on lo, iptables chains, mounts, network
-namespaces, net.ipv4.ip_forward): ``stop`` undoes all of it, and ``leftovers()`` says what is
-still there (the tests assert it is empty). Needs root, cgroups, and the Debian packages
-containerd, runc, containernetworking-plugins and iptables. Measured recipe and pitfalls:
-docs/k8s-harness.md "A real node".
+The host is changed (cgroups, a bridge, an address on lo, iptables chains, ipsets, mounts, network
+namespaces, net.ipv4.ip_forward, bridge netfilter): ``stop`` undoes all of it, and ``leftovers()``
+says what is still there (the tests assert it is empty). kube-router's chains and ipsets have
+host-wide names and each kube-router deletes the others' as stale, so only one node per host
+enforces NetworkPolicy: a node that finds another's running (or left behind) starts without it and
+says so (``network_policy`` False, ``network_policy_off`` the reason). Needs root, cgroups, and the
+Debian packages containerd, runc, containernetworking-plugins, iptables and ipset. Measured recipe
+and pitfalls: docs/k8s-harness.md "A real node".
 """
 
 from __future__ import annotations
@@ -33,20 +39,37 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
+import urllib.error
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the harness imports this module; only type names come back
     from k8s.harness import ControlPlane
 
-NODE_BINARIES = ("kubelet", "kube-proxy", "coredns")
+NODE_BINARIES = ("kubelet", "kube-proxy", "coredns", "kube-router")
 HOST_TOOLS = {"containerd": "containerd", "runc": "runc", "ctr": "containerd",
-              "iptables": "iptables", "ip": "iproute2", "openssl": "openssl", "conntrack": "conntrack"}
+              "iptables": "iptables", "ip": "iproute2", "openssl": "openssl", "conntrack": "conntrack",
+              "ipset": "ipset"}
 # Host settings the node changes (the bridge plugin turns on forwarding, kube-proxy route_localnet):
 # read before start, written back by stop.
 SYSCTLS = ("net/ipv4/ip_forward", "net/ipv4/conf/all/route_localnet")
+# Pods on one bridge talk at layer 2: only with this on do their packets cross iptables, where
+# kube-router's policy chains are (turned on, and back, by the node that runs kube-router).
+BRIDGE_NF = "net/bridge/bridge-nf-call-iptables"
+# What kube-router's network-policy controller makes (v2 pkg/controllers/netpol): filter-table
+# chains and ipsets, named by these prefixes whichever node made them.
+KUBE_ROUTER_CHAINS = ("KUBE-ROUTER-", "KUBE-NWPLCY-", "KUBE-POD-FW-")
+KUBE_ROUTER_IPSETS = ("KUBE-SRC-", "KUBE-DST-")
+# What kube-router reads through the API server (its informers start for all of these).
+KUBE_ROUTER_RBAC = [
+    {"apiGroups": [""], "resources": ["namespaces", "pods", "nodes", "services", "endpoints"],
+     "verbs": ["get", "list", "watch"]},
+    {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["get", "list", "watch"]},
+    {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]},
+]
 CNI_DIRS = ("/usr/lib/cni", "/opt/cni/bin")
 CNI_PLUGINS = ("bridge", "host-local", "loopback", "portmap")
 LABEL = "awm.dev/node-kind"   # real | (kwok nodes carry type=kwok)
@@ -84,6 +107,9 @@ def missing_prerequisites(bin_dir: Path) -> list[str]:
         out.append(f"CNI plugins {', '.join(CNI_PLUGINS)} (Debian package containernetworking-plugins)")
     if not Path("/sys/fs/cgroup").is_dir():
         out.append("a cgroup filesystem at /sys/fs/cgroup")
+    if not (Path("/proc/sys") / BRIDGE_NF).exists():
+        out.append("bridge netfilter (kernel CONFIG_BRIDGE_NETFILTER; `modprobe br_netfilter`): "
+                   "NetworkPolicy between pods on one bridge")
     if not shutil.which("gcc"):
         out.append("gcc (the pod sandbox image is Kubernetes' pause.c, compiled static)")
     return out
@@ -108,6 +134,19 @@ def _cgroup_v1_roots() -> dict[str, Path]:
             if name in CGROUP_V1:
                 out[name] = Path(mnt)
     return out
+
+
+def kube_router_chains() -> list[str]:
+    """kube-router's filter-table chains on this host, in the iptables backend the node uses."""
+    dump = _run("iptables-save", "-t", "filter", check=False).stdout.splitlines()
+    return [ln[1:].split()[0] for ln in dump if ln.startswith(":") and ln[1:].startswith(KUBE_ROUTER_CHAINS)]
+
+
+def kube_router_ipsets() -> list[str]:
+    """kube-router's ipsets on this host (none when the ipset tool is missing: nothing made any)."""
+    if not shutil.which("ipset"):
+        return []
+    return [n for n in _run("ipset", "list", "-n", check=False).stdout.split() if n.startswith(KUBE_ROUTER_IPSETS)]
 
 
 def _free_port() -> int:
@@ -155,6 +194,9 @@ class RealNode:
         self._logfiles: list = []
         self._sysctls: dict[str, str] = {}
         self._netns_before: set[str] = set()
+        self._claimed = False                       # the host is ours to change (and to clean)
+        self.network_policy = False                 # this node's kube-router enforces NetworkPolicy
+        self.network_policy_off = ""                # why not, when it does not
         self.images: dict[str, str] = {}            # ref -> archive loaded
 
     @staticmethod
@@ -180,7 +222,21 @@ class RealNode:
         Before the API server starts: it binds and advertises that address."""
         if self._has_address():
             raise NodeError(f"{self.ip} is already on this host: another harness uses node index {self.index}")
+        self._claim_network_policy()
+        self._claimed = True
         _run("ip", "addr", "add", f"{self.ip}/32", "dev", "lo", "label", self.label)
+
+    def _claim_network_policy(self) -> None:
+        """Enforce NetworkPolicy unless another kube-router's chains or ipsets are on the host: two
+        would delete each other's as stale, and this node's teardown would delete the other's."""
+        theirs = kube_router_chains() + kube_router_ipsets()
+        self.network_policy = not theirs
+        if theirs:
+            self.network_policy_off = (
+                "kube-router's chains or ipsets are already on this host (another real node enforces "
+                f"NetworkPolicy here, or one was not torn down): {', '.join(theirs[:6])}. Stop that node, or "
+                f"remove them: iptables -F and -X the {', '.join(p + '*' for p in KUBE_ROUTER_CHAINS)} chains, "
+                f"then ipset destroy the {', '.join(p + '*' for p in KUBE_ROUTER_IPSETS)} sets")
 
     # ---- lifecycle
     def start(self) -> None:
@@ -190,6 +246,9 @@ class RealNode:
         (self.run / "logs").mkdir()
         self._sysctls = {k: (Path("/proc/sys") / k).read_text().strip() for k in SYSCTLS
                          if (Path("/proc/sys") / k).exists()}
+        if self.network_policy:
+            self._sysctls[BRIDGE_NF] = (Path("/proc/sys") / BRIDGE_NF).read_text().strip()
+            (Path("/proc/sys") / BRIDGE_NF).write_text("1")
         self._netns_before = self._netns()
         self._cgroups_make()
         self._containerd()
@@ -201,15 +260,21 @@ class RealNode:
         self._kube_proxy()
         self._wait("node Ready", self._ready, timeout=90)
         self.timings["ready"] = time.monotonic() - t0
+        if self.network_policy:
+            self._kube_router()  # after the Node exists: its address says which pods are this node's
+            self._wait("kube-router's policy chains", self._kube_router_ready, timeout=60)
+            self.timings["network_policy"] = time.monotonic() - t0
 
     def stop(self) -> None:
         """Delete the node's pods, stop every process, and undo every change to the host."""
+        if not self._claimed:  # prepare_network refused: the address is another harness's
+            return
         if self.run is None and not self.procs:
             self._host_cleanup()
             return
         if "kubelet" in self.procs and self.procs["kubelet"].poll() is None:
             self._drain()
-        for name in ("kube-proxy", "kubelet", "coredns"):
+        for name in ("kube-router", "kube-proxy", "kubelet", "coredns"):
             self._kill(name)
         self._stop_containers()
         self._kill("containerd")
@@ -261,6 +326,9 @@ class RealNode:
         for line in _run("iptables-save", check=False).stdout.splitlines():
             if self.pod_cidr.split("/")[0].rsplit(".", 1)[0] in line and line.startswith("-A"):
                 out.append(f"iptables rule {line.strip()[:120]}")
+        if self.network_policy:  # else they are another node's
+            out += [f"iptables chain {c}" for c in kube_router_chains()]
+            out += [f"ipset {name}" for name in kube_router_ipsets()]
         out += [f"netns {ns}" for ns in sorted(self._netns() - self._netns_before)]
         for name, p in self.procs.items():
             if p.poll() is None:
@@ -308,12 +376,18 @@ class RealNode:
             _run("ip", "addr", "del", f"{self.ip}/32", "dev", "lo", check=False)
         self._cgroups_remove()
         self._iptables_cleanup()
+        if self.network_policy:
+            self._ipset_cleanup()
         for key, value in self._sysctls.items():
             (Path("/proc/sys") / key).write_text(value)
 
     def _iptables_cleanup(self) -> None:
-        """Rules the CNI bridge (ipMasq) and portmap plugins leave for this node's subnet, and the
-        chains kube-proxy --cleanup leaves (KUBE-FIREWALL, KUBE-KUBELET-CANARY...)."""
+        """Rules the CNI bridge (ipMasq) and portmap plugins leave for this node's subnet, the
+        chains kube-proxy --cleanup leaves (KUBE-FIREWALL, KUBE-KUBELET-CANARY...), and all of
+        kube-router's when this node ran it (KUBE-ROUTER-*, KUBE-NWPLCY-*, KUBE-POD-FW-*: it leaves
+        them in place when it stops, so that policies hold across its restarts; another node's are
+        left alone). Not `kube-router --cleanup-config`: that also flushes every IPVS service on
+        the host and its routing controller's state."""
         prefix = self.pod_cidr.split("/")[0].rsplit(".", 1)[0] + "."
         for table in ("nat", "filter", "mangle"):
             dump = _run("iptables-save", "-t", table, check=False).stdout.splitlines()
@@ -321,15 +395,21 @@ class RealNode:
                 if line.startswith("-A") and prefix in line:
                     _run("iptables", "-t", table, *shlex.split(line.replace("-A", "-D", 1)), check=False)
             chains = [ln[1:].split()[0] for ln in dump if ln.startswith(":")]
+            chains = [c for c in chains if c.startswith(("KUBE-", "CNI-"))
+                      and (self.network_policy or not c.startswith(KUBE_ROUTER_CHAINS))]
             for chain in chains:
-                if chain.startswith(("KUBE-", "CNI-")):
-                    for line in _run("iptables-save", "-t", table, check=False).stdout.splitlines():
-                        if line.startswith("-A") and f"-j {chain}" in line:
-                            _run("iptables", "-t", table, *shlex.split(line.replace("-A", "-D", 1)), check=False)
-                    _run("iptables", "-t", table, "-F", chain, check=False)
+                for line in _run("iptables-save", "-t", table, check=False).stdout.splitlines():
+                    if line.startswith("-A") and f"-j {chain}" in line:
+                        _run("iptables", "-t", table, *shlex.split(line.replace("-A", "-D", 1)), check=False)
+                _run("iptables", "-t", table, "-F", chain, check=False)
             for chain in chains:
-                if chain.startswith(("KUBE-", "CNI-")):
-                    _run("iptables", "-t", table, "-X", chain, check=False)
+                _run("iptables", "-t", table, "-X", chain, check=False)
+
+    @staticmethod
+    def _ipset_cleanup() -> None:
+        """kube-router's ipsets, once no iptables rule refers to them (destroy fails while one does)."""
+        for name in kube_router_ipsets():
+            _run("ipset", "destroy", name, check=False)
 
     @staticmethod
     def _umount_under(path: Path) -> None:
@@ -450,7 +530,6 @@ state = "{r / 'containerd-state'}"
         self.load_images([archive])
 
     def _pause_source(self) -> Path:
-        import sys
         v = sys.modules[type(self.cp).__module__].read_versions()["K8S_VERSION"]  # the harness's pins
         r = _run("go", "mod", "download", "-json", f"k8s.io/kubernetes@{v}", timeout=300,
                  check=False)
@@ -486,18 +565,7 @@ state = "{r / 'containerd-state'}"
         r, pki = self.run, self.cp.workdir / "pki"
         _pki_leaf(pki, f"kubelet-{self.index}", f"system:node:{self.name}", "system:nodes")
         _pki_leaf(pki, f"kubelet-serving-{self.index}", self.name, None, server_ips=[self.ip])
-        kubeconfig = r / "kubelet.kubeconfig"
-
-        def b64(name: str) -> str:
-            return base64.b64encode((pki / name).read_bytes()).decode()
-
-        kubeconfig.write_text(json.dumps({
-            "apiVersion": "v1", "kind": "Config",
-            "clusters": [{"name": "c", "cluster": {"server": f"https://{self.ip}:{self.cp.ports['apiserver']}",
-                                                   "certificate-authority-data": b64("ca.crt")}}],
-            "users": [{"name": "u", "user": {"client-certificate-data": b64(f"kubelet-{self.index}.crt"),
-                                             "client-key-data": b64(f"kubelet-{self.index}.key")}}],
-            "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}], "current-context": "c"}))
+        kubeconfig = self._kubeconfig("kubelet", f"kubelet-{self.index}")
         self.kubelet_port = _free_port()
         config = {
             "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
@@ -533,9 +601,29 @@ state = "{r / 'containerd-state'}"
             f"--hostname-override={self.name}", f"--node-ip={self.ip}",
             f"--node-labels={LABEL}=real", "--v=1"])
 
+    def _kubeconfig(self, name: str, cert: str) -> Path:
+        """A kubeconfig for a node agent: the API server on the node address, the client cert
+        ``cert`` (signed by the harness CA), embedded so the file stands alone."""
+        pki = self.cp.workdir / "pki"
+
+        def b64(file: str) -> str:
+            return base64.b64encode((pki / file).read_bytes()).decode()
+
+        path = self.run / f"{name}.kubeconfig"
+        path.write_text(json.dumps({
+            "apiVersion": "v1", "kind": "Config",
+            "clusters": [{"name": "c", "cluster": {"server": f"https://{self.ip}:{self.cp.ports['apiserver']}",
+                                                   "certificate-authority-data": b64("ca.crt")}}],
+            "users": [{"name": "u", "user": {"client-certificate-data": b64(f"{cert}.crt"),
+                                             "client-key-data": b64(f"{cert}.key")}}],
+            "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}], "current-context": "c"}))
+        return path
+
     def _kube_proxy(self) -> None:
-        """iptables mode; masquerade-all because pods on one bridge reach each other through
-        Services without br_netfilter (the reply must come back through the host to be un-NATed)."""
+        """iptables mode; masquerade-all (chosen when the node ran without bridge netfilter: a pod
+        reaching a pod on its bridge through a Service needed the reply to come back through the
+        host). It does not hide the client from NetworkPolicy: kube-router's filter chains see the
+        pod's own address, masquerading happens after them (POSTROUTING)."""
         config = {
             "apiVersion": "kubeproxy.config.k8s.io/v1alpha1", "kind": "KubeProxyConfiguration",
             "clientConnection": {"kubeconfig": self.cp.kubeconfig},
@@ -546,6 +634,55 @@ state = "{r / 'containerd-state'}"
         }
         (self.run / "kube-proxy.yaml").write_text(json.dumps(config, indent=1))
         self._spawn("kube-proxy", [str(self.cp.bin_dir / "kube-proxy"), f"--config={self.run / 'kube-proxy.yaml'}", "--v=1"])
+
+    # ---- NetworkPolicy
+    def _kube_router(self) -> None:
+        """kube-router's network-policy controller alone (no BGP routing, no service proxy: the
+        bridge and kube-proxy do those). Its own identity, allowed only to read what it watches."""
+        user = "system:kube-router"
+        _pki_leaf(self.cp.workdir / "pki", f"kube-router-{self.index}", user, None)
+        self._grant("awm:kube-router", user, KUBE_ROUTER_RBAC)
+        harness = sys.modules[type(self.cp).__module__]
+        self._spawn("kube-router", [
+            str(self.cp.bin_dir / "kube-router"),
+            f"--kubeconfig={self._kubeconfig('kube-router', f'kube-router-{self.index}')}",
+            f"--hostname-override={self.name}",
+            "--run-firewall=true", "--run-router=false", "--run-service-proxy=false", "--run-loadbalancer=false",
+            f"--service-cluster-ip-range={harness.SERVICE_CIDR}",
+            # a full resync every 10 s, like kube-proxy's here (default 5 min): if something else on
+            # the host removes its rules, they are back within that
+            "--iptables-sync-period=10s",
+            "--health-port=0", "--metrics-port=0", "--v=1"])
+
+    def _grant(self, name: str, user: str, rules: list[dict]) -> None:
+        """A ClusterRole with ``rules`` bound to ``user`` (already there: left as it is)."""
+        rbac = "/apis/rbac.authorization.k8s.io/v1"
+        objects = [
+            ("clusterroles", {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                              "metadata": {"name": name}, "rules": rules}),
+            ("clusterrolebindings", {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                                     "metadata": {"name": name},
+                                     "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                                 "name": name},
+                                     "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
+                                                   "name": user}]}),
+        ]
+        for kind, body in objects:
+            try:
+                self.cp.api("POST", f"{rbac}/{kind}", body)
+            except urllib.error.HTTPError as exc:
+                if exc.code != 409:
+                    raise
+
+    @staticmethod
+    def _kube_router_ready() -> bool:
+        """Its chains are in place and hooked into the built-in ones (in the backend the node's
+        own iptables uses: kube-router runs that same binary) and its first sync made the default
+        policy chain."""
+        rules = _run("iptables", "-t", "filter", "-S", check=False).stdout.splitlines()
+        hooked = {c for c in ("INPUT", "FORWARD", "OUTPUT") if any(
+            r.startswith(f"-A {c} ") and r.endswith(f"-j KUBE-ROUTER-{c}") for r in rules)}
+        return len(hooked) == 3 and "-N KUBE-NWPLCY-DEFAULT" in rules
 
     def _ready(self) -> bool:
         node = self.cp.api("GET", f"/api/v1/nodes/{self.name}")

@@ -7,12 +7,13 @@ of the catalog image, database cloned by `provision`), the env server as uid 100
 root filesystem. The images come from images/build.py (cached by content) and are imported into
 the node's containerd, so nothing is pulled.
 
-What the bridge CNI cannot do: enforce NetworkPolicy (it has no policy engine; the chart's
-policies are created and checked for shape elsewhere, tests/test_chart.py). Everything else
-(securityContext, seccomp, read-only root, non-root user, no capabilities) is enforced by runc
-and checked from inside a pod.
+The chart's NetworkPolicies are installed and enforced: the bridge CNI has no policy engine, so
+the node runs kube-router's network-policy controller (iptables + ipset); the tests try
+connections from inside pods that the policies forbid, next to the same connections from a pod no
+policy restricts (so a refusal is the policy's, not a closed port). The securityContext (seccomp,
+read-only root, non-root user, no capabilities) is enforced by runc and checked from inside a pod.
 
-Needs root and the Debian packages containerd, runc, containernetworking-plugins, iptables,
+Needs root and the Debian packages containerd, runc, containernetworking-plugins, iptables, ipset,
 buildah, mmdebstrap (`.ci/run` installs them); under CI=true a missing one fails the test.
 """
 
@@ -20,11 +21,15 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
 import os
 import re
+import socket
 import subprocess
 import sys
+import threading
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +41,7 @@ from awm.client import ControlClient, McpSession
 from awm.gates import replay
 from awm_operator.client import AllocationClient
 from k8s import chart as chart_install
+from k8s.node import CLUSTER_DOMAIN
 from tests.conftest import _load_k8s_harness, require
 from tests.k8s_e2e import CLIENTS_NS, Cluster, claim_of, client_token, grant_claims, wait_for
 
@@ -96,12 +102,72 @@ def test_walkthrough(images: dict[str, Any]) -> None:
     assert "release \"awm\" uninstalled" in r.stdout
 
 
-@pytest.fixture(scope="module")
-def real_cp(tmp_path_factory: pytest.TempPathFactory, images: dict[str, Any]):
+def _real_node_harness() -> Any:
+    """k8s/harness.py, once this machine can run a real node (else skip; under CI=true fail)."""
     harness = _load_k8s_harness()
     require(harness.binaries_present(), f"Kubernetes test binaries missing in {harness.default_bin_dir()}: run k8s/build.sh")
     lacking = harness.node_module().missing_prerequisites(harness.default_bin_dir())
     require(not lacking, f"a real node needs: {'; '.join(lacking)}")
+    return harness
+
+
+def _require_network_policy(node: Any) -> None:
+    """The node enforces NetworkPolicy (it does unless another node's kube-router holds the host)."""
+    require(node.network_policy, f"the real node does not enforce NetworkPolicy: {node.network_policy_off}")
+
+
+# A pod the node's pause image runs (no other image needed), selected by a policy with a pod-selector
+# ingress peer and an ipBlock egress peer: kube-router makes a pod chain, a policy chain and ipsets.
+POLICED_POD = """
+apiVersion: v1
+kind: Pod
+metadata: {name: policed, namespace: default, labels: {app: policed}}
+spec:
+  automountServiceAccountToken: false
+  containers: [{name: pause, image: "localhost/awm-pause:3.10", imagePullPolicy: Never}]
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: policed, namespace: default}
+spec:
+  podSelector: {matchLabels: {app: policed}}
+  policyTypes: [Ingress, Egress]
+  ingress: [{from: [{podSelector: {matchLabels: {role: client}}}]}]
+  egress: [{to: [{ipBlock: {cidr: 192.0.2.0/24}}]}]
+"""
+
+
+def test_node_teardown_removes_kube_router_chains_and_ipsets(tmp_path: Path) -> None:
+    """kube-router leaves its chains and ipsets in place when it stops (so policies hold across
+    its restarts): the node's teardown removes them, and leftovers() names any it did not. Runs
+    its own small cluster, before the module's (one node per host enforces NetworkPolicy)."""
+    harness = _real_node_harness()
+    node_module = harness.node_module()
+    cp = harness.ControlPlane(nodes=0, real_node=True)
+    cp.start(tmp_path / "k8s")
+    node = cp.node
+    try:
+        _require_network_policy(node)
+        cp.kubectl("apply", "-f", "-", input=POLICED_POD)
+        wait_for("kube-router's chains and ipsets for the policed pod",
+                 lambda: any(c.startswith("KUBE-POD-FW-") for c in node_module.kube_router_chains())
+                 and any(c.startswith("KUBE-NWPLCY-") and c != "KUBE-NWPLCY-DEFAULT" for c in node_module.kube_router_chains())
+                 and len(node_module.kube_router_ipsets()) >= 2, timeout=120, interval=0.5)
+        chains, ipsets = node_module.kube_router_chains(), node_module.kube_router_ipsets()
+        running = set(node.leftovers())
+        assert {f"iptables chain {c}" for c in chains} <= running, running   # what leftovers() would report
+        assert {f"ipset {s}" for s in ipsets} <= running, running
+    finally:
+        cp.stop()
+    assert node.leftovers() == [], node.leftovers()
+    assert node_module.kube_router_chains() == [] and node_module.kube_router_ipsets() == []
+    dump = subprocess.run(["iptables-save"], capture_output=True, text=True, check=True).stdout
+    assert "kube-router" not in dump and not any(c in dump for c in chains), dump
+
+
+@pytest.fixture(scope="module")
+def real_cp(tmp_path_factory: pytest.TempPathFactory, images: dict[str, Any]):
+    harness = _real_node_harness()
     cp = harness.ControlPlane(nodes=0, real_node=True)
     cp.start(tmp_path_factory.mktemp("realk8s"))
     node = cp.node
@@ -118,11 +184,13 @@ def real_cp(tmp_path_factory: pytest.TempPathFactory, images: dict[str, Any]):
 @pytest.fixture(scope="module")
 def chart(real_cp: Any, images: dict[str, Any]) -> Cluster:
     """`helm install` of charts/awm with the built images: Postgres and two operator replicas as
-    real pods."""
+    real pods, the NetworkPolicies on (k8s/chart.py; the node enforces them)."""
     cp = real_cp
     r = chart_install.helm_install(cp, {n: b.ref for n, b in images.items()}, release=RELEASE, namespace=NS,
                                    sets=("operator.replicas=2",))
     assert r.returncode == 0, f"helm install failed: {r.stderr}\n{_describe(cp)}"
+    policies = cp.api("GET", f"/apis/networking.k8s.io/v1/namespaces/{NS}/networkpolicies")["items"]
+    assert {p["metadata"]["name"] for p in policies} == {f"{RELEASE}-{c}" for c in ("envserver", "operator", "postgres")}
     cluster = Cluster(cp, NS)
     os.environ["AWM_API_TOKEN"] = client_token(cp)
     grant_claims(cp, NS, CLIENTS_NS, "trainer")
@@ -132,7 +200,7 @@ def chart(real_cp: Any, images: dict[str, Any]) -> Cluster:
 def _describe(cp: Any) -> str:
     pods = cp.kubectl("get", "pods", "-A", "-o", "wide", check=False).stdout
     events = cp.kubectl("get", "events", "-A", "--sort-by=.lastTimestamp", check=False).stdout[-4000:]
-    return f"{pods}\n{events}\n" + "\n".join(cp.node.log_tail(n) for n in ("kubelet", "containerd"))
+    return f"{pods}\n{events}\n" + "\n".join(cp.node.log_tail(n) for n in ("kubelet", "containerd", "kube-router"))
 
 
 def _pod_on_node(pod: dict[str, Any], node: str) -> bool:
@@ -198,6 +266,172 @@ def test_security_context_enforced_in_the_env_pod(chart: Cluster, fleet: str) ->
     assert info["isolation"]["strong"] is True, info["isolation"]
     assert {"seccomp", "landlock"} <= set(info["isolation"]["applied"]), info["isolation"]
 
+
+
+# ---- NetworkPolicy, enforced by the node's kube-router
+
+# A TCP connection attempt from inside a pod, with the image's python: "open", or the error's class
+# (a connection a policy forbids is refused at once: kube-router REJECTs what no policy allows).
+CONNECT = """import socket, sys
+s = socket.socket()
+s.settimeout(10)
+try:
+    s.connect((sys.argv[1], int(sys.argv[2])))
+    print("open")
+except OSError as exc:
+    print(type(exc).__name__)
+"""
+REFUSED = "ConnectionRefusedError"
+PROBES = {"probe-client": {"awm.dev/client": "true"},   # matches networkPolicy.clients (the chart's default)
+          "probe-other": {}}                            # matches nothing: only policies' defaults apply
+
+
+def _connect(cp: Any, pod: str, host: str, port: int) -> str:
+    r = _exec(cp, pod, "python", "-c", CONNECT, host, str(port))
+    assert r.returncode == 0, f"exec in {pod} failed: {r.stderr}"
+    return r.stdout.strip()
+
+
+def _resolve(cp: Any, pod: str, name: str) -> str:
+    """The address `name` resolves to inside the pod (its resolv.conf: the node's cluster DNS)."""
+    r = _exec(cp, pod, "python", "-c", "import socket, sys; print(socket.gethostbyname(sys.argv[1]))", name)
+    assert r.returncode == 0, f"{name} does not resolve in {pod}: {r.stderr}"
+    return r.stdout.strip()
+
+
+def _probe_pod(name: str, labels: dict[str, str], image: str) -> dict[str, Any]:
+    """A pod that only waits, from the env server image (already on the node: never pulled), for
+    kubectl exec to try connections from. No policy selects it, so its own traffic is unrestricted."""
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS, "labels": labels},
+            "spec": {"automountServiceAccountToken": False, "terminationGracePeriodSeconds": 0,
+                     "containers": [{
+                         "name": "probe", "image": image, "imagePullPolicy": "Never",
+                         "command": ["python", "-c", "import time; time.sleep(10**9)"],
+                         "securityContext": {"runAsNonRoot": True, "allowPrivilegeEscalation": False,
+                                             "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]},
+                                             "seccompProfile": {"type": "RuntimeDefault"}}}]}}
+
+
+@pytest.fixture(scope="module")
+def probes(chart: Cluster, images: dict[str, Any]) -> dict[str, str]:
+    """The probe pods, Ready -> name: pod IP."""
+    cp = chart.cp
+    _require_network_policy(cp.node)
+    for name, labels in PROBES.items():
+        cp.kubectl("apply", "-f", "-", input=json.dumps(_probe_pod(name, labels, images["envserver"].ref)))
+    for name in PROBES:
+        cp.kubectl("-n", NS, "wait", f"pod/{name}", "--for=condition=Ready", "--timeout=180s")
+    return {name: cp.api("GET", f"/api/v1/namespaces/{NS}/pods/{name}")["status"]["podIP"] for name in PROBES}
+
+
+NODE_PORTS = range(30000, 32768)   # the API server's default NodePort range (kube-router's too)
+
+
+def _listen(ip: str, ports: range | None = None) -> socket.socket:
+    """A TCP server on ``ip`` that accepts and closes (any free port, or the first free in ``ports``)."""
+    for port in ports or [0]:
+        try:
+            server = socket.create_server((ip, port))
+            break
+        except OSError:
+            continue
+
+    def accept() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:  # closed: the module is done
+                return
+            conn.close()
+
+    threading.Thread(target=accept, daemon=True).start()
+    return server
+
+
+@pytest.fixture(scope="module")
+def host_port(real_cp: Any) -> Iterator[int]:
+    """A TCP listener on the node's address, like any host service no policy admits (its port is
+    outside the NodePort range: see test_network_policy_leaves_node_ports_open)."""
+    server = _listen(real_cp.node.ip)
+    port = server.getsockname()[1]
+    assert port not in NODE_PORTS, f"port {port} is in the NodePort range"
+    yield port
+    server.close()
+
+
+def _service(cp: Any, name: str, port_name: str) -> tuple[str, int]:
+    svc = cp.api("GET", f"/api/v1/namespaces/{NS}/services/{name}")
+    return svc["spec"]["clusterIP"], next(p["port"] for p in svc["spec"]["ports"] if p["name"] == port_name)
+
+
+def test_network_policy_env_pod_egress_only_to_postgres_and_dns(chart: Cluster, fleet: str, probes: dict[str, str],
+                                                                 host_port: int) -> None:
+    """An env pod opens no connection the policy does not allow - the API server (through its
+    Service and on the node address), another env pod, a host service - while a pod no policy
+    restricts opens each of them (they listen); it still resolves names and reaches Postgres, and
+    its env server keeps answering tool calls from its database."""
+    cp = chart.cp
+    pods = chart.pods(fleet)
+    crm = next(p for p in pods if p["metadata"]["annotations"]["awm.dev/environment"] == "crm")
+    other = next(p for p in pods if p["metadata"]["name"] != crm["metadata"]["name"])
+    forbidden = {"the API server through the kubernetes Service": ("10.96.0.1", 443),
+                 "the API server on the node address": (cp.node.ip, cp.ports["apiserver"]),
+                 "another env pod's MCP port": (other["status"]["podIP"], 8000),
+                 "another env pod's control port": (other["status"]["podIP"], 8001),
+                 "a host service": (cp.node.ip, host_port)}
+    pod = crm["metadata"]["name"]
+    for what, (host, port) in forbidden.items():
+        assert _connect(cp, "probe-client", host, port) == "open", f"control: {what} does not listen"
+        assert _connect(cp, pod, host, port) == REFUSED, f"the env pod reached {what}"
+    postgres = f"{RELEASE}-postgres.{NS}.svc.{CLUSTER_DOMAIN}"
+    assert _resolve(cp, pod, postgres) == _service(cp, f"{RELEASE}-postgres", "postgres")[0]
+    assert _connect(cp, pod, postgres, 5432) == "open"
+
+    async def call() -> Any:
+        async with McpSession(f"http://{crm['status']['podIP']}:8000/mcp") as mcp:
+            return await mcp.call_tool("search_accounts", {"limit": 2})
+
+    outcome = asyncio.run(call())
+    assert not outcome.is_error and '"name"' in outcome.text, outcome
+
+
+def test_network_policy_leaves_node_ports_open(chart: Cluster, fleet: str, probes: dict[str, str]) -> None:
+    """What docs/security.md says kube-router does not restrict: a host port in the NodePort range
+    is open to an env pod (kube-router lets traffic to the node's ports in that range through
+    before the pods' rules, for NodePort Services). Nothing of the chart listens there."""
+    cp = chart.cp
+    server = _listen(cp.node.ip, NODE_PORTS)
+    try:
+        port = server.getsockname()[1]
+        assert port in NODE_PORTS
+        assert _connect(cp, chart.pods(fleet)[0]["metadata"]["name"], cp.node.ip, port) == "open"
+    finally:
+        server.close()
+
+
+def test_network_policy_env_pod_ingress_only_from_clients_and_operator(chart: Cluster, fleet: str,
+                                                                        probes: dict[str, str], host_port: int) -> None:
+    """MCP (8000) and control (8001) of an env pod answer a pod labelled as a client and the
+    operator, not another pod of the namespace; the operator's API (8080, through its Service:
+    kube-proxy's DNAT and masquerade do not hide the client from the policy) and Postgres answer
+    by the same rules."""
+    cp = chart.cp
+    ip = chart.pods(fleet)[0]["status"]["podIP"]
+    operator = next(p["metadata"]["name"] for p in cp.api("GET", f"/api/v1/namespaces/{NS}/pods")["items"]
+                    if p["metadata"]["name"].startswith(f"{RELEASE}-operator") and p["status"].get("podIP"))
+    assert _connect(cp, "probe-other", cp.node.ip, host_port) == "open"   # its own network works
+    for port in (8000, 8001):
+        assert _connect(cp, "probe-client", ip, port) == "open"
+        assert _connect(cp, operator, ip, port) == "open"
+        assert _connect(cp, "probe-other", ip, port) == REFUSED
+    api = _service(cp, f"{RELEASE}-operator", "api")
+    assert _connect(cp, "probe-client", *api) == "open"
+    assert _connect(cp, "probe-other", *api) == REFUSED
+    assert _connect(cp, "probe-other", *_service(cp, f"{RELEASE}-operator-metrics", "metrics")) == "open"
+    postgres = _service(cp, f"{RELEASE}-postgres", "postgres")
+    assert _connect(cp, operator, *postgres) == "open"
+    for probe in PROBES:
+        assert _connect(cp, probe, *postgres) == REFUSED
 
 
 def test_env_pod_python_loads_precompiled_bytecode(chart: Cluster, fleet: str) -> None:
