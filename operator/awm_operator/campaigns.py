@@ -864,12 +864,23 @@ async def campaign_job_event(event: kopf.RawEvent, namespace: str, memo: kopf.Me
 # --------------------------------------------------------------------------- progress API
 
 
+async def _not_followed(ctx: Context, namespace: str, name: str) -> web.Response:
+    """The answer for a campaign this replica does not follow. A standby replica knows no
+    campaign at all (kopf pauses its handlers) yet may have no fleet either, so it cannot tell
+    itself a standby: the API server says whether the campaign exists. (A 404 from a standby once
+    made a campaign's Job give its reports up while the active replica waited for them.)"""
+    if await ctx.kube.get_object(PLURAL, namespace, name) is None:
+        return web.json_response({"error": "no such campaign"}, status=404)
+    return web.json_response({"error": "this operator replica does not follow the campaign (a standby)"}, status=503)
+
+
 def add_progress_route(routes: web.RouteTableDef, ctx: Context, fleets: Fleets) -> None:
     """``POST /v1/namespaces/{ns}/campaigns/{name}/progress`` on the allocation API's port, where
     the campaign's Job already talks to the operator: ``{"step", "rewardMean", "rolloutsPerS",
     "passRates"}`` -> 202. The report lands in the Campaign's status within
-    ``AWM_CAMPAIGN_STATUS_INTERVAL`` seconds; 404 for a campaign this operator does not know,
-    503 from a standby replica (the client may retry, or just send the next report)."""
+    ``AWM_CAMPAIGN_STATUS_INTERVAL`` seconds; 404 for a campaign the API server does not know,
+    503 from a replica that does not follow it (a standby: its kopf handlers are paused; or one
+    starting), so that the client asks again, on a new connection, until the active one answers."""
 
     @routes.post("/v1/namespaces/{ns}/campaigns/{name}/progress")
     async def progress(request: web.Request) -> web.Response:
@@ -881,8 +892,9 @@ def add_progress_route(routes: web.RouteTableDef, ctx: Context, fleets: Fleets) 
         except (ValueError, ValidationError) as exc:
             return web.json_response({"error": f"bad request: {exc}"}, status=400)
         registry = campaigns_of(ctx)
-        state = registry.get(request.match_info["ns"], request.match_info["name"])
+        namespace, name = request.match_info["ns"], request.match_info["name"]
+        state = registry.get(namespace, name)
         if state is None:
-            return web.json_response({"error": "no such campaign"}, status=404)
+            return await _not_followed(ctx, namespace, name)
         registry.report(state, report.status())
         return web.json_response({"accepted": True, "phase": state.phase or "Pending"}, status=202)
