@@ -351,6 +351,26 @@ def test_evaluation_job_runs_awm_eval_with_arguments_it_accepts() -> None:
                                                                 for v in job["spec"]["template"]["spec"]["volumes"])
 
 
+def test_evaluation_jobs_take_the_evaluation_image_when_the_chart_names_one() -> None:
+    """An evaluation of an endpoint needs no torch: with AWM_EVAL_IMAGE set (the chart's
+    trainer.evalImage) its Job and the Job's catalog download run that image; training keeps the
+    trainer image, and a campaign's own job.image wins over both."""
+    settings = cp.CampaignSettings.from_env({"AWM_TRAINER_IMAGE": "reg/awm-trainer:1",
+                                             "AWM_EVAL_IMAGE": "reg/awm-trainer-eval:1",
+                                             "AWM_EVAL_IMAGE_PULL_POLICY": "Never"})
+
+    def pod(spec: Any) -> dict[str, Any]:
+        return cp.job_manifest("c", "rl", "u", spec, OperatorConfig(), settings, "http://op:8080")["spec"]["template"]["spec"]
+
+    ev = pod(evaluation())
+    assert [(c["image"], c["imagePullPolicy"]) for c in ev["initContainers"] + ev["containers"]] == \
+        [("reg/awm-trainer-eval:1", "Never")] * 2
+    (trainer,) = pod(training())["containers"]
+    assert (trainer["image"], trainer["imagePullPolicy"]) == ("reg/awm-trainer:1", "IfNotPresent")
+    (own,) = pod(evaluation(job={"image": "mine:2"}))["containers"]
+    assert (own["image"], own["imagePullPolicy"]) == ("mine:2", "Never")
+
+
 def test_child_names_fit() -> None:
     assert cp.Names.of("run") == cp.Names("run", "run", "run-train-config", "run-trainer", "run-workers")
     long = "a" * 200

@@ -95,6 +95,8 @@ class CampaignSettings:
     operator_url: str | None = None        # AWM_OPERATOR_URL: the allocation API as the Job's pod sees it
     trainer_image: str = "awm-trainer:0.1.0"
     trainer_pull_policy: str = "IfNotPresent"
+    eval_image: str | None = None          # AWM_EVAL_IMAGE: evaluations' image (no torch); unset: trainer_image
+    eval_pull_policy: str | None = None
     status_interval: float = 2.0           # progress -> status patches at most this often
 
     @classmethod
@@ -103,7 +105,17 @@ class CampaignSettings:
         return cls(operator_url=e.get("AWM_OPERATOR_URL") or None,
                    trainer_image=e.get("AWM_TRAINER_IMAGE") or cls.trainer_image,
                    trainer_pull_policy=e.get("AWM_TRAINER_IMAGE_PULL_POLICY") or cls.trainer_pull_policy,
+                   eval_image=e.get("AWM_EVAL_IMAGE") or None,
+                   eval_pull_policy=e.get("AWM_EVAL_IMAGE_PULL_POLICY") or None,
                    status_interval=float(e.get("AWM_CAMPAIGN_STATUS_INTERVAL") or cls.status_interval))
+
+    def image_for(self, mode: str) -> tuple[str, str]:
+        """(image, pull policy) of a campaign's Job unless its spec names one. An evaluation of an
+        endpoint needs no torch, so it gets the evaluation image when the chart names one (a
+        fraction of the trainer image's size: a faster pull on every node a Job lands on)."""
+        if mode == "evaluation" and self.eval_image:
+            return self.eval_image, self.eval_pull_policy or self.trainer_pull_policy
+        return self.trainer_image, self.trainer_pull_policy
 
 
 # --------------------------------------------------------------------------- manifests (pure)
@@ -328,8 +340,9 @@ def job_manifest(campaign: str, namespace: str, uid: str, spec: CampaignSpec, cf
     credential for the operator's API; the account may do nothing else: trainer_access), runs
     non-root on a read-only root filesystem, and gets the campaign's bundles from an init container."""
     j, names = spec.job, Names.of(campaign)
-    image = j.image or settings.trainer_image
-    pull_policy = j.image_pull_policy or settings.trainer_pull_policy
+    default_image, default_pull_policy = settings.image_for(spec.mode)
+    image = j.image or default_image
+    pull_policy = j.image_pull_policy or default_pull_policy
     security = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "runAsNonRoot": True,
                 "capabilities": {"drop": ["ALL"]}}
     env: list[dict[str, Any]] = [
