@@ -9,6 +9,7 @@ only package registries (PyPI, Debian) still gets every image:
     base      Debian bookworm minbase + images/base/packages.txt  (stands in for python:3.11-slim-bookworm)
     busybox   Debian's busybox-static on an empty root            (stands in for busybox:1.37.0)
     envserver, operator, catalog, trainer, postgres   images/<name>/Dockerfile with BASE/BUSYBOX set
+    trainer-eval   images/trainer/Dockerfile with EXTRAS=eval: `awm eval` of an endpoint, no torch
 
 Every image is written as a docker-archive tar (loadable by `docker load`, `ctr images import`,
 `kind load image-archive`) into the cache, ``$AWM_IMAGE_CACHE`` or ``~/.cache/awm/images``, under a
@@ -22,6 +23,7 @@ same versions); Python packages are pinned by pyproject.toml's ranges. See docs/
 
     python3 images/build.py                    # base, busybox, envserver, operator, catalog, postgres
     python3 images/build.py envserver trainer  # just these (and what they build on)
+    python3 images/build.py trainer-eval       # the evaluation image (no torch)
     python3 images/build.py --json             # one JSON record per image on stdout
 
 Needs root (mmdebstrap and buildah in chroot mode), buildah and mmdebstrap (Debian packages).
@@ -48,9 +50,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 IMAGES = ROOT / "images"
 SUITE = "bookworm"
-# Images of the chart; `trainer` (torch with its CUDA wheels from PyPI: several GB) only on request.
+# Images of the chart; `trainer` (torch with its CUDA wheels from PyPI: several GB) and
+# `trainer-eval` (evaluation Campaigns against an endpoint) only on request.
 DEFAULT = ["envserver", "operator", "catalog", "postgres"]
-ALL = [*DEFAULT, "trainer"]
+# Images built from another image's Dockerfile with build arguments of their own: name ->
+# (Dockerfile directory, build arguments). The Dockerfile stays the one description.
+VARIANTS: dict[str, tuple[str, dict[str, str]]] = {"trainer-eval": ("trainer", {"EXTRAS": "eval"})}
+ALL = [*DEFAULT, "trainer", *VARIANTS]
 EPOCH = "0"  # the clamped timestamp of every layer
 
 
@@ -100,6 +106,12 @@ def _dockerignore() -> list[str]:
     if not f.is_file():
         return []
     return [ln.strip() for ln in f.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+
+
+def recipe(name: str) -> tuple[Path, dict[str, str]]:
+    """The Dockerfile an image is built from and the build arguments its name adds (a variant's)."""
+    directory, args = VARIANTS.get(name, (name, {}))
+    return IMAGES / directory / "Dockerfile", dict(args)
 
 
 def copy_sources(dockerfile: Path) -> list[str]:
@@ -314,10 +326,10 @@ class Builder:
 
     # ---- the Dockerfiles
     def image(self, name: str, base: Built, busybox: Built | None) -> Built:
-        dockerfile = IMAGES / name / "Dockerfile"
+        dockerfile, args = recipe(name)
         if not dockerfile.is_file():
             raise BuildError(f"no such image: {name} ({dockerfile} missing)")
-        args = {"BASE": base.ref}
+        args["BASE"] = base.ref
         if busybox is not None:
             args["BUSYBOX"] = busybox.ref
         key = _sha(name, dockerfile.read_text(), context_digest(copy_sources(dockerfile)),
@@ -341,11 +353,11 @@ class Builder:
         fcntl.flock(lock, fcntl.LOCK_EX)  # two builds sharing a cache wait for each other
         try:
             base = self.base()
-            needs_busybox = any("${BUSYBOX}" in (IMAGES / n / "Dockerfile").read_text() for n in names)
+            needs_busybox = any(_uses_busybox(n) for n in names)
             busybox = self.busybox() if needs_busybox else None
             out = [base] + ([busybox] if busybox else [])
             for n in names:
-                b = self.image(n, base, busybox if "${BUSYBOX}" in (IMAGES / n / "Dockerfile").read_text() else None)
+                b = self.image(n, base, busybox if _uses_busybox(n) else None)
                 self.say(f"    {n}: {b.ref} {b.size_bytes / 1e6:.0f} MB "
                          f"{'cached' if b.cached else f'built in {b.build_seconds:.0f} s'}")
                 out.append(b)
@@ -355,9 +367,13 @@ class Builder:
             shutil.rmtree(self._tmp, ignore_errors=True)
 
 
+def _uses_busybox(name: str) -> bool:
+    return "${BUSYBOX}" in recipe(name)[0].read_text()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("names", nargs="*", help=f"images to build (default: {' '.join(DEFAULT)}; also: trainer)")
+    ap.add_argument("names", nargs="*", help=f"images to build (default: {' '.join(DEFAULT)}; also: trainer, {', '.join(VARIANTS)})")
     ap.add_argument("--json", action="store_true", help="print one JSON record per image on stdout")
     a = ap.parse_args(argv)
     names = a.names or DEFAULT

@@ -15,6 +15,8 @@ from typing import Any
 
 CHART = Path(__file__).resolve().parent.parent / "charts" / "awm"
 COMPONENTS = ("operator", "envserver", "catalog", "postgres")  # chart value key == image name
+# Campaign Jobs' images, set when built (images/build.py name -> chart value key).
+JOB_IMAGES = {"trainer": "trainer.image", "trainer-eval": "trainer.evalImage"}
 SMALL = ("postgres.persistence.enabled=false",
          "postgres.resources.requests.cpu=100m", "postgres.resources.requests.memory=128Mi",
          "operator.resources.requests.cpu=50m", "operator.resources.requests.memory=128Mi",
@@ -22,12 +24,13 @@ SMALL = ("postgres.persistence.enabled=false",
 
 
 def image_sets(refs: dict[str, str]) -> list[str]:
-    """--set values pointing the chart's components at image refs (``name -> repo:tag``)."""
+    """--set values pointing the chart's components at image refs (``name -> repo:tag``), and
+    the Campaign Jobs' images among them."""
+    keys = {c: f"{c}.image" for c in COMPONENTS} | {n: k for n, k in JOB_IMAGES.items() if n in refs}
     out = []
-    for component in COMPONENTS:
-        repo, tag = refs[component].rsplit(":", 1)
-        out += [f"{component}.image.repository={repo}", f"{component}.image.tag={tag}",
-                f"{component}.image.pullPolicy=Never"]
+    for name, key in keys.items():
+        repo, tag = refs[name].rsplit(":", 1)
+        out += [f"{key}.repository={repo}", f"{key}.tag={tag}", f"{key}.pullPolicy=Never"]
     return out
 
 

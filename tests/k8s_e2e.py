@@ -121,7 +121,7 @@ class Cluster:
         self.cp, self.ns = cp, namespace
 
     def create(self, plural: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
-        kind = {"envfleets": "EnvFleet", "envclaims": "EnvClaim"}[plural]
+        kind = {"envfleets": "EnvFleet", "envclaims": "EnvClaim", "campaigns": "Campaign"}[plural]
         body = {"apiVersion": "awm.dev/v1alpha1", "kind": kind, "metadata": {"name": name}, "spec": spec}
         return self.cp.api("POST", f"{API}/namespaces/{self.ns}/{plural}", body)
 

@@ -1,9 +1,10 @@
-"""A scripted OpenAI-compatible endpoint on 127.0.0.1 for the synthesis tests.
+"""A scripted OpenAI-compatible endpoint (on 127.0.0.1 unless told) for the synthesis tests.
 
 It serves ``/v1/chat/completions`` and ``/v1/embeddings`` from a script: for each request the
 ``answer`` callback receives the stage (from the ``[awm-stage: X]`` tag), the whole request and
 the number of earlier requests of that stage, and returns a :class:`Reply`: content to send, or
-an HTTP status to fail with. Every request is recorded for assertions.
+an HTTP status to fail with. Every request is recorded for assertions. ``host``: the address it
+listens on (a real node's address, so that pods reach it: tests/test_realnode.py).
 """
 
 from __future__ import annotations
@@ -40,18 +41,18 @@ Answer = Callable[[str, dict[str, Any], int], Reply]
 
 
 class ScriptedLLM:
-    def __init__(self, answer: Answer) -> None:
+    def __init__(self, answer: Answer, host: str = "127.0.0.1") -> None:
         self.answer = answer
         self.requests: list[tuple[str, dict[str, Any]]] = []
         self.counts: Counter[str] = Counter()
         self._lock = threading.Lock()
         with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
+            s.bind((host, 0))
             self.port = s.getsockname()[1]
-        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+        self.base_url = f"http://{host}:{self.port}/v1"
         app = Starlette(routes=[Route("/v1/chat/completions", self._chat, methods=["POST"]),
                                 Route("/v1/embeddings", self._embeddings, methods=["POST"])])
-        self._server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error"))
+        self._server = uvicorn.Server(uvicorn.Config(app, host=host, port=self.port, log_level="error"))
         self._thread = threading.Thread(target=self._server.run, daemon=True)
 
     def __enter__(self) -> ScriptedLLM:

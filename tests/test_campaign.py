@@ -237,10 +237,10 @@ def test_training_job_manifest() -> None:
 
 
 async def test_a_failed_progress_report_is_retried_with_the_newest_numbers(monkeypatch: pytest.MonkeyPatch) -> None:
-    """An operator that answers 503 (a standby replica) or is restarting: nothing reported is
-    lost, newer numbers win, and closing the reporter retries until the status has them."""
+    """An operator that fails (restarting, overloaded): nothing reported is lost, newer numbers
+    win, and closing the reporter retries until the status has them."""
     bodies: list[dict[str, Any]] = []
-    answers = iter([503, 503, 202, 202])
+    answers = iter([500, 500, 202, 202])
 
     def handle(request: httpx.Request) -> httpx.Response:
         bodies.append(json.loads(request.content))
@@ -258,6 +258,70 @@ async def test_a_failed_progress_report_is_retried_with_the_newest_numbers(monke
     assert not reporter.pending and reporter.sent == 1
     assert bodies[-1] == {"step": 2, "rewardMean": 0.2, "passRates": {"crm": 0.5}}
     await client.aclose()
+
+
+async def test_progress_reaches_the_active_replica_behind_a_service() -> None:
+    """Two operator replicas behind one Service, which balances per connection (kube-proxy): the
+    standby answers 503. The reporter asks again on a new connection, so its reports reach the
+    active replica instead of the standby its pooled connection first landed on (a reporter that
+    kept its connection got 1 of 3 reports through here, after 7 failed attempts)."""
+    from aiohttp import web
+
+    received: list[dict[str, Any]] = []
+
+    async def standby(request: web.Request) -> web.Response:
+        return web.json_response({"error": "standby replica"}, status=503)
+
+    async def active(request: web.Request) -> web.Response:
+        received.append(await request.json())
+        return web.json_response({"accepted": True}, status=202)
+
+    runners, ports = [], []
+    for handler in (standby, active):
+        app = web.Application()
+        app.router.add_post("/v1/namespaces/{ns}/campaigns/{name}/progress", handler)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        runners.append(runner)
+        ports.append(runner.addresses[0][1])
+    service, connections = await _per_connection_balancer(ports)
+    try:
+        port = service.sockets[0].getsockname()[1]
+        reporter = ProgressReporter(KubernetesSettings(f"http://127.0.0.1:{port}", "rl", "f", "c"))
+        for step in (1, 2, 3):
+            reporter.report(step=step, pass_rates={"crm": step / 4})
+            await reporter.flush()
+        await reporter.aclose()
+        assert (reporter.sent, reporter.failed) == (3, 0) and received[-1] == {"step": 3, "passRates": {"crm": 0.75}}
+        assert connections[0] == ports[0]  # the first connection did land on the standby
+    finally:
+        service.close()
+        for runner in runners:
+            await runner.cleanup()
+
+
+async def _per_connection_balancer(ports: list[int]) -> tuple[asyncio.Server, list[int]]:
+    """A TCP proxy on 127.0.0.1 sending each new connection to the next port in turn, as a
+    Service's ClusterIP does (kube-proxy picks a backend per connection). -> (the proxy, the
+    backend port of every connection so far)."""
+    chosen: list[int] = []
+
+    async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+        try:
+            while data := await src.read(65536):
+                dst.write(data)
+                await dst.drain()
+        finally:
+            dst.close()
+
+    async def connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        chosen.append(ports[len(chosen) % len(ports)])
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", chosen[-1])
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer), return_exceptions=True)
+
+    return await asyncio.start_server(connect, "127.0.0.1", 0), chosen
 
 
 def test_evaluation_job_runs_awm_eval_with_arguments_it_accepts() -> None:
@@ -285,6 +349,26 @@ def test_evaluation_job_runs_awm_eval_with_arguments_it_accepts() -> None:
     assert init["command"][3:] == ["http://store/cat", cp.CATALOG_DIR, "crm"]
     assert "volumes" in job["spec"]["template"]["spec"] and all(v["name"] != "config"
                                                                 for v in job["spec"]["template"]["spec"]["volumes"])
+
+
+def test_evaluation_jobs_take_the_evaluation_image_when_the_chart_names_one() -> None:
+    """An evaluation of an endpoint needs no torch: with AWM_EVAL_IMAGE set (the chart's
+    trainer.evalImage) its Job and the Job's catalog download run that image; training keeps the
+    trainer image, and a campaign's own job.image wins over both."""
+    settings = cp.CampaignSettings.from_env({"AWM_TRAINER_IMAGE": "reg/awm-trainer:1",
+                                             "AWM_EVAL_IMAGE": "reg/awm-trainer-eval:1",
+                                             "AWM_EVAL_IMAGE_PULL_POLICY": "Never"})
+
+    def pod(spec: Any) -> dict[str, Any]:
+        return cp.job_manifest("c", "rl", "u", spec, OperatorConfig(), settings, "http://op:8080")["spec"]["template"]["spec"]
+
+    ev = pod(evaluation())
+    assert [(c["image"], c["imagePullPolicy"]) for c in ev["initContainers"] + ev["containers"]] == \
+        [("reg/awm-trainer-eval:1", "Never")] * 2
+    (trainer,) = pod(training())["containers"]
+    assert (trainer["image"], trainer["imagePullPolicy"]) == ("reg/awm-trainer:1", "IfNotPresent")
+    (own,) = pod(evaluation(job={"image": "mine:2"}))["containers"]
+    assert (own["image"], own["imagePullPolicy"]) == ("mine:2", "Never")
 
 
 def test_child_names_fit() -> None:
@@ -371,6 +455,7 @@ class FakeContext:
         self.kube = RecordingKube()
         self.config = OperatorConfig()
         self.metrics = Metrics()
+        self.campaigns = None
 
 
 async def test_progress_is_coalesced_into_few_status_writes() -> None:
@@ -422,6 +507,37 @@ async def test_the_first_report_goes_out_at_once_on_a_fresh_machine(monkeypatch:
         await asyncio.sleep(0.01)
     assert ctx.kube.patches and ctx.kube.patches[0]["step"] == 1
     registry.close()
+
+
+async def test_a_replica_that_does_not_follow_the_campaign_answers_503() -> None:
+    """Progress sent to a standby replica (no campaigns: kopf pauses its handlers; no fleets
+    either, so it cannot tell itself a standby) gets 503, which the reporter asks again past; only
+    a campaign the API server does not know gets 404."""
+    from aiohttp import web
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from awm_operator.state import Fleets
+
+    class Campaigns(RecordingKube):
+        async def get_object(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
+            assert plural == cp.PLURAL
+            return {"metadata": {"namespace": namespace, "name": name}} if name == "run" else None
+
+    ctx = FakeContext()
+    ctx.kube = Campaigns()
+    routes = web.RouteTableDef()
+    cp.add_progress_route(routes, ctx, Fleets())  # type: ignore[arg-type]
+    app = web.Application()
+    app.add_routes(routes)
+    async with TestClient(TestServer(app)) as client:
+        standby = await client.post("/v1/namespaces/rl/campaigns/run/progress", json={"step": 1})
+        missing = await client.post("/v1/namespaces/rl/campaigns/nowhere/progress", json={"step": 1})
+        assert (standby.status, missing.status) == (503, 404)
+        registry = cp.campaigns_of(ctx)  # type: ignore[arg-type]
+        registry.observe({"metadata": {"namespace": "rl", "name": "run", "uid": "u1"}, "status": {}, "spec": {}})
+        followed = await client.post("/v1/namespaces/rl/campaigns/run/progress", json={"step": 1})
+        assert followed.status == 202
+        registry.close()
 
 
 def test_observe_never_goes_back() -> None:

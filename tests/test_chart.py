@@ -757,3 +757,11 @@ def test_operator_env_configures_campaigns(helm: str) -> None:
     assert settings.operator_url == f"http://{svc['metadata']['name']}.awm-system.svc:{svc['spec']['ports'][0]['port']}"
     assert settings.trainer_image == "registry.example/awm/awm-trainer:0.1.0"
     assert settings.trainer_pull_policy == "Always"
+    assert settings.image_for("evaluation") == settings.image_for("training")  # no evalImage: the trainer's
+    # trainer.evalImage: evaluation campaigns get the image without torch, training keeps the trainer's.
+    docs = render(helm, "imageRegistry=registry.example/awm", "trainer.evalImage.repository=awm-trainer-eval",
+                  "trainer.evalImage.tag=0.1.0", "trainer.evalImage.pullPolicy=Never")
+    c = one(docs, "Deployment", "awm-operator")["spec"]["template"]["spec"]["containers"][0]
+    settings = CampaignSettings.from_env({e["name"]: e["value"] for e in c["env"] if "value" in e})
+    assert settings.image_for("evaluation") == ("registry.example/awm/awm-trainer-eval:0.1.0", "Never")
+    assert settings.image_for("training") == ("registry.example/awm/awm-trainer:0.1.0", "IfNotPresent")

@@ -150,18 +150,21 @@ class Built:
                               env={**clean, **(env or {})})
 
 
-def pip_install_args(stage: Stage) -> list[str]:
+def pip_install_args(stage: Stage, args: dict[str, str]) -> list[str]:
+    """The arguments of the stage's `pip install`, build arguments substituted (``${EXTRAS}``)."""
     for run in stage.all("RUN"):
         m = re.search(r"pip install ((?:\"[^\"]+\"|'[^']+'|[^&\s]+)(?: (?:\"[^\"]+\"|'[^']+'|[^&\s]+))*)", run)
         if m:
-            return shlex.split(m.group(1))
+            return [re.sub(r"\$\{(\w+)\}", lambda v: args[v.group(1)], a) for a in shlex.split(m.group(1))]
     raise AssertionError("no pip install in the build stage")
 
 
-def replay(name: str, tmp: Path, preinstall=None) -> Built:
+def replay(name: str, tmp: Path, preinstall=None, build_args: dict[str, str] | None = None) -> Built:
     """Copy what the build stage COPYs into tmp/src, then `pip install` as its RUN line does into
-    a fresh virtualenv (preinstall(venv) may seed it first)."""
-    args, stages = dockerfile(name)
+    a fresh virtualenv (preinstall(venv) may seed it first). build_args override the Dockerfile's
+    ARG defaults, as `--build-arg` does."""
+    defaults, stages = dockerfile(name)
+    args = {**defaults, **(build_args or {})}
     build = stages[0]
     src = tmp / "src"
     src.mkdir()
@@ -180,7 +183,7 @@ def replay(name: str, tmp: Path, preinstall=None) -> Built:
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     if preinstall:
         preinstall(venv)
-    pip = [str(venv / "bin" / "pip"), "install", "--quiet", "--disable-pip-version-check", *pip_install_args(build)]
+    pip = [str(venv / "bin" / "pip"), "install", "--quiet", "--disable-pip-version-check", *pip_install_args(build, args)]
     r = subprocess.run(pip, cwd=src, capture_output=True, text=True, timeout=1500)
     assert r.returncode == 0, f"{' '.join(pip)}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
     return Built(src, venv)
@@ -340,6 +343,35 @@ def test_trainer_image_entrypoint(tmp_path: Path) -> None:
     r = built.run("python", "-c", "import importlib.metadata as m, torch, transformers, trainer.grpo, "
                   "trainer.k8s_source; print(m.version('torch'), int(torch.ones(3).sum()))")
     assert r.returncode == 0 and r.stdout.split() == [torch_version, "3"], r.stdout + r.stderr
+
+
+def _build_script():
+    """images/build.py, loaded by path (it is a script, not a package module)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("awm_images_build", IMAGES / "build.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_trainer_eval_image_runs_awm_eval_without_torch(tmp_path: Path) -> None:
+    """The evaluation image (images/build.py's `trainer-eval`: the trainer Dockerfile with the
+    build arguments below) installs no torch, and what an evaluation Campaign's Job runs works:
+    `awm eval` and the modules of its path inside a Job (the operator's allocation client)."""
+    dockerfile_dir, build_args = _build_script().VARIANTS["trainer-eval"]
+    assert dockerfile_dir == "trainer" and build_args == {"EXTRAS": "eval"}
+    built = replay("trainer", tmp_path, build_args=build_args)
+    argv = entrypoint("trainer")
+    for sub in ("eval", "agent"):
+        r = built.run(*argv, sub, "--help")
+        assert r.returncode == 0 and "Usage" in r.stdout, f"{sub}: {r.stdout}\n{r.stderr}"
+    r = built.run("python", "-c", "import importlib.util as u, sys; import trainer.eval, trainer.k8s_source, "
+                  "trainer.policy, matplotlib.pyplot; print([m for m in ('torch', 'transformers', 'peft') "
+                  "if u.find_spec(m) is not None])")
+    assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr
 
 
 @pytest.mark.slow

@@ -13,6 +13,11 @@ connections from inside pods that the policies forbid, next to the same connecti
 policy restricts (so a refusal is the policy's, not a closed port). The securityContext (seccomp,
 read-only root, non-root user, no capabilities) is enforced by runc and checked from inside a pod.
 
+An evaluation Campaign runs the same way: its Job is a real pod of the evaluation image (the
+trainer Dockerfile without torch), claiming its fleet's real env pods through the operator's
+Service and asking a scripted OpenAI-compatible endpoint on the host (tests/llm_server.py,
+listening on the node's address, which pods reach through their bridge gateway).
+
 Needs root and the Debian packages containerd, runc, containernetworking-plugins, iptables, ipset,
 buildah, mmdebstrap (`.ci/run` installs them); under CI=true a missing one fails the test.
 """
@@ -20,18 +25,21 @@ buildah, mmdebstrap (`.ci/run` installs them); under CI=true a missing one fails
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import importlib.util
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import httpx
 import pytest
@@ -44,6 +52,7 @@ from k8s import chart as chart_install
 from k8s.node import CLUSTER_DOMAIN
 from tests.conftest import _load_k8s_harness, require
 from tests.k8s_e2e import CLIENTS_NS, Cluster, claim_of, client_token, grant_claims, wait_for
+from tests.llm_server import Reply, ScriptedLLM, user_text
 
 # Image builds (cold: minutes), a cluster, and pods starting on two shared cores.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
@@ -52,6 +61,8 @@ ROOT = Path(__file__).resolve().parent.parent
 NS = "awm"
 RELEASE = "awm"
 ENVS = ["crm", "bike_shop"]
+# The chart's images, and the evaluation image (no torch) its evaluation Campaigns run.
+IMAGES = ["envserver", "operator", "catalog", "postgres", "trainer-eval"]
 
 
 def _image_builder():
@@ -69,7 +80,7 @@ def images() -> dict[str, Any]:
     require(os.geteuid() == 0, "images/build.py needs root (mmdebstrap, buildah chroot builds)")
     for tool in ("buildah", "mmdebstrap"):
         require(bool(shutil_which(tool)), f"{tool} not found (Debian package {tool}; .ci/run installs it)")
-    built = build.Builder(quiet=True).build(["envserver", "operator", "catalog", "postgres"])
+    built = build.Builder(quiet=True).build(IMAGES)
     return {b.name: b for b in built}
 
 
@@ -172,8 +183,7 @@ def real_cp(tmp_path_factory: pytest.TempPathFactory, images: dict[str, Any]):
     cp.start(tmp_path_factory.mktemp("realk8s"))
     node = cp.node
     try:
-        cp.timings["images_loaded"] = sum(node.load_images([images[n].archive for n in
-                                                           ("envserver", "operator", "catalog", "postgres")]).values())
+        cp.timings["images_loaded"] = sum(node.load_images([images[n].archive for n in IMAGES]).values())
         yield cp
     finally:
         cp.stop()
@@ -184,7 +194,8 @@ def real_cp(tmp_path_factory: pytest.TempPathFactory, images: dict[str, Any]):
 @pytest.fixture(scope="module")
 def chart(real_cp: Any, images: dict[str, Any]) -> Cluster:
     """`helm install` of charts/awm with the built images: Postgres and two operator replicas as
-    real pods, the NetworkPolicies on (k8s/chart.py; the node enforces them)."""
+    real pods, the NetworkPolicies on (k8s/chart.py; the node enforces them); evaluation Campaigns
+    default to the evaluation image (trainer.evalImage)."""
     cp = real_cp
     r = chart_install.helm_install(cp, {n: b.ref for n, b in images.items()}, release=RELEASE, namespace=NS,
                                    sets=("operator.replicas=2",))
@@ -500,6 +511,164 @@ def test_allocation_api_claim_through_the_operator_service(chart: Cluster, fleet
     got = asyncio.run(claim())
     assert len(got["instances"]) == 2 and len({i["environment"] for i in got["instances"]}) == 1
     assert all(i["mcpUrl"].startswith("http://10.85.") for i in got["instances"])
+
+
+# --------------------------------------------------------------------------- an evaluation Campaign
+
+
+EVAL_SOLVED, EVAL_MISSED = "brightlane_new_primary_contact", "disqualify_ridgeway_lead"
+EVAL_K = 2
+UID = 10001  # the trainer images' user
+
+
+def _solution_model(solved: Any) -> Callable[[str, dict[str, Any], int], Reply]:
+    """The scripted model: on ``solved`` it makes the task's reference solution as native tool
+    calls, one a turn, then answers; any other task it answers at once without a tool call (so
+    the verifier finds nothing done)."""
+    def answer(stage: str, body: dict[str, Any], index: int) -> Reply:
+        turn = sum(1 for m in body["messages"] if m["role"] == "assistant")
+        if user_text(body) == solved.instruction and turn < len(solved.solution):
+            step = solved.solution[turn]
+            call = {"id": f"call_{turn}", "type": "function",
+                    "function": {"name": step.tool, "arguments": json.dumps(step.arguments)}}
+            return Reply("", tool_calls=[call])
+        return Reply("Done.")
+    return answer
+
+
+def _results_dir() -> Path:
+    """A host directory the Job's pod writes its report into (a hostPath volume: the pod's
+    scratch space goes with it). Owned by the pod's user, in the system temp dir whose
+    permissions let that user reach it (pytest's own temp dirs are private to root)."""
+    d = Path(tempfile.mkdtemp(prefix="awm-eval-results-", dir=harness_node().run_base()))
+    os.chown(d, UID, UID)
+    return d
+
+
+def harness_node() -> Any:
+    return _load_k8s_harness().node_module()
+
+
+def _job_pods(chart: Cluster, job: str) -> list[dict[str, Any]]:
+    return chart.cp.api("GET", f"/api/v1/namespaces/{NS}/pods?labelSelector=batch.kubernetes.io/job-name={job}")["items"]
+
+
+def _oci_spec(cp: Any, container_id: str) -> dict[str, Any]:
+    """The OCI runtime spec containerd gave runc for a container (what was enforced)."""
+    r = cp.node.ctr("containers", "info", container_id.removeprefix("containerd://"))
+    return json.loads(r.stdout)["Spec"]
+
+
+def test_evaluation_campaign_job_runs_as_a_real_pod(chart: Cluster, fleet: str, images: dict[str, Any]) -> None:
+    """An evaluation Campaign end to end on the real node: the operator makes its fleet (real env
+    pods) and its Job; the Job's pod (the evaluation image, no torch) copies the bundles from the
+    catalog image, runs `awm eval`, claims the fleet's instances through the operator's Service,
+    plays each task k times against the scripted endpoint on the host, reports pass rates to the
+    campaign, and writes its report; the campaign succeeds and its fleet goes."""
+    cp = chart.cp
+    crm = {t.id: t for t in catalog.load(None, ["crm"])[0].tasks}
+    solved = crm[EVAL_SOLVED]
+    results = _results_dir()
+    name = f"eval-{uuid.uuid4().hex[:5]}"
+    seen_pods: set[str] = set()
+
+    def finished() -> dict[str, Any] | None:
+        seen_pods.update(p["metadata"]["name"] for p in chart.pods(name))
+        status = chart.status("campaigns", name)
+        return status if status.get("phase") in ("Succeeded", "Failed") else None
+
+    try:
+        with ScriptedLLM(_solution_model(solved), host=cp.node.ip) as llm:
+            created = chart.create("campaigns", name, {
+                "mode": "evaluation", "environments": ["crm"], "catalog": {},
+                "database": {"secretName": f"{RELEASE}-database"},
+                "evaluation": {"baseUrl": llm.base_url, "model": "scripted", "k": EVAL_K,
+                               "tasks": [EVAL_SOLVED, EVAL_MISSED], "maxTurns": 8, "output": "/results/eval"},
+                "job": {"resources": {"requests": {"cpu": "100m", "memory": "256Mi"},
+                                      "limits": {"cpu": "1", "memory": "1Gi"}},
+                        "activeDeadlineSeconds": 600,
+                        "volumes": [{"name": "results", "hostPath": {"path": str(results), "type": "Directory"}}],
+                        "volumeMounts": [{"name": "results", "mountPath": "/results"}]}})
+            try:
+                status = wait_for("the campaign finished", finished, timeout=600, interval=1)
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}\n{_job_logs(cp, name)}\n{_describe(cp)}") from None
+            requests = list(llm.requests)
+        logs = _job_logs(cp, name)
+        assert status["phase"] == "Succeeded", f"{status}\n{logs}"
+
+        # The campaign's status: the numbers `awm eval` reported from its episodes.
+        assert (status.get("step"), status.get("passRates"), status.get("passAtK")) == (2, {"crm": 0.5}, {"crm": 0.5}), \
+            f"{status}\n{logs}"
+        conditions = {c["type"]: c["status"] for c in status["conditions"]}
+        assert conditions["Complete"] == "True" and conditions["FleetDeleted"] == "True", status
+        assert f"crm/{EVAL_SOLVED}: {EVAL_K}/{EVAL_K} complete" in logs, logs
+
+        # The Job's pod ran on the real node, the evaluation image, confined as specified.
+        (pod,) = _job_pods(chart, name)
+        assert _pod_on_node(pod, cp.node.name) and pod["status"]["phase"] == "Succeeded"
+        (init,), (main,) = pod["status"]["initContainerStatuses"], pod["status"]["containerStatuses"]
+        assert init["name"] == "catalog" and init["state"]["terminated"]["exitCode"] == 0
+        assert main["name"] == "evaluator" and main["state"]["terminated"]["exitCode"] == 0
+        assert main["image"].endswith(images["trainer-eval"].ref.split("/", 1)[1]), main["image"]
+        pod_sc = pod["spec"]["securityContext"]
+        assert (pod_sc["runAsUser"], pod_sc["runAsNonRoot"], pod_sc["seccompProfile"]["type"]) == (UID, True, "RuntimeDefault")
+        oci = _oci_spec(cp, main["containerID"])  # what runc enforced
+        assert oci["process"]["user"]["uid"] == UID and oci["process"]["noNewPrivileges"] is True
+        assert not (oci["process"].get("capabilities") or {}).get("effective"), oci["process"].get("capabilities")
+        assert oci["root"]["readonly"] is True and oci["linux"].get("seccomp"), oci["root"]
+
+        # The report, written by the pod's user: every episode on a claimed pod of the campaign's
+        # fleet, its tool calls answered by the instance, its verdict from the verifier.
+        report = json.loads((results / "eval" / "eval.json").read_text())
+        assert (results / "eval" / "eval.json").stat().st_uid == UID
+        (env,) = report["environments"]
+        assert (env["env"], env["tasks"], env["episodes"], env["masked"], env["pass@1"]) == ("crm", 2, 4, 0, 0.5), env
+        assert status["rewardMean"] == pytest.approx(_mean(t["mean_reward"] for t in report["tasks"]), abs=1e-4)
+        events = [json.loads(line) for line in (results / "eval" / "trajectories.jsonl").read_text().splitlines()]
+        episodes = [e for e in events if e["event"] == "end"]
+        assert sorted(e["task_id"] for e in episodes) == sorted([EVAL_SOLVED, EVAL_MISSED] * EVAL_K)
+        assert {e["instance"] for e in episodes} <= seen_pods and seen_pods, (seen_pods, [e["instance"] for e in episodes])
+        for e in episodes:
+            calls = [c for t in e["turns"] for c in t["tool_calls"]]
+            outcomes = [r for t in e["turns"] for r in t["results"]]
+            if e["task_id"] == EVAL_SOLVED:
+                assert [c["name"] for c in calls] == [s.tool for s in solved.solution]
+                assert outcomes and not any(r["is_error"] for r in outcomes), outcomes
+                assert e["verdict"]["verdict"] == "complete" and e["reward"] > 0, e["verdict"]
+            else:
+                assert not calls and e["verdict"]["verdict"] == "incomplete", e["verdict"]
+        # What the endpoint saw: the pod's requests, tool results from the instances in them.
+        tool_messages = [m for _, body in requests for m in body["messages"] if m["role"] == "tool"]
+        assert len(requests) == EVAL_K * (len(solved.solution) + 1) + EVAL_K
+        assert tool_messages and all(m["content"] for m in tool_messages)
+        wait_for("the campaign's fleet and its pods gone", lambda: chart.get("envfleets", name) is None
+                 and not chart.pods(name), timeout=180, interval=1)
+        ran = main["state"]["terminated"]
+        print(f"evaluation campaign: created -> Succeeded {_seconds(created['metadata']['creationTimestamp'], status['finishedAt'])} s; "
+              f"`awm eval` in its pod {_seconds(ran['startedAt'], ran['finishedAt'])} s; {len(requests)} model requests")
+    finally:
+        if chart.get("campaigns", name) is not None:
+            chart.delete("campaigns", name)
+        shutil.rmtree(results, ignore_errors=True)
+
+
+def _seconds(start: str, end: str) -> int:
+    """Seconds between two API timestamps (whole seconds, as Kubernetes writes them)."""
+    def at(t: str) -> dt.datetime:
+        return dt.datetime.strptime(t, "%Y-%m-%dT%H:%M:%SZ")
+
+    return int((at(end) - at(start)).total_seconds())
+
+
+def _mean(values: Any) -> float:
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values)
+
+
+def _job_logs(cp: Any, job: str) -> str:
+    r = cp.kubectl("-n", NS, "logs", f"job/{job}", "--all-containers", "--tail=200", check=False)
+    return f"--- logs of job/{job}\n{r.stdout}{r.stderr}"
 
 
 def test_pod_killed_mid_episode_is_replaced_without_leaking_a_database(chart: Cluster, fleet: str) -> None:

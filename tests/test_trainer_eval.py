@@ -45,15 +45,56 @@ def test_a_task_short_of_k_samples_has_no_pass_at_k():
     assert data["overall"]["short"] == 1 and data["overall"]["pass@4"] == 1.0
 
 
-def awm_eval(answer, pg, *args):
-    """``awm eval`` of the notes fixture (2 instances, 3 turns) against a scripted endpoint."""
+def awm_eval(answer, pg, *args, launcher=("-m", "awm.cli")):
+    """``awm eval`` of the notes fixture (2 instances, 3 turns) against a scripted endpoint
+    (``launcher``: how python starts the CLI)."""
     with ScriptedLLM(answer) as llm:
         environ = dict(os.environ, AWM_HOME=str(pg.root.parent))
         environ.pop("AWM_DATABASE_URL", None)
         return subprocess.run(
-            [sys.executable, "-m", "awm.cli", "eval", "--base-url", llm.base_url, "--model", "scripted",
+            [sys.executable, *launcher, "eval", "--base-url", llm.base_url, "--model", "scripted",
              "--catalog", str(NOTES), "--replicas", "2", "--max-turns", "3", *args],
             capture_output=True, text=True, env=environ, timeout=300)
+
+
+# `awm` as the evaluation image runs it (images/trainer/Dockerfile with EXTRAS=eval): torch,
+# transformers and peft are not installed, so importing any of them fails.
+WITHOUT_TORCH = """
+import importlib.abc, sys
+
+class NotInstalled(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in ("torch", "transformers", "peft"):
+            raise ModuleNotFoundError(f"No module named {name!r} (not in the evaluation image)", name=name)
+        return None
+
+sys.meta_path.insert(0, NotInstalled())
+import trainer.k8s_source  # what `awm eval` uses inside a campaign's Job
+from awm.cli import main
+sys.argv[0] = "awm"
+main()
+"""
+
+
+def test_awm_eval_of_an_endpoint_needs_no_torch(pg, tmp_path):
+    """The evaluation image has no torch: `awm eval --base-url` runs episodes, scores them and
+    writes its report and plot without importing torch, transformers or peft."""
+    def answer(stage, body, index):
+        instruction = next(m["content"] for m in body["messages"] if m["role"] == "user")
+        turn = sum(1 for m in body["messages"] if m["role"] == "assistant")
+        if instruction.startswith("Add a note") and turn == 0:
+            return Reply('<tool_call>{"name": "add_note", "arguments": {"title": "groceries", "body": "milk, eggs"}}'
+                         '</tool_call>')
+        return Reply("Done.")
+
+    out = tmp_path / "eval"
+    result = awm_eval(answer, pg, "--task", "add_note", "--task", "archive_first", "-k", "2", "--out", str(out),
+                      launcher=("-c", WITHOUT_TORCH))
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((out / "eval.json").read_text())
+    tasks = {t["task_id"]: t["pass_at_1"] for t in report["tasks"]}
+    assert tasks == {"add_note": 1.0, "archive_first": 0.0} and report["overall"]["episodes"] == 4
+    assert (out / "eval.png").stat().st_size > 5_000
 
 
 def test_awm_eval_reports_pass_at_k_per_environment(pg, tmp_path):

@@ -28,7 +28,7 @@ from typing import Any, Mapping
 
 import httpx
 
-from awm_operator.client import AllocationClient, AllocationError, bearer
+from awm_operator.client import AllocationClient, AllocationError, bearer, new_connection, past_standby
 from trainer.rollout import Lease, PoolSource
 
 log = logging.getLogger("trainer.k8s")
@@ -227,10 +227,13 @@ class ProgressReporter:
     failure is logged, never raised: losing a progress report must not cost a training run. A
     report that failed (an operator restarting, a standby replica answering 503) is folded into
     the next one, and :meth:`aclose` retries what is left for a while, so the campaign's status
-    ends with the run's final numbers.
+    ends with the run's final numbers. A standby's 503 is asked again at once on a new
+    connection, as the allocation client does: kept, the pooled connection would reach the same
+    standby with every report.
     """
 
     close_retries = (0.5, 1.0, 2.0, 4.0, 8.0)  # seconds between the last attempts, at close
+    standby_retries = 8
 
     def __init__(self, settings: KubernetesSettings, client: httpx.AsyncClient | None = None,
                  timeout: float = 10.0) -> None:
@@ -271,7 +274,10 @@ class ProgressReporter:
         while self._latest is not None:
             body, self._latest = self._latest, None
             try:
-                r = await self._client.post(self.url, json=body, headers=bearer())
+                r = await past_standby(lambda: self._client.post(self.url, json=body, headers=bearer()),
+                                       self._new_connection, self.standby_retries)
+                if not self._own:
+                    self._client.headers.pop("Connection", None)
                 if r.status_code >= 400:
                     raise httpx.HTTPStatusError(f"HTTP {r.status_code}: {r.text[:200]}", request=r.request, response=r)
                 self.sent += 1
@@ -280,6 +286,9 @@ class ProgressReporter:
                 self._latest = {**body, **(self._latest or {})}  # newer numbers win; nothing is lost
                 log.warning("progress report to %s failed: %s", self.url, exc)
                 return  # the next report, or the close, tries again
+
+    async def _new_connection(self) -> None:
+        self._client = await new_connection(self._client, self._own)
 
     @property
     def pending(self) -> bool:

@@ -95,6 +95,8 @@ class CampaignSettings:
     operator_url: str | None = None        # AWM_OPERATOR_URL: the allocation API as the Job's pod sees it
     trainer_image: str = "awm-trainer:0.1.0"
     trainer_pull_policy: str = "IfNotPresent"
+    eval_image: str | None = None          # AWM_EVAL_IMAGE: evaluations' image (no torch); unset: trainer_image
+    eval_pull_policy: str | None = None
     status_interval: float = 2.0           # progress -> status patches at most this often
 
     @classmethod
@@ -103,7 +105,17 @@ class CampaignSettings:
         return cls(operator_url=e.get("AWM_OPERATOR_URL") or None,
                    trainer_image=e.get("AWM_TRAINER_IMAGE") or cls.trainer_image,
                    trainer_pull_policy=e.get("AWM_TRAINER_IMAGE_PULL_POLICY") or cls.trainer_pull_policy,
+                   eval_image=e.get("AWM_EVAL_IMAGE") or None,
+                   eval_pull_policy=e.get("AWM_EVAL_IMAGE_PULL_POLICY") or None,
                    status_interval=float(e.get("AWM_CAMPAIGN_STATUS_INTERVAL") or cls.status_interval))
+
+    def image_for(self, mode: str) -> tuple[str, str]:
+        """(image, pull policy) of a campaign's Job unless its spec names one. An evaluation of an
+        endpoint needs no torch, so it gets the evaluation image when the chart names one (a
+        fraction of the trainer image's size: a faster pull on every node a Job lands on)."""
+        if mode == "evaluation" and self.eval_image:
+            return self.eval_image, self.eval_pull_policy or self.trainer_pull_policy
+        return self.trainer_image, self.trainer_pull_policy
 
 
 # --------------------------------------------------------------------------- manifests (pure)
@@ -328,8 +340,9 @@ def job_manifest(campaign: str, namespace: str, uid: str, spec: CampaignSpec, cf
     credential for the operator's API; the account may do nothing else: trainer_access), runs
     non-root on a read-only root filesystem, and gets the campaign's bundles from an init container."""
     j, names = spec.job, Names.of(campaign)
-    image = j.image or settings.trainer_image
-    pull_policy = j.image_pull_policy or settings.trainer_pull_policy
+    default_image, default_pull_policy = settings.image_for(spec.mode)
+    image = j.image or default_image
+    pull_policy = j.image_pull_policy or default_pull_policy
     security = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "runAsNonRoot": True,
                 "capabilities": {"drop": ["ALL"]}}
     env: list[dict[str, Any]] = [
@@ -864,12 +877,23 @@ async def campaign_job_event(event: kopf.RawEvent, namespace: str, memo: kopf.Me
 # --------------------------------------------------------------------------- progress API
 
 
+async def _not_followed(ctx: Context, namespace: str, name: str) -> web.Response:
+    """The answer for a campaign this replica does not follow. A standby replica knows no
+    campaign at all (kopf pauses its handlers) yet may have no fleet either, so it cannot tell
+    itself a standby: the API server says whether the campaign exists. (A 404 from a standby once
+    made a campaign's Job give its reports up while the active replica waited for them.)"""
+    if await ctx.kube.get_object(PLURAL, namespace, name) is None:
+        return web.json_response({"error": "no such campaign"}, status=404)
+    return web.json_response({"error": "this operator replica does not follow the campaign (a standby)"}, status=503)
+
+
 def add_progress_route(routes: web.RouteTableDef, ctx: Context, fleets: Fleets) -> None:
     """``POST /v1/namespaces/{ns}/campaigns/{name}/progress`` on the allocation API's port, where
     the campaign's Job already talks to the operator: ``{"step", "rewardMean", "rolloutsPerS",
     "passRates"}`` -> 202. The report lands in the Campaign's status within
-    ``AWM_CAMPAIGN_STATUS_INTERVAL`` seconds; 404 for a campaign this operator does not know,
-    503 from a standby replica (the client may retry, or just send the next report)."""
+    ``AWM_CAMPAIGN_STATUS_INTERVAL`` seconds; 404 for a campaign the API server does not know,
+    503 from a replica that does not follow it (a standby: its kopf handlers are paused; or one
+    starting), so that the client asks again, on a new connection, until the active one answers."""
 
     @routes.post("/v1/namespaces/{ns}/campaigns/{name}/progress")
     async def progress(request: web.Request) -> web.Response:
@@ -881,8 +905,9 @@ def add_progress_route(routes: web.RouteTableDef, ctx: Context, fleets: Fleets) 
         except (ValueError, ValidationError) as exc:
             return web.json_response({"error": f"bad request: {exc}"}, status=400)
         registry = campaigns_of(ctx)
-        state = registry.get(request.match_info["ns"], request.match_info["name"])
+        namespace, name = request.match_info["ns"], request.match_info["name"]
+        state = registry.get(namespace, name)
         if state is None:
-            return web.json_response({"error": "no such campaign"}, status=404)
+            return await _not_followed(ctx, namespace, name)
         registry.report(state, report.status())
         return web.json_response({"accepted": True, "phase": state.phase or "Pending"}, status=202)

@@ -12,7 +12,7 @@ import asyncio
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 import httpx
 
@@ -33,6 +33,36 @@ class AllocationError(RuntimeError):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(f"HTTP {status}: {message}")
         self.status = status
+
+
+async def past_standby(send: Callable[[], Awaitable[httpx.Response]], reconnect: Callable[[], Awaitable[None]],
+                       retries: int) -> httpx.Response:
+    """``send()`` until a replica other than a standby answers. With several operator replicas
+    behind one Service, a standby answers 503 at once and did nothing; the Service balances per
+    connection, so a client that kept its pooled connection would ask the standby forever:
+    ``reconnect()`` and ask again. A slow 503 (an active replica that lost its lease while the
+    request waited) is returned as it is: the caller's own deadline decides."""
+    delay = 0.1
+    for attempt in range(retries + 1):
+        started = time.monotonic()
+        r = await send()
+        if r.status_code != 503 or attempt == retries or time.monotonic() - started > 2.0:
+            return r
+        await reconnect()
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 2.0)
+    raise AssertionError("unreachable")
+
+
+async def new_connection(client: httpx.AsyncClient, own: bool) -> httpx.AsyncClient:
+    """Drop a pooled connection (to a standby): a client of our own is replaced by a new one; a
+    caller's client gets ``Connection: close`` on its next request instead (remove the header
+    once an answer came)."""
+    if own:
+        await client.aclose()
+        return httpx.AsyncClient(timeout=client.timeout)
+    client.headers["Connection"] = "close"
+    return client
 
 
 class AllocationClient:
@@ -84,31 +114,15 @@ class AllocationClient:
         return self._result(await self._request(method, path, json=body))
 
     async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        """With several operator replicas behind one Service, a standby answers 503 at once and
-        did nothing: ask again on a new connection (the Service balances per connection) until
-        the active replica answers. A slow 503 (an active replica that lost its lease while the
-        claim waited) is returned as it is: the caller's own deadline decides."""
-        delay = 0.1
-        for attempt in range(self.standby_retries + 1):
-            started = time.monotonic()
-            r = await self._client.request(method, self.base + path, headers=bearer(), **kwargs)
-            if r.status_code != 503 or attempt == self.standby_retries or time.monotonic() - started > 2.0:
-                if attempt and not self._own:
-                    self._client.headers.pop("Connection", None)
-                return r
-            await self._new_connection()
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 2.0)
-        raise AssertionError("unreachable")
+        """One request, asked again past a standby replica (:func:`past_standby`)."""
+        r = await past_standby(lambda: self._client.request(method, self.base + path, headers=bearer(), **kwargs),
+                               self._new_connection, self.standby_retries)
+        if not self._own:
+            self._client.headers.pop("Connection", None)
+        return r
 
     async def _new_connection(self) -> None:
-        """Drop the pooled connection to the standby: our own client is replaced; a caller's
-        client gets ``Connection: close`` on its next request instead."""
-        if self._own:
-            old, self._client = self._client, httpx.AsyncClient(timeout=self._client.timeout)
-            await old.aclose()
-        else:
-            self._client.headers["Connection"] = "close"
+        self._client = await new_connection(self._client, self._own)
 
     @staticmethod
     def _result(r: httpx.Response) -> dict[str, Any]:
