@@ -235,7 +235,7 @@ def test_envserver_image_commands(tmp_path: Path) -> None:
             assert option in r.stdout, f"{what}: {option} not in `{' '.join(command_head(argv))} --help`"
     # No torch in the env server (it is the trainer's), and AWM-1K apps can run.
     r = built.run("python", "-c", "import importlib.util as u; print(u.find_spec('torch') is None); "
-                  "import fastapi, sqlalchemy, fastmcp, pyseccomp, awm.sandbox.appshim")
+                  "import fastapi, sqlalchemy, pyseccomp, awm.sandbox.appshim, envserver.mcp")
     assert r.returncode == 0 and r.stdout.strip() == "True", r.stderr
 
 
