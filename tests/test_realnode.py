@@ -214,6 +214,14 @@ def _describe(cp: Any) -> str:
     return f"{pods}\n{events}\n" + "\n".join(cp.node.log_tail(n) for n in ("kubelet", "containerd", "kube-router"))
 
 
+def _wait_or_describe(cp: Any, what: str, ok: Callable[[], Any], timeout: float = 180) -> Any:
+    """wait_for, and on a timeout the cluster's pods, events and the node's logs in the failure."""
+    try:
+        return wait_for(what, ok, timeout=timeout, interval=1)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{_describe(cp)}") from None
+
+
 def _pod_on_node(pod: dict[str, Any], node: str) -> bool:
     return pod["spec"].get("nodeName") == node
 
@@ -681,8 +689,8 @@ def test_pod_killed_mid_episode_is_replaced_without_leaking_a_database(chart: Cl
                       lambda: (s := chart.status("envclaims", "victim")).get("phase") == "Degraded" and s,
                       timeout=180, interval=1)
     assert status["lost"] == [pod], status
-    wait_for("a new pod Ready", lambda: chart.ready(fleet, 8) and pod not in {p["metadata"]["name"] for p in chart.pods(fleet)},
-             timeout=180, interval=1)
+    _wait_or_describe(cp, "a new pod Ready",
+                      lambda: chart.ready(fleet, 8) and pod not in {p["metadata"]["name"] for p in chart.pods(fleet)})
     chart.delete("envclaims", "victim")
     wait_for("the lost pod's database dropped", lambda: len(_databases(chart)) == len(before), timeout=120, interval=1)
     assert not any(pod.replace("-", "_") in d for d in _databases(chart))
@@ -708,6 +716,6 @@ def test_operator_pod_killed_standby_takes_over(chart: Cluster, fleet: str) -> N
     assert bound["phase"] == "Bound"
     chart.delete("envclaims", name)
     chart.scale(fleet, 9)
-    wait_for("the fleet scaled by whichever replica leads", lambda: chart.ready(fleet, 9), timeout=180, interval=1)
+    _wait_or_describe(cp, "the fleet scaled by whichever replica leads", lambda: chart.ready(fleet, 9))
     chart.scale(fleet, 8)
-    wait_for("back to 8", lambda: chart.ready(fleet, 8), timeout=180, interval=1)
+    _wait_or_describe(cp, "back to 8", lambda: chart.ready(fleet, 8))
