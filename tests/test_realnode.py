@@ -208,10 +208,31 @@ def chart(real_cp: Any, images: dict[str, Any]) -> Cluster:
     return cluster
 
 
+OPERATOR_VIEW = ("awm_fleet_", "awm_reconcile_seconds_count", "awm_pod_operations", "awm_ledger_writes",
+                 "awm_instances_released")  # the metrics that show what an operator replica believes
+
+
 def _describe(cp: Any) -> str:
+    """The cluster as a failed wait saw it: pods, events, the fleets' and claims' status, each
+    operator replica's log and its own view of the fleets (its metrics), the node's logs."""
     pods = cp.kubectl("get", "pods", "-A", "-o", "wide", check=False).stdout
     events = cp.kubectl("get", "events", "-A", "--sort-by=.lastTimestamp", check=False).stdout[-4000:]
-    return f"{pods}\n{events}\n" + "\n".join(cp.node.log_tail(n) for n in ("kubelet", "containerd", "kube-router"))
+    statuses = cp.kubectl("-n", NS, "get", "envfleets,envclaims", "-o",
+                          "custom-columns=KIND:.kind,NAME:.metadata.name,STATUS:.status", check=False).stdout
+    operators = []
+    for pod in cp.api("GET", f"/api/v1/namespaces/{NS}/pods")["items"]:
+        name = pod["metadata"]["name"]
+        if not name.startswith(f"{RELEASE}-operator"):
+            continue
+        log = cp.kubectl("-n", NS, "logs", name, "--tail=80", check=False)
+        try:
+            text = httpx.get(f"http://{pod['status']['podIP']}:9090/metrics", timeout=5).text
+            view = [line for line in text.splitlines() if line.startswith(OPERATOR_VIEW)]
+        except (httpx.HTTPError, KeyError) as exc:
+            view = [f"metrics unreachable: {exc}"]
+        operators.append(f"--- operator {name}\n{log.stdout}{log.stderr}\n" + "\n".join(view))
+    return f"{pods}\n{events}\n{statuses}\n" + "\n".join(operators) + "\n" + \
+        "\n".join(cp.node.log_tail(n) for n in ("kubelet", "containerd", "kube-router"))
 
 
 def _wait_or_describe(cp: Any, what: str, ok: Callable[[], Any], timeout: float = 180) -> Any:
