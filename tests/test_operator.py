@@ -355,6 +355,94 @@ async def test_a_pass_replaces_its_wake_up_timer() -> None:
     handles[-1].cancel()
 
 
+class _Stopped:
+    """kopf's DaemonStopped, as much of it as Reconciler.run uses."""
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+
+    def __bool__(self) -> bool:
+        return self.event.is_set()
+
+    async def wait(self) -> None:
+        await self.event.wait()
+
+
+async def test_a_failed_pass_is_retried_not_the_end_of_the_fleet(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pass that raises (an API request timing out, a dropped connection) is logged and the
+    next pass follows after a back-off; the fleet's daemon keeps running (ending it would leave
+    the fleet unattended until kopf restarts the daemon, 60 s later)."""
+    from awm_operator import reconcile
+    from awm_operator.reconcile import Context, Reconciler
+
+    monkeypatch.setattr(reconcile, "RETRY_BASE_S", 0.05)
+    ctx = Context(kube=None, allocator=None, metrics=Metrics(), config=OperatorConfig(reconcile_min_interval=0.0))  # type: ignore[arg-type]
+    fleet = Fleet("ns", "f")
+    fleet.spec = fleet_spec()
+    rec = Reconciler(fleet, ctx)
+    passes: list[str] = []
+    done = asyncio.Event()
+
+    async def take_over(stopped: object) -> bool:
+        return True
+
+    async def flaky_pass() -> bool:
+        passes.append("x")
+        if len(passes) <= 2:
+            raise asyncio.TimeoutError("the API server did not answer")
+        done.set()
+        return False
+
+    monkeypatch.setattr(rec, "take_over", take_over)
+    monkeypatch.setattr(rec, "reconcile", flaky_pass)
+    stopped = _Stopped()
+    daemon = asyncio.create_task(rec.run(stopped))
+    await asyncio.wait_for(done.wait(), 60)  # a watchdog: without the retry this never happens
+    assert len(passes) == 3 and not daemon.done()
+    stopped.event.set()
+    fleet.poke()
+    await asyncio.wait_for(daemon, 60)
+
+
+async def test_the_database_sweep_never_holds_up_a_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Dropping the databases of deleted pods runs beside the pass, one sweep at a time: a
+    database server that hangs leaves the fleet's pods and status going."""
+    import threading
+
+    from awm_operator import reconcile
+    from awm_operator.reconcile import Context, Reconciler
+
+    release = threading.Event()
+    sweeps: list[set[str]] = []
+
+    def hanging_drop(dsn: str, namespace: str, fleet_name: str, live: set[str]) -> list[str]:
+        sweeps.append(live)
+        release.wait(60)
+        return ["awm_i_gone"]
+
+    async def dsn(kube: object, fleet: object) -> str:
+        return "host=db"
+
+    monkeypatch.setattr(reconcile.databases, "drop_orphans", hanging_drop)
+    monkeypatch.setattr(reconcile, "admin_dsn", dsn)
+    ctx = Context(kube=None, allocator=None, metrics=None, config=OperatorConfig(db_sweep_interval=1.0))  # type: ignore[arg-type]
+    ctx.started -= 60
+    fleet = ledger_fleet(2)
+    rec = Reconciler(fleet, ctx)
+    rec.last_sweep -= 10
+    await rec.sweep_databases(time.monotonic())  # returns while the sweep hangs
+    task = rec.sweep_task
+    assert task is not None and not task.done()
+    rec.last_sweep -= 10
+    await rec.sweep_databases(time.monotonic())  # due again, but one is in flight
+    assert rec.sweep_task is task
+    release.set()
+    await asyncio.wait_for(task, 60)
+    assert rec.sweep_task is None and sweeps == [{"p0", "p1"}]
+    for timer in rec.timers.values():
+        timer.cancel()
+
+
 async def test_claims_nudge_the_reconciler_pods_poke_it() -> None:
     """A claim bound or released changes only the status's counts: it wakes the reconciler
     without urgency (a pass within the status interval); a pod event is urgent."""

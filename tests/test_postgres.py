@@ -70,6 +70,38 @@ def test_provisioning_waits_out_a_full_server_but_not_a_wrong_password(admin_dsn
             conn.execute("DROP ROLE IF EXISTS awm_test_limited")
 
 
+def test_a_server_that_never_answers_is_an_error_not_a_hang(admin_dsn, monkeypatch):
+    """A Postgres address that accepts connections and then says nothing (a hung server, a
+    half-open route) fails the connect after ``connect_timeout``, retried as transient until
+    ``CONNECT_RETRY_S``; the DSN's own settings win over the defaults; keepalives are on."""
+    import concurrent.futures
+    import socket
+
+    with provision._admin(admin_dsn) as conn:
+        params = conninfo_to_dict(conn.info.dsn)
+    assert (params["keepalives"], params["keepalives_idle"], params["connect_timeout"]) == ("1", "30", "10")
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)  # the kernel completes the handshake; nobody ever reads or writes
+    host, port = silent.getsockname()
+    attempts: list[str] = []
+    real_connect = psycopg.connect
+    monkeypatch.setattr(provision.psycopg, "connect", lambda dsn, **kw: attempts.append(dsn) or real_connect(dsn, **kw))
+    monkeypatch.setitem(provision.CONNECT_DEFAULTS, "connect_timeout", "1")
+    monkeypatch.setattr(provision, "CONNECT_RETRY_S", 2.5)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            hung = pool.submit(provision._admin, f"host={host} port={port} user=u password=p dbname=d")
+            with pytest.raises(psycopg.OperationalError, match="timeout"):
+                hung.result(timeout=120)  # a watchdog for a hang, not a performance bound
+        assert len(attempts) >= 2 and all("connect_timeout=1" in a for a in attempts), attempts
+        own = _dsn(admin_dsn, connect_timeout="7")
+        with provision._admin(own) as conn:
+            assert conninfo_to_dict(conn.info.dsn)["connect_timeout"] == "7"
+    finally:
+        silent.close()
+
+
 def test_template_is_loaded_once_and_checksummed(admin_dsn, notes_bundle):
     first = provision.ensure_template(admin_dsn, notes_bundle)
     second = provision.ensure_template(admin_dsn, notes_bundle)

@@ -62,11 +62,19 @@ class Instance:
 CONNECT_RETRY_S = 60.0
 
 
+# Unless the DSN says otherwise: a server that does not answer is an error after 10 s, and a
+# connection whose peer vanished (a node gone, a dropped route) is found dead by TCP keepalives
+# within a minute instead of blocking its caller (an operator's sweep, an init container) for
+# the kernel's hours.
+CONNECT_DEFAULTS = {"connect_timeout": "10", "keepalives": "1", "keepalives_idle": "30",
+                    "keepalives_interval": "10", "keepalives_count": "3"}
+
+
 def _admin(dsn: str, dbname: str | None = None) -> psycopg.Connection:
+    params = {**CONNECT_DEFAULTS, **conninfo_to_dict(dsn)}
     if dbname:
-        params = conninfo_to_dict(dsn)
         params["dbname"] = dbname
-        dsn = make_conninfo(**params)
+    dsn = make_conninfo(**params)
     for attempt in Retrying(retry=retry_if_exception(_transient), stop=stop_after_delay(CONNECT_RETRY_S),
                             wait=wait_exponential(multiplier=0.2, max=5.0), reraise=True):
         with attempt:
@@ -76,7 +84,7 @@ def _admin(dsn: str, dbname: str | None = None) -> psycopg.Connection:
 
 def _transient(exc: BaseException) -> bool:
     """Worth another try: too many clients or connections (53300), the server starting up or shutting down
-    (57P03), a refused connection; not a wrong password or a missing database."""
+    (57P03), a refused or timed-out connection; not a wrong password or a missing database."""
     if not isinstance(exc, psycopg.OperationalError):
         return False
     if exc.sqlstate in ("53300", "57P03"):
@@ -84,7 +92,7 @@ def _transient(exc: BaseException) -> bool:
     text = str(exc).lower()
     return exc.sqlstate is None and any(w in text for w in (
         "too many clients", "too many connections", "connection refused", "starting up", "shutting down",
-        "remaining connection slots"))
+        "remaining connection slots", "timeout expired"))
 
 
 def _slug(text: str, limit: int) -> str:

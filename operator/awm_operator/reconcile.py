@@ -40,6 +40,7 @@ from awm_operator.state import Fleet
 log = logging.getLogger("awm.operator.reconcile")
 
 ORPHAN_GRACE = 10.0  # seconds a claim must stay unknown before its pods are released
+RETRY_BASE_S, RETRY_MAX_S = 1.0, 30.0  # after a failed pass, the next one in 1, 2, 4 ... 30 s
 _background: set[asyncio.Task[Any]] = set()
 
 
@@ -70,6 +71,7 @@ class Reconciler:
     index_read: tuple[str, float] = ("", 0.0)  # (selector and catalog, when) the index was last read
     index_error: str | None = None
     index_task: asyncio.Task[None] | None = None  # a catalog index read in flight
+    sweep_task: asyncio.Task[None] | None = None  # a database sweep in flight
     expiring: set[str] = field(default_factory=set)  # claims being released in the background
     timers: dict[str, asyncio.TimerHandle] = field(default_factory=dict)  # wake_at's, by reason
 
@@ -86,7 +88,7 @@ class Reconciler:
             fleet.active = True
             fleet.poke()
             fleet._grew()  # claims that waited while no replica acted may proceed
-            last = 0.0
+            last, failures = 0.0, 0
             while not stopped:
                 woken = asyncio.ensure_future(fleet.wake.wait())
                 await asyncio.wait([woken, halt], timeout=cfg.resync_interval, return_when=asyncio.FIRST_COMPLETED)
@@ -101,14 +103,28 @@ class Reconciler:
                 if stopped or fleet.deleted:
                     break
                 last = time.monotonic()
-                with self.ctx.metrics.reconcile.time():
-                    again = await self.reconcile()
+                try:
+                    with self.ctx.metrics.reconcile.time():
+                        again = await self.reconcile()
+                    failures = 0
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - an API timeout, a dropped connection
+                    # Level-triggered: the next pass starts over from the cached state. Letting
+                    # it end the daemon would leave the fleet unattended for kopf's back-off (60 s).
+                    failures += 1
+                    delay = min(RETRY_BASE_S * 2 ** (failures - 1), RETRY_MAX_S)
+                    log.warning("fleet %s/%s: reconcile pass failed (%s: %s); again in %.0f s",
+                                fleet.namespace, fleet.name, type(exc).__name__, exc, delay)
+                    self.wake_at(delay, "retry")
+                    again = False
                 if again:
                     fleet.poke()
         finally:
             halt.cancel()
-            if self.index_task is not None:
-                self.index_task.cancel()
+            for task in (self.index_task, self.sweep_task):
+                if task is not None:
+                    task.cancel()
             for timer in self.timers.values():
                 timer.cancel()
             fleet.active = False
@@ -446,15 +462,20 @@ class Reconciler:
     async def sweep_databases(self, now: float) -> None:
         """Drop the databases of pods that are gone: every ``db_sweep_interval`` seconds, and
         soon after pods disappeared (never right after start-up, when the pod cache may still be
-        filling)."""
+        filling). In a background task, one at a time: a slow or unreachable database server
+        must not hold up the pass that keeps the fleet's pods and status."""
         fleet, cfg = self.fleet, self.ctx.config
         due = now - self.last_sweep >= cfg.db_sweep_interval
         recent = fleet.pods_gone_at > self.last_sweep and now - fleet.pods_gone_at >= 2.0
-        if not (due or recent) or now - self.ctx.started < 10.0:
+        if not (due or recent) or now - self.ctx.started < 10.0 or self.sweep_task is not None:
             if fleet.pods_gone_at > self.last_sweep:
                 self.wake_at(2.1, "sweep")
             return
         self.last_sweep = now
+        self.sweep_task = asyncio.create_task(self._sweep(), name=f"awm sweep {fleet.namespace}/{fleet.name}")
+
+    async def _sweep(self) -> None:
+        fleet = self.fleet
         try:
             dsn = await admin_dsn(self.ctx.kube, fleet)
             live = set(fleet.pods)
@@ -462,6 +483,8 @@ class Reconciler:
         except Exception as exc:  # the database being unreachable must not stop the fleet
             log.warning("fleet %s/%s: database sweep failed: %s", fleet.namespace, fleet.name, exc)
             return
+        finally:
+            self.sweep_task = None
         if dropped:
             log.info("fleet %s/%s: dropped %d databases of deleted pods", fleet.namespace, fleet.name, len(dropped))
 
