@@ -9,12 +9,16 @@ What it measures, each against a baseline taken in the same run:
   Ready (bundle init container, database clone, env server start, readiness probe), with images
   already on the node. Baseline: plain pods of the same image that only ``sleep``
   (``baseline_ready_*``): what the node itself costs per pod. Polled every 0.2 s.
+* ``milestones_p50_s``: when (p50, seconds after first sighting) the pods were seen scheduled,
+  with an IP, past each init container, with the env server running, started (past a startup probe
+  if the pod has one) and Ready: where a start's time goes.
 * ``pod_memory_mb_p50`` / ``_max``: each env pod's working set from the kubelet's summary API
   (the container cgroup), once the fleet is Ready and idle.
 * ``pod_cpu_s_p50``, ``envserver_cpu_s_p50``, ``machine_cpu_s_per_pod``: where a start's CPU goes:
   a whole pod (init containers included), its env server alone, and everything the machine did
   from the fleet's creation to the last Ready (kubelet, containerd, API server, Postgres, ...) per pod,
-  and that split by process (``cpu_s_per_pod_by_process``, from /proc: what to make cheaper).
+  and that split by process, net of each one's idle CPU over as long a window
+  (``cpu_s_per_pod_by_process``, from /proc: what to make cheaper).
 * ``tool_call_p50_ms`` / ``_p99``, ``reset_p50_ms`` / ``_p99``: MCP tool calls and control-API
   resets from this host to a pod IP, through the CNI bridge. Baseline: the same calls to an env
   server running as a host process (awm.fleet.LocalFleet) on the same Postgres (``host_*``).
@@ -82,23 +86,45 @@ def wait(what: str, ok, timeout: float = 600, interval: float = 0.5) -> Any:
     raise TimeoutError(f"timed out waiting for {what}")
 
 
-def ready_times(cp: Any, selector: str, n: int, timeout: float = 900) -> list[float]:
-    """Seconds from a pod's first sighting to its Ready condition, for n pods matching selector."""
+MILESTONES = ("scheduled", "ip", "bundle_done", "provision_done", "server_running", "started", "ready")
+
+
+def milestones(pod: dict[str, Any]) -> set[str]:
+    """The start-up milestones a pod has passed: scheduled to the node, sandbox up (an IP), each
+    init container done, the env server running, started (its startup probe, if any, passed), Ready."""
+    spec, status = pod.get("spec") or {}, pod.get("status") or {}
+    inits = {c["name"]: c for c in status.get("initContainerStatuses") or []}
+    main = (status.get("containerStatuses") or [{}])[0]
+    passed = {"scheduled": bool(spec.get("nodeName")), "ip": bool(status.get("podIP")),
+              "bundle_done": "terminated" in (inits.get("bundle", {}).get("state") or {}),
+              "provision_done": "terminated" in (inits.get("provision", {}).get("state") or {}),
+              "server_running": "running" in (main.get("state") or {}), "started": bool(main.get("started")),
+              "ready": any(c["type"] == "Ready" and c["status"] == "True" for c in status.get("conditions") or [])}
+    return {m for m, ok in passed.items() if ok}
+
+
+def ready_times(cp: Any, selector: str, n: int, timeout: float = 900,
+                phases: dict[str, list[float]] | None = None) -> list[float]:
+    """Seconds from a pod's first sighting to its Ready condition, for n pods matching selector;
+    ``phases`` gets, per milestone, the seconds at which each pod was first seen past it."""
     seen: dict[str, float] = {}
-    ready: dict[str, float] = {}
+    passed: dict[str, dict[str, float]] = {}
     deadline = time.monotonic() + timeout
-    while len(ready) < n and time.monotonic() < deadline:
+    while sum("ready" in m for m in passed.values()) < n and time.monotonic() < deadline:
         now = time.monotonic()
         for p in cp.api("GET", f"/api/v1/namespaces/{NS}/pods?labelSelector={selector}")["items"]:
             name = p["metadata"]["name"]
             seen.setdefault(name, now)
-            ok = any(c["type"] == "Ready" and c["status"] == "True" for c in p.get("status", {}).get("conditions", []))
-            if ok and name not in ready:
-                ready[name] = now - seen[name]
+            for m in milestones(p):
+                passed.setdefault(name, {}).setdefault(m, now - seen[name])
         time.sleep(0.2)
+    ready = [m["ready"] for m in passed.values() if "ready" in m]
     if len(ready) < n:
         raise TimeoutError(f"only {len(ready)} of {n} pods Ready ({selector})")
-    return list(ready.values())
+    if phases is not None:
+        for m in MILESTONES:
+            phases[m] = [p[m] for p in passed.values() if m in p]
+    return ready
 
 
 def gone(cp: Any, selector: str) -> bool:
@@ -128,17 +154,15 @@ def busy_cpu_s() -> float:
     return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
 
 
-GROUPS = (("awm_operator", "operator"), ("envserver", "env server"), ("provision", "provision"),
-          ("kube-apiserver", "kube-apiserver"), ("etcd", "etcd"), ("kube-scheduler", "kube-scheduler"),
-          ("kube-controller", "kube-controller-manager"), ("kubelet", "kubelet"), ("kube-proxy", "kube-proxy"),
-          ("kube-router", "kube-router"), ("containerd-shim", "containerd-shim"), ("containerd", "containerd"),
-          ("coredns", "coredns"), ("postgres", "postgres"), ("bench/realnode", "this benchmark"))
+PYTHON_GROUPS = (("awm_operator", "operator"), ("envserver", "env server"), ("provision", "provision"),
+                 ("bench/realnode", "this benchmark"))
 
 
 def process_cpu() -> dict[tuple[int, str], tuple[str, float]]:
     """Every live process's CPU seconds, its own and its reaped children's (runc, CNI plugins,
-    init containers are short-lived: they show up in their parent's children time or not at all),
-    keyed by (pid, start time) and named by the group its command line falls in."""
+    init containers are short-lived: they show up in their parent's children time, or in PID 1's
+    when orphaned), keyed by (pid, start time) and named by its program (a Python program by
+    its module or script)."""
     tick = os.sysconf("SC_CLK_TCK")
     out = {}
     for d in Path("/proc").iterdir():
@@ -146,25 +170,48 @@ def process_cpu() -> dict[tuple[int, str], tuple[str, float]]:
             continue
         try:
             stat = (d / "stat").read_text()
-            argv = (d / "cmdline").read_bytes().split(b"\0")[:3]  # the program, not its arguments
-            cmd = b" ".join(argv).decode(errors="replace")
+            argv = (d / "cmdline").read_bytes().decode(errors="replace").split("\0")
         except OSError:
             continue
         fields = stat[stat.rindex(")") + 2:].split()
         cpu = sum(int(x) for x in fields[11:15]) / tick  # utime stime cutime cstime
-        group = next((g for key, g in GROUPS if key in cmd), stat[stat.index("(") + 1:stat.rindex(")")])
-        out[(int(d.name), fields[19])] = (group, cpu)
+        program = Path(argv[0]).name if argv[0] else stat[stat.index("(") + 1:stat.rindex(")")]
+        if program.startswith("python"):
+            args = " ".join(argv[1:3])
+            program = next((g for key, g in PYTHON_GROUPS if key in args), "python (other)")
+        elif program.startswith(("containerd-shim", "postgres")):  # postgres retitles its backends
+            program = program.split(":")[0].split("-runc")[0]
+        out[(int(d.name), fields[19])] = (program, cpu)
     return out
 
 
-def cpu_by_process(before: dict[tuple[int, str], tuple[str, float]], machine_s: float, n: int) -> dict[str, float]:
-    """CPU seconds per pod by process group between two ``process_cpu`` samples; what exited in
-    between without a surviving parent counting it is the rest ("unaccounted")."""
-    after, groups = process_cpu(), {}
+def cpu_by_group(before: dict[tuple[int, str], tuple[str, float]],
+                 after: dict[tuple[int, str], tuple[str, float]]) -> dict[str, float]:
+    groups: dict[str, float] = {}
     for key, (group, cpu) in after.items():
         groups[group] = groups.get(group, 0.0) + cpu - before.get(key, (group, 0.0))[1]
-    top = dict(sorted(((g, round(v / n, 3)) for g, v in groups.items() if v / n >= 0.005), key=lambda kv: -kv[1]))
-    top["unaccounted"] = round(machine_s / n - sum(top.values()), 3)
+    return groups
+
+
+def idle_rates(seconds: float = 5.0) -> tuple[dict[str, float], float]:
+    """CPU seconds per second by process group, and the machine's, while nothing is asked of the
+    cluster (leases, probes, the operator's resyncs): what a start's window is charged for anyway."""
+    procs, busy, t = process_cpu(), busy_cpu_s(), time.monotonic()
+    time.sleep(seconds)
+    dt = time.monotonic() - t
+    return {g: v / dt for g, v in cpu_by_group(procs, process_cpu()).items()}, (busy_cpu_s() - busy) / dt
+
+
+def cpu_by_process(before: dict[tuple[int, str], tuple[str, float]], window_s: float, machine_s: float,
+                   idle: tuple[dict[str, float], float], n: int) -> dict[str, float]:
+    """CPU seconds per pod by process group between two ``process_cpu`` samples, net of what the
+    group spends idle in as long a window; what exited in between without a surviving parent
+    counting it is the rest ("unaccounted")."""
+    rates, machine_rate = idle
+    groups = cpu_by_group(before, process_cpu())
+    net = {g: (v - rates.get(g, 0.0) * window_s) / n for g, v in groups.items()}
+    top = dict(sorted(((g, round(v, 3)) for g, v in net.items() if v >= 0.005), key=lambda kv: -kv[1]))
+    top["unaccounted"] = round((machine_s - machine_rate * window_s) / n - sum(top.values()), 3)
     return top
 
 
@@ -173,14 +220,16 @@ def env_fleet(cp: Any, n: int) -> tuple[list[float], list[float], dict[str, floa
     kubelet's summary API (the pod cgroup, which still counts its finished init containers) and its
     env-server container alone; the machine's busy CPU from the fleet's creation to the last Ready."""
     name = f"bench-{n}"
-    cpu0, procs0 = busy_cpu_s(), process_cpu()
+    idle = idle_rates()
+    cpu0, procs0, t0 = busy_cpu_s(), process_cpu(), time.monotonic()
     cp.api("POST", f"{API}/envfleets", {"apiVersion": "awm.dev/v1alpha1", "kind": "EnvFleet", "metadata": {"name": name},
                                         "spec": {"environments": ENVS, "replicas": n, "catalog": {},
                                                  "database": {"secretName": "awm-database"},
                                                  "template": {"resources": POD_RESOURCES}}})
-    times = ready_times(cp, f"awm.dev/fleet={name}", n)
+    phases: dict[str, list[float]] = {}
+    times = ready_times(cp, f"awm.dev/fleet={name}", n, phases=phases)
     machine_cpu = busy_cpu_s() - cpu0
-    by_process = cpu_by_process(procs0, machine_cpu, n)
+    by_process = cpu_by_process(procs0, time.monotonic() - t0, machine_cpu, idle, n)
     # A slow start with restarts is a failure retried, not a slow start: say so.
     restarts = sum(c.get("restartCount", 0) for p in cp.api("GET", f"/api/v1/namespaces/{NS}/pods?labelSelector=awm.dev/fleet={name}")["items"]
                    for c in [*(p["status"].get("initContainerStatuses") or []), *(p["status"].get("containerStatuses") or [])])
@@ -202,7 +251,8 @@ def env_fleet(cp: Any, n: int) -> tuple[list[float], list[float], dict[str, floa
     cpu = {"pod_cpu_s_p50": pct(pod_cpu, 0.5) if pod_cpu else None,
            "envserver_cpu_s_p50": pct(server_cpu, 0.5) if server_cpu else None,
            "machine_cpu_s_per_pod": round(machine_cpu / n, 2),
-           "cpu_s_per_pod_by_process": by_process, "container_restarts": restarts}
+           "cpu_s_per_pod_by_process": by_process, "container_restarts": restarts,
+           "milestones_p50_s": {m: pct(v, 0.5) for m, v in phases.items() if v}}
     return times, mem, cpu
 
 

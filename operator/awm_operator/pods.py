@@ -150,15 +150,17 @@ def pod_manifest(fleet: str, namespace: str, fleet_uid: str, spec: EnvFleetSpec,
                           {"name": "control", "containerPort": CONTROL_PORT, "protocol": "TCP"}],
                 # Every second: a pod is Ready within a second of its server listening (a
                 # 2 s period cost a second on average per start); the probe is one local GET.
+                # An instance that stops answering leaves the pool after two failures.
                 "readinessProbe": {"httpGet": {"path": "/readyz", "port": "control"},
                                    "periodSeconds": 1, "timeoutSeconds": 2, "failureThreshold": 2},
-                # Liveness only once started: dozens of pods starting together on a small node take
-                # longer than any fixed initial delay, and killing a slow start starts it again.
-                # A start that hangs is ended after 5 minutes; one that fails exits by itself.
-                "startupProbe": {"httpGet": {"path": "/healthz", "port": "control"},
-                                 "periodSeconds": 1, "timeoutSeconds": 2, "failureThreshold": 300},
+                # No startup probe: readiness is probed only after a startup probe has passed, on
+                # the next period, which added a second to every start (measured: started 3.3 s,
+                # Ready 4.1 s). Liveness instead tolerates 5 minutes of failures: dozens of pods
+                # starting together on a small node take that long, and killing a slow start
+                # starts it again. A server that hangs later is out of the pool at once (readiness)
+                # and restarted after those 5 minutes; one that fails exits by itself.
                 "livenessProbe": {"httpGet": {"path": "/healthz", "port": "control"},
-                                  "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 3},
+                                  "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 30},
                 "resources": t.resources or cfg.envserver_resources,
                 "securityContext": container_security,
                 "terminationMessagePolicy": "FallbackToLogsOnError",  # its last words, in the fleet's status
