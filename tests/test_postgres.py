@@ -3,6 +3,7 @@
 import json
 
 import psycopg
+from psycopg import sql
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
@@ -100,6 +101,47 @@ def test_a_server_that_never_answers_is_an_error_not_a_hang(admin_dsn, monkeypat
             assert conninfo_to_dict(conn.info.dsn)["connect_timeout"] == "7"
     finally:
         silent.close()
+
+
+def test_a_pod_provisions_on_one_connection_without_locks_once_the_template_exists(admin_dsn, notes_bundle,
+                                                                                    tmp_path, monkeypatch):
+    """The first pod of an environment loads its template (the locked path); every later pod
+    clones it on one admin connection and takes no advisory lock, so a fleet's pods starting
+    together do not queue behind each other."""
+    bundle_file = tmp_path / "notes.json"
+    bundle_file.write_text(notes_bundle.model_dump_json())
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:  # as if no pod had run yet
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+            sql.Identifier(provision.template_name(notes_bundle))))
+    connects: list[str] = []
+    statements: list[str] = []
+    real_connect = psycopg.connect
+
+    def counting_connect(dsn, **kw):
+        conn = real_connect(dsn, **kw)
+        connects.append(dsn)
+        real_execute = conn.execute
+        conn.execute = lambda query, *a, **k: statements.append(str(query)) or real_execute(query, *a, **k)
+        return conn
+
+    monkeypatch.setattr(provision.psycopg, "connect", counting_connect)
+    names = []
+    try:
+        for pod in ("notes-pod-a", "notes-pod-b"):
+            connects.clear()
+            statements.clear()
+            names.append((provision.provision_pod(str(bundle_file), pod, str(tmp_path / pod), admin_dsn, "f", "ns"),
+                          tmp_path / pod))
+            if pod.endswith("a"):
+                assert any("pg_advisory_lock" in q for q in statements) and len(connects) > 1
+        assert len(connects) == 1 and not any("advisory" in q for q in statements), (connects, statements)
+        for name, dsn_file in names:  # both are working instances
+            with real_connect(dsn_file.read_text()) as conn:
+                assert conn.execute("SELECT current_database()").fetchone() == (name,)
+    finally:
+        monkeypatch.undo()
+        for name, _ in names:
+            provision.drop_instance(admin_dsn, name)
 
 
 def test_template_is_loaded_once_and_checksummed(admin_dsn, notes_bundle):

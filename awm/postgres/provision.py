@@ -150,16 +150,22 @@ def ensure_template(admin_dsn: str, bundle: EnvBundle, roles_ready: bool = False
         return _ensure_template_locked(admin_dsn, bundle, name)
 
 
+def complete_template(conn: psycopg.Connection, bundle: EnvBundle, name: str | None = None) -> Template | None:
+    """The bundle's template if it is fully loaded, else None (missing, or half-loaded by an
+    interrupted run). Needs no lock: a template is marked complete only once loaded."""
+    name = name or template_name(bundle)
+    row = conn.execute("SELECT shobj_description(oid, 'pg_database') FROM pg_database WHERE datname = %s",
+                       (name,)).fetchone()
+    info = json.loads(row[0]) if row and row[0] else {}
+    return Template(name, bundle.name, info["checksum"]) if info.get("complete") else None
+
+
 def _ensure_template_locked(admin_dsn: str, bundle: EnvBundle, name: str) -> Template:
     with _admin(admin_dsn) as conn:
-        row = conn.execute(
-            "SELECT shobj_description(oid, 'pg_database') FROM pg_database WHERE datname = %s",
-            (name,),
-        ).fetchone()
-        if row and row[0]:
-            info = json.loads(row[0])
-            if info.get("complete"):
-                return Template(name, bundle.name, info["checksum"])
+        done = complete_template(conn, bundle, name)
+        if done is not None:
+            return done
+        row = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
         if row:  # half-loaded by an interrupted run
             conn.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
         conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE template0 ENCODING 'UTF8'").format(
@@ -336,18 +342,24 @@ def create_instance(admin_dsn: str, template: Template, name: str,
 
     ``meta`` goes into the database comment next to the environment and template (the
     Kubernetes operator records pod, fleet and namespace there, to find a fleet's databases)."""
+    with _admin(admin_dsn) as conn:
+        return _create_instance(conn, admin_dsn, template, name, meta)
+
+
+def _create_instance(conn: psycopg.Connection, admin_dsn: str, template: Template, name: str,
+                     meta: dict[str, str] | None) -> Instance:
+    """:func:`create_instance` on an admin connection the caller holds."""
     password = secrets.token_urlsafe(24)
     db, role = sql.Identifier(name), sql.Identifier(name)
-    with _admin(admin_dsn) as conn:
-        _drop(conn, name)
-        # One connection: the env server's. A stolen password cannot open a second one beside it.
-        conn.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {} IN ROLE {}, {} CONNECTION LIMIT 1").format(
-            role, sql.Literal(password), sql.Identifier(TOOL_ROLE), sql.Identifier(READER_ROLE)))
-        conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(db, sql.Identifier(template.dbname)))
-        conn.execute(sql.SQL("REVOKE ALL ON DATABASE {} FROM PUBLIC").format(db))
-        conn.execute(sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(db, role))
-        conn.execute(sql.SQL("COMMENT ON DATABASE {} IS {}").format(db, sql.Literal(json.dumps(
-            {**(meta or {}), "env": template.env, "template": template.dbname}))))
+    _drop(conn, name)
+    # One connection: the env server's. A stolen password cannot open a second one beside it.
+    conn.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {} IN ROLE {}, {} CONNECTION LIMIT 1").format(
+        role, sql.Literal(password), sql.Identifier(TOOL_ROLE), sql.Identifier(READER_ROLE)))
+    conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(db, sql.Identifier(template.dbname)))
+    conn.execute(sql.SQL("REVOKE ALL ON DATABASE {} FROM PUBLIC").format(db))
+    conn.execute(sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(db, role))
+    conn.execute(sql.SQL("COMMENT ON DATABASE {} IS {}").format(db, sql.Literal(json.dumps(
+        {**(meta or {}), "env": template.env, "template": template.dbname}))))
     params = conninfo_to_dict(admin_dsn)
     params.update(dbname=name, user=name, password=password)
     return Instance(template.env, name, name, make_conninfo(**params))
@@ -404,9 +416,18 @@ def provision_pod(bundle_path: str, pod: str, dsn_file: str, admin_dsn: str,
 
     with open(bundle_path, encoding="utf-8") as f:
         bundle = EnvBundle.model_validate_json(f.read())
-    template = ensure_template(admin_dsn, bundle)
     dbname = pod_instance_name(pod)
-    instance = create_instance(admin_dsn, template, dbname, meta={"pod": pod, "fleet": fleet, "namespace": namespace})
+    meta = {"pod": pod, "fleet": fleet, "namespace": namespace}
+    # One connection and no lock when the template is there (for every pod but the first of an
+    # environment): the pods of a fleet start together, and the locked path queued them one at a
+    # time on the roles' and then the template's advisory lock, each holding it while it opened
+    # more connections (four per pod). Only a missing template takes that path, to load it.
+    with _admin(admin_dsn) as conn:
+        template = complete_template(conn, bundle)
+        instance = _create_instance(conn, admin_dsn, template, dbname, meta) if template else None
+    if template is None or instance is None:
+        template = ensure_template(admin_dsn, bundle)
+        instance = create_instance(admin_dsn, template, dbname, meta=meta)
     target = Path(dsn_file)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(target.name + ".tmp")
