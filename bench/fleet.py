@@ -340,8 +340,9 @@ class Bench:
             # 2 cores here, and httpx's own CPU per request would be measured as much as the operator.
             base = f"{self.api}/v1/namespaces/{NS}/envfleets/bench/claims"
             async with aiohttp.ClientSession(headers=bearer()) as session:
-                done, stop_at = [], time.monotonic() + 10.0
+                done: list[int] = []
                 claim_lat: list[float] = []
+                stop_at = 0.0  # set when the clients start (after the ramp's profile is written)
 
                 async def worker() -> None:
                     while time.monotonic() < stop_at:
@@ -359,6 +360,7 @@ class Bench:
                     spy.wait()
                 spy = self.spy("sustained", 10)
                 t = time.monotonic()
+                stop_at = t + 10.0
                 await asyncio.gather(*(worker() for _ in range(16)))
                 elapsed = time.monotonic() - t
                 if spy is not None:
