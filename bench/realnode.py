@@ -155,7 +155,7 @@ def busy_cpu_s() -> float:
 
 
 PYTHON_GROUPS = (("awm_operator", "operator"), ("envserver", "env server"), ("provision", "provision"),
-                 ("bench/realnode", "this benchmark"))
+                 ("-I -S", "sandbox worker"), ("bench/realnode", "this benchmark"))
 
 
 def process_cpu() -> dict[tuple[int, str], tuple[str, float]]:
