@@ -425,7 +425,7 @@ def provision_pod(bundle_path: str, pod: str, dsn_file: str, admin_dsn: str,
     with _admin(admin_dsn) as conn:
         template = complete_template(conn, bundle)
         instance = _create_instance(conn, admin_dsn, template, dbname, meta) if template else None
-    if template is None or instance is None:
+    if instance is None:  # no complete template yet
         template = ensure_template(admin_dsn, bundle)
         instance = create_instance(admin_dsn, template, dbname, meta=meta)
     target = Path(dsn_file)
