@@ -11,6 +11,8 @@ cluster; the clients run in this process):
   time from a warm pool (each released again between claims; the release is not timed).
 * ``claims_per_s``: sustained: 16 clients claiming and releasing one instance in a loop;
   ``ledger_writes_per_claim``: the operator's ledger writes per claim-and-release cycle meanwhile.
+  ``sustained_by_clients``: the same for each ``--clients`` count (default 16, 32, 64): claims/s,
+  claim p50/p99, ledger writes and CPU (all processes) per cycle.
 * ``baseline_pod_write_claims_per_s``: the same loop when a claim and a release each write the
   pod (the operator's previous design), measured in the same run.
 * ``grpo_claim_p50_ms``: 8 groups of 8 instances in one claim.
@@ -120,6 +122,7 @@ class Bench:
     def __init__(self, cp: Any, instances: int, log: Any) -> None:
         self.cp, self.n, self.log = cp, instances, log
         self.profile: str | None = None
+        self.clients: list[int] = [16]
         pki = Path(cp.workdir) / "pki"
         tls = ssl.create_default_context(cafile=str(pki / "ca.crt"))
         tls.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
@@ -233,10 +236,57 @@ class Bench:
             await asyncio.sleep(0.25)
         raise TimeoutError(f"fleet not ready after {timeout}s: {await self.fleet_status()}")
 
-    async def ledger_writes(self) -> float:
+    async def metric(self, name: str, having: str = "") -> float:
+        """The sum of the operator's samples of ``name`` (whose labels contain ``having``)."""
         text = (await self.k8s.get(self.metrics_url)).text
         return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.startswith("awm_ledger_writes_total{") and 'result="ok"' in line)
+                   if line.startswith((name + "{", name + " ")) and having in line)
+
+    async def ledger_writes(self) -> float:
+        return await self.metric("awm_ledger_writes_total", 'result="ok"')
+
+    async def passes(self) -> tuple[float, float]:
+        """(reconcile passes so far, their seconds): a pass holds the event loop that serves claims."""
+        return await self.metric("awm_reconcile_seconds_count"), await self.metric("awm_reconcile_seconds_sum")
+
+    async def sustained(self, session: aiohttp.ClientSession, base: str, clients: int, seconds: float,
+                        profile: bool = False) -> dict[str, Any]:
+        """``clients`` loops, each claiming one instance and releasing it, for ``seconds``: claims/s,
+        claim latency, ledger writes and every process's CPU per cycle. Throughput depends on how
+        many claims are in flight (a write carries every change queued while the previous one was
+        in flight), so the benchmark reports it at several counts."""
+        done: list[int] = []
+        claim_lat: list[float] = []
+        stop_at = 0.0  # set when the clients start (after the ramp's profile is written)
+
+        async def worker() -> None:
+            while time.monotonic() < stop_at:
+                t = time.perf_counter()
+                async with session.post(base, json={"count": 1, "waitSeconds": 30}) as r:
+                    assert r.status == 201, await r.text()
+                    claim_id = (await r.json())["id"]
+                claim_lat.append((time.perf_counter() - t) * 1000)
+                done.append(1)
+                async with session.delete(f"{base}/{claim_id}") as r:
+                    assert r.status == 200, await r.text()
+
+        cpu1, writes0, passes0 = self.cpu(), await self.ledger_writes(), await self.passes()
+        spy = self.spy("sustained", seconds) if profile else None
+        t = time.monotonic()
+        stop_at = t + seconds
+        await asyncio.gather(*(worker() for _ in range(clients)))
+        elapsed = time.monotonic() - t
+        if spy is not None:
+            spy.wait()
+        writes, cpu2, passes1 = await self.ledger_writes() - writes0, self.cpu(), await self.passes()
+        cpu = {k: round(cpu2[k] - cpu1[k], 2) for k in cpu1}
+        n_passes = passes1[0] - passes0[0]
+        return {"clients": clients, "claims_per_s": round(len(done) / elapsed, 1),
+                "p50_ms": pct(claim_lat, 0.5), "p99_ms": pct(claim_lat, 0.99),
+                "ledger_writes_per_cycle": round(writes / len(done), 3),
+                "cpu_ms_per_cycle": round(sum(cpu.values()) * 1000 / len(done), 2), "cpu_s": cpu,
+                "reconcile_passes": int(n_passes),
+                "reconcile_pass_mean_ms": round((passes1[1] - passes0[1]) * 1000 / n_passes, 2) if n_passes else None}
 
     async def pod_write_baseline(self, seconds: float = 10.0) -> float:
         """The design this operator replaced, measured on the same control plane: a claim marks
@@ -340,38 +390,19 @@ class Bench:
             # 2 cores here, and httpx's own CPU per request would be measured as much as the operator.
             base = f"{self.api}/v1/namespaces/{NS}/envfleets/bench/claims"
             async with aiohttp.ClientSession(headers=bearer()) as session:
-                done: list[int] = []
-                claim_lat: list[float] = []
-                stop_at = 0.0  # set when the clients start (after the ramp's profile is written)
-
-                async def worker() -> None:
-                    while time.monotonic() < stop_at:
-                        t = time.perf_counter()
-                        async with session.post(base, json={"count": 1, "waitSeconds": 30}) as r:
-                            assert r.status == 201, await r.text()
-                            claim_id = (await r.json())["id"]
-                        claim_lat.append((time.perf_counter() - t) * 1000)
-                        done.append(1)
-                        async with session.delete(f"{base}/{claim_id}") as r:
-                            assert r.status == 200, await r.text()
-                cpu1 = self.cpu()
-                writes0 = await self.ledger_writes()
                 if spy is not None:
-                    spy.wait()
-                spy = self.spy("sustained", 10)
-                t = time.monotonic()
-                stop_at = t + 10.0
-                await asyncio.gather(*(worker() for _ in range(16)))
-                elapsed = time.monotonic() - t
-                if spy is not None:
-                    spy.wait()
-                result["ledger_writes_per_claim"] = round((await self.ledger_writes() - writes0) / len(done), 3)
-                cpu2 = self.cpu()
-                result["cpu_s_during_sustained"] = {k: round(cpu2[k] - cpu1[k], 1) for k in cpu1}
-                result["claims_per_s"] = round(len(done) / elapsed, 1)
-                result["sustained_claim_p50_ms"] = pct(claim_lat, 0.5)
-                result["sustained_claim_p99_ms"] = pct(claim_lat, 0.99)
-                self.log(f"{result['claims_per_s']} claims/s sustained (16 clients, claim+release)")
+                    spy.wait()  # the ramp's profile is written before the sustained one starts
+                windows = []
+                for n, clients in enumerate(self.clients):
+                    await self.sustained(session, base, clients, 2.0)  # warm-up: connections, batches in step
+                    windows.append(await self.sustained(session, base, clients, 10.0, profile=n == 0))
+                    self.log(f"{windows[-1]['claims_per_s']} claims/s sustained ({clients} clients, claim+release)")
+                first = windows[0]
+                result["claims_per_s"] = first["claims_per_s"]
+                result["sustained_claim_p50_ms"], result["sustained_claim_p99_ms"] = first["p50_ms"], first["p99_ms"]
+                result["ledger_writes_per_claim"] = first["ledger_writes_per_cycle"]
+                result["cpu_s_during_sustained"] = first["cpu_s"]
+                result["sustained_by_clients"] = windows
                 if self.n > 64:
                     result.update(await self.full_fleet(session, base))
 
@@ -404,6 +435,8 @@ def main() -> int:
     ap.add_argument("--instances", type=int, default=1024)
     ap.add_argument("--nodes", type=int, default=None, help="kwok nodes of 512 pods (default: enough for the fleet)")
     ap.add_argument("--profile", metavar="PREFIX", help="py-spy the operator: PREFIX-ramp.txt, PREFIX-sustained.txt")
+    ap.add_argument("--clients", default="16,32,64",
+                    help="sustained claim loops to run, one 10 s window per count (the first is the headline)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args()
     log = (lambda msg: print(f"# {msg}", file=sys.stderr, flush=True))
@@ -449,6 +482,7 @@ def main() -> int:
             time.sleep(0.2)
         bench = Bench(cp, args.instances, log)
         bench.profile = args.profile
+        bench.clients = [int(c) for c in args.clients.split(",")]
         bench.api, bench.operator_pid = f"http://127.0.0.1:{port}", operator.pid
         bench.metrics_url = f"http://127.0.0.1:{metrics}/metrics"
         result = asyncio.run(bench.run())

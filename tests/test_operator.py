@@ -1068,3 +1068,22 @@ def test_a_campaign_job_runs_as_its_own_trainer_account() -> None:
     assert rules[1] == {"apiGroups": ["awm.dev"], "resources": ["campaigns/status"], "verbs": ["update"],
                         "resourceNames": ["grpo"]}
     assert all(m["metadata"]["ownerReferences"][0]["uid"] == "uid" for m in kinds.values())
+
+
+def test_the_operator_runs_on_uvloop_when_it_is_installed() -> None:
+    """The allocation API's CPU is mostly the event loop's sockets and TLS: the operator image
+    installs uvloop (the ``operator`` extra) and ``run_loop`` must pick it, in production as in
+    the tests that run the operator in a thread."""
+    import asyncio
+
+    import uvloop  # noqa: F401  (the operator extra installs it)
+
+    from awm_operator.main import run_loop
+
+    seen: list[str] = []
+
+    async def probe() -> None:
+        seen.append(type(asyncio.get_running_loop()).__module__)
+
+    run_loop(probe())
+    assert seen and seen[0].startswith("uvloop"), seen

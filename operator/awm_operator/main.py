@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from typing import Any
+from typing import Any, Coroutine
 
 import kopf
 
@@ -35,10 +35,24 @@ async def operate(cfg: OperatorConfig, *, kubeconfig: str | None = None,
         stop_flag=stop_flag, ready_flag=ready_flag)
 
 
+def run_loop(main: Coroutine[Any, Any, None]) -> None:
+    """Run the operator on uvloop (libuv's event loop, in C) when it is installed, as kopf's own
+    ``kopf run`` does, else on asyncio's. The allocation API is the operator's hot path, and most
+    of a claim's CPU in the operator is the event loop's sockets and TLS: on uvloop the operator
+    sustains about a quarter more claims a second (bench/fleet.py at 4,096 instances,
+    docs/benchmarks.md)."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main)
+    else:
+        uvloop.run(main)
+
+
 def run(cfg: OperatorConfig | None = None) -> None:
     cfg = cfg or OperatorConfig.from_env()
     configure_logging(cfg.log_level)
-    asyncio.run(operate(cfg))
+    run_loop(operate(cfg))
 
 
 class InThread:
@@ -55,8 +69,8 @@ class InThread:
 
     def _main(self) -> None:
         try:
-            asyncio.run(operate(self.cfg, kubeconfig=self.kubeconfig, stop_flag=self.stop_flag,
-                                ready_flag=self.ready_flag))
+            run_loop(operate(self.cfg, kubeconfig=self.kubeconfig, stop_flag=self.stop_flag,
+                             ready_flag=self.ready_flag))
         except BaseException as exc:  # reported by __enter__/__exit__
             self.error = exc
             self.ready_flag.set()
