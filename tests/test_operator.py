@@ -1087,3 +1087,63 @@ def test_the_operator_runs_on_uvloop_when_it_is_installed() -> None:
 
     run_loop(probe())
     assert seen and seen[0].startswith("uvloop"), seen
+
+
+async def test_two_replicas_binding_one_envclaim_agree_on_its_instances() -> None:
+    """kopf's peering lets two replicas act at once for a while (seen in CI: both started
+    together and both acted for 50 s). Both then bind the same EnvClaim: the second writer's
+    409 rereads the ledger, finds the claim bound to other pods and must not move it there
+    (its EnvClaim's status would name pods the ledger does not give it, and the pods it does
+    name would count as free). The second replica answers with the first one's binding."""
+    from awm_operator.allocator import Allocator
+
+    server = ConfigMapServer()
+    replicas = [ledger_fleet(4), ledger_fleet(4)]
+    for fleet in replicas:
+        fleet.ledger = Ledger(server, fleet, Metrics())  # type: ignore[arg-type]
+        await fleet.ledger.load()
+        fleet.active = True
+    a, b = replicas
+    alloc = Allocator(kube=None, metrics=Metrics())  # type: ignore[arg-type]
+    first = await alloc.claim(a, "victim.u1", ClaimRequest(1), wait=0, source="envclaim")
+    b.reserve(["p0"])  # as if b's own other claim held it for a moment: b picks another pod than a
+    second = await alloc.claim(b, "victim.u1", ClaimRequest(1), wait=0, source="envclaim")
+    b.unreserve(["p0"])
+    assert [x.pod.name for x in first] == [x.pod.name for x in second] == ["p0"]
+    assert b.claims["victim.u1"].groups == [["p0"]] and b.owner == {"p0": "victim.u1"}
+    fresh = ledger_fleet(4)
+    await Ledger(server, fresh, Metrics()).load()  # type: ignore[arg-type]
+    assert fresh.owner == {"p0": "victim.u1"}
+    # A renewal of the same binding (other expiry, same pods) is not a clash.
+    await b.ledger.commit({"victim.u1": ClaimRecord([["p0"]], expires=time.time() + 60)})
+    await a.ledger.commit({"victim.u1": ClaimRecord([["p0"]], expires=time.time() + 120)})
+    assert a.claims["victim.u1"].expires and a.claims["victim.u1"].expires > time.time() + 60
+
+
+async def test_a_status_another_replica_wrote_over_is_written_again() -> None:
+    """A replica skips a status write when nothing changed since its own last one; if another
+    replica wrote the status in between (two acting at once, a standby's last pass), the
+    object's status must still end up as this replica counts, not as the other one left it."""
+    from awm_operator.reconcile import Context, Reconciler
+
+    writes: list[dict] = []
+
+    class Kube:
+        async def patch_status(self, plural: str, namespace: str, name: str, status: dict) -> dict:
+            writes.append(status)
+            return {}
+
+    ctx = Context(kube=Kube(), allocator=None, metrics=Metrics(),  # type: ignore[arg-type]
+                  config=OperatorConfig(status_min_interval=0.0))
+    fleet = ledger_fleet(2)
+    fleet.spec = fleet_spec(replicas=2)
+    rec = Reconciler(fleet, ctx)
+    await rec.patch_status(force=False)
+    assert writes[-1]["ready"] == 2
+    fleet.set_body({"metadata": {"name": "f"}, "status": writes[-1]})  # the watch shows our write
+    await rec.patch_status(force=False)
+    assert len(writes) == 1  # nothing changed: no write
+    other = {**writes[-1], "ready": 1, "allocated": 1}  # another replica's count
+    fleet.set_body({"metadata": {"name": "f"}, "status": other})
+    await rec.patch_status(force=False)
+    assert len(writes) == 2 and writes[-1]["ready"] == 2 and writes[-1]["allocated"] == 0

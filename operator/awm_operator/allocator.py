@@ -105,6 +105,13 @@ class Allocator:
             while True:
                 if fleet.deleted:
                     raise ClaimError(f"fleet {fleet.name} was deleted")
+                if claim_id in fleet.claims:
+                    # Bound already: by another replica acting on the same EnvClaim at the same
+                    # time (the ledger keeps its binding), or by this one before a restart cut
+                    # its status write short. A claim is bound once; asking again returns it.
+                    self.metrics.claims.labels(fleet.namespace, fleet.name, source, "bound").inc()
+                    return [Bound(fleet.pods[n], i) for i, g in enumerate(fleet.claims[claim_id].groups)
+                            for n in g if n in fleet.pods]
                 if fleet.active and fleet.ledger is not None:
                     groups = plan(fleet.available, req)
                     if groups is not None:

@@ -245,13 +245,20 @@ class Ledger:
             sum(1 for s in self.shards if s.version is not None))
 
     def _keep_unclashing(self, batch: Batch) -> Batch:
-        """After a reread: new claims whose pods another writer took lose; the rest go again."""
+        """After a reread: a claim whose pods another writer took loses, and so does a claim that
+        another writer bound to other pods under the same id (two replicas acting on one EnvClaim:
+        kopf's peering lets two act at once for a while, e.g. when both start together, so a
+        rewrite here would silently move the claim to pods its EnvClaim's status does not name).
+        The rest go again."""
         keep = []
         for changes, future in batch:
             clash = [n for cid, r in changes.items() if r is not None
                      for n in r.pods if self.fleet.owner.get(n, cid) != cid]
-            if clash:
-                future.set_exception(LostRace(f"instances taken by another operator replica: {clash[:3]}"))
+            rebound = [cid for cid, r in changes.items() if r is not None
+                       and cid in self.fleet.claims and self.fleet.claims[cid].groups != r.groups]
+            if clash or rebound:
+                what = f"instances {clash[:3]}" if clash else f"claim {rebound[0]}, to other instances,"
+                future.set_exception(LostRace(f"{what} taken by another operator replica"))
             else:
                 keep.append((changes, future))
         return keep

@@ -443,8 +443,12 @@ class Reconciler:
                       "observedGeneration": fleet.generation}
             # null when there is no selector: a merge patch removes what a removed selector chose
             status["environments"] = fleet.selected
-        comparable = {k: v for k, v in status.items() if k != "conditions"} | {"cond": (cond["status"], cond["message"])}
-        if comparable == self.last_status:
+        comparable = _comparable(status, status)
+        # Written already, and the object (as last watched) says so. The second half matters when
+        # another replica wrote the status after us (two act at once for a while under kopf's
+        # peering; a standby that took over): our own last write alone would leave its numbers
+        # standing for good.
+        if comparable == self.last_status and _comparable((fleet.body.get("status") or {}), status) == comparable:
             return
         now = time.monotonic()
         wait = self.last_status_at + self.ctx.config.status_min_interval - now
@@ -487,6 +491,13 @@ class Reconciler:
             self.sweep_task = None
         if dropped:
             log.info("fleet %s/%s: dropped %d databases of deleted pods", fleet.namespace, fleet.name, len(dropped))
+
+
+def _comparable(observed: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+    """The fields of ``status`` as ``observed`` has them, its Ready condition by status and
+    message (its transition time is not a change)."""
+    cond = next((c for c in observed.get("conditions") or [] if c.get("type") == "Ready"), {})
+    return {k: observed.get(k) for k in status if k != "conditions"} | {"cond": (cond.get("status"), cond.get("message"))}
 
 
 async def admin_dsn(kube: Kube, fleet: Fleet) -> str:
