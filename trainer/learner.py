@@ -98,9 +98,10 @@ class Learner:
         shards = self.coordinator
         if shards is not None:
             shards.announce("step", seqs)
-        if not seqs:
+        if not seqs:  # every group had one reward for all (no advantage): the same keys, no values
             return {"learner_s": 0.0, "sequences": 0, "trained_tokens": 0, "loss": None, "kl": None,
-                    "clip_fraction": None, "ratio_mean": None, "grad_norm": None}
+                    "clip_fraction": None, "ratio_mean": None, "grad_norm": None,
+                    **_gap_stats({"tokens": 0}, self.cfg.tis_cap)}
         cfg = self.cfg
         # seq_mean weighs episodes, not rows: an episode the history window split is one episode
         episode_tokens: Counter[Any] = Counter()
