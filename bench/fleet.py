@@ -257,7 +257,7 @@ class Bench:
         in flight), so the benchmark reports it at several counts."""
         done: list[int] = []
         claim_lat: list[float] = []
-        stop_at = 0.0  # set when the clients start (after the ramp's profile is written)
+        stop_at = 0.0  # set just before the clients start
 
         async def worker() -> None:
             while time.monotonic() < stop_at:

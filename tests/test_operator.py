@@ -1074,8 +1074,6 @@ def test_the_operator_runs_on_uvloop_when_it_is_installed() -> None:
     """The allocation API's CPU is mostly the event loop's sockets and TLS: the operator image
     installs uvloop (the ``operator`` extra) and ``run_loop`` must pick it, in production as in
     the tests that run the operator in a thread."""
-    import asyncio
-
     import uvloop  # noqa: F401  (the operator extra installs it)
 
     from awm_operator.main import run_loop
