@@ -38,7 +38,7 @@ _add_gen()
 
 
 def _add_trainer() -> None:  # `awm agent`, `awm train`, `awm eval` (trainer/cli.py; torch loads lazily)
-    from trainer.cli import trainer_app
+    from awm.trainer.cli import trainer_app
 
     app.add_typer(trainer_app)
 
@@ -56,7 +56,7 @@ _add_operator()
 
 
 def _add_integrations() -> None:  # `awm openenv serve` (integrations/; openenv-core loads lazily)
-    from integrations.cli import openenv_app
+    from awm.integrations.cli import openenv_app
 
     app.add_typer(openenv_app, name="openenv")
 
@@ -65,7 +65,7 @@ _add_integrations()
 
 
 def _add_ui() -> None:  # `awm ui` (ui/; starlette and uvicorn load when it runs)
-    from ui.cli import ui_command
+    from awm.ui.cli import ui_command
 
     app.command("ui")(ui_command)
 

@@ -1,14 +1,14 @@
 """The local fleet: N env-server processes on one Postgres, without Kubernetes.
 
 It provisions (template per environment, database and role per instance), starts one
-``python -m envserver`` per instance with a scrubbed environment (the child gets its own DSN and
+``python -m awm.envserver`` per instance with a scrubbed environment (the child gets its own DSN and
 nothing else of ours), waits for each to announce its URLs, restarts any that die on the same
 ports, and on exit stops them and drops their databases. A fleet that could not clean up (killed,
 machine lost power) leaves databases behind; each instance's database comment names the host and
 the owning process (pid and start time), so the next fleet on that host drops those whose owner is
 gone (``reap_abandoned``; also ``awm postgres gc``). The env servers themselves never outlive the
 fleet's process: each learns its parent's pid (``AWM_PARENT_PID``) and has the kernel stop it when
-that process dies, however it dies (envserver.lifeline).
+that process dies, however it dies (awm.envserver.lifeline).
 """
 
 from __future__ import annotations
@@ -133,12 +133,12 @@ class LocalFleet:
         self.verifier_workers = verifier_workers
         self.host = host
         # Host names and browser origins the env servers accept besides their own (DNS-rebinding
-        # protection; envserver.hostguard).
+        # protection; awm.envserver.hostguard).
         self.allowed_hosts = list(allowed_hosts or [])
         self.allowed_origins = list(allowed_origins or [])
         self.start_timeout_s = start_timeout_s
         # The LLM judge for judge-verifier tasks, which verifier kind to prefer, and whether tasks
-        # that have not passed both gates are served (marked ungated): see envserver.instance.
+        # that have not passed both gates are served (marked ungated): see awm.envserver.instance.
         self.judge = judge
         self.verifier_kind = verifier_kind
         self.allow_ungated = allow_ungated
@@ -204,7 +204,7 @@ class LocalFleet:
         guard_args = [*(a for h in self.allowed_hosts for a in ("--allowed-host", h)),
                       *(a for o in self.allowed_origins for a in ("--allowed-origin", o))]
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "envserver", "--bundle", str(handle.bundle_path), "--name", handle.name,
+            sys.executable, "-m", "awm.envserver", "--bundle", str(handle.bundle_path), "--name", handle.name,
             "--host", self.host, "--mcp-port", str(handle.mcp_port), "--control-port", str(handle.control_port),
             "--verifier-workers", str(self.verifier_workers), *guard_args,
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,

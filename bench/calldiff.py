@@ -21,13 +21,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from awm import catalog  # noqa: E402
-from awm.client import ControlClient, McpSession  # noqa: E402
-from awm.fleet import Database, LocalFleet  # noqa: E402
-from bench.runtime import machine  # noqa: E402
-from trainer.calldiff import DiffTracker  # noqa: E402
+from awm import catalog
+from awm.client import ControlClient, McpSession
+from awm.fleet import Database, LocalFleet
+from bench.runtime import machine
+from awm.trainer.calldiff import DiffTracker
 
 
 async def episode(mcp: McpSession, control: ControlClient, task: Any, record: bool,

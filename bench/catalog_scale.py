@@ -33,13 +33,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from awm import catalog  # noqa: E402
-from awm.fleet import Database, LocalFleet  # noqa: E402
-from awm.importers.awm1k import import_awm_dir, normalize_scenario_name  # noqa: E402
-from awm.postgres import provision  # noqa: E402
-from bench.runtime import children, pss_mb  # noqa: E402
+from awm import catalog
+from awm.fleet import Database, LocalFleet
+from awm.importers.awm1k import import_awm_dir, normalize_scenario_name
+from awm.postgres import provision
+from bench.runtime import children, pss_mb
 
 FIXTURE = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "awm1k"
 NOW = dt.datetime(2025, 6, 1)

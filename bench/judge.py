@@ -25,14 +25,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from awm.authoring import compile_source_dir  # noqa: E402
-from awm.bundle import Task, Verifier  # noqa: E402
-from awm.client import ControlClient, McpSession  # noqa: E402
-from awm.fleet import Database, LocalFleet  # noqa: E402
-from awm.judge import CHARS_PER_TOKEN, JudgeSettings, Step, build_messages  # noqa: E402
-from tests.llm_server import Reply, ScriptedLLM  # noqa: E402
+from awm.authoring import compile_source_dir
+from awm.bundle import Task, Verifier
+from awm.client import ControlClient, McpSession
+from awm.fleet import Database, LocalFleet
+from awm.judge import CHARS_PER_TOKEN, JudgeSettings, Step, build_messages
+from tests.llm_server import Reply, ScriptedLLM
 
 ROOT = Path(__file__).resolve().parents[1]
 EVIDENCE = '''

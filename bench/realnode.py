@@ -44,13 +44,11 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "operator"))
 
-from awm import catalog  # noqa: E402
-from awm.client import ControlClient, McpSession  # noqa: E402
-from awm.fleet import Database, LocalFleet  # noqa: E402
-from k8s import chart  # noqa: E402
+from awm import catalog
+from awm.client import ControlClient, McpSession
+from awm.fleet import Database, LocalFleet
+from k8s import chart
 
 NS = "awm"
 API = f"/apis/awm.dev/v1alpha1/namespaces/{NS}"

@@ -7,7 +7,7 @@ asynchronous collection (bounded staleness) against synchronous collection.
 ``--policy vllm`` measures a real policy instead: a vLLM server, a real learner and weight sync
 (bench/rollouts_vllm.py has what it reports). The default, ``--policy replay``:
 
-A local fleet serves the environment; the policy is :class:`trainer.policy.ReplayPolicy`, which
+A local fleet serves the environment; the policy is :class:`awm.trainer.policy.ReplayPolicy`, which
 answers instantly with each task's reference solution, so every tool call, reset and verification
 is real and nothing else costs time. The learner is simulated by a fixed wall-clock step
 (``--learner-ms``, a GPU step leaves the CPU to the environments, so it sleeps). Per mode:
@@ -33,14 +33,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from awm import catalog  # noqa: E402
-from awm.fleet import Database  # noqa: E402
-from trainer.agent import AgentConfig  # noqa: E402
-from trainer.policy import ReplayPolicy  # noqa: E402
-from trainer.reward import RewardConfig  # noqa: E402
-from trainer.rollout import LocalFleetSource, RolloutConfig, RolloutService, TaskRef  # noqa: E402
+from awm import catalog
+from awm.fleet import Database
+from awm.trainer.agent import AgentConfig
+from awm.trainer.policy import ReplayPolicy
+from awm.trainer.reward import RewardConfig
+from awm.trainer.rollout import LocalFleetSource, RolloutConfig, RolloutService, TaskRef
 
 
 async def run_mode(mode: str, source: LocalFleetSource, policy: ReplayPolicy, tasks: list[TaskRef], steps: int,

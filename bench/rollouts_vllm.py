@@ -38,7 +38,7 @@ MODEL = ROOT / "tests" / "fixtures" / "tiny-qwen"
 async def run_mode(mode: str, service: Any, policy: Any, learner: Any, steps: int, groups_per_step: int,
                    extra_learner_s: float) -> dict[str, Any]:
     """``steps`` GRPO steps: take groups (async: produced while the learner works), train, sync."""
-    from trainer.samples import build_batch
+    from awm.trainer.samples import build_batch
 
     episodes = tokens = 0
     env_ms = episode_ms = 0.0
@@ -93,14 +93,14 @@ async def bench(args: argparse.Namespace, base_url: str, scratch: Path) -> dict[
 
     from awm import catalog
     from awm.fleet import Database
-    from trainer.agent import AgentConfig
-    from trainer.chatformat import chat_format
-    from trainer.config import GRPOConfig
-    from trainer.learner import Learner
-    from trainer.local_policy import SamplingSpec
-    from trainer.reward import RewardConfig
-    from trainer.rollout import LocalFleetSource, RolloutConfig, RolloutService, TaskRef
-    from trainer.vllm_policy import LoraSpec, VllmPolicy
+    from awm.trainer.agent import AgentConfig
+    from awm.trainer.chatformat import chat_format
+    from awm.trainer.config import GRPOConfig
+    from awm.trainer.learner import Learner
+    from awm.trainer.local_policy import SamplingSpec
+    from awm.trainer.reward import RewardConfig
+    from awm.trainer.rollout import LocalFleetSource, RolloutConfig, RolloutService, TaskRef
+    from awm.trainer.vllm_policy import LoraSpec, VllmPolicy
 
     torch.manual_seed(0)
     torch.set_num_threads(1)
@@ -138,7 +138,7 @@ async def bench(args: argparse.Namespace, base_url: str, scratch: Path) -> dict[
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Start the CPU vLLM server (tests/vllm_env.py's environment) unless ``--base-url`` is given."""
-    from trainer.vllm_server import VllmServer
+    from awm.trainer.vllm_server import VllmServer
 
     with tempfile.TemporaryDirectory(prefix="awm-bench-vllm-") as tmp:
         scratch = Path(tmp)

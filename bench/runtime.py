@@ -21,13 +21,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from awm import catalog  # noqa: E402
-from awm.bundle import EnvBundle  # noqa: E402
-from awm.client import ControlClient, McpSession  # noqa: E402
-from awm.fleet import Database, LocalFleet  # noqa: E402
-from awm.postgres import provision  # noqa: E402
+from awm import catalog
+from awm.bundle import EnvBundle
+from awm.client import ControlClient, McpSession
+from awm.fleet import Database, LocalFleet
+from awm.postgres import provision
 
 
 def pct(values: list[float], q: float) -> float:

@@ -3,7 +3,7 @@
     python bench/ui.py [--episodes 100000]     # prints JSON
 
 Writes a synthetic run directory (trajectories.jsonl in the trainer's own format, written with
-trainer.trajectory.TrajectoryLog, 16 episodes per step, two turns each with a tool call and its
+awm.trainer.trajectory.TrajectoryLog, 16 episodes per step, two turns each with a tool call and its
 database diff; metrics.jsonl one line per step), starts `awm ui` on it as a user would, and
 measures in Debian's chromium (selenium; the same setup as tests/test_ui_browser.py):
 
@@ -33,14 +33,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import httpx  # noqa: E402
+import httpx
 
-from bench.runtime import machine  # noqa: E402
-from trainer.trajectory import Trajectory, TrajectoryLog, Turn  # noqa: E402
-from ui.index import EpisodeFilter, scan_page  # noqa: E402
-from ui.runs import run_id  # noqa: E402
+from bench.runtime import machine
+from awm.trainer.trajectory import Trajectory, TrajectoryLog, Turn
+from awm.ui.index import EpisodeFilter, scan_page
+from awm.ui.runs import run_id
 
 PER_STEP = 16
 

@@ -1,6 +1,6 @@
-"""``python -m envserver``: serve one environment instance.
+"""``python -m awm.envserver``: serve one environment instance.
 
-    AWM_INSTANCE_DSN=... python -m envserver --bundle env.json --name awm_i_shop_0 \
+    AWM_INSTANCE_DSN=... python -m awm.envserver --bundle env.json --name awm_i_shop_0 \
         --mcp-port 0 --control-port 0
 
 The DSN comes from the environment, never argv (visible to every user in ``ps``), or from the
@@ -9,7 +9,7 @@ free port; once both servers listen the process prints one JSON line on stdout:
 ``{"event": "ready", "mcp_url": ..., "control_url": ...}``.
 
 Both listeners refuse requests whose ``Host`` or ``Origin`` is not this server's (DNS-rebinding
-protection, envserver.hostguard): add names with ``--allowed-host`` / ``AWM_ALLOWED_HOSTS`` and
+protection, awm.envserver.hostguard): add names with ``--allowed-host`` / ``AWM_ALLOWED_HOSTS`` and
 browser origins with ``--allowed-origin`` / ``AWM_ALLOWED_ORIGINS`` (comma-separated).
 """
 
@@ -28,11 +28,11 @@ import uvicorn
 
 from awm.bundle import EnvBundle
 from awm.judge import Judge, JudgeSettings
-from envserver import hostguard
-from envserver.control import build_control
-from envserver.instance import EnvInstance
-from envserver.lifeline import die_with_parent
-from envserver.mcp import McpApp
+from awm.envserver import hostguard
+from awm.envserver.control import build_control
+from awm.envserver.instance import EnvInstance
+from awm.envserver.lifeline import die_with_parent
+from awm.envserver.mcp import McpApp
 
 
 def _port(server: uvicorn.Server) -> int:
@@ -112,7 +112,7 @@ def judge_settings(args: argparse.Namespace) -> JudgeSettings | None:
 
 def main(argv: list[str] | None = None) -> None:
     die_with_parent()  # first: a local fleet's env server must not outlive the fleet
-    parser = argparse.ArgumentParser(prog="python -m envserver", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m awm.envserver", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--bundle", required=True, help="bundle JSON file")
     parser.add_argument("--name", help="instance name (metrics label)")

@@ -23,7 +23,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from awm.postgres.snapshot import MAX_DIFF_ROWS
-from envserver.instance import ControlError, EnvInstance
+from awm.envserver.instance import ControlError, EnvInstance
 
 
 async def _body(request: Request) -> dict[str, Any]:
@@ -40,7 +40,7 @@ async def _body(request: Request) -> dict[str, Any]:
 
 
 def build_control(instance: EnvInstance, middleware: list[Middleware] | None = None) -> Starlette:
-    """The control app; ``middleware`` is the Host/Origin guard (envserver.hostguard)."""
+    """The control app; ``middleware`` is the Host/Origin guard (awm.envserver.hostguard)."""
     async def handle(call):  # type: ignore[no-untyped-def]
         try:
             return JSONResponse(await call())

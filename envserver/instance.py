@@ -22,10 +22,10 @@ from awm.bundle import EnvBundle, Task, Verifier
 from awm.gates import gate_status
 from awm.judge import Judge, Step
 from awm.sandbox.pool import WeakIsolation, WorkerFailure, WorkerPool, WorkerSpec
-from envserver.metrics import Metrics
-from envserver.reset import DatabaseLost, EpisodeDatabase
-from envserver.tools import AGENT_FAULTS, ToolFailure, ToolRuntime, render
-from envserver.verify import Verdict, from_judgement, verify_in_worker
+from awm.envserver.metrics import Metrics
+from awm.envserver.reset import DatabaseLost, EpisodeDatabase
+from awm.envserver.tools import AGENT_FAULTS, ToolFailure, ToolRuntime, render
+from awm.envserver.verify import Verdict, from_judgement, verify_in_worker
 
 T = TypeVar("T")
 log = logging.getLogger("awm.envserver")

@@ -26,8 +26,8 @@ import secrets
 from collections import OrderedDict
 from typing import Any, Awaitable, Callable
 
-from envserver.instance import EnvInstance
-from envserver.tools import ToolFailure, render
+from awm.envserver.instance import EnvInstance
+from awm.envserver.tools import ToolFailure, render
 
 log = logging.getLogger(__name__)
 

@@ -35,7 +35,7 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_e
 from awm.postgres import snapshot as snap
 from awm.postgres.provision import READER_ROLE
 from awm.sandbox.pool import WorkerPool
-from envserver.dbapi import ResultTooLarge, SqlForbidden, execute_untrusted, to_json_value
+from awm.envserver.dbapi import ResultTooLarge, SqlForbidden, execute_untrusted, to_json_value
 
 T = TypeVar("T")
 

@@ -24,7 +24,7 @@ from typing import Any
 import jsonschema
 
 from awm.bundle import EnvBundle, Route
-from envserver.dbapi import to_json_value
+from awm.envserver.dbapi import to_json_value
 
 AGENT_FAULTS = {"invalid_arguments", "tool_error"}
 # SQLSTATE classes of errors caused by argument values (a constraint, a bad cast): the agent's.

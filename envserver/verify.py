@@ -2,7 +2,7 @@
 
 The verifier runs in the instance's worker pool (:mod:`awm.sandbox`), never in this process. It
 reads the database through ``final.query(...)`` / ``initial.query(...)``, which the reset engine
-answers read-only inside the episode (:meth:`envserver.reset.EpisodeDatabase.read_query`), or, for
+answers read-only inside the episode (:meth:`awm.envserver.reset.EpisodeDatabase.read_query`), or, for
 AWM-style verifiers (``inputs: sqlite``), from SQLite images of the snapshot and of the final
 state that the worker opens in memory. A verifier that crashes, loops, runs out of memory or
 breaks the protocol gets verdict ``error`` with the reason; its worker is replaced and the
@@ -17,7 +17,7 @@ from typing import Any
 
 from awm.judge import JudgeResult
 from awm.sandbox.pool import WeakIsolation, WorkerFailure, WorkerPool
-from envserver.reset import EpisodeDatabase
+from awm.envserver.reset import EpisodeDatabase
 
 
 @dataclass

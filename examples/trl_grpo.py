@@ -43,15 +43,15 @@ def run(config: Path, steps: int | None, output_dir: Path, database_url: str | N
 
     from awm import catalog as catalog_mod
     from awm.fleet import Database, LocalFleet
-    from integrations.instances import InstancePool
-    from integrations.loop import shared_loop
-    from integrations.trl_env import AwmRollout, awm_reward, task_dataset
-    from trainer import tiny
-    from trainer.agent import DEFAULT_SYSTEM
-    from trainer.config import TrainConfig
-    from trainer.eval import select_tasks
-    from trainer.local_policy import SamplingSpec
-    from trainer.trajectory import TrajectoryLog
+    from awm.integrations.instances import InstancePool
+    from awm.integrations.loop import shared_loop
+    from awm.integrations.trl_env import AwmRollout, awm_reward, task_dataset
+    from awm.trainer import tiny
+    from awm.trainer.agent import DEFAULT_SYSTEM
+    from awm.trainer.config import TrainConfig
+    from awm.trainer.eval import select_tasks
+    from awm.trainer.local_policy import SamplingSpec
+    from awm.trainer.trajectory import TrajectoryLog
 
     overrides: dict[str, Any] = {"run_dir": str(output_dir)}
     if steps is not None:

@@ -1,14 +1,14 @@
 """awm as the environment side of the RL stacks people already run (docs/integrations.md).
 
-* :mod:`integrations.episode` and :mod:`integrations.instances` - what every adapter shares: one
+* :mod:`awm.integrations.episode` and :mod:`awm.integrations.instances` - what every adapter shares: one
   episode step by step (reset, MCP tool calls, verdict, awm's reward with masking) and where
   instances come from (a running pool with whole GRPO-group claims, or the operator's allocation
   API);
-* :mod:`integrations.openenv_server` - OpenEnv's HTTP/WebSocket environment API in front of a
+* :mod:`awm.integrations.openenv_server` - OpenEnv's HTTP/WebSocket environment API in front of a
   fleet (any OpenEnv client: TRL, SkyRL, torchforge, Unsloth, ART);
-* :mod:`integrations.trl_env` - a ``rollout_func`` for TRL's ``GRPOTrainer``;
-* :mod:`integrations.verl_agent` - a verl agent loop (``awm_agent``);
-* :mod:`integrations.skyrl_env` - a skyrl-gym ``BaseTextEnv`` (``awm``).
+* :mod:`awm.integrations.trl_env` - a ``rollout_func`` for TRL's ``GRPOTrainer``;
+* :mod:`awm.integrations.verl_agent` - a verl agent loop (``awm_agent``);
+* :mod:`awm.integrations.skyrl_env` - a skyrl-gym ``BaseTextEnv`` (``awm``).
 
 Each framework is imported only by its own module. These modules sit above ``awm`` and
 ``trainer`` (agent loop, rewards); nothing below imports them.

@@ -33,7 +33,7 @@ def serve(
 
     from awm import catalog as catalog_mod
     from awm.fleet import Database, LocalFleet
-    from integrations.openenv_server import InstancePool, Slot, build_app
+    from awm.integrations.openenv_server import InstancePool, Slot, build_app
 
     bundles = catalog_mod.load(catalog, env or None)
     serving = serving_options(judge_base_url, judge_model, judge_votes, verifier_kind, allow_ungated)

@@ -5,7 +5,7 @@ adapter shares (OpenEnv's ``step``, SkyRL's ``BaseTextEnv.step``, verl's agent l
 
 The framework owns generation; the episode owns the environment side: reset to a task's
 snapshot, tool calls through the instance's MCP server (errors keep awm's class), the verdict of
-the task's verifier or LLM judge, and the reward from :func:`trainer.reward.score` - so a
+the task's verifier or LLM judge, and the reward from :func:`awm.trainer.reward.score` - so a
 failure that is the environment's (a crashed tool, a verifier error, an instance that stopped
 answering) is *masked* (``reward`` None), never charged to the policy, in every framework alike.
 
@@ -22,9 +22,9 @@ from typing import Any
 import httpx
 
 from awm.client import ControlApiError, ControlClient, McpError, McpSession, ToolOutcome
-from integrations.instances import Slot
-from trainer import toolcalls
-from trainer.reward import RewardConfig, score
+from awm.integrations.instances import Slot
+from awm.trainer import toolcalls
+from awm.trainer.reward import RewardConfig, score
 
 _ENV_ERRORS = (McpError, ControlApiError, httpx.HTTPError, ValueError)
 

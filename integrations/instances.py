@@ -124,7 +124,7 @@ class InstancePool:
 class OperatorInstances:
     """Instances of an EnvFleet, claimed per episode or per GRPO group from the operator.
 
-    ``settings`` is a :class:`trainer.k8s_source.KubernetesSettings` (from a Campaign Job's
+    ``settings`` is a :class:`awm.trainer.k8s_source.KubernetesSettings` (from a Campaign Job's
     environment: ``KubernetesSettings.from_env()``); ``envs`` names the fleet's environments
     (the allocation API claims by environment).
     """
@@ -183,7 +183,7 @@ def instances_from_config(config: Any) -> Any:
       (``{"operator": {"environments": [...]}}`` alone: the rest from a Campaign Job's
       environment, ``AWM_OPERATOR_URL``/``AWM_NAMESPACE``/``AWM_FLEET``).
 
-    Call it on the loop the instances are used from (:func:`integrations.loop.shared_loop`).
+    Call it on the loop the instances are used from (:func:`awm.integrations.loop.shared_loop`).
     """
     data = dict(config.items()) if hasattr(config, "items") else dict(config)
     key = json.dumps({k: data.get(k) for k in ("instances_file", "operator")}, sort_keys=True, default=str)
@@ -192,7 +192,7 @@ def instances_from_config(config: Any) -> Any:
     if data.get("instances_file"):
         made: Any = InstancePool.from_json_lines(data["instances_file"])
     elif data.get("operator") is not None:
-        from trainer.k8s_source import KubernetesSettings
+        from awm.trainer.k8s_source import KubernetesSettings
 
         op = dict(data["operator"].items()) if hasattr(data["operator"], "items") else dict(data["operator"])
         settings = KubernetesSettings.from_env()

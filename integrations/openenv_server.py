@@ -13,7 +13,7 @@ One OpenEnv session holds one awm instance while an episode runs:
 * ``step`` takes OpenEnv's MCP actions - ``ListToolsAction``, ``CallToolAction`` (one tool call
   through awm's MCP server; errors come back with their awm class) - or :class:`AwmAction` with
   ``answer``: the final answer, which ends the episode: awm verifies it (code verifier or LLM
-  judge) and the observation carries the reward (``trainer.reward``: failures that are
+  judge) and the observation carries the reward (``awm.trainer.reward``: failures that are
   the environment's are masked: reward ``None``, ``metadata.masked``);
 * ``max_steps`` tool calls without an answer end the episode too (verified without an answer).
 
@@ -31,8 +31,8 @@ from openenv.core.env_server.mcp_types import (CallToolAction, CallToolObservati
 from openenv.core.env_server.types import Action, EnvironmentMetadata, Observation, State
 from pydantic import Field
 
-from integrations.episode import Episode, Outcome
-from integrations.instances import InstancePool, Slot
+from awm.integrations.episode import Episode, Outcome
+from awm.integrations.instances import InstancePool, Slot
 
 __all__ = ["AwmAction", "AwmEnvironment", "AwmObservation", "InstancePool", "Slot", "build_app"]
 

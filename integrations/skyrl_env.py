@@ -5,7 +5,7 @@ env_config=..., extras=row)``), calls ``init(prompt)`` once and ``step(reply)`` 
 reply of the policy, until ``done``. Here:
 
 * ``init`` claims an instance of the row's environment (``extras["env"]``; the fleet named by
-  ``env_config``: :func:`integrations.instances.instances_from_config`), resets it to the row's
+  ``env_config``: :func:`awm.integrations.instances.instances_from_config`), resets it to the row's
   task (``extras["task_id"]``) and returns the prompt: a system message with the tools and the
   call format (``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``), then the task's
   instruction;
@@ -20,7 +20,7 @@ SkyRL's reward is a float: an episode that failed through the environment's faul
 samples in your trainer if they matter; awm's own trainer and TRL leave them out entirely.
 
 SkyRL calls ``step`` synchronously (from its worker threads): the episode itself runs on the
-process's integration loop (:mod:`integrations.loop`).
+process's integration loop (:mod:`awm.integrations.loop`).
 """
 
 from __future__ import annotations
@@ -29,12 +29,12 @@ from typing import Any
 
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput
 
-from integrations.episode import Episode, Outcome
-from integrations.instances import Slot, instances_from_config
-from integrations.loop import shared_loop
-from trainer import toolcalls
-from trainer.agent import DEFAULT_SYSTEM
-from trainer.reward import RewardConfig
+from awm.integrations.episode import Episode, Outcome
+from awm.integrations.instances import Slot, instances_from_config
+from awm.integrations.loop import shared_loop
+from awm.trainer import toolcalls
+from awm.trainer.agent import DEFAULT_SYSTEM
+from awm.trainer.reward import RewardConfig
 
 ENV_ID = "awm"
 
@@ -44,7 +44,7 @@ def register() -> None:
     from skyrl_gym.envs.registration import register as skyrl_register, registry
 
     if ENV_ID not in registry:
-        skyrl_register(id=ENV_ID, entry_point="integrations.skyrl_env:AwmTextEnv")
+        skyrl_register(id=ENV_ID, entry_point="awm.integrations.skyrl_env:AwmTextEnv")
 
 
 def _get(mapping: Any, key: str, default: Any = None) -> Any:

@@ -3,11 +3,11 @@
 TRL (>= 1.x) lets a ``rollout_func(prompts, trainer)`` produce the completions of a batch itself.
 :class:`AwmRollout` is one: every prompt names an awm task, and the ``num_generations`` copies
 of a prompt that TRL's sampler puts next to each other are *one GRPO group*: one group claim of
-instances of the task's environment (:mod:`integrations.instances` - a local fleet's pool or the
+instances of the task's environment (:mod:`awm.integrations.instances` - a local fleet's pool or the
 operator's allocation API), reset to the same snapshot, each sample one episode of awm's own
-agent loop (:func:`trainer.agent.run_episode`: multi-turn, tool calls over MCP, the verifier's
-verdict, :mod:`trainer.reward`). The policy is the model TRL trains, sampled in process
-(:class:`trainer.local_policy.LocalPolicy` sharing its weights), or any awm policy you pass.
+agent loop (:func:`awm.trainer.agent.run_episode`: multi-turn, tool calls over MCP, the verifier's
+verdict, :mod:`awm.trainer.reward`). The policy is the model TRL trains, sampled in process
+(:class:`awm.trainer.local_policy.LocalPolicy` sharing its weights), or any awm policy you pass.
 
 What TRL gets back, per sample (one row of the batch):
 
@@ -32,16 +32,16 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from integrations.instances import Instances
-from integrations.loop import BackgroundLoop, shared_loop
-from trainer.agent import AgentConfig, EnvHandle, run_episode
-from trainer.local_policy import LocalPolicy, SamplingSpec
-from trainer.policy import Policy
-from trainer.reward import RewardConfig
-from trainer.rollout import TaskRef
-from trainer.chatformat import chat_format
-from trainer.samples import episode_sequences, turn_tokens
-from trainer.trajectory import Trajectory, TrajectoryLog
+from awm.integrations.instances import Instances
+from awm.integrations.loop import BackgroundLoop, shared_loop
+from awm.trainer.agent import AgentConfig, EnvHandle, run_episode
+from awm.trainer.local_policy import LocalPolicy, SamplingSpec
+from awm.trainer.policy import Policy
+from awm.trainer.reward import RewardConfig
+from awm.trainer.rollout import TaskRef
+from awm.trainer.chatformat import chat_format
+from awm.trainer.samples import episode_sequences, turn_tokens
+from awm.trainer.trajectory import Trajectory, TrajectoryLog
 
 _PROMPT = re.compile(r"^\[awm:([^/\]]+)/([^\]]+)\]")
 
@@ -184,7 +184,7 @@ class AwmRollout:
 def to_sample(traj: Trajectory, eos_id: int, fmt: Any = None) -> tuple[list[int], list[int], list[float], list[int]]:
     """(prompt ids, completion ids, sampling log-probs, env mask) of one episode for TRL: the first
     prompt, then every reply and tool response after it (turns without token ids are encoded
-    with ``fmt``, as :mod:`trainer.samples` does). An episode in which the policy never spoke
+    with ``fmt``, as :mod:`awm.trainer.samples` does). An episode in which the policy never spoke
     (its reset failed: masked) becomes one masked end-of-turn token."""
     sequences = episode_sequences(traj, fmt)
     if not sequences:

@@ -8,12 +8,12 @@ verdict on the instance's final state. So the integration is an agent loop
 (``verl.experimental.agent_loop.AgentLoopBase``), which owns the whole episode:
 
 * the dataset row's ``extra_info`` names the environment and task (``env``, ``task_id``);
-* the loop claims an instance (:func:`integrations.instances.instances_from_config` with the
+* the loop claims an instance (:func:`awm.integrations.instances.instances_from_config` with the
   ``awm`` settings of the agent-loop config: an ``awm serve --json`` file, or the operator's
   allocation API), resets it and builds the prompt (tools and the ``<tool_call>`` format in the
   system message, the task's instruction) with verl's own tokenization (Continuous Token);
 * each turn the rollout server generates, the reply's tool calls run through MCP
-  (:meth:`integrations.episode.Episode.act`), the results come back as a user message whose
+  (:meth:`awm.integrations.episode.Episode.act`), the results come back as a user message whose
   tokens are masked out of the loss (``response_mask`` 0);
 * a reply without a call ends the episode: awm's verdict and reward become ``reward_score``.
   An episode that failed through the environment's fault is *masked*: its ``response_mask`` is
@@ -33,11 +33,11 @@ from uuid import uuid4
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput, register
 
-from integrations.episode import Episode, Outcome
-from integrations.instances import instances_from_config
-from trainer import toolcalls
-from trainer.agent import DEFAULT_SYSTEM
-from trainer.reward import RewardConfig
+from awm.integrations.episode import Episode, Outcome
+from awm.integrations.instances import instances_from_config
+from awm.trainer import toolcalls
+from awm.trainer.agent import DEFAULT_SYSTEM
+from awm.trainer.reward import RewardConfig
 
 
 def _settings(awm: Any) -> dict[str, Any]:

@@ -24,10 +24,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.tiny_qwen import MODEL_DIR  # noqa: E402
-from trainer.config import GRPOConfig  # noqa: E402
-from trainer.learner import Learner  # noqa: E402
-from trainer.local_policy import SamplingSpec  # noqa: E402
-from trainer.samples import Sequence  # noqa: E402
+from awm.trainer.config import GRPOConfig  # noqa: E402
+from awm.trainer.learner import Learner  # noqa: E402
+from awm.trainer.local_policy import SamplingSpec  # noqa: E402
+from awm.trainer.samples import Sequence  # noqa: E402
 
 GRPO = GRPOConfig(lr=1e-3, micro_batch_size=2, tis_cap=2.0, max_grad_norm=1.0)
 
@@ -53,7 +53,7 @@ def model(lora: bool) -> Any:
     base = AutoModelForCausalLM.from_pretrained(MODEL_DIR, local_files_only=True, dtype=torch.float32)
     if not lora:
         return base
-    from trainer.vllm_policy import LoraSpec
+    from awm.trainer.vllm_policy import LoraSpec
 
     torch.manual_seed(0)  # the adapter's A matrices: the same on every rank and in the reference
     return LoraSpec(rank=4, alpha=8).apply(base)
@@ -64,7 +64,7 @@ def run(lora: bool, coordinator: Any = None) -> dict[str, Any]:
     torch.manual_seed(0)
     m = model(lora)
     if coordinator is not None:
-        from trainer.distributed import shard
+        from awm.trainer.distributed import shard
 
         m = shard(m)
     learner = Learner(m, GRPO, SamplingSpec(temperature=1.0), coordinator=coordinator)
@@ -82,7 +82,7 @@ def run(lora: bool, coordinator: Any = None) -> dict[str, Any]:
 
 
 def main() -> None:
-    from trainer.distributed import Coordinator, init
+    from awm.trainer.distributed import Coordinator, init
 
     torch.set_num_threads(1)
     out = Path(sys.argv[1])

@@ -13,7 +13,7 @@ from tests.conftest import require
 
 
 def suite_python(suite: str) -> Path:
-    from trainer.suites.envs import VENVS
+    from awm.trainer.suites.envs import VENVS
 
     venv, error = VENVS[suite], ""
     if not venv.installed() and os.environ.get("CI") == "true":
@@ -22,7 +22,7 @@ def suite_python(suite: str) -> Path:
         except (RuntimeError, subprocess.TimeoutExpired) as exc:
             error = str(exc)[-2000:]
     require(venv.installed(), f"the {suite} harness is not installed in {venv.env_dir()} "
-                              f"(python3 -m trainer.suites.envs {suite}) {error}")
+                              f"(python3 -m awm.trainer.suites.envs {suite}) {error}")
     return venv.python()
 
 

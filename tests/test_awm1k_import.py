@@ -331,8 +331,8 @@ def test_app_writes_stay_inside_the_episode_transaction(admin_dsn):
     import psycopg
 
     from awm.bundle import Route
-    from envserver.reset import EpisodeDatabase
-    from envserver.tools import ToolRuntime
+    from awm.envserver.reset import EpisodeDatabase
+    from awm.envserver.tools import ToolRuntime
 
     with psycopg.connect(admin_dsn, autocommit=True) as admin:
         admin.execute("DROP DATABASE IF EXISTS awm_test_asgi")
@@ -348,7 +348,7 @@ def test_app_writes_stay_inside_the_episode_transaction(admin_dsn):
     try:
         def call(op: str, **args):
             route = Route(method="POST", path=f"/{op}", params={"name": "query"})
-            from envserver.tools import build_request
+            from awm.envserver.tools import build_request
             method, url, query, body = build_request(route, args)
             request = {"op": "call", "tool": op, "request": {"method": method, "url": url, "query": query, "body": body}}
             return db.run_code(pool, request, 10, writes=True)

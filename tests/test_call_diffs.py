@@ -6,8 +6,8 @@ import httpx
 from awm.client import McpSession
 from tests.llm_server import Reply
 from tests.test_trainer_agent import by_turn, env, episode, native  # noqa: F401  (env: fixture)
-from trainer.agent import AgentConfig
-from trainer.calldiff import call_diff
+from awm.trainer.agent import AgentConfig
+from awm.trainer.calldiff import call_diff
 
 
 def note(id_, archived=False, title="t"):

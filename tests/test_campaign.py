@@ -24,8 +24,8 @@ from awm_operator.config import OperatorConfig
 from awm_operator.crds import MAX_REPLICAS, CampaignSpec, CampaignStatus, definitions
 from awm_operator.kube import ApiError
 from awm_operator.metrics import Metrics
-from trainer.config import TrainConfig
-from trainer.k8s_source import KubernetesSettings, ProgressReporter
+from awm.trainer.config import TrainConfig
+from awm.trainer.k8s_source import KubernetesSettings, ProgressReporter
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "charts" / "awm" / "examples"

@@ -33,12 +33,12 @@ from awm.postgres import provision
 from awm_operator.client import bearer
 from awm_operator.main import InThread
 from awm_operator.pods import A_CONTROL_URL, A_MCP_URL
-from trainer.agent import AgentConfig
-from trainer.config import TrainConfig
-from trainer.k8s_source import KubernetesSettings, KubernetesSource, ProgressReporter
-from trainer.policy import ReplayPolicy
-from trainer.reward import RewardConfig
-from trainer.rollout import RolloutConfig, RolloutService, TaskRef
+from awm.trainer.agent import AgentConfig
+from awm.trainer.config import TrainConfig
+from awm.trainer.k8s_source import KubernetesSettings, KubernetesSource, ProgressReporter
+from awm.trainer.policy import ReplayPolicy
+from awm.trainer.reward import RewardConfig
+from awm.trainer.rollout import RolloutConfig, RolloutService, TaskRef
 from tests.k8s_e2e import api_url, apply_crds, metric, operator_config, setup_namespace, wait_for
 
 pytestmark = pytest.mark.slow
@@ -358,13 +358,13 @@ TINY = Path(__file__).resolve().parent.parent / "examples" / "train-tiny.yaml"
 @pytest.mark.timeout(600)
 def test_awm_train_in_a_campaign_job_claims_trains_and_reports(cluster: Cluster, operator: InThread, admin_dsn: str,
                                                                tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``trainer.learner.train`` (what the Job's ``awm train`` runs) with exactly the Job's
+    """``awm.trainer.learner.train`` (what the Job's ``awm train`` runs) with exactly the Job's
     environment and the ConfigMap's config: it claims the campaign fleet's instances through the
     operator (each pod points at its own real env server of the lamps environment), runs a GRPO
     step with the tiny CPU model, reports the step into the Campaign's status and releases."""
     from awm import catalog as catalog_mod
     from awm.fleet import Database, LocalFleet
-    from trainer.learner import train
+    from awm.trainer.learner import train
 
     tiny = yaml.safe_load(TINY.read_text())
     name = f"tiny-{uuid.uuid4().hex[:5]}"

@@ -464,7 +464,7 @@ def test_envserver_network_policy_external_database(helm: str) -> None:
 def _known_metrics() -> set[str]:
     from prometheus_client import CollectorRegistry
 
-    from envserver.metrics import Metrics
+    from awm.envserver.metrics import Metrics
 
     names = set()
     registry: CollectorRegistry = Metrics("env", "instance").registry

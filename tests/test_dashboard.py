@@ -16,7 +16,7 @@ import yaml
 from awm.client import ControlClient, McpSession
 from tests.conftest import require
 from tests.test_prometheus import start_prometheus
-from ui.fleet import PROMQL
+from awm.ui.fleet import PROMQL
 
 DASHBOARD = Path(__file__).parent.parent / "charts" / "awm" / "files" / "awm-dashboard.json"
 PROMTOOL = shutil.which("promtool")

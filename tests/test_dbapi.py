@@ -5,7 +5,7 @@ import decimal
 
 import pytest
 
-from envserver.dbapi import SqlForbidden, check_statement, to_json_value
+from awm.envserver.dbapi import SqlForbidden, check_statement, to_json_value
 
 
 @pytest.mark.parametrize("sql", [

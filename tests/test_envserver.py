@@ -303,7 +303,7 @@ async def test_mcp_transport_answers_bad_requests_with_the_specified_status(note
 
 async def test_mcp_sse_mode_frames_each_answer_as_one_event(notes_bundle):
     """``--sse``: the answer travels as one ``event: message`` (unit level: the app over ASGI)."""
-    from envserver.mcp import McpApp
+    from awm.envserver.mcp import McpApp
 
     class Instance:
         bundle = notes_bundle

@@ -1,6 +1,6 @@
 """A local fleet killed before it could clean up leaves instance databases behind; the next fleet
 on the host (or ``awm postgres gc``) drops them, and never those of a fleet that is alive. It
-leaves no process behind: its env servers and their workers exit when it dies (envserver.lifeline)."""
+leaves no process behind: its env servers and their workers exit when it dies (awm.envserver.lifeline)."""
 
 from __future__ import annotations
 
@@ -164,7 +164,7 @@ def test_an_env_server_whose_parent_is_already_gone_exits_at_once(tmp_path: Path
     before it touches a database or opens a port."""
     env = {"PATH": os.environ.get("PATH", ""), "AWM_PARENT_PID": "1",  # we are its parent, not pid 1
            "AWM_INSTANCE_DSN": "postgresql://nobody@127.0.0.1:1/none"}
-    r = subprocess.run([sys.executable, "-m", "envserver", "--bundle", str(tmp_path / "absent.json")],
+    r = subprocess.run([sys.executable, "-m", "awm.envserver", "--bundle", str(tmp_path / "absent.json")],
                        capture_output=True, text=True, env=env, timeout=60)
     assert r.returncode != 0 and "is gone; exiting" in r.stderr, r.stderr
     assert r.stdout == ""

@@ -235,7 +235,7 @@ def test_envserver_image_commands(tmp_path: Path) -> None:
             assert option in r.stdout, f"{what}: {option} not in `{' '.join(command_head(argv))} --help`"
     # No torch in the env server (it is the trainer's), and AWM-1K apps can run.
     r = built.run("python", "-c", "import importlib.util as u; print(u.find_spec('torch') is None); "
-                  "import fastapi, sqlalchemy, pyseccomp, awm.sandbox.appshim, envserver.mcp")
+                  "import fastapi, sqlalchemy, pyseccomp, awm.sandbox.appshim, awm.envserver.mcp")
     assert r.returncode == 0 and r.stdout.strip() == "True", r.stderr
 
 
@@ -339,9 +339,9 @@ def test_trainer_image_entrypoint(tmp_path: Path) -> None:
     for sub in ("train", "eval", "agent"):
         r = built.run(*argv, sub, "--help")
         assert r.returncode == 0 and "Usage" in r.stdout, f"{sub}: {r.stdout}\n{r.stderr}"
-    # trainer.k8s_source: inside a campaign's Job the trainer claims through the operator's client
-    r = built.run("python", "-c", "import importlib.metadata as m, torch, transformers, trainer.grpo, "
-                  "trainer.k8s_source; print(m.version('torch'), int(torch.ones(3).sum()))")
+    # awm.trainer.k8s_source: inside a campaign's Job the trainer claims through the operator's client
+    r = built.run("python", "-c", "import importlib.metadata as m, torch, transformers, awm.trainer.grpo, "
+                  "awm.trainer.k8s_source; print(m.version('torch'), int(torch.ones(3).sum()))")
     assert r.returncode == 0 and r.stdout.split() == [torch_version, "3"], r.stdout + r.stderr
 
 
@@ -368,8 +368,8 @@ def test_trainer_eval_image_runs_awm_eval_without_torch(tmp_path: Path) -> None:
     for sub in ("eval", "agent"):
         r = built.run(*argv, sub, "--help")
         assert r.returncode == 0 and "Usage" in r.stdout, f"{sub}: {r.stdout}\n{r.stderr}"
-    r = built.run("python", "-c", "import importlib.util as u, sys; import trainer.eval, trainer.k8s_source, "
-                  "trainer.policy, matplotlib.pyplot; print([m for m in ('torch', 'transformers', 'peft') "
+    r = built.run("python", "-c", "import importlib.util as u, sys; import awm.trainer.eval, awm.trainer.k8s_source, "
+                  "awm.trainer.policy, matplotlib.pyplot; print([m for m in ('torch', 'transformers', 'peft') "
                   "if u.find_spec(m) is not None])")
     assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr
 

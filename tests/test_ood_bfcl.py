@@ -88,8 +88,8 @@ def _script(entries: dict[str, dict[str, Any]], truths: dict[str, Any]):
 def test_bfcl_suite_scores_with_bfcls_checker(tmp_path: Path) -> None:
     from rich.console import Console
 
-    from trainer.suites.bfcl import run_bfcl
-    from trainer.suites.table import Endpoint, render
+    from awm.trainer.suites.bfcl import run_bfcl
+    from awm.trainer.suites.table import Endpoint, render
 
     python = suite_python("bfcl")
     entries, truths = _load(python)

@@ -61,8 +61,8 @@ def _script(tasks: dict[str, dict[str, Any]]):
 def test_tau2_suite_scores_with_tau2s_evaluator(tmp_path: Path) -> None:
     from rich.console import Console
 
-    from trainer.suites.table import Endpoint, render
-    from trainer.suites.tau2 import run_tau2
+    from awm.trainer.suites.table import Endpoint, render
+    from awm.trainer.suites.tau2 import run_tau2
 
     python = suite_python("tau2")
     tasks = _tasks(python)

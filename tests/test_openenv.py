@@ -15,7 +15,7 @@ from tests.conftest import require
 require(importlib.util.find_spec("openenv") is not None, "openenv-core is not installed (the integrations extra)")
 from openenv.core.generic_client import GenericEnvClient  # noqa: E402
 
-from integrations.openenv_server import InstancePool, Slot, build_app  # noqa: E402
+from awm.integrations.openenv_server import InstancePool, Slot, build_app  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -956,7 +956,7 @@ def test_envserver_reads_its_dsn_from_a_file(admin_dsn: str, notes_bundle, tmp_p
     dsn_file.chmod(0o600)
     env = {k: v for k, v in os.environ.items() if k != "AWM_INSTANCE_DSN"}
     env["AWM_INSTANCE_DSN_FILE"] = str(dsn_file)
-    proc = subprocess.Popen([sys.executable, "-m", "envserver", "--bundle", str(bundle), "--mcp-port", "0",
+    proc = subprocess.Popen([sys.executable, "-m", "awm.envserver", "--bundle", str(bundle), "--mcp-port", "0",
                              "--control-port", "0"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()

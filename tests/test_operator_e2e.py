@@ -399,7 +399,7 @@ def test_a_retried_trainer_frees_what_its_predecessor_held(cluster: Cluster, ope
                                                            env_server: str) -> None:
     """A campaign's trainer pod dies holding every instance of its fleet (claims with a 10-minute
     TTL); the Job's next pod claims them again at once: it releases its holder's claims first."""
-    from trainer.k8s_source import KubernetesSettings, KubernetesSource
+    from awm.trainer.k8s_source import KubernetesSettings, KubernetesSource
 
     cluster.create("envfleets", "retry", fleet_spec(4, env_server, ["crm"]))
     wait_for("4 ready", lambda: cluster.ready("retry", 4))

@@ -479,7 +479,7 @@ def test_env_pod_python_loads_precompiled_bytecode(chart: Cluster, fleet: str) -
     stale .pyc (mtime-checked against sources whose layer timestamps were clamped) would make every
     process of every pod compile the whole import graph again (it once doubled the start's CPU)."""
     pod = chart.pods(fleet)[0]["metadata"]["name"]
-    r = _exec(chart.cp, pod, "python", "-v", "-c", "import envserver.__main__, awm.cli")
+    r = _exec(chart.cp, pod, "python", "-v", "-c", "import awm.envserver.__main__, awm.cli")
     assert r.returncode == 0, r.stderr[-2000:]
     loaded = r.stderr.count("# code object from")
     stale = [line for line in r.stderr.splitlines() if "bytecode is stale" in line or "# wrote" in line]

@@ -240,7 +240,7 @@ def frame_walk(db):
 ''',
     "import_server": '''
 def import_server(db):
-    import envserver.reset
+    import awm.envserver.reset
     return "imported"
 ''',
     "import_awm_postgres": '''

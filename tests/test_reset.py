@@ -6,7 +6,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from awm.postgres import provision
 from awm.sandbox.pool import WorkerPool, WorkerSpec
-from envserver.reset import EpisodeDatabase
+from awm.envserver.reset import EpisodeDatabase
 
 # Tool code for these tests, run in a real confined worker as the env server runs it.
 TOOLS = {

@@ -16,9 +16,9 @@ from tests.conftest import FIXTURES, require
 require(importlib.util.find_spec("skyrl_gym") is not None, "skyrl-gym is not installed (the skyrl extra)")
 import skyrl_gym  # noqa: E402
 
-from integrations.instances import instances_from_config  # noqa: E402
-from integrations.loop import shared_loop  # noqa: E402
-from integrations.skyrl_env import AwmTextEnv, register  # noqa: E402
+from awm.integrations.instances import instances_from_config  # noqa: E402
+from awm.integrations.loop import shared_loop  # noqa: E402
+from awm.integrations.skyrl_env import AwmTextEnv, register  # noqa: E402
 
 ADD = '<tool_call>{"name": "add_note", "arguments": {"title": "groceries", "body": "milk, eggs"}}</tool_call>'
 

@@ -11,13 +11,13 @@ import pytest
 
 from awm.client import ControlClient, McpSession
 from tests.llm_server import Reply, ScriptedLLM
-from trainer import tiny
-from trainer.agent import AgentConfig, EnvHandle, run_episode
-from trainer.chatformat import ChatFormat
-from trainer.policy import OpenAIPolicy, PolicyUnavailable
-from trainer.reward import RewardConfig
-from trainer.samples import episode_sequences
-from trainer.trajectory import TrajectoryLog, read_events, read_trajectories
+from awm.trainer import tiny
+from awm.trainer.agent import AgentConfig, EnvHandle, run_episode
+from awm.trainer.chatformat import ChatFormat
+from awm.trainer.policy import OpenAIPolicy, PolicyUnavailable
+from awm.trainer.reward import RewardConfig
+from awm.trainer.samples import episode_sequences
+from awm.trainer.trajectory import TrajectoryLog, read_events, read_trajectories
 
 
 def native(name, arguments, call_id="c1"):
@@ -160,7 +160,7 @@ async def test_unreachable_policy_is_a_clear_error(env, tmp_path):
 async def test_rate_limits_are_waited_out_and_extra_body_shapes_the_request(monkeypatch):
     """A 429 burst is retried as the server's Retry-After says, not the end of a run; extra_body
     adds fields and its nulls remove ours (OpenAI's reasoning models refuse max_tokens)."""
-    from trainer import policy as policy_mod
+    from awm.trainer import policy as policy_mod
 
     slept: list[float] = []
 
@@ -227,7 +227,7 @@ async def test_a_prompt_past_the_context_window_ends_the_episode_not_the_run(env
     ("Invalid 'messages[1].content': string too long. Expected a string with maximum length 1048576", False),
     ("model 'x' not found", False)])
 def test_context_overflow_is_told_from_other_refusals(body, overflow):
-    from trainer.policy import context_exceeded
+    from awm.trainer.policy import context_exceeded
 
     assert context_exceeded(body) is overflow
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.llm_server import Reply, ScriptedLLM
-from trainer.eval import TaskScore, pass_at_k, running_summary
+from awm.trainer.eval import TaskScore, pass_at_k, running_summary
 
 NOTES = Path(__file__).parent / "fixtures" / "notes"
 
@@ -27,8 +27,8 @@ def test_pass_at_k_by_hand():
 def test_a_task_short_of_k_samples_has_no_pass_at_k():
     """Two of four episodes masked (our failures): pass@4 over two samples would be pass@2 under
     another name. The task keeps its pass@1, has no pass@4, and the report counts it short."""
-    from trainer.eval import EnvScore, report, score_task
-    from trainer.trajectory import Trajectory
+    from awm.trainer.eval import EnvScore, report, score_task
+    from awm.trainer.trajectory import Trajectory
 
     def traj(verdict: str, masked: bool = False) -> Trajectory:
         t = Trajectory(episode_id="e", env="crm", task_id="t", instruction="", policy="p")
@@ -69,7 +69,7 @@ class NotInstalled(importlib.abc.MetaPathFinder):
         return None
 
 sys.meta_path.insert(0, NotInstalled())
-import trainer.k8s_source  # what `awm eval` uses inside a campaign's Job
+import awm.trainer.k8s_source  # what `awm eval` uses inside a campaign's Job
 from awm.cli import main
 sys.argv[0] = "awm"
 main()

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from tests.tiny_qwen import MODEL_DIR, lamps_context
-from trainer import awm_format
-from trainer.reward import RewardConfig, score
-from trainer.toolcalls import MalformedCall, ToolCall, parse_text, strip_thinking
+from awm.trainer import awm_format
+from awm.trainer.reward import RewardConfig, score
+from awm.trainer.toolcalls import MalformedCall, ToolCall, parse_text, strip_thinking
 
 
 
@@ -26,7 +26,7 @@ def tokenizer():
 
 
 def test_the_template_renders_tools_and_thinking(tokenizer) -> None:
-    from trainer.chatformat import TemplateFormat, chat_format
+    from awm.trainer.chatformat import TemplateFormat, chat_format
 
     system, _, tools, instructions = lamps_context()
     messages = [{"role": "system", "content": system}, {"role": "user", "content": instructions[0]}]
@@ -40,7 +40,7 @@ def test_the_template_renders_tools_and_thinking(tokenizer) -> None:
 
 
 def test_a_turn_is_retokenised_as_the_model_generated_it(tokenizer) -> None:
-    from trainer.chatformat import TemplateFormat
+    from awm.trainer.chatformat import TemplateFormat
 
     fmt = TemplateFormat(tokenizer, thinking=False)
     system, _, tools, instructions = lamps_context()
@@ -54,10 +54,10 @@ def test_a_turn_is_retokenised_as_the_model_generated_it(tokenizer) -> None:
 
 
 def test_a_tokenizer_without_a_template_falls_back_and_says_so(caplog) -> None:
-    from trainer import tiny
-    from trainer.chatformat import ChatFormat, chat_format
+    from awm.trainer import tiny
+    from awm.trainer.chatformat import ChatFormat, chat_format
 
-    with caplog.at_level(logging.WARNING, logger="trainer.chatformat"):
+    with caplog.at_level(logging.WARNING, logger="awm.trainer.chatformat"):
         fmt = chat_format(tiny.build_tokenizer(["hello world"], []))
     assert isinstance(fmt, ChatFormat) and "not the model's own format" in caplog.text
 
@@ -91,7 +91,7 @@ def test_early_termination_is_scored_format_error() -> None:
 
 
 def test_truncated_importance_weights_scale_each_tokens_policy_term() -> None:
-    from trainer.grpo import grpo_loss
+    from awm.trainer.grpo import grpo_loss
 
     logp = torch.log(torch.tensor([[0.5, 0.5]], requires_grad=True))
     advantages = torch.tensor([1.0])
@@ -106,10 +106,10 @@ def test_the_learner_logs_the_gap_and_truncates(tokenizer) -> None:
     importance weight passes the cap are counted, and the step still trains."""
     from transformers import AutoModelForCausalLM
 
-    from trainer.config import GRPOConfig
-    from trainer.learner import Learner
-    from trainer.local_policy import SamplingSpec
-    from trainer.samples import Sequence
+    from awm.trainer.config import GRPOConfig
+    from awm.trainer.learner import Learner
+    from awm.trainer.local_policy import SamplingSpec
+    from awm.trainer.samples import Sequence
 
     model = AutoModelForCausalLM.from_pretrained(MODEL_DIR, local_files_only=True, dtype=torch.float32)
     learner = Learner(model, GRPOConfig(lr=1e-4, tis_cap=2.0), SamplingSpec())
@@ -130,7 +130,7 @@ def test_the_learner_logs_the_gap_and_truncates(tokenizer) -> None:
 def test_the_vllm_example_loads_and_bad_vllm_settings_are_refused() -> None:
     from pathlib import Path
 
-    from trainer.config import PolicyConfig, TrainConfig
+    from awm.trainer.config import PolicyConfig, TrainConfig
 
     cfg = TrainConfig.load(Path(__file__).parent.parent / "examples" / "train-vllm.yaml")
     assert cfg.policy.kind == "vllm" and Path(cfg.policy.path, "config.json").exists()

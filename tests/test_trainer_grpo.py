@@ -5,12 +5,12 @@ import math
 import pytest
 import torch
 
-from trainer.grpo import grpo_loss, group_advantages
-from trainer.history import window
-from trainer.reward import RewardConfig, score
-from trainer.samples import build_batch, episode_sequences
-from trainer.toolcalls import MalformedCall, ToolCall, parse_native, parse_text, strip_calls
-from trainer.trajectory import Trajectory, Turn
+from awm.trainer.grpo import grpo_loss, group_advantages
+from awm.trainer.history import window
+from awm.trainer.reward import RewardConfig, score
+from awm.trainer.samples import build_batch, episode_sequences
+from awm.trainer.toolcalls import MalformedCall, ToolCall, parse_native, parse_text, strip_calls
+from awm.trainer.trajectory import Trajectory, Turn
 
 
 # -- advantages ---------------------------------------------------------------------------------
@@ -74,11 +74,11 @@ def test_seq_mean_weighs_a_split_episode_once():
 
 def test_learner_seq_mean_counts_episodes_not_rows():
     """The same episode as one row or split in two gives the same gradient under seq_mean."""
-    from trainer.config import GRPOConfig
-    from trainer.learner import Learner
-    from trainer.local_policy import SamplingSpec
-    from trainer.samples import Sequence
-    from trainer.tiny import TinySpec, build_model
+    from awm.trainer.config import GRPOConfig
+    from awm.trainer.learner import Learner
+    from awm.trainer.local_policy import SamplingSpec
+    from awm.trainer.samples import Sequence
+    from awm.trainer.tiny import TinySpec, build_model
 
     nan = math.nan
     whole = [Sequence([1, 2, 3, 4, 5, 6, 7], [0, 1, 1, 0, 1, 1, 1], [0, nan, nan, 0, nan, nan, nan], 1.0, "e1"),
@@ -101,12 +101,12 @@ def test_a_resumed_learner_takes_the_same_next_step(tmp_path):
     the interruption."""
     import random as _random
 
-    from trainer.config import GRPOConfig
-    from trainer.learner import Learner
-    from trainer.local_policy import LocalPolicy, SamplingSpec
-    from trainer.rollout import RolloutConfig, RolloutService, TaskRef
-    from trainer.samples import Sequence
-    from trainer.tiny import TinySpec, build_model, build_tokenizer
+    from awm.trainer.config import GRPOConfig
+    from awm.trainer.learner import Learner
+    from awm.trainer.local_policy import LocalPolicy, SamplingSpec
+    from awm.trainer.rollout import RolloutConfig, RolloutService, TaskRef
+    from awm.trainer.samples import Sequence
+    from awm.trainer.tiny import TinySpec, build_model, build_tokenizer
 
     nan = math.nan
     seqs = [Sequence([1, 2, 3, 4, 5], [0, 1, 1, 1, 1], [0, *[nan] * 4], 1.0, "a"),
@@ -178,11 +178,11 @@ def test_accumulating_micro_batches_equals_one_batch():
 
 
 def test_learner_gradient_accumulation_matches_full_batch():
-    from trainer.config import GRPOConfig
-    from trainer.learner import Learner
-    from trainer.local_policy import SamplingSpec
-    from trainer.samples import Sequence
-    from trainer.tiny import TinySpec, build_model
+    from awm.trainer.config import GRPOConfig
+    from awm.trainer.learner import Learner
+    from awm.trainer.local_policy import SamplingSpec
+    from awm.trainer.samples import Sequence
+    from awm.trainer.tiny import TinySpec, build_model
 
     seqs = [Sequence([3, 5, 7, 9], [0, 0, 1, 1], [0, 0, -2.0, -1.5], 1.0),
             Sequence([3, 5, 8], [0, 1, 1], [0, -2.2, -2.0], -0.5),
@@ -202,10 +202,10 @@ def test_policy_device_and_dtype_reach_the_learner_and_the_sampler(tmp_path):
     the learner keeps float32 master weights and computes under autocast, the reference and an
     async sampler's copy are bfloat16, and a synchronous run shares one model between learner
     and sampler."""
-    from trainer.config import TrainConfig
-    from trainer.learner import Learner, build_policy, resolve_device, resolve_dtype
-    from trainer.local_policy import LocalPolicy
-    from trainer.samples import Sequence
+    from awm.trainer.config import TrainConfig
+    from awm.trainer.learner import Learner, build_policy, resolve_device, resolve_dtype
+    from awm.trainer.local_policy import LocalPolicy
+    from awm.trainer.samples import Sequence
 
     assert resolve_device("auto") == torch.device("cuda" if torch.cuda.is_available() else "cpu")
     assert resolve_dtype("auto", torch.device("cpu")) == torch.float32
@@ -251,11 +251,11 @@ def test_bfloat16_compute_keeps_small_updates():
     """At an RL-sized learning rate most updates are far below bfloat16's resolution of a weight;
     with float32 master weights a bfloat16-compute step changes as many weights as a float32 one
     (bfloat16 weights would keep almost none of them)."""
-    from trainer.config import GRPOConfig
-    from trainer.learner import Learner
-    from trainer.local_policy import SamplingSpec
-    from trainer.samples import Sequence
-    from trainer.tiny import TinySpec, build_model
+    from awm.trainer.config import GRPOConfig
+    from awm.trainer.learner import Learner
+    from awm.trainer.local_policy import SamplingSpec
+    from awm.trainer.samples import Sequence
+    from awm.trainer.tiny import TinySpec, build_model
 
     seq = Sequence([1, 2, 3, 4, 5, 6], [0, 0, 1, 1, 1, 1], [0.0, 0.0, *[math.nan] * 4], 1.0)  # on-policy
     changed = {}
@@ -277,7 +277,7 @@ def test_bfloat16_compute_keeps_small_updates():
     ("policy", {"kind": "vllm"}, "policy.kind"), ("grpo", {"loss_agg": "sum"}, "grpo.loss_agg"),
     ("agent", {"tool_format": "txt"}, "tool_format")])
 def test_bad_settings_are_refused_when_the_config_loads(section, bad, message):
-    from trainer.config import TrainConfig
+    from awm.trainer.config import TrainConfig
 
     with pytest.raises(ValueError, match=message):
         TrainConfig.from_dict({section: bad})
@@ -369,7 +369,7 @@ def test_reward_and_masking(verdict, kinds, malformed, infra, expected):
 # -- policy replies and metrics ------------------------------------------------------------------
 
 def test_token_ids_and_logprobs_from_a_vllm_style_reply():
-    from trainer.policy import _token_data
+    from awm.trainer.policy import _token_data
 
     data = {"prompt_token_ids": [1, 2, 3]}
     choice = {"token_ids": [7, 8], "logprobs": {"content": [{"token": "a", "logprob": -0.5},
@@ -383,7 +383,7 @@ def test_prometheus_metrics_are_served():
 
     import httpx
 
-    from trainer.metrics import TrainMetrics
+    from awm.trainer.metrics import TrainMetrics
 
     metrics = TrainMetrics()
     traj = Trajectory("e", "lamps", "t", "", "p", reward=1.0, turns=[_turn(0, [1], [2, 3])],

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from trainer.config import TrainConfig, redact_dsn
-from trainer.learner import train
+from awm.trainer.config import TrainConfig, redact_dsn
+from awm.trainer.learner import train
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "train-tiny.yaml"
 

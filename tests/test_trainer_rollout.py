@@ -6,10 +6,10 @@ import asyncio
 import pytest
 
 from awm.fleet import Database
-from trainer.agent import AgentConfig
-from trainer.policy import PolicyUnavailable, ReplayPolicy
-from trainer.reward import RewardConfig
-from trainer.rollout import Lease, LocalFleetSource, PoolSource, RolloutConfig, RolloutService, TaskRef
+from awm.trainer.agent import AgentConfig
+from awm.trainer.policy import PolicyUnavailable, ReplayPolicy
+from awm.trainer.reward import RewardConfig
+from awm.trainer.rollout import Lease, LocalFleetSource, PoolSource, RolloutConfig, RolloutService, TaskRef
 
 TASKS = [TaskRef("notes", t) for t in ("add_note", "count_notes", "archive_first")]
 
@@ -89,8 +89,8 @@ async def test_unreachable_instances_are_masked_kept_out_and_skipped(notes, note
     it answers again; one that cannot be connected to at claim time is skipped (our failure, not
     an episode's); with none usable for claim_timeout_s the run gets a clear error."""
     from awm.client import ControlClient, McpSession
-    from trainer.agent import EnvHandle
-    from trainer.rollout import InstancesUnavailable
+    from awm.trainer.agent import EnvHandle
+    from awm.trainer.rollout import InstancesUnavailable
 
     dead = Lease("notes", "dead", notes.mcp_url, "http://127.0.0.1:9")
     dead.handle = EnvHandle(McpSession(notes.mcp_url), ControlClient("http://127.0.0.1:9"), "notes", "dead")

@@ -23,12 +23,12 @@ from tests.conftest import FIXTURES, require
 
 require(importlib.util.find_spec("trl") is not None, "trl is not installed (the trl extra)")
 
-from integrations.instances import InstancePool  # noqa: E402
-from integrations.loop import BackgroundLoop  # noqa: E402
-from integrations.trl_env import (AwmRollout, awm_reward, prompt_task, task_dataset, task_prompt,  # noqa: E402
+from awm.integrations.instances import InstancePool  # noqa: E402
+from awm.integrations.loop import BackgroundLoop  # noqa: E402
+from awm.integrations.trl_env import (AwmRollout, awm_reward, prompt_task, task_dataset, task_prompt,  # noqa: E402
                                   to_sample)
-from trainer.policy import ReplayPolicy  # noqa: E402
-from trainer.rollout import TaskRef  # noqa: E402
+from awm.trainer.policy import ReplayPolicy  # noqa: E402
+from awm.trainer.rollout import TaskRef  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "trl_grpo.py"
@@ -87,7 +87,7 @@ def grpo_trainer(rollout, num_generations, output_dir):
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    from trainer.tiny import TinySpec, build_model, build_tokenizer
+    from awm.trainer.tiny import TinySpec, build_model, build_tokenizer
 
     tokenizer = build_tokenizer(["switch on the lamp"], [])
     tokenizer.padding_side = "left"
@@ -122,14 +122,14 @@ def test_groups_run_on_group_claims_and_masked_episodes_reach_trl_as_none(fleet,
 
 
 def test_an_episode_without_a_reply_is_one_masked_token():
-    from trainer.trajectory import Trajectory
+    from awm.trainer.trajectory import Trajectory
 
     traj = Trajectory("e", "lamps", "green_on", "", "p", masked=True)
     assert to_sample(traj, eos_id=3) == ([3], [3], [0.0], [0])
 
 
 def test_a_history_window_is_refused():
-    from trainer.agent import AgentConfig
+    from awm.trainer.agent import AgentConfig
 
     with pytest.raises(ValueError, match="history_window"):
         AwmRollout(InstancePool([]), agent=AgentConfig(history_window=2, max_turns=3))

@@ -8,11 +8,11 @@ import httpx
 import pytest
 from starlette.testclient import TestClient
 
-from trainer.trajectory import Trajectory, TrajectoryLog, Turn
-from ui.app import UiState, build_app
-from ui.fleet import FleetView, Instance, quantile
-from ui.index import EpisodeFilter, EpisodeIndex, scan_page
-from ui.runs import Runs, run_id
+from awm.trainer.trajectory import Trajectory, TrajectoryLog, Turn
+from awm.ui.app import UiState, build_app
+from awm.ui.fleet import FleetView, Instance, quantile
+from awm.ui.index import EpisodeFilter, EpisodeIndex, scan_page
+from awm.ui.runs import Runs, run_id
 
 
 def trajectory(n: int) -> Trajectory:
@@ -217,15 +217,15 @@ async def test_fleet_view_reads_the_operators_instances_and_claims(home):
 
 
 def test_the_cli_loads_no_ui_server_until_awm_ui_runs():
-    """awm/cli.py registers `awm ui` the way it does the other upper layers: ui.cli alone, which
+    """awm/cli.py registers `awm ui` the way it does the other upper layers: awm.ui.cli alone, which
     imports typer only; the server stack loads when the command runs."""
     import subprocess
     import sys
 
     code = ("import sys, awm.cli; print(sorted(m for m in sys.modules "
-            "if m.startswith(('ui.', 'starlette', 'uvicorn', 'selenium'))))")
+            "if m.startswith(('awm.ui.', 'starlette', 'uvicorn', 'selenium'))))")
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert loaded.strip() == "['ui.cli']"
+    assert loaded.strip() == "['awm.ui.cli']"
 
 
 def test_a_big_runs_first_open_indexes_in_the_background(tmp_path, home, monkeypatch):
@@ -234,9 +234,9 @@ def test_a_big_runs_first_open_indexes_in_the_background(tmp_path, home, monkeyp
     the background refresh is done (here every run counts as big)."""
     import time
 
-    import ui.runs
+    import awm.ui.runs
 
-    monkeypatch.setattr(ui.runs, "SYNC_BYTES", 0)
+    monkeypatch.setattr(awm.ui.runs, "SYNC_BYTES", 0)
     run = tmp_path / "runs" / "big"
     run.mkdir(parents=True)
     write_run(run, 300)

@@ -24,7 +24,7 @@ import yaml
 
 from tests.conftest import FIXTURES, require
 from tests.test_trainer_learn import EXAMPLE, awm
-from ui.runs import run_id
+from awm.ui.runs import run_id
 
 CHROMIUM = shutil.which("chromium")
 CHROMEDRIVER = shutil.which("chromedriver")
@@ -295,7 +295,7 @@ def test_accessibility_labels_contrast_and_keyboard(ui, browser, runs):
 
 
 def test_a_foreign_page_cannot_drive_the_ui(ui):
-    """DNS-rebinding protection, as the env servers have it (envserver.hostguard): a page on
+    """DNS-rebinding protection, as the env servers have it (awm.envserver.hostguard): a page on
     another origin, or a request for another host name, is refused before the playground."""
     import httpx
 
@@ -316,11 +316,11 @@ def test_a_big_runs_page_draws_before_its_index_is_built(browser, runs, tmp_path
 
     import uvicorn
 
-    import ui.runs
-    from ui.app import UiState, build_app
-    from ui.runs import Runs
+    import awm.ui.runs
+    from awm.ui.app import UiState, build_app
+    from awm.ui.runs import Runs
 
-    monkeypatch.setattr(ui.runs, "SYNC_BYTES", 0)
+    monkeypatch.setattr(awm.ui.runs, "SYNC_BYTES", 0)
     monkeypatch.setenv("AWM_HOME", str(tmp_path / "home"))  # no index yet
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))

@@ -1,5 +1,5 @@
 """awm as a verl agent loop: verl's real ``AgentLoopBase`` (0.9.1, in its own virtualenv:
-tests/verl_env.py) runs :class:`integrations.verl_agent.AwmAgentLoop` episodes with a scripted
+tests/verl_env.py) runs :class:`awm.integrations.verl_agent.AwmAgentLoop` episodes with a scripted
 rollout server (tests/verl_episodes.py) on live instances of a real local fleet, found through
 an ``awm serve --json`` instances file."""
 
@@ -30,6 +30,20 @@ def verl_python():
     return verl_env.python()
 
 
+def source_layout(target: Path) -> Path:
+    """The checkout's packages as the wheel installs them (``awm``, ``awm.envserver``, ...,
+    ``awm_operator``), made of symlinks into the checkout: for an interpreter that has its own
+    packages and must import awm's from this checkout without installing it (never stale)."""
+    pkg = target / "awm"
+    pkg.mkdir(parents=True)
+    for entry in (ROOT / "awm").iterdir():
+        (pkg / entry.name).symlink_to(entry)
+    for component in ("envserver", "trainer", "integrations", "ui"):
+        (pkg / component).symlink_to(ROOT / component)
+    (target / "awm_operator").symlink_to(ROOT / "operator" / "awm_operator")
+    return target
+
+
 @pytest.mark.slow
 async def test_verl_agent_loop_runs_awm_episodes(verl_python, admin_dsn, tmp_path):
     bundles = catalog_mod.load(str(FIXTURES / "notes"))
@@ -38,7 +52,7 @@ async def test_verl_agent_loop_runs_awm_episodes(verl_python, admin_dsn, tmp_pat
         instances.write_text("".join(json.dumps({"env": h.env, "instance": h.name, "mcp_url": h.mcp_url,
                                                  "control_url": h.control_url}) + "\n" for h in fleet.instances))
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-        env["PYTHONPATH"] = str(ROOT)
+        env["PYTHONPATH"] = str(source_layout(tmp_path / "src"))
         run = await asyncio.to_thread(subprocess.run, [str(verl_python), str(ROOT / "tests" / "verl_episodes.py"),
                                                        str(instances)], capture_output=True, text=True, env=env,
                                       timeout=600, cwd=tmp_path)

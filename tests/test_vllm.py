@@ -35,7 +35,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def vllm(tmp_path_factory: pytest.TempPathFactory):
-    from trainer.vllm_server import VllmServer
+    from awm.trainer.vllm_server import VllmServer
 
     error = ""
     if not vllm_env.installed() and os.environ.get("CI") == "true":
@@ -90,14 +90,14 @@ def max_gap(model, reply) -> float:
 
 
 def policy(vllm, tmp_path, **kwargs):
-    from trainer.vllm_policy import VllmPolicy
+    from awm.trainer.vllm_policy import VllmPolicy
 
     return VllmPolicy(vllm.base_url, vllm.served_name, temperature=1.0, max_tokens=64, timeout_s=120,
                       sync_dir=str(tmp_path / "weights"), **kwargs)
 
 
 async def test_tool_calls_token_ids_and_logprobs_match_the_template_and_the_learner(vllm, tokenizer, tmp_path):
-    from trainer.chatformat import TemplateFormat
+    from awm.trainer.chatformat import TemplateFormat
 
     messages, tools = opening()
     p = policy(vllm, tmp_path, thinking=False)
@@ -119,7 +119,7 @@ async def test_tool_calls_token_ids_and_logprobs_match_the_template_and_the_lear
 
 
 async def test_thinking_on_and_off_render_as_the_template_does(vllm, tokenizer, tmp_path):
-    from trainer.chatformat import TemplateFormat
+    from awm.trainer.chatformat import TemplateFormat
 
     messages, tools = opening()
     prompts = {}
@@ -200,9 +200,9 @@ async def test_full_weight_sync_reloads_the_server_and_drains_running_requests(v
 async def test_awm_train_with_the_vllm_policy(vllm, admin_dsn, tmp_path):
     """``awm train`` with ``policy.kind: vllm``: rollouts from the server, a LoRA learner, the
     adapter pushed after every step, exact staleness, the sampler-learner gap logged."""
-    from trainer.config import TrainConfig
-    from trainer.learner import train
-    from trainer.trajectory import read_trajectories
+    from awm.trainer.config import TrainConfig
+    from awm.trainer.learner import train
+    from awm.trainer.trajectory import read_trajectories
 
     lamps = Path(__file__).parent / "fixtures" / "lamps"
     cfg = TrainConfig.from_dict({
@@ -236,7 +236,7 @@ async def test_awm_format_episode_on_a_real_instance(vllm, admin_dsn, tmp_path):
     parameter, list_tools answered by the agent, call_tool executed on the instance through MCP."""
     from awm.authoring import compile_source_dir
     from awm.fleet import Database, LocalFleet
-    from trainer.agent import AgentConfig, EnvHandle, run_episode
+    from awm.trainer.agent import AgentConfig, EnvHandle, run_episode
 
     bundle = compile_source_dir(Path(__file__).parent / "fixtures" / "lamps")
     fleet = LocalFleet([bundle], replicas=1, database=Database(admin_dsn), allow_ungated=True)
@@ -272,8 +272,8 @@ async def test_grpo_with_the_vllm_policy_raises_the_reward(vllm, admin_dsn, tmp_
     0.19-0.31, steps 26-30 0.68-0.77. Numbers and their spread are in docs/benchmarks.md; the
     server samples with its own seeds, so runs differ. The server is given back its starting
     weights afterwards."""
-    from trainer.config import TrainConfig
-    from trainer.learner import train
+    from awm.trainer.config import TrainConfig
+    from awm.trainer.learner import train
 
     example = Path(__file__).parent.parent / "examples" / "train-vllm.yaml"
     cfg = TrainConfig.load(example, {"run_dir": str(tmp_path / "run"), "database_url": admin_dsn})
@@ -311,7 +311,7 @@ def test_awm_train_under_torchrun_with_a_sharded_learner(vllm, admin_dsn, tmp_pa
 
     import yaml
 
-    from trainer.config import TrainConfig
+    from awm.trainer.config import TrainConfig
 
     bin_dir = Path(sys.executable).parent
     torchrun, awm = shutil.which("torchrun", path=str(bin_dir)), shutil.which("awm", path=str(bin_dir))

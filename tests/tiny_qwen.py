@@ -43,9 +43,9 @@ SEED = 0
 def lamps_context() -> tuple[str, str, list[dict[str, Any]], list[str]]:
     """(native system prompt, AWM system prompt, OpenAI tools, instructions) as the agent renders them."""
     from awm.authoring import compile_source_dir
-    from trainer import awm_format
-    from trainer.agent import DEFAULT_SYSTEM
-    from trainer.toolcalls import openai_tools
+    from awm.trainer import awm_format
+    from awm.trainer.agent import DEFAULT_SYSTEM
+    from awm.trainer.toolcalls import openai_tools
 
     bundle = compile_source_dir(FIXTURES / "lamps")
     mcp = [{"name": t.name, "description": t.description, "inputSchema": t.input_schema} for t in bundle.tools]
@@ -62,7 +62,7 @@ def _call(color: str) -> dict[str, Any]:
 def episodes(rng: random.Random, n: int, color: str | None = None) -> list[dict[str, Any]]:
     """Canned episodes: ``{"messages", "tools", "thinking", "targets"}`` where targets are the
     indices of the assistant messages to learn."""
-    from trainer import awm_format
+    from awm.trainer import awm_format
 
     system, awm_system, tools, instructions = lamps_context()
     mcp = [{"name": t["function"]["name"], "description": t["function"]["description"],

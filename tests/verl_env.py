@@ -17,8 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from trainer.venvs import CachedVenv  # noqa: E402  (run as a script, before the project is installed)
+from awm.trainer.venvs import CachedVenv
 
 VERL = CachedVenv("verl", Path(__file__).with_name("verl") / "requirements.txt",
                   check="import verl.experimental.agent_loop.agent_loop", cache_var="AWM_VERL_CACHE",

@@ -2,7 +2,7 @@
 tests/test_verl.py: ``python tests/verl_episodes.py INSTANCES_FILE`` prints one JSON object.
 
 verl's real ``AgentLoopBase`` (its Continuous Token tokenization, its ``AgentLoopOutput``)
-drives :class:`integrations.verl_agent.AwmAgentLoop`; the rollout server is scripted: it answers
+drives :class:`awm.integrations.verl_agent.AwmAgentLoop`; the rollout server is scripted: it answers
 each generate call with the next reply of a script, as token ids of a word-level tokenizer whose
 words include whole tool calls (trainer/tiny.py), with a ChatML chat template.
 """
@@ -15,14 +15,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from omegaconf import OmegaConf
+from verl.experimental.agent_loop.agent_loop import DictConfigWrap
+from verl.workers.rollout.replica import TokenOutput
 
-from omegaconf import OmegaConf  # noqa: E402
-from verl.experimental.agent_loop.agent_loop import DictConfigWrap  # noqa: E402
-from verl.workers.rollout.replica import TokenOutput  # noqa: E402
-
-from integrations.verl_agent import AwmAgentLoop  # noqa: E402
-from trainer.tiny import build_tokenizer  # noqa: E402
+from awm.integrations.verl_agent import AwmAgentLoop
+from awm.trainer.tiny import build_tokenizer
 
 # The verifier of add_note wants the body "milk, eggs"; a word of the tokenizer holds no space,
 # so the call writes it as a JSON escape.

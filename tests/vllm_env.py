@@ -19,8 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from trainer.venvs import CachedVenv  # noqa: E402  (run as a script, before the project is installed)
+from awm.trainer.venvs import CachedVenv
 
 PINS = Path(__file__).with_name("vllm")
 VENV = CachedVenv("vllm", PINS / "requirements.txt", PINS / "overrides.txt",

@@ -7,11 +7,11 @@
   with no call at all is the final answer and ends the episode.
 * Malformed calls are answered with an error message (the episode goes on) and counted for the
   format penalty. Tool errors keep the server's class (agent's vs environment's).
-* The prompt of every turn is the sliding window of :mod:`trainer.history`, the same one the
+* The prompt of every turn is the sliding window of :mod:`awm.trainer.history`, the same one the
   learner uses.
-* Every turn is appended to the trajectory log as it finishes (:mod:`trainer.trajectory`).
+* Every turn is appended to the trajectory log as it finishes (:mod:`awm.trainer.trajectory`).
 * Infrastructure failures (instance gone, control API down) end the episode as masked, never as
-  the agent's failure; a policy outage raises :class:`~trainer.policy.PolicyUnavailable`. A prompt
+  the agent's failure; a policy outage raises :class:`~awm.trainer.policy.PolicyUnavailable`. A prompt
   grown past the model's context window ends the episode where it is (``context_exceeded``) and it
   is verified and scored like one out of turns.
 """
@@ -27,12 +27,12 @@ import httpx
 
 from awm.client import ControlApiError, ControlClient, McpError, McpSession
 from awm.postgres.snapshot import MAX_DIFF_ROWS
-from trainer import awm_format, toolcalls
-from trainer.calldiff import DiffTracker
-from trainer.history import window
-from trainer.policy import ContextExceeded, Policy, PolicyReply, PolicyUnavailable
-from trainer.reward import RewardConfig, score
-from trainer.trajectory import Trajectory, TrajectoryLog, Turn
+from awm.trainer import awm_format, toolcalls
+from awm.trainer.calldiff import DiffTracker
+from awm.trainer.history import window
+from awm.trainer.policy import ContextExceeded, Policy, PolicyReply, PolicyUnavailable
+from awm.trainer.reward import RewardConfig, score
+from awm.trainer.trajectory import Trajectory, TrajectoryLog, Turn
 
 DEFAULT_SYSTEM = ("You are an agent that completes tasks by calling tools. You are already logged in "
                   "as the user the task is about. Call tools to look things up and make changes; "

@@ -13,7 +13,7 @@ followed it, the way the model generated it (up to and including its end-of-turn
 ChatFormat the prompt of turn t+1 starts with the prompt of turn t plus the tokens generated at
 turn t, so the learner scores a whole episode in one forward pass; a template need not extend
 its earlier prompts (Qwen3 drops an empty think block from past turns), and where a prefix
-changes the learner starts a new segment (:mod:`trainer.samples`).
+changes the learner starts a new segment (:mod:`awm.trainer.samples`).
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ import json
 import logging
 from typing import Any, Protocol
 
-log = logging.getLogger("trainer.chatformat")
+log = logging.getLogger("awm.trainer.chatformat")
 
-from trainer.toolcalls import render_text_call
+from awm.trainer.toolcalls import render_text_call
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 

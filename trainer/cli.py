@@ -48,7 +48,7 @@ StopFormatOpt = Annotated[bool, typer.Option(
 
 
 def _thinking_body(thinking: bool | None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    from trainer.policy import with_thinking
+    from awm.trainer.policy import with_thinking
 
     return with_thinking(extra or {}, thinking)
 TempOpt = Annotated[float, typer.Option("--temperature", help="Sampling temperature.")]
@@ -91,9 +91,9 @@ def agent(
 ) -> None:
     """Run one task with a model endpoint on a running instance, turn by turn, for a human to watch."""
     from awm.client import ControlApiError, McpError
-    from trainer.agent import AgentConfig, EnvHandle, run_episode
-    from trainer.policy import OpenAIPolicy, PolicyUnavailable
-    from trainer.trajectory import TrajectoryLog
+    from awm.trainer.agent import AgentConfig, EnvHandle, run_episode
+    from awm.trainer.policy import OpenAIPolicy, PolicyUnavailable
+    from awm.trainer.trajectory import TrajectoryLog
 
     url, name = _endpoint(base_url, model)
     cfg = AgentConfig(max_turns=max_turns, history_window=history_window, tool_format=tool_format.value,
@@ -176,7 +176,7 @@ def train(
                                                        help="External Postgres admin DSN (default: embedded).")] = None,
 ) -> None:
     """GRPO on a local fleet: rollouts, learner, checkpoints, metrics JSONL and a reward curve."""
-    from trainer.config import TrainConfig
+    from awm.trainer.config import TrainConfig
 
     try:
         cfg = TrainConfig.load(config, {"steps": steps, "run_dir": run_dir, "mode": mode,
@@ -184,9 +184,9 @@ def train(
     except (ValueError, TypeError) as exc:
         err.print(f"[red]error in {config}:[/red] {exc}")
         raise typer.Exit(2) from exc
-    from trainer.learner import train as run_training
-    from trainer.policy import PolicyUnavailable
-    from trainer.rollout import InstancesUnavailable
+    from awm.trainer.learner import train as run_training
+    from awm.trainer.policy import PolicyUnavailable
+    from awm.trainer.rollout import InstancesUnavailable
 
     console.print(f"awm train: {cfg.catalog} · {cfg.steps} steps × {cfg.groups_per_step} groups × "
                   f"{cfg.rollout.group_size} episodes · {cfg.mode} · run dir {cfg.run_dir}")
@@ -277,13 +277,13 @@ def eval_command(
         return
     from awm import catalog as catalog_mod
     from awm.fleet import Database
-    from trainer import eval as ev
-    from trainer.agent import AgentConfig
-    from trainer.policy import OpenAIPolicy, PolicyUnavailable
-    from trainer.reward import RewardConfig
-    from trainer.k8s_source import KubernetesSettings, KubernetesSource, ProgressReporter
-    from trainer.rollout import LocalFleetSource
-    from trainer.trajectory import TrajectoryLog
+    from awm.trainer import eval as ev
+    from awm.trainer.agent import AgentConfig
+    from awm.trainer.policy import OpenAIPolicy, PolicyUnavailable
+    from awm.trainer.reward import RewardConfig
+    from awm.trainer.k8s_source import KubernetesSettings, KubernetesSource, ProgressReporter
+    from awm.trainer.rollout import LocalFleetSource
+    from awm.trainer.trajectory import TrajectoryLog
 
     try:
         bundles = catalog_mod.load(catalog, env or None)
@@ -350,7 +350,7 @@ def eval_command(
     if not as_json:
         console.print(f"awm eval: {name} · {len(tasks)} tasks × k={k} · {len(bundles)} environments")
     from awm.fleet import FleetError
-    from trainer.rollout import InstancesUnavailable
+    from awm.trainer.rollout import InstancesUnavailable
 
     try:
         scores = asyncio.run(run())
@@ -393,9 +393,9 @@ def eval_command(
 def _suite(suite: str, base_url: str | None, model: str | None, api_key: str | None, temperature: float, out: Path,
            python: str | None, categories: list[str] | None, cases: list[str] | None, num_tasks: int | None,
            trials: int, user_base_url: str | None, user_model: str | None, configs: list[str] | None) -> None:
-    from trainer.suites.proc import HarnessError
-    from trainer.suites.run import SUITES, run_suite
-    from trainer.suites.table import Endpoint
+    from awm.trainer.suites.proc import HarnessError
+    from awm.trainer.suites.run import SUITES, run_suite
+    from awm.trainer.suites.table import Endpoint
 
     if suite not in SUITES:
         err.print(f"[red]error:[/red] --suite {suite!r}: one of {', '.join(SUITES)}")
@@ -432,7 +432,7 @@ def verify_command(
     Writes RUN_DIR/verify.jsonl; exits 1 when any verdict differs."""
     from awm import catalog as catalog_mod
     from awm.fleet import Database
-    from trainer.reverify import reverify, summary
+    from awm.trainer.reverify import reverify, summary
 
     if not (run_dir / "trajectories.jsonl").is_file():
         err.print(f"[red]error:[/red] {run_dir} has no trajectories.jsonl")
@@ -478,10 +478,10 @@ def _checkpoint_policy(path: Path, temperature: float, thinking: bool | None = N
     """A LocalPolicy from an `awm train` checkpoint, with the run's sampling settings."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trainer import tiny
-    from trainer.local_policy import LocalPolicy, SamplingSpec
+    from awm.trainer import tiny
+    from awm.trainer.local_policy import LocalPolicy, SamplingSpec
 
-    from trainer.learner import resolve_device
+    from awm.trainer.learner import resolve_device
 
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True).to(resolve_device("auto"))

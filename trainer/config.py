@@ -14,11 +14,11 @@ from typing import Any
 
 import yaml
 
-from trainer.agent import AgentConfig
-from trainer.reward import RewardConfig
-from trainer.rollout import RolloutConfig
-from trainer.tiny import TinySpec
-from trainer.vllm_policy import LoraSpec
+from awm.trainer.agent import AgentConfig
+from awm.trainer.reward import RewardConfig
+from awm.trainer.rollout import RolloutConfig
+from awm.trainer.tiny import TinySpec
+from awm.trainer.vllm_policy import LoraSpec
 
 
 @dataclass

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-log = logging.getLogger("trainer.distributed")
+log = logging.getLogger("awm.trainer.distributed")
 
 BACKENDS = ("auto", "gloo", "nccl")
 
@@ -155,7 +155,7 @@ def follow(cfg: Any, coordinator: Coordinator) -> None:
     alike, then rank 0's learner calls until it stops."""
     from pathlib import Path
 
-    from trainer.learner import Learner, build_policy, latest_checkpoint
+    from awm.trainer.learner import Learner, build_policy, latest_checkpoint
 
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(max(1, cfg.torch_threads))

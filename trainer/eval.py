@@ -19,11 +19,11 @@ from typing import Any, Callable
 
 from awm.bundle import EnvBundle
 from awm.gates import gate_status
-from trainer.agent import AgentConfig
-from trainer.policy import Policy, PolicyUnavailable
-from trainer.reward import RewardConfig
-from trainer.rollout import InstanceSource, RolloutConfig, RolloutService, TaskRef
-from trainer.trajectory import Trajectory, TrajectoryLog
+from awm.trainer.agent import AgentConfig
+from awm.trainer.policy import Policy, PolicyUnavailable
+from awm.trainer.reward import RewardConfig
+from awm.trainer.rollout import InstanceSource, RolloutConfig, RolloutService, TaskRef
+from awm.trainer.trajectory import Trajectory, TrajectoryLog
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

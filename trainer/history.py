@@ -7,7 +7,7 @@ whole: an assistant message is never kept without the tool results that answer i
 versa), because chat APIs reject orphaned tool messages.
 
 The learner must score each generated token under exactly the context the policy saw, so it
-calls the same :func:`window` (see :mod:`trainer.samples`); never re-implement it elsewhere.
+calls the same :func:`window` (see :mod:`awm.trainer.samples`); never re-implement it elsewhere.
 """
 
 from __future__ import annotations

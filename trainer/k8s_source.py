@@ -8,7 +8,7 @@ there, those commands use :class:`KubernetesSource` instead of starting a local 
 
 :class:`KubernetesSource` claims all of its instances up front through the operator's allocation
 API (``awm_operator.client.AllocationClient``): per environment, in GRPO groups, one round trip
-each, then hands them to episodes locally like :class:`~trainer.rollout.PoolSource` (an episode
+each, then hands them to episodes locally like :class:`~awm.trainer.rollout.PoolSource` (an episode
 resets its instance itself, so nothing goes back to the operator between episodes). Claims are
 renewed while the run lasts (the operator releases claims whose TTL runs out, so a trainer that
 dies does not hold instances), an instance that stops answering is replaced by a fresh claim,
@@ -29,7 +29,7 @@ from typing import Any, Mapping
 import httpx
 
 from awm_operator.client import AllocationClient, AllocationError, bearer, new_connection, past_standby
-from trainer.rollout import Lease, PoolSource
+from awm.trainer.rollout import Lease, PoolSource
 
 log = logging.getLogger("trainer.k8s")
 

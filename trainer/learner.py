@@ -5,7 +5,7 @@ One training step:
 1. take ``groups_per_step`` finished groups from the rollout service (async: produced while the
    previous step trained, at most ``max_staleness`` versions old; sync: collected now);
 2. group-normalised advantages, sequences with the loss mask over generated tokens only
-   (:mod:`trainer.samples`);
+   (:mod:`awm.trainer.samples`);
 3. micro-batches: forward, token log-probs under the *sampling* distribution (same temperature
    and allowed tokens as generation), clipped GRPO loss (+ KL to the frozen initial policy),
    backward - gradients accumulate over the whole batch;
@@ -32,14 +32,14 @@ from typing import Any, Callable, Iterator, NamedTuple
 
 import torch
 
-from trainer.config import GRPOConfig, TrainConfig
-from trainer.distributed import Coordinator, sum_over_ranks
-from trainer.grpo import grpo_loss, token_logprobs
-from trainer.local_policy import SamplingSpec
-from trainer.precision import autocast, cast_weights
-from trainer.samples import Sequence
+from awm.trainer.config import GRPOConfig, TrainConfig
+from awm.trainer.distributed import Coordinator, sum_over_ranks
+from awm.trainer.grpo import grpo_loss, token_logprobs
+from awm.trainer.local_policy import SamplingSpec
+from awm.trainer.precision import autocast, cast_weights
+from awm.trainer.samples import Sequence
 
-log = logging.getLogger("trainer.learner")
+log = logging.getLogger("awm.trainer.learner")
 
 
 class Learner:
@@ -165,7 +165,7 @@ class Learner:
         model's own ``save_pretrained`` has them."""
         if self.coordinator is None:
             return None
-        from trainer.distributed import full_state_dict
+        from awm.trainer.distributed import full_state_dict
 
         self.coordinator.announce("export")
         return full_state_dict(self.model)
@@ -183,7 +183,7 @@ class Learner:
         path = directory / f"step-{step:06d}"
         model_state = optimizer_state = None
         if self.coordinator is not None:  # gathered from the shards; only rank 0 writes
-            from trainer.distributed import full_optimizer_state, full_state_dict
+            from awm.trainer.distributed import full_optimizer_state, full_state_dict
 
             self.coordinator.announce("save", (directory, None, step, None))
             model_state = full_state_dict(self.model)
@@ -206,7 +206,7 @@ class Learner:
         """Restore what :meth:`save` wrote; returns the step and the ``extra`` states."""
         state = torch.load(path / "trainer_state.pt", weights_only=False)
         if self.coordinator is not None:  # every rank reads the full state and keeps its shard
-            from trainer.distributed import load_optimizer_state
+            from awm.trainer.distributed import load_optimizer_state
 
             load_optimizer_state(self.model, self.optimizer, state["optimizer"])
         else:
@@ -274,7 +274,7 @@ def build_policy(cfg: TrainConfig, corpus: list[str], resume_from: Path | None,
     takes an update, is stored in the compute dtype to halve its memory."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trainer import tiny
+    from awm.trainer import tiny
 
     pc = cfg.policy
     device = resolve_device(device or pc.device)  # device: this process's GPU under torchrun
@@ -327,9 +327,9 @@ def build_policy(cfg: TrainConfig, corpus: list[str], resume_from: Path | None,
 
 async def _vllm_policy(cfg: TrainConfig, tokenizer: Any, version: int, run_dir: Path) -> tuple[Any, Any]:
     """The vLLM policy of a run, and the server it started (``policy.server``) or None."""
-    from trainer.chatformat import chat_format
-    from trainer.vllm_policy import VllmPolicy
-    from trainer.vllm_server import VllmServer
+    from awm.trainer.chatformat import chat_format
+    from awm.trainer.vllm_policy import VllmPolicy
+    from awm.trainer.vllm_server import VllmServer
 
     pc = cfg.policy
     server = None
@@ -398,7 +398,7 @@ async def train(cfg: TrainConfig, on_step: StepHook | None = None) -> TrainResul
     return an empty result."""
     if not cfg.learner.distributed:
         return await _train(cfg, on_step, None)
-    from trainer import distributed
+    from awm.trainer import distributed
 
     coordinator = distributed.Coordinator(distributed.init(cfg.learner.backend))
     try:
@@ -415,13 +415,13 @@ async def train(cfg: TrainConfig, on_step: StepHook | None = None) -> TrainResul
 async def _train(cfg: TrainConfig, on_step: StepHook | None, coordinator: Coordinator | None) -> TrainResult:
     from awm import catalog as catalog_mod
     from awm.fleet import Database
-    from trainer.agent import DEFAULT_SYSTEM
-    from trainer.k8s_source import KubernetesSettings, KubernetesSource, ProgressReporter
-    from trainer.local_policy import LocalPolicy
-    from trainer.metrics import JsonlLog, TrainMetrics, plot_reward_curve
-    from trainer.eval import select_tasks
-    from trainer.rollout import LocalFleetSource, RolloutService
-    from trainer.trajectory import TrajectoryLog
+    from awm.trainer.agent import DEFAULT_SYSTEM
+    from awm.trainer.k8s_source import KubernetesSettings, KubernetesSource, ProgressReporter
+    from awm.trainer.local_policy import LocalPolicy
+    from awm.trainer.metrics import JsonlLog, TrainMetrics, plot_reward_curve
+    from awm.trainer.eval import select_tasks
+    from awm.trainer.rollout import LocalFleetSource, RolloutService
+    from awm.trainer.trajectory import TrajectoryLog
 
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
@@ -440,7 +440,7 @@ async def _train(cfg: TrainConfig, on_step: StepHook | None, coordinator: Coordi
     if coordinator is None:
         model, reference, tokenizer, sampling, compute_dtype = build_policy(cfg, corpus, resume_from)
     else:
-        from trainer.distributed import device_for, shard
+        from awm.trainer.distributed import device_for, shard
 
         model, reference, tokenizer, sampling, compute_dtype = build_policy(
             cfg, corpus, resume_from, device_for(coordinator.where, cfg.policy.device))
@@ -540,8 +540,8 @@ async def _train(cfg: TrainConfig, on_step: StepHook | None, coordinator: Coordi
 async def _train_step(cfg: TrainConfig, step: int, service: Any, learner: Learner, policy: Any,
                       began: float) -> dict[str, Any]:
     """Rollouts in, one optimiser step, weights out; returns the step's metrics record."""
-    from trainer.metrics import reward_summary
-    from trainer.samples import build_batch
+    from awm.trainer.metrics import reward_summary
+    from awm.trainer.samples import build_batch
 
     t0 = time.perf_counter()
     wait0 = service.wait_s

@@ -1,6 +1,6 @@
 """A transformers causal LM as an in-process policy (CPU demo, tests).
 
-It renders the history with the tokenizer's chat template (:func:`~trainer.chatformat.chat_format`;
+It renders the history with the tokenizer's chat template (:func:`~awm.trainer.chatformat.chat_format`;
 hand-written ChatML for a tokenizer without one), samples a completion token by
 token with a KV cache, and returns the prompt ids, completion ids and the log-probability of
 every sampled token under the sampling distribution (temperature, allowed tokens). The learner
@@ -26,9 +26,9 @@ from typing import Any
 
 import torch
 
-from trainer.chatformat import chat_format
-from trainer.precision import autocast, cast_weights
-from trainer.policy import PolicyReply
+from awm.trainer.chatformat import chat_format
+from awm.trainer.precision import autocast, cast_weights
+from awm.trainer.policy import PolicyReply
 
 
 @dataclass

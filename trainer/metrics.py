@@ -14,7 +14,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter as PCounter, Gauge, Histogram, start_http_server
 
-from trainer.trajectory import Trajectory
+from awm.trainer.trajectory import Trajectory
 
 
 class TrainMetrics:

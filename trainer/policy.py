@@ -6,7 +6,7 @@ Three kinds exist:
 * :class:`OpenAIPolicy` - any OpenAI-compatible ``/chat/completions`` endpoint (vLLM, SGLang,
   OpenAI, Ollama). This is the production path: a vLLM server generates and the learner pushes
   new weights to it (docs/training.md).
-* :class:`trainer.local_policy.LocalPolicy` - a transformers model in this process (the CPU
+* :class:`awm.trainer.local_policy.LocalPolicy` - a transformers model in this process (the CPU
   demo and tests); it returns token ids and log-probabilities for the learner.
 * :class:`ReplayPolicy` - answers instantly with a task's reference solution (benchmarks, tests).
 

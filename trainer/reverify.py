@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from awm.bundle import EnvBundle
 from awm.client import ControlClient, McpSession
-from trainer.trajectory import Trajectory, read_trajectories
+from awm.trainer.trajectory import Trajectory, read_trajectories
 
 
 @dataclass

@@ -3,7 +3,7 @@ finished GRPO groups to the learner with bounded staleness.
 
 * :class:`InstanceSource` is where instances come from. :class:`LocalFleetSource` serves them
   with :class:`awm.fleet.LocalFleet`; :class:`PoolSource` takes instances already running
-  (URLs); :class:`trainer.k8s_source.KubernetesSource` claims them from the operator's fleet.
+  (URLs); :class:`awm.trainer.k8s_source.KubernetesSource` claims them from the operator's fleet.
 * A *group* is G episodes of one task, each on an instance reset to the task's snapshot (the
   reset engine makes every reset identical; ``verify_reset`` checksums it too). GRPO compares
   the G rewards, so they must differ only by the policy's sampling.
@@ -27,12 +27,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from awm.bundle import EnvBundle
-from trainer.agent import AgentConfig, EnvHandle, run_episode
-from trainer.policy import Policy, PolicyUnavailable
-from trainer.reward import RewardConfig
-from trainer.trajectory import Trajectory, TrajectoryLog
+from awm.trainer.agent import AgentConfig, EnvHandle, run_episode
+from awm.trainer.policy import Policy, PolicyUnavailable
+from awm.trainer.reward import RewardConfig
+from awm.trainer.trajectory import Trajectory, TrajectoryLog
 
-log = logging.getLogger("trainer.rollout")
+log = logging.getLogger("awm.trainer.rollout")
 
 
 @dataclass

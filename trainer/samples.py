@@ -5,8 +5,8 @@ Each policy turn is scored under exactly the context the policy saw when it gene
 * If the policy returned token ids (in-process models; vLLM with ``return_token_ids``), those are
   used as they are.
 * Otherwise the context is rebuilt from the messages with the trajectory's own history window
-  (:func:`trainer.history.window`, the same function the rollout used) and encoded with the
-  model's chat template (:func:`trainer.chatformat.chat_format`; the ChatML fallback only for a
+  (:func:`awm.trainer.history.window`, the same function the rollout used) and encoded with the
+  model's chat template (:func:`awm.trainer.chatformat.chat_format`; the ChatML fallback only for a
   tokenizer without one). The log-probs are then unknown, and
   the learner scores those turns as on-policy (ratio 1, no clipping).
 
@@ -23,10 +23,10 @@ from typing import Iterable
 
 import torch
 
-from trainer.chatformat import ChatFormat, TemplateFormat
-from trainer.grpo import group_advantages
-from trainer.history import window
-from trainer.trajectory import Trajectory, Turn
+from awm.trainer.chatformat import ChatFormat, TemplateFormat
+from awm.trainer.grpo import group_advantages
+from awm.trainer.history import window
+from awm.trainer.trajectory import Trajectory, Turn
 
 
 @dataclass

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainer.chatformat import IM_END, IM_START
+from awm.trainer.chatformat import IM_END, IM_START
 
 SPECIALS = ["[PAD]", "[UNK]", IM_START, IM_END]
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainer.policy import OpenAIPolicy, PolicyReply, PolicyUnavailable, with_thinking
+from awm.trainer.policy import OpenAIPolicy, PolicyReply, PolicyUnavailable, with_thinking
 
 SYNC_MODES = ("lora", "full")
 

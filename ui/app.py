@@ -33,11 +33,11 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from awm.client import ControlApiError, McpError
-from ui import catalog as catalog_view
-from ui.fleet import FleetView
-from ui.index import EpisodeFilter
-from ui.playground import CallRequest, Playground, ResetRequest, VerifyRequest
-from ui.runs import Runs
+from awm.ui import catalog as catalog_view
+from awm.ui.fleet import FleetView
+from awm.ui.index import EpisodeFilter
+from awm.ui.playground import CallRequest, Playground, ResetRequest, VerifyRequest
+from awm.ui.runs import Runs
 
 STATIC = Path(__file__).with_name("static")
 MAX_PAGE = 500
@@ -119,7 +119,7 @@ def episode_filter(params: Any) -> EpisodeFilter:
 
 
 def build_app(state: UiState, middleware: list[Middleware] | None = None) -> Starlette:
-    """``middleware``: the Host/Origin guard (envserver.hostguard) when served for real: the
+    """``middleware``: the Host/Origin guard (awm.envserver.hostguard) when served for real: the
     playground changes databases, so a foreign web page must not reach it through the browser."""
     async def catalog(request: Request) -> Response:
         return JSONResponse(await run_in_threadpool(state.catalog_data))

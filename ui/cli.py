@@ -18,7 +18,7 @@ console = Console(stderr=True)
 
 
 def _instance(spec: str):  # type: ignore[no-untyped-def]
-    from ui.fleet import UNKNOWN, Instance
+    from awm.ui.fleet import UNKNOWN, Instance
 
     mcp, sep, control = spec.partition(",")
     if not sep or not mcp.startswith("http") or not control.startswith("http"):
@@ -54,10 +54,10 @@ def ui_command(
     import uvicorn
 
     from awm import catalog as catalog_mod
-    from envserver import hostguard
-    from ui.app import UiState, build_app
-    from ui.fleet import FleetView, Instance
-    from ui.runs import Runs
+    from awm.envserver import hostguard
+    from awm.ui.app import UiState, build_app
+    from awm.ui.fleet import FleetView, Instance
+    from awm.ui.runs import Runs
 
     static = [_instance(s) for s in instance or []]
     roots = [p.resolve() for p in (runs or [Path("runs")])]

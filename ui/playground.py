@@ -1,7 +1,7 @@
 """The playground: a person acting as the agent on a real instance, through the server.
 
 The browser never talks to the instance: MCP needs a session and the control API is not for the
-agent's side (and both refuse foreign browser origins, envserver.hostguard). The UI server holds
+agent's side (and both refuse foreign browser origins, awm.envserver.hostguard). The UI server holds
 one MCP session and one control client per instance in use, and records each call's database
 change exactly as the trainer does (trainer/calldiff.py), so what the playground shows is what a
 trajectory would record.
@@ -16,8 +16,8 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from awm.client import ControlClient, McpSession
-from trainer.calldiff import DiffTracker
-from ui.fleet import FleetView, Instance
+from awm.trainer.calldiff import DiffTracker
+from awm.ui.fleet import FleetView, Instance
 
 HOLDER = "playground"
 DIFF_ROWS = 200

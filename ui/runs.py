@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from ui.index import EpisodeIndex
+from awm.ui.index import EpisodeIndex
 
 MARKERS = ("trajectories.jsonl", "metrics.jsonl", "eval.json")
 MAX_DEPTH = 4  # how deep under a root run directories are looked for

@@ -34,7 +34,7 @@ Handler = Callable[[dict[str, Any]], dict[str, Any]]
 
 _BOOT = ("import json, sys; c = json.loads(sys.argv[1]); sys.path[:0] = c['sys_path']; "
          "from awm.sandbox.worker import main; main()")
-_OWN_PACKAGES = ("awm", "envserver", "trainer", "awm_operator")
+_OWN_PACKAGES = ("awm", "awm_fleet", "awm_operator")
 
 
 def _host_prefixes() -> list[str]:

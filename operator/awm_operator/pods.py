@@ -141,7 +141,7 @@ def pod_manifest(fleet: str, namespace: str, fleet_uid: str, spec: EnvFleetSpec,
             ],
             "containers": [{
                 "name": "envserver", "image": image, "imagePullPolicy": cfg.envserver_pull_policy,
-                "command": ["python", "-m", "envserver", "--bundle", BUNDLE_FILE, "--name", "$(POD_NAME)",
+                "command": ["python", "-m", "awm.envserver", "--bundle", BUNDLE_FILE, "--name", "$(POD_NAME)",
                             "--host", "0.0.0.0", "--mcp-port", str(MCP_PORT), "--control-port", str(CONTROL_PORT)],
                 "env": [pod_name, {"name": "AWM_INSTANCE_DSN_FILE", "value": DSN_FILE},
                         # Host names besides its pod IP (DNS-rebinding guard): any Service in its namespace.

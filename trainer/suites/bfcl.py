@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from trainer.suites.proc import HarnessError, run
-from trainer.suites.table import Endpoint, Row, SuiteReport
+from awm.trainer.suites.proc import HarnessError, run
+from awm.trainer.suites.table import Endpoint, Row, SuiteReport
 
 HARNESS = "bfcl-eval 2026.3.23"
 NON_LIVE = ["simple_python", "simple_java", "simple_javascript", "multiple", "parallel", "parallel_multiple",

@@ -2,8 +2,8 @@
 the repo (``trainer/venvs.py``). Standard library only, so ``.ci/run`` prepares them before the
 project's environment exists:
 
-    python3 -m trainer.suites.envs            # all suites: install if missing, print the pythons
-    python3 -m trainer.suites.envs tau2       # one
+    python3 -m awm.trainer.suites.envs            # all suites: install if missing, print the pythons
+    python3 -m awm.trainer.suites.envs tau2       # one
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from trainer.venvs import CachedVenv
+from awm.trainer.venvs import CachedVenv
 
 PINS = Path(__file__).with_name("pins")
 
@@ -37,7 +37,7 @@ def python_for(suite: str, override: str | None = None, install: bool = True) ->
         return venv.python()
     if not install:
         raise RuntimeError(f"the {suite} harness is not installed in {venv.env_dir()} "
-                           f"(python3 -m trainer.suites.envs {suite})")
+                           f"(python3 -m awm.trainer.suites.envs {suite})")
     return venv.install()
 
 

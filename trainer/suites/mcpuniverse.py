@@ -14,8 +14,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from trainer.suites.proc import HarnessError, run
-from trainer.suites.table import Endpoint, Row, SuiteReport
+from awm.trainer.suites.proc import HarnessError, run
+from awm.trainer.suites.table import Endpoint, Row, SuiteReport
 
 HARNESS = "mcpuniverse 1.1.3"
 NEEDS_SERVICE = {

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from trainer.suites.table import Endpoint, SuiteReport, render
+from awm.trainer.suites.table import Endpoint, SuiteReport, render
 
 SUITES = ("bfcl", "tau2", "mcp-universe")
 
@@ -27,21 +27,21 @@ def run_suite(suite: str, endpoint: Endpoint, out: Path, console: Console, *, py
               categories: list[str] | None = None, cases: list[str] | None = None, num_tasks: int | None = None,
               trials: int = 1, user: Endpoint | None = None, configs: list[str] | None = None,
               max_steps: int = 100) -> SuiteReport:
-    from trainer.suites.envs import python_for
+    from awm.trainer.suites.envs import python_for
 
     interpreter = python_for(suite, python)
     ids = _by_category(cases or [])
     if suite == "bfcl":
-        from trainer.suites.bfcl import run_bfcl
+        from awm.trainer.suites.bfcl import run_bfcl
 
         report = run_bfcl(endpoint, interpreter, out, categories, ids or None)
     elif suite == "tau2":
-        from trainer.suites.tau2 import run_tau2
+        from awm.trainer.suites.tau2 import run_tau2
 
         report = run_tau2(endpoint, user or endpoint, interpreter, out, categories, trials, ids or None, num_tasks,
                           max_steps)
     elif suite == "mcp-universe":
-        from trainer.suites.mcpuniverse import run_mcpuniverse
+        from awm.trainer.suites.mcpuniverse import run_mcpuniverse
 
         report = run_mcpuniverse(endpoint, interpreter, out, [Path(c) for c in configs or []], categories)
     else:

