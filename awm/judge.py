@@ -19,7 +19,14 @@ it where it hurts rewards:
   steps (and which tools) were left out, and every cut is reported with the verdict;
 * a cache keyed by (model, prompt) - i.e. by task, evidence and trajectory - so re-verifying a
   saved run or a repeated state costs nothing;
-* bounded time: per-request timeout, a few retries, one overall deadline.
+* bounded time: per-request timeout, a few retries, one overall deadline;
+* structured output: the verdict is asked for by JSON schema (``response_format``), which vLLM,
+  SGLang and OpenAI enforce while decoding, so even a small model's verdict parses; an endpoint
+  that refuses the field is asked without it (the reply is then parsed and repaired as before);
+* OpenAI's reasoning models (o-series, gpt-5; by name or ``reasoning: true``) are asked with
+  ``max_completion_tokens`` (``reasoning_max_output_tokens``: their hidden reasoning counts
+  against it), no temperature (they sample at their default, so votes differ by sampling, not by
+  ``vote_temperature``) and ``reasoning_effort`` when set.
 
 The endpoint is any OpenAI-compatible server (vLLM, SGLang, OpenAI): ``AWM_JUDGE_BASE_URL``,
 ``AWM_JUDGE_MODEL`` and ``AWM_JUDGE_API_KEY`` (the key only ever lives in the process that calls
@@ -67,6 +74,13 @@ class JudgeSettings(BaseModel):
     max_evidence_tokens: int = Field(default=3000, ge=100)
     max_output_tokens: int = Field(default=1024, ge=64)
     cache_size: int = Field(default=4096, ge=0)
+    structured_output: bool = Field(default=True, description="Ask for the verdict by JSON schema "
+                                    "(response_format); refused by the endpoint: asked without it.")
+    reasoning: bool | None = Field(default=None, description="OpenAI reasoning-model request shape "
+                                   "(max_completion_tokens, no temperature); None: by the model's name.")
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    reasoning_max_output_tokens: int = Field(default=8192, ge=256, description="The completion budget "
+                                             "of a reasoning model, its hidden reasoning included.")
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> JudgeSettings | None:
@@ -78,7 +92,9 @@ class JudgeSettings(BaseModel):
         data: dict[str, Any] = {"base_url": env["AWM_JUDGE_BASE_URL"], "model": env["AWM_JUDGE_MODEL"]}
         for key, name in (("votes", "VOTES"), ("timeout_s", "TIMEOUT_S"), ("seed", "SEED"),
                           ("temperature", "TEMPERATURE"), ("max_trajectory_tokens", "MAX_TRAJECTORY_TOKENS"),
-                          ("api_key_env", "API_KEY_ENV"), ("deadline_s", "DEADLINE_S")):
+                          ("api_key_env", "API_KEY_ENV"), ("deadline_s", "DEADLINE_S"),
+                          ("structured_output", "STRUCTURED_OUTPUT"), ("reasoning", "REASONING"),
+                          ("reasoning_effort", "REASONING_EFFORT")):
             if env.get(f"AWM_JUDGE_{name}"):
                 data[key] = env[f"AWM_JUDGE_{name}"]
         return cls.model_validate(data)
@@ -89,7 +105,10 @@ class JudgeSettings(BaseModel):
                 "AWM_JUDGE_VOTES": str(self.votes), "AWM_JUDGE_TIMEOUT_S": str(self.timeout_s),
                 "AWM_JUDGE_SEED": str(self.seed), "AWM_JUDGE_TEMPERATURE": str(self.temperature),
                 "AWM_JUDGE_MAX_TRAJECTORY_TOKENS": str(self.max_trajectory_tokens),
-                "AWM_JUDGE_API_KEY_ENV": self.api_key_env, "AWM_JUDGE_DEADLINE_S": str(self.deadline_s)}
+                "AWM_JUDGE_API_KEY_ENV": self.api_key_env, "AWM_JUDGE_DEADLINE_S": str(self.deadline_s),
+                "AWM_JUDGE_STRUCTURED_OUTPUT": "1" if self.structured_output else "0",
+                **({"AWM_JUDGE_REASONING": "1" if self.reasoning else "0"} if self.reasoning is not None else {}),
+                **({"AWM_JUDGE_REASONING_EFFORT": self.reasoning_effort} if self.reasoning_effort else {})}
 
 
 class Step(BaseModel):
@@ -107,6 +126,19 @@ class Judgement(BaseModel):
 
     reasoning: str = ""
     classification: Literal["complete", "incomplete", "agent_error", "server_error"]
+
+
+# The verdict's JSON schema as a response_format. Written out rather than generated from
+# Judgement: OpenAI's strict mode wants every property required and no additional ones; the
+# reasoning comes first so that the class is decided after it (and is bounded in length, so a
+# small model that rambles still reaches the class within max_output_tokens).
+JUDGEMENT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"reasoning": {"type": "string", "maxLength": 1200},
+                   "classification": {"type": "string", "enum": list(CLASSES)}},
+    "required": ["reasoning", "classification"],
+    "additionalProperties": False,
+}
 
 
 @dataclass
@@ -222,7 +254,8 @@ class Judge:
         self._client = LLMClient(LLMSettings(
             base_url=settings.base_url.rstrip("/"), api_key=key, model=settings.model,
             embed_base_url=settings.base_url, embed_api_key=key, embed_model="", concurrency=8,
-            timeout_s=settings.timeout_s, retries=settings.retries, temperature=settings.temperature))
+            timeout_s=settings.timeout_s, retries=settings.retries, temperature=settings.temperature,
+            reasoning=settings.reasoning, reasoning_effort=settings.reasoning_effort))
         self._cache: OrderedDict[str, JudgeResult] = OrderedDict()
         self.cache_hits = 0
 
@@ -275,14 +308,17 @@ class Judge:
                    ) -> tuple[Judgement | str, int, int]:
         """One vote and its tokens; a malformed reply is asked again once with the error, then the
         vote counts as failed."""
-        from awm.llm import LLMBadOutput, LLMUnavailable, extract_json
+        from awm.llm import LLMBadOutput, LLMUnavailable, extract_json, json_schema_format
 
         convo = list(messages)
         error, prompt_tokens, completion_tokens = "", 0, 0
+        settings = self.settings
+        budget = settings.reasoning_max_output_tokens if self._client.settings.is_reasoning else settings.max_output_tokens
+        schema = json_schema_format("judgement", JUDGEMENT_SCHEMA) if settings.structured_output else None
         for _ in range(2):
             try:
-                done = await self._client.chat("judge", convo, self.settings.max_output_tokens,
-                                               extra={"seed": seed, "temperature": temperature})
+                done = await self._client.chat("judge", convo, budget, extra={"seed": seed, "temperature": temperature},
+                                               response_format=schema)
             except (LLMUnavailable, LLMBadOutput) as exc:
                 return f"judge unavailable: {exc}", prompt_tokens, completion_tokens
             prompt_tokens += done.prompt_tokens

@@ -10,8 +10,19 @@ synthesis run needs.
   with :class:`LLMBadOutput` carrying the last error.
 * Token usage is counted per stage for the run summary.
 
+* OpenAI's reasoning model families (o1, o3, o4-mini, gpt-5 ...) refuse ``max_tokens`` (they
+  take ``max_completion_tokens``, which also bounds their hidden reasoning) and any temperature or
+  top_p but the default; they take ``reasoning_effort``. Which request shape a model gets is
+  decided by :func:`is_reasoning_model` (its name) unless the settings say so explicitly
+  (``reasoning``: a deployment named ``my-judge`` may be a gpt-5), see :func:`request_body`.
+* Structured outputs by schema (``response_format``: ``json_schema``) where the endpoint supports
+  it (OpenAI, vLLM, SGLang); an endpoint that refuses the field is asked again without it, once,
+  and not offered it again (the reply is then parsed and repaired as any other).
+
 Settings (flags override): ``AWM_LLM_BASE_URL`` (or ``OPENAI_BASE_URL``), ``AWM_LLM_API_KEY``
-(or ``OPENAI_API_KEY``), ``AWM_LLM_MODEL``; embeddings: ``AWM_EMBED_BASE_URL``,
+(or ``OPENAI_API_KEY``), ``AWM_LLM_MODEL``, ``AWM_LLM_REASONING`` (``1``/``0``: force the reasoning
+request shape on or off; unset: by the model's name), ``AWM_LLM_REASONING_EFFORT`` (``minimal``,
+``low``, ``medium``, ``high``; sent to reasoning models only); embeddings: ``AWM_EMBED_BASE_URL``,
 ``AWM_EMBED_API_KEY``, ``AWM_EMBED_MODEL`` (defaulting to the chat endpoint's URL and key).
 """
 
@@ -36,8 +47,65 @@ class LLMUnavailable(RuntimeError):
     """The endpoint cannot be reached or keeps refusing: the run must stop, loudly."""
 
 
+class LLMRefused(LLMUnavailable):
+    """The endpoint answered 4xx: the request itself is wrong for it (retrying cannot help)."""
+
+    def __init__(self, message: str, status: int, body: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.body = body
+
+
 class LLMBadOutput(RuntimeError):
     """The model's reply never became valid output within the allowed attempts."""
+
+
+# OpenAI's reasoning families: o1, o1-mini, o3, o3-mini, o3-pro, o4-mini, gpt-5, gpt-5-mini, gpt-5.1 ...
+# (not gpt-5-chat-*, the non-reasoning chat model). A provider prefix ("openai/o3") is ignored.
+_REASONING = re.compile(r"^(o[1-9](-.*)?|gpt-5(?!-chat)([.-].*)?)$")
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+# Sampling fields a reasoning model refuses unless at their default (OpenAI answers 400).
+_SAMPLING = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "logprobs", "top_logprobs",
+             "logit_bias")
+
+
+def is_reasoning_model(model: str) -> bool:
+    """Whether ``model`` names one of OpenAI's reasoning families, by its name alone. Names that
+    do not say (Azure deployments, proxies' aliases) need the explicit setting."""
+    return bool(_REASONING.match(model.rsplit("/", 1)[-1].strip().lower()))
+
+
+def request_body(model: str, messages: list[dict[str, Any]], max_tokens: int, temperature: float,
+                 extra: dict[str, Any] | None = None, reasoning: bool | None = None,
+                 reasoning_effort: str | None = None) -> dict[str, Any]:
+    """One chat request in the shape the model accepts. ``reasoning``: None decides by
+    :func:`is_reasoning_model`. A reasoning model gets ``max_completion_tokens`` (and any
+    ``max_tokens`` in ``extra`` renamed), no temperature, top_p or other sampling fields (``extra``'s
+    are dropped too: the model samples at its defaults), and ``reasoning_effort`` when given; any
+    other model gets ``max_tokens`` and ``temperature``, never ``reasoning_effort``."""
+    body: dict[str, Any] = {"model": model, "messages": messages, "temperature": temperature,
+                            "max_tokens": max_tokens, **(extra or {})}
+    if not (is_reasoning_model(model) if reasoning is None else reasoning):
+        body.pop("reasoning_effort", None)
+        return body
+    body["max_completion_tokens"] = body.pop("max_tokens")
+    for name in _SAMPLING:
+        body.pop(name, None)
+    if reasoning_effort:
+        body["reasoning_effort"] = reasoning_effort
+    return body
+
+
+def json_schema_format(name: str, schema: dict[str, Any], strict: bool = True) -> dict[str, Any]:
+    """An OpenAI ``response_format`` asking for JSON matching ``schema`` (vLLM and SGLang take the
+    same field and enforce it by guided decoding)."""
+    return {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": strict}}
+
+
+def _refuses_response_format(exc: LLMRefused) -> bool:
+    text = exc.body.lower()
+    return exc.status in (400, 422) and any(w in text for w in ("response_format", "json_schema",
+                                                                "structured output", "guided"))
 
 
 @dataclass
@@ -52,20 +120,45 @@ class LLMSettings:
     timeout_s: float = 600.0
     retries: int = 5
     temperature: float = 0.7
+    reasoning: bool | None = None  # None: by the model's name (is_reasoning_model)
+    reasoning_effort: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.reasoning_effort is not None and self.reasoning_effort not in REASONING_EFFORTS:
+            raise ValueError(f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}, "
+                             f"not {self.reasoning_effort!r}")
+
+    @property
+    def is_reasoning(self) -> bool:
+        return is_reasoning_model(self.model) if self.reasoning is None else self.reasoning
 
     @classmethod
     def from_env(cls, base_url: str | None = None, api_key: str | None = None, model: str | None = None,
-                 concurrency: int | None = None) -> LLMSettings:
+                 concurrency: int | None = None, reasoning: bool | None = None,
+                 reasoning_effort: str | None = None) -> LLMSettings:
         env = os.environ
         url = base_url or env.get("AWM_LLM_BASE_URL") or env.get("OPENAI_BASE_URL") or "https://api.openai.com/v1"
         key = api_key or env.get("AWM_LLM_API_KEY") or env.get("OPENAI_API_KEY") or ""
+        if reasoning is None and env.get("AWM_LLM_REASONING", "").strip():
+            reasoning = parse_flag(env["AWM_LLM_REASONING"], "AWM_LLM_REASONING")
         return cls(
             base_url=url.rstrip("/"), api_key=key, model=model or env.get("AWM_LLM_MODEL") or "gpt-4.1-mini",
             embed_base_url=(env.get("AWM_EMBED_BASE_URL") or url).rstrip("/"),
             embed_api_key=env.get("AWM_EMBED_API_KEY") or key,
             embed_model=env.get("AWM_EMBED_MODEL") or "text-embedding-3-small",
             concurrency=concurrency or int(env.get("AWM_LLM_CONCURRENCY", "8")),
+            reasoning=reasoning, reasoning_effort=reasoning_effort or env.get("AWM_LLM_REASONING_EFFORT") or None,
         )
+
+
+def parse_flag(value: str, name: str) -> bool:
+    """``1/true/yes/on`` or ``0/false/no/off``; anything else is a clear error."""
+    v = value.strip().lower()
+    if v in ("1", "true", "yes", "on"):
+        return True
+    if v in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{name} must be 1/true/yes/on or 0/false/no/off, not {value!r}")
 
 
 @dataclass
@@ -75,6 +168,7 @@ class Usage:
     calls: int = 0
     retries: int = 0
     repairs: int = 0
+    format_fallbacks: int = 0  # requests re-sent without a refused response_format
 
 
 @dataclass
@@ -92,6 +186,7 @@ class LLMClient:
     def __post_init__(self) -> None:
         self._semaphore = asyncio.Semaphore(self.settings.concurrency)
         self._http = httpx.AsyncClient(timeout=self.settings.timeout_s)
+        self.response_format_refused = False  # the endpoint refused response_format once: not offered again
 
     async def close(self) -> None:
         await self._http.aclose()
@@ -103,11 +198,25 @@ class LLMClient:
         return (await self.chat(stage, messages, max_tokens, extra)).text
 
     async def chat(self, stage: str, messages: list[dict[str, str]], max_tokens: int = 16000,
-                   extra: dict[str, Any] | None = None) -> Completion:
-        """One chat completion; ``extra`` adds or overrides request fields (seed, temperature)."""
-        body = {"model": self.settings.model, "messages": messages, "temperature": self.settings.temperature,
-                "max_tokens": max_tokens, **(extra or {})}
-        data = await self._post(stage, self.settings.base_url + "/chat/completions", self.settings.api_key, body)
+                   extra: dict[str, Any] | None = None, response_format: dict[str, Any] | None = None
+                   ) -> Completion:
+        """One chat completion; ``extra`` adds or overrides request fields (seed, temperature),
+        shaped by :func:`request_body` for the model's family. ``response_format`` is sent unless
+        this endpoint has refused it; a refusal of it is retried once without it."""
+        s = self.settings
+        body = request_body(s.model, messages, max_tokens, s.temperature, extra, s.reasoning, s.reasoning_effort)
+        url = s.base_url + "/chat/completions"
+        if response_format is not None and not self.response_format_refused:
+            try:
+                data = await self._post(stage, url, s.api_key, {**body, "response_format": response_format})
+            except LLMRefused as exc:
+                if not _refuses_response_format(exc):
+                    raise
+                self.response_format_refused = True
+                self.usage[stage].format_fallbacks += 1
+                data = await self._post(stage, url, s.api_key, body)
+        else:
+            data = await self._post(stage, url, s.api_key, body)
         usage = data.get("usage") or {}
         done = Completion("", int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0))
         record = self.usage[stage]
@@ -170,7 +279,8 @@ class LLMClient:
                     await asyncio.sleep(min(delay, 60))
                 raise _Retryable(f"{url} answered HTTP {response.status_code}: {response.text[:300]}")
             if response.status_code >= 400:
-                raise LLMUnavailable(f"{url} refused the request: HTTP {response.status_code}: {response.text[:500]}")
+                raise LLMRefused(f"{url} refused the request: HTTP {response.status_code}: {response.text[:500]}",
+                                 response.status_code, response.text[:4000])
             try:
                 return response.json()
             except json.JSONDecodeError as exc:
