@@ -14,8 +14,11 @@ layer is enforced by the kernel; nothing depends on the confined Python code beh
    worker and abstract unix sockets are refused (ABI ≥ 6).
 4. **seccomp** through libseccomp (``pyseccomp`` bindings): no sockets, no ``execve``, no
    ``fork``/``clone`` (so no threads either), no ``ptrace`` or cross-process memory access, no
-   signals except to itself, no namespace, mount, BPF, keyring or module calls. Installed last,
-   with ``no_new_privs``.
+   signals except to itself, no namespace, mount, BPF, keyring or module calls; resource limits,
+   priorities, scheduling and I/O priority of the caller only (``prlimit64``, ``setpriority``,
+   ``sched_set*``, ``ioprio_set`` with pid 0), and no asking the kernel to signal a process on
+   I/O (``F_SETOWN``, ``F_SETSIG``, ``F_SETOWN_EX``, ``FIOSETOWN``/``SIOCSPGRP``/``TIOCSPGRP``).
+   Installed last, with ``no_new_privs``.
 
 :func:`probe` tells, without confining anything, which layers this kernel offers; the env server
 reports it at start and in ``/info`` and refuses untrusted code when a required layer is missing
@@ -76,6 +79,26 @@ DENIED_SYSCALLS = (
     "setdomainname", "iopl", "ioperm", "lookup_dcookie", "fanotify_init", "syslog",
     "vhangup", "mbind", "migrate_pages", "move_pages", "set_mempolicy",
 )
+
+
+# Syscalls that take a target process (argument index of the pid): only the caller itself.
+SELF_ONLY_SYSCALLS = (
+    ("prlimit64", 0), ("setpriority", 1), ("sched_setaffinity", 0), ("sched_setscheduler", 0),
+    ("sched_setparam", 0), ("sched_setattr", 0), ("ioprio_set", 1), ("sched_getattr", 0),
+    ("sched_getaffinity", 0), ("sched_getparam", 0), ("sched_getscheduler", 0),
+    ("sched_rr_get_interval", 0), ("getpriority", 1), ("ioprio_get", 1),
+    ("get_robust_list", 0),
+)
+# fcntl: F_SETOWN, F_SETSIG, F_SETOWN_EX; ioctl: FIOSETOWN, SIOCSPGRP, TIOCSPGRP.
+FCNTL_SIGNAL_COMMANDS = (8, 10, 15)
+IOCTL_SIGNAL_REQUESTS = (0x8901, 0x8902, 0x5410)
+
+
+def _add(flt: object, action: object, name: str, *args: object) -> None:
+    try:
+        flt.add_rule(action, name, *args)  # type: ignore[attr-defined]
+    except (OSError, ValueError):
+        pass  # not a syscall on this architecture
 
 
 class ConfinementError(RuntimeError):
@@ -265,6 +288,19 @@ def _seccomp(report: Report) -> None:
     flt.add_rule(deny, "kill", sc.Arg(0, sc.NE, me))
     flt.add_rule(deny, "tgkill", sc.Arg(0, sc.NE, me))
     flt.add_rule(deny, "tkill", sc.Arg(0, sc.NE, me))
+    # Calls that act on another process of the same uid (another instance's env server, the
+    # Postgres postmaster when it shares the uid): allowed on the caller only, spelt pid 0 (as libc
+    # and Python spell "myself"). Any other target - a pid, a process group, a user - is refused.
+    for name, arg in SELF_ONLY_SYSCALLS:
+        _add(flt, deny, name, sc.Arg(arg, sc.NE, 0))
+    _add(flt, deny, "setpriority", sc.Arg(0, sc.NE, 0))  # PRIO_PGRP, PRIO_USER: others too
+    _add(flt, deny, "ioprio_set", sc.Arg(0, sc.NE, 1))   # IOPRIO_WHO_PGRP, IOPRIO_WHO_USER
+    # Asking the kernel to signal another process on I/O (F_SETOWN and relatives, and their ioctl
+    # spellings): the signal comes from the kernel, so the kill() rules above never see it.
+    for command in FCNTL_SIGNAL_COMMANDS:
+        _add(flt, deny, "fcntl", sc.Arg(1, sc.EQ, command))
+    for request in IOCTL_SIGNAL_REQUESTS:
+        _add(flt, deny, "ioctl", sc.Arg(1, sc.EQ, request))
     flt.load()  # sets no_new_privs itself (libseccomp's default)
     report.applied.append("seccomp")
 
