@@ -252,3 +252,60 @@ def test_a_big_runs_first_open_indexes_in_the_background(tmp_path, home, monkeyp
         assert summary["episodes"] == 300 and {e["env"] for e in summary["per_env"]} == {"crm", "lamps"}
         page = client.get(f"/api/runs/{run_id(run)}/episodes", params={"limit": 3}).json()
         assert page["total"] == 300 and "indexing" not in page
+
+
+def test_per_task_failure_classes_versions_and_neighbours(tmp_path, home):
+    """What the evaluation page's per-task table and a TRL run's curve are made of, against the
+    episodes themselves."""
+    write_run(tmp_path, 40)
+    index = EpisodeIndex(tmp_path / "trajectories.jsonl")
+    index.refresh()
+    episodes = [trajectory(n) for n in range(40)]
+    tasks = {(t["env"], t["task_id"]): t for t in index.per_task()}
+    for (env, task_id), row in tasks.items():
+        mine = [e for e in episodes if (e.env, e.task_id) == (env, task_id)]
+        scored = [e for e in mine if not e.masked]
+        failed = [e for e in scored if e.verdict["verdict"] != "complete"]
+        assert row["episodes"] == len(mine) and row["masked"] == len(mine) - len(scored)
+        assert row["success_rate"] == pytest.approx((len(scored) - len(failed)) / len(scored))
+        assert row["verdicts"] == ({"incomplete": len(failed)} if failed else {})
+        kinds = [r["error_kind"] for e in mine for r in e.turns[0].results if r["is_error"]]
+        assert row["error_kinds"] == {k: kinds.count(k) for k in set(kinds)}
+        assert row["first_failed"] == (failed[0].episode_id if failed else None)
+    (version,) = index.by_version()  # every test episode was made by version 0
+    assert version["version"] == 0 and version["episodes"] == 40
+    assert index.page(EpisodeFilter(version=0), 0, 1)[0] == 40 and index.page(EpisodeFilter(version=1), 0, 1)[0] == 0
+    assert index.neighbours("ep000000") == {"previous": None, "next": "ep000001"}
+    assert index.neighbours("ep000007") == {"previous": "ep000006", "next": "ep000008"}
+    assert index.neighbours("nope") == {"previous": None, "next": None}
+    index.close()
+
+
+def test_runs_say_who_trained_them_and_evaluations_their_pass_at_1(tmp_path, home):
+    """A TRL run (trajectories only, its policy named trl-policy) is a training run of TRL with a
+    curve from its policy versions; an evaluation lists its model and pass@1."""
+    trl = tmp_path / "runs" / "trl"
+    trl.mkdir(parents=True)
+    log = TrajectoryLog(trl / "trajectories.jsonl")
+    for n in range(12):
+        t = trajectory(n)
+        t.policy, t.policy_version = "trl-policy", n // 4
+        log.start(t)
+        log.end(t)
+    log.close()
+    evaluated = tmp_path / "runs" / "eval"
+    evaluated.mkdir()
+    (evaluated / "eval.json").write_text(json.dumps({"model": "ckpt-3", "k": 2, "environments": [],
+                                                     "overall": {"pass@1": 0.25, "pass@2": 0.5}, "tasks": []}))
+    with TestClient(build_app(UiState(Runs([tmp_path / "runs"])))) as client:
+        runs = {r["name"]: r for r in client.get("/api/runs").json()}
+        assert (runs["trl"]["kind"], runs["trl"]["framework"], runs["trl"]["model"]) == ("train", "trl", "trl-policy")
+        assert (runs["eval"]["kind"], runs["eval"]["model"], runs["eval"]["pass_at_1"], runs["eval"]["pass_at_k"]) == \
+            ("eval", "ckpt-3", 0.25, 0.5)
+        summary = client.get(f"/api/runs/{run_id(trl)}").json()
+        assert [v["version"] for v in summary["by_version"]] == [0, 1, 2]
+        assert [v["episodes"] for v in summary["by_version"]] == [4, 4, 4]
+        page = client.get(f"/api/runs/{run_id(trl)}/episodes", params={"version": 2}).json()
+        assert page["total"] == 4 and {e["policy_version"] for e in page["episodes"]} == {2}
+        episode = client.get(f"/api/runs/{run_id(trl)}/episodes/ep000004").json()
+        assert episode["neighbours"] == {"previous": "ep000003", "next": "ep000005"}

@@ -7,8 +7,8 @@ The API is the front end's only data source, and plain enough to script against:
     GET  /api/runs                             run directories found under the roots
     GET  /api/runs/{id}                        metrics per step, eval report, per-env rates, facets
     GET  /api/runs/{id}/episodes?env=&task_id=&verdict=&error_kind=&step=&masked=&min_reward=
-                                 &max_reward=&q=&offset=&limit=        one page of the episode list
-    GET  /api/runs/{id}/episodes/{episode_id}  one whole episode
+                                 &max_reward=&q=&version=&offset=&limit=        one page of the episode list
+    GET  /api/runs/{id}/episodes/{episode_id}  one whole episode (and its neighbours in the log)
     GET  /api/fleet                            instances, states, holders, rates, latency
     POST /api/playground/{instance}/open|reset|call|verify|release
 """
@@ -115,7 +115,7 @@ def episode_filter(params: Any) -> EpisodeFilter:
                          verdict=params.get("verdict") or None, error_kind=params.get("error_kind") or None,
                          step=_int(params.get("step")), masked=None if masked in (None, "") else masked == "true",
                          min_reward=_float(params.get("min_reward")), max_reward=_float(params.get("max_reward")),
-                         search=params.get("q") or None)
+                         search=params.get("q") or None, version=_int(params.get("version")))
 
 
 def build_app(state: UiState, middleware: list[Middleware] | None = None) -> Starlette:
@@ -153,7 +153,10 @@ def build_app(state: UiState, middleware: list[Middleware] | None = None) -> Sta
     async def episode(request: Request) -> Response:
         index = await run_in_threadpool(state.runs.index, request.path_params["run"])
         record = await run_in_threadpool(index.episode, request.path_params["episode"]) if index else None
-        return JSONResponse(record) if record is not None else _error(404, "no such episode")
+        if record is None:
+            return _error(404, "no such episode")
+        record["neighbours"] = await run_in_threadpool(index.neighbours, request.path_params["episode"])  # type: ignore[union-attr]
+        return JSONResponse(record)
 
     async def fleet(request: Request) -> Response:
         return JSONResponse(await state.fleet.snapshot())

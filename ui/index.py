@@ -25,7 +25,7 @@ from typing import Any, Iterator
 
 from awm.postgres.server import awm_home
 
-SCHEMA_VERSION = 3  # bump when the tables change: older index files are rebuilt
+SCHEMA_VERSION = 4  # bump when the tables change: older index files are rebuilt
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
@@ -43,6 +43,7 @@ CREATE INDEX IF NOT EXISTS episodes_group ON episodes (group_id);
 CREATE INDEX IF NOT EXISTS episodes_verdict ON episodes (verdict);
 CREATE INDEX IF NOT EXISTS episodes_id ON episodes (episode_id);
 CREATE INDEX IF NOT EXISTS group_steps_step ON group_steps (step);
+CREATE INDEX IF NOT EXISTS episodes_version ON episodes (policy_version);
 """
 
 _END = b'{"event": "end"'
@@ -62,6 +63,7 @@ class EpisodeFilter:
     min_reward: float | None = None
     max_reward: float | None = None
     search: str | None = None  # part of an episode id or task id
+    version: int | None = None  # the policy version (a TRL run's step: it logs no step lines)
 
     def where(self) -> tuple[str, list[Any]]:
         clauses, params = [], []  # type: ignore[var-annotated]
@@ -76,6 +78,9 @@ class EpisodeFilter:
         if self.step is not None:
             clauses.append("g.step = ?")
             params.append(self.step)
+        if self.version is not None:
+            clauses.append("e.policy_version = ?")
+            params.append(self.version)
         if self.masked is not None:
             clauses.append("e.masked = ?")
             params.append(int(self.masked))
@@ -271,6 +276,73 @@ class EpisodeIndex:
                 "FROM episodes GROUP BY env ORDER BY env").fetchall()
         return [dict(r) for r in rows]
 
+    def per_task(self) -> list[dict[str, Any]]:
+        """Per task: episodes, masked, success rate, mean reward, and how the others failed
+        (verdicts, stop reasons, tool error classes, mask reasons, each with its count): what an
+        evaluation page needs to say which tasks a model failed and why."""
+        return self._memoised("per_task", self._per_task)
+
+    def _per_task(self) -> list[dict[str, Any]]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT env, task_id, count(*) AS episodes, sum(masked) AS masked, "
+                "avg(CASE WHEN masked = 0 THEN reward END) AS reward_mean, "
+                "avg(CASE WHEN masked = 0 THEN verdict = 'complete' END) AS success_rate, "
+                "(SELECT episode_id FROM episodes f WHERE f.env = e.env AND f.task_id = e.task_id AND f.masked = 0 "
+                " AND coalesce(f.verdict, '') != 'complete' ORDER BY f.n LIMIT 1) AS first_failed "
+                "FROM episodes e GROUP BY env, task_id ORDER BY env, task_id").fetchall()
+            failed = self._db.execute(
+                "SELECT env, task_id, coalesce(verdict, 'none') AS verdict, stop_reason, count(*) AS n FROM episodes "
+                "WHERE masked = 0 AND coalesce(verdict, '') != 'complete' GROUP BY 1, 2, 3, 4").fetchall()
+            kinds = self._db.execute("SELECT env, task_id, error_kinds, count(*) AS n FROM episodes "
+                                     "WHERE error_kinds != '' GROUP BY 1, 2, 3").fetchall()
+            masks = self._db.execute("SELECT env, task_id, coalesce(mask_reason, 'masked') AS reason, count(*) AS n "
+                                     "FROM episodes WHERE masked = 1 GROUP BY 1, 2, 3").fetchall()
+        tasks = {(r["env"], r["task_id"]): {**dict(r), "verdicts": {}, "stop_reasons": {}, "error_kinds": {},
+                                             "mask_reasons": {}} for r in rows}
+        for r in failed:
+            task = tasks[(r["env"], r["task_id"])]
+            task["verdicts"][r["verdict"]] = task["verdicts"].get(r["verdict"], 0) + r["n"]
+            if r["stop_reason"]:
+                task["stop_reasons"][r["stop_reason"]] = task["stop_reasons"].get(r["stop_reason"], 0) + r["n"]
+        for r in kinds:
+            task = tasks[(r["env"], r["task_id"])]
+            for kind in r["error_kinds"].strip(",").split(","):
+                task["error_kinds"][kind] = task["error_kinds"].get(kind, 0) + r["n"]
+        for r in masks:
+            tasks[(r["env"], r["task_id"])]["mask_reasons"][r["reason"]] = r["n"]
+        return list(tasks.values())
+
+    def by_version(self) -> list[dict[str, Any]]:
+        """Per policy version (the weights that produced the episode): episodes, masked, mean
+        reward, success rate, turns and tool calls. A run without metrics.jsonl (TRL: every turn
+        records its policy version, the trainer's step) gets its curve from this."""
+        return self._memoised("by_version", self._by_version)
+
+    def _by_version(self) -> list[dict[str, Any]]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT policy_version AS version, count(*) AS episodes, sum(masked) AS masked, "
+                "avg(CASE WHEN masked = 0 THEN reward END) AS reward_mean, "
+                "avg(CASE WHEN masked = 0 THEN verdict = 'complete' END) AS success_rate, "
+                "avg(turns) AS episode_turns_mean, avg(tool_calls) AS tool_calls_mean, "
+                "avg(error_kinds != '') AS tool_error_episode_fraction "
+                "FROM episodes WHERE policy_version IS NOT NULL GROUP BY policy_version ORDER BY policy_version").fetchall()
+        return [dict(r) for r in rows]
+
+    def neighbours(self, episode_id: str) -> dict[str, str | None]:
+        """The episodes before and after this one in the log (the episode page's previous/next)."""
+        with self._lock:
+            row = self._db.execute("SELECT n FROM episodes WHERE episode_id = ? ORDER BY n DESC LIMIT 1",
+                                   (episode_id,)).fetchone()
+            if row is None:
+                return {"previous": None, "next": None}
+            before = self._db.execute("SELECT episode_id FROM episodes WHERE n < ? ORDER BY n DESC LIMIT 1",
+                                      (row["n"],)).fetchone()
+            after = self._db.execute("SELECT episode_id FROM episodes WHERE n > ? ORDER BY n LIMIT 1",
+                                     (row["n"],)).fetchone()
+        return {"previous": before[0] if before else None, "next": after[0] if after else None}
+
     def episode(self, episode_id: str) -> dict[str, Any] | None:
         with self._lock:
             row = self._db.execute("SELECT e.offset, e.length, g.step FROM episodes e LEFT JOIN group_steps g "
@@ -326,6 +398,7 @@ def _matches(row: dict[str, Any], step: int | None, where: EpisodeFilter) -> boo
             and (not where.verdict or row["verdict"] == where.verdict)
             and (not where.error_kind or f",{where.error_kind}," in row["error_kinds"])
             and (where.step is None or step == where.step)
+            and (where.version is None or row["policy_version"] == where.version)
             and (where.masked is None or bool(row["masked"]) == where.masked)
             and (where.min_reward is None or reward >= where.min_reward)
             and (where.max_reward is None or reward <= where.max_reward)

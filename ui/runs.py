@@ -29,8 +29,13 @@ class RunInfo(BaseModel):
     name: str
     path: str
     kind: str  # train | eval | unknown
+    framework: str | None = None  # awm | trl | verl | skyrl (who trained it), None: not known
+    model: str | None = None  # an evaluation's policy (eval.json), a training run's policy name
     steps: int = 0
     last_reward: float | None = None
+    k: int | None = None  # an evaluation's k, and its overall pass@1 and pass@k
+    pass_at_1: float | None = None
+    pass_at_k: float | None = None
     modified: float = 0.0
 
 
@@ -63,6 +68,40 @@ def read_metrics(run: Path) -> list[dict[str, Any]]:
     return records
 
 
+def first_start(run: Path) -> dict[str, Any]:
+    """The first ``start`` record of the run's trajectories (names the policy; a few bytes in):
+    how a run without metrics.jsonl tells who trained it."""
+    path = run / "trajectories.jsonl"
+    try:
+        with path.open("rb") as f:
+            for _, line in zip(range(64), f):
+                if line.startswith(b'{"event": "start"') and line.endswith(b"\n"):
+                    return json.loads(line)
+    except (OSError, json.JSONDecodeError):
+        pass
+    return {}
+
+
+FRAMEWORKS = ("trl", "verl", "skyrl")
+
+
+def framework(run: Path, start: dict[str, Any], has_metrics: bool) -> str | None:
+    """Who trained the run: awm's own trainer writes metrics.jsonl; the adapters of
+    awm.integrations log trajectories whose policy (or an explicit ``framework`` field) names
+    the framework (TRL's adapter samples as ``trl-policy``); a TRL output directory also holds
+    its ``trainer_state.json`` once it saved."""
+    named = str(start.get("framework") or "").lower()
+    if named:
+        return named
+    policy = str(start.get("policy") or "").lower()
+    for name in FRAMEWORKS:
+        if policy.startswith(name):
+            return name
+    if (run / "trainer_state.json").is_file():
+        return "trl"
+    return "awm" if has_metrics or (run / "config.json").is_file() else None
+
+
 def _read_json(path: Path) -> dict[str, Any] | None:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -85,15 +124,25 @@ class Runs:
     def list(self) -> list[RunInfo]:
         out = []
         for rid, path in self.paths().items():
-            metrics = read_metrics(path)
-            rewards = [m["reward_mean"] for m in metrics if m.get("reward_mean") is not None]
-            kind = "eval" if (path / "eval.json").is_file() else "train" if metrics or (path / "config.json").is_file() \
-                else "unknown"
-            name = next((str(path.relative_to(r)) for r in self.roots if path.is_relative_to(r)), path.name)
-            modified = max((path / m).stat().st_mtime for m in MARKERS if (path / m).is_file())
-            out.append(RunInfo(id=rid, name=name if name != "." else path.name, path=str(path), kind=kind,
-                               steps=len(metrics), last_reward=rewards[-1] if rewards else None, modified=modified))
+            out.append(self.info(rid, path))
         return sorted(out, key=lambda r: -r.modified)
+
+    def info(self, rid: str, path: Path) -> RunInfo:
+        metrics = read_metrics(path)
+        rewards = [m["reward_mean"] for m in metrics if m.get("reward_mean") is not None]
+        report = _read_json(path / "eval.json") if (path / "eval.json").is_file() else None
+        start = first_start(path)
+        made_by = framework(path, start, bool(metrics))
+        kind = "eval" if report is not None else "train" if made_by else "unknown"
+        name = next((str(path.relative_to(r)) for r in self.roots if path.is_relative_to(r)), path.name)
+        modified = max((path / m).stat().st_mtime for m in MARKERS if (path / m).is_file())
+        overall = (report or {}).get("overall") or {}
+        k = (report or {}).get("k")
+        return RunInfo(id=rid, name=name if name != "." else path.name, path=str(path), kind=kind,
+                       framework=None if report is not None else made_by,
+                       model=(report or {}).get("model") or start.get("policy"), steps=len(metrics),
+                       last_reward=rewards[-1] if rewards else None, k=k, pass_at_1=overall.get("pass@1"),
+                       pass_at_k=overall.get(f"pass@{k}") if k else None, modified=modified)
 
     def path(self, rid: str) -> Path | None:
         return self.paths().get(rid)
@@ -122,8 +171,8 @@ class Runs:
         index = self._get(rid)
         if index is None:
             return None, None
-        if not index.busy and index.pending() <= SYNC_BYTES:
-            index.refresh()
+        if index.pending() <= SYNC_BYTES:
+            index.refresh()  # a small refresh another request runs: wait for it (the lock), not report progress
             return index, None
         if not index.busy:  # two requests may both start one: the second waits, then finds nothing left
             threading.Thread(target=index.refresh, name=f"awm-ui-index-{rid}", daemon=True).start()
@@ -137,10 +186,13 @@ class Runs:
             return None
         index, indexing = self.index_now(rid)
         ready = index if indexing is None else None
-        return {"id": rid, "name": path.name, "path": str(path), "metrics": read_metrics(path),
+        info = self.info(rid, path)
+        return {"id": rid, "name": path.name, "path": str(path), "kind": info.kind, "framework": info.framework,
+                "model": info.model, "metrics": (metrics := read_metrics(path)),
                 "eval": _read_json(path / "eval.json"), "config": _read_json(path / "config.json"),
                 "indexing": indexing,
                 "per_env": ready.per_env() if ready else [], "facets": ready.facets() if ready else {},
+                "per_task": ready.per_task() if ready else [], "by_version": ready.by_version() if ready and not metrics and info.kind == "train" else [],
                 "episodes": ready.count() if ready else (None if indexing else 0)}
 
     def close(self) -> None:

@@ -38,5 +38,17 @@ async function route() {
   document.body.dataset.ready = page;  // the browser tests wait for this
 }
 
+// In-page anchors (#main, #episodes-h) move the focus and scroll, and leave the route alone
+document.addEventListener("click", (event) => {
+  const link = event.target.closest && event.target.closest('a[href^="#"]:not([href^="#/"])');
+  if (!link) return;
+  const target = document.getElementById(link.getAttribute("href").slice(1));
+  if (!target) return;
+  event.preventDefault();
+  if (!target.hasAttribute("tabindex")) target.setAttribute("tabindex", "-1");
+  target.focus();
+  target.scrollIntoView();
+});
+
 window.addEventListener("hashchange", route);
 route();

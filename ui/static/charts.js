@@ -1,7 +1,11 @@
-// Inline SVG charts. Points are links: focusable, named for screen readers, Enter or click
-// follows them (the reward curve's points open the episodes of their step).
+// Inline SVG charts, no dependency. A line chart has rounded ("nice") ticks, a linear or log y
+// axis, optional EMA smoothing (the raw line stays, faint), a highlighted x (the chosen step) and
+// a crosshair shared by every chart of the same hover group: moving over one chart shows the exact
+// values at that x in every chart's readout line. Points with an href are links: focusable, named
+// for screen readers, Enter or click follows them (the reward curve's points open their step's
+// episodes); a click anywhere on a chart with `pick` opens the hovered x the same way.
 const NS = "http://www.w3.org/2000/svg";
-const MAX_POINTS = 200;
+const MAX_POINTS = 200;  // focusable points per series at most (thousands would slow the first paint)
 
 function s(tag, attrs = {}, text) {
   const el = document.createElementNS(NS, tag);
@@ -10,69 +14,218 @@ function s(tag, attrs = {}, text) {
   return el;
 }
 
-// series: [{name, color, points: [{x, y, href?, label?}]}]; y range from the data (or yMin/yMax)
-export function lineChart(series, { width = 640, height = 240, title = "", xLabel = "", yMin, yMax } = {}) {
-  const pad = { l: 48, r: 12, t: 12, b: 36 };
-  const all = series.flatMap((se) => se.points).filter((p) => p.y !== null && p.y !== undefined);
-  const xs = all.map((p) => p.x), ys = all.map((p) => p.y);
-  const x0 = Math.min(...xs), x1 = Math.max(...xs, x0 + 1);
-  const y0 = yMin ?? Math.min(...ys, 0), y1 = yMax ?? Math.max(...ys, 1);
-  const X = (x) => pad.l + ((x - x0) / (x1 - x0 || 1)) * (width - pad.l - pad.r);
-  const Y = (y) => height - pad.b - ((y - y0) / (y1 - y0 || 1)) * (height - pad.t - pad.b);
-  const svg = s("svg", { viewBox: `0 0 ${width} ${height}`, role: "img", "aria-label": title, class: "chart" });
-  svg.append(s("title", {}, title));
-  for (let i = 0; i <= 4; i++) {
-    const v = y0 + ((y1 - y0) * i) / 4;
-    svg.append(s("line", { x1: pad.l, x2: width - pad.r, y1: Y(v), y2: Y(v), class: "grid" }));
-    svg.append(s("text", { x: pad.l - 6, y: Y(v) + 4, "text-anchor": "end", class: "tick" }, v.toFixed(2)));
-  }
-  const ticks = [...new Set(xs)].sort((a, b) => a - b);
-  const every = Math.max(1, Math.ceil(ticks.length / 10));
-  ticks.filter((_, i) => i % every === 0).forEach((x) =>
-    svg.append(s("text", { x: X(x), y: height - pad.b + 16, "text-anchor": "middle", class: "tick" }, String(x))));
-  if (xLabel) svg.append(s("text", { x: (width + pad.l) / 2, y: height - 4, "text-anchor": "middle", class: "tick" }, xLabel));
-  for (const se of series) {
-    const pts = se.points.filter((p) => p.y !== null && p.y !== undefined);
-    if (!pts.length) continue;
-    svg.append(s("polyline", { points: pts.map((p) => `${X(p.x)},${Y(p.y)}`).join(" "), fill: "none",
-      stroke: se.color, "stroke-width": 2, class: "series" }));
-    // a long run's curve keeps every step in the line but at most MAX_POINTS links (evenly
-    // spaced, the last one included): thousands of focusable dots would slow the first paint
-    const every = Math.ceil(pts.length / MAX_POINTS);
-    for (const p of pts.filter((_, i) => i % every === 0 || i === pts.length - 1)) {
-      const dot = s("circle", { cx: X(p.x), cy: Y(p.y), r: 4.5, fill: se.color, class: "point" });
-      const label = p.label || `${se.name} ${p.x}: ${p.y}`;
-      dot.append(s("title", {}, label));
-      if (p.href) {
-        const link = s("a", { href: p.href, "aria-label": label, class: "point-link" });
-        link.append(dot);
-        svg.append(link);
-      } else svg.append(dot);
-    }
-  }
-  return withLegend(svg, series, title);
+const present = (y) => y !== null && y !== undefined && Number.isFinite(y);
+
+// 1, 2 or 5 times a power of ten: the step of about `count` ticks over [lo, hi]
+export function niceTicks(lo, hi, count = 5) {
+  if (!(hi > lo)) { const pad = Math.abs(lo) / 10 || 1; lo -= pad; hi += pad; }
+  const raw = (hi - lo) / count;
+  const mag = 10 ** Math.floor(Math.log10(raw));
+  const step = [1, 2, 2.5, 5, 10].map((m) => m * mag).find((st) => st >= raw) || 10 * mag;
+  const first = Math.floor(lo / step) * step, last = Math.ceil(hi / step) * step;
+  const ticks = [];
+  for (let v = first; v <= last + step / 2; v += step) ticks.push(Number(v.toPrecision(12)));
+  return { ticks, step, lo: first, hi: last };
 }
 
-// The chart's visible title and a legend in HTML (readable, and checked for contrast like text)
-function withLegend(svg, series, title) {
+// a tick's label: as many decimals as the step needs, thousands as k / M
+export function tickLabel(v, step = 0) {
+  const a = Math.abs(v);
+  if (a >= 1e6) return `${+(v / 1e6).toPrecision(3)}M`;
+  if (a >= 1e4) return `${+(v / 1e3).toPrecision(3)}k`;
+  if (a !== 0 && a < 1e-3) return v.toExponential(0);
+  const decimals = step ? Math.max(0, Math.min(6, -Math.floor(Math.log10(step) + 1e-9))) : 2;
+  return v.toFixed(decimals);
+}
+
+// exact values in readouts: up to 6 significant digits, no trailing zeros
+export function exact(v) {
+  if (!present(v)) return "–";
+  if (Number.isInteger(v)) return String(v);
+  const a = Math.abs(v);
+  return a !== 0 && (a < 1e-4 || a >= 1e7) ? v.toExponential(4) : String(Number(v.toPrecision(6)));
+}
+
+// TensorBoard's smoothing: an exponential moving average, debiased at the start
+export function smooth(points, weight) {
+  if (!weight) return points;
+  let last = 0, n = 0;
+  return points.map((p) => {
+    if (!present(p.y)) return p;
+    last = last * weight + (1 - weight) * p.y;
+    n += 1;
+    return { ...p, y: last / (1 - weight ** n) };
+  });
+}
+
+// a log axis is useful when every value is positive and they span more than two decades
+export function wantsLog(values) {
+  const v = values.filter(present);
+  if (!v.length || Math.min(...v) <= 0) return false;
+  return Math.max(...v) / Math.min(...v) > 100;
+}
+
+const hoverGroups = new Map();  // group name -> set of charts' show(x) functions
+
+function nearest(sorted, x) {
+  let lo = 0, hi = sorted.length - 1;
+  while (lo < hi) { const mid = (lo + hi) >> 1; if (sorted[mid] < x) lo = mid + 1; else hi = mid; }
+  return lo > 0 && Math.abs(sorted[lo - 1] - x) <= Math.abs(sorted[lo] - x) ? sorted[lo - 1] : sorted[lo];
+}
+
+// series: [{name, color, points: [{x, y, href?, label?}]}]
+// options: title, xLabel, width, height, yMin, yMax, log ("auto" | true | false), smoothing (0..0.99),
+//          highlight (an x), group (hover group), pick (x -> href), describe (series, x, y -> text)
+export function lineChart(series, opts = {}) {
+  const { width = 480, height = 220, title = "", xLabel = "", group = null, highlight = null, pick = null } = opts;
+  const pad = { l: 52, r: 12, t: 10, b: 34 };
+  const all = series.flatMap((se) => se.points).filter((p) => present(p.y));
   const box = document.createElement("div");
   box.className = "chart-box";
-  const head = document.createElement("div");
-  head.className = "chart-head";
+  if (!all.length) {
+    box.append(head(title, series), Object.assign(document.createElement("p"), { className: "muted", textContent: "No values." }));
+    return box;
+  }
+  const xsAll = [...new Set(all.map((p) => p.x))].sort((a, b) => a - b);
+  const x0 = xsAll[0], x1 = xsAll.length > 1 ? xsAll[xsAll.length - 1] : x0 + 1;
+  const ys = all.map((p) => p.y);
+  const log = opts.log === true ? ys.every((v) => v > 0) : opts.log === false ? false : wantsLog(ys);
+  const T = log ? Math.log10 : (v) => v;
+  let yTicks, y0, y1;
+  if (log) {
+    const lo = Math.floor(Math.log10(Math.min(...ys))), hi = Math.ceil(Math.log10(Math.max(...ys)));
+    y0 = lo; y1 = Math.max(hi, lo + 1);
+    yTicks = [];
+    for (let e = y0; e <= y1; e++) yTicks.push({ v: e, label: tickLabel(10 ** e) });
+  } else {
+    const lo = opts.yMin ?? Math.min(...ys), hi = opts.yMax ?? Math.max(...ys);
+    const nice = niceTicks(Math.min(lo, opts.yMin ?? lo), Math.max(hi, opts.yMax ?? hi), 4);
+    y0 = nice.lo; y1 = nice.hi;
+    yTicks = nice.ticks.map((v) => ({ v, label: tickLabel(v, nice.step) }));
+  }
+  const X = (x) => pad.l + ((x - x0) / (x1 - x0 || 1)) * (width - pad.l - pad.r);
+  const Y = (y) => height - pad.b - ((T(y) - y0) / (y1 - y0 || 1)) * (height - pad.t - pad.b);
+  const svg = s("svg", { viewBox: `0 0 ${width} ${height}`, role: "img", "aria-label": title + (log ? " (log scale)" : ""), class: "chart" });
+  svg.append(s("title", {}, title));
+  for (const t of yTicks) {
+    const y = height - pad.b - ((t.v - y0) / (y1 - y0 || 1)) * (height - pad.t - pad.b);
+    svg.append(s("line", { x1: pad.l, x2: width - pad.r, y1: y, y2: y, class: "grid" }));
+    svg.append(s("text", { x: pad.l - 6, y: y + 4, "text-anchor": "end", class: "tick" }, t.label));
+  }
+  const xt = niceTicks(x0, x1, 6);
+  for (const x of xt.ticks.filter((v) => v >= x0 && v <= x1 && (Number.isInteger(v) || xt.step < 1))) {
+    svg.append(s("text", { x: X(x), y: height - pad.b + 16, "text-anchor": "middle", class: "tick" }, tickLabel(x, xt.step)));
+  }
+  if (xLabel) svg.append(s("text", { x: width - pad.r, y: height - 3, "text-anchor": "end", class: "tick" }, xLabel));
+  if (highlight !== null && highlight !== undefined && highlight >= x0 && highlight <= x1) {
+    svg.append(s("line", { x1: X(highlight), x2: X(highlight), y1: pad.t, y2: height - pad.b, class: "highlight" }));
+  }
+  const weight = opts.smoothing || 0;
+  const drawn = series.map((se) => ({ ...se, raw: se.points.filter((p) => present(p.y)) }))
+    .map((se) => ({ ...se, line: smooth(se.raw, weight) }));
+  const path = (pts) => pts.map((p) => `${X(p.x).toFixed(1)},${Y(p.y).toFixed(1)}`).join(" ");
+  for (const se of drawn) {
+    if (!se.raw.length) continue;
+    if (weight) svg.append(s("polyline", { points: path(se.raw), fill: "none", stroke: se.color, "stroke-width": 1, opacity: 0.3, class: "series raw" }));
+    svg.append(s("polyline", { points: path(se.line), fill: "none", stroke: se.color, "stroke-width": 2, class: "series",
+      "stroke-dasharray": se.dash || null }));
+    if (se.raw.length === 1) svg.append(s("circle", { cx: X(se.raw[0].x), cy: Y(se.raw[0].y), r: 3, fill: se.color }));
+    const linked = se.raw.filter((p) => p.href);
+    const every = Math.ceil(linked.length / MAX_POINTS);
+    for (const p of linked.filter((_, i) => i % every === 0 || i === linked.length - 1)) {
+      const dot = s("circle", { cx: X(p.x), cy: Y(p.y), r: 4, fill: se.color, class: "point" });
+      const label = p.label || `${se.name} ${p.x}: ${exact(p.y)}`;
+      dot.append(s("title", {}, label));
+      const link = s("a", { href: p.href, "aria-label": label, class: "point-link" });
+      link.append(dot);
+      svg.append(link);
+    }
+  }
+  // the crosshair, its tooltip and the readout (exact values at the hovered x)
+  const cross = s("line", { y1: pad.t, y2: height - pad.b, class: "crosshair", visibility: "hidden" });
+  const overlay = s("rect", { x: pad.l, y: pad.t, width: width - pad.l - pad.r, height: height - pad.t - pad.b, class: "overlay",
+    fill: "transparent" });
+  svg.insertBefore(cross, svg.firstChild.nextSibling);
+  svg.insertBefore(overlay, svg.querySelector(".point-link"));  // the points stay clickable above it
+  const byX = drawn.map((se) => new Map(se.raw.map((p, i) => [p.x, [p.y, se.line[i].y]])));
+  const readout = document.createElement("div");
+  readout.className = "readout";
+  const tip = document.createElement("div");
+  tip.className = "tooltip";
+  tip.hidden = true;
+  const values = (x) => drawn.map((se, i) => {
+    const v = byX[i].get(x);
+    if (!v) return null;
+    return `${se.name} ${exact(v[0])}${weight ? ` (smoothed ${exact(v[1])})` : ""}`;
+  }).filter(Boolean);
+  const show = (x, here) => {
+    if (x === null || x < x0 || x > x1) {
+      cross.setAttribute("visibility", "hidden"); tip.hidden = true; readout.textContent = ""; return;
+    }
+    const at = nearest(xsAll, x);
+    cross.setAttribute("x1", X(at)); cross.setAttribute("x2", X(at)); cross.setAttribute("visibility", "visible");
+    const text = `${xLabel || "x"} ${exact(at)}: ${values(at).join(" · ") || "no value"}`;
+    readout.textContent = text;
+    tip.hidden = !here;
+    if (here) {
+      tip.textContent = text;
+      tip.style.left = `${Math.min(85, (100 * (X(at) / width)))}%`;
+    }
+  };
+  const toX = (event) => {
+    const pt = svg.createSVGPoint();
+    pt.x = event.clientX; pt.y = event.clientY;
+    const local = pt.matrixTransform(svg.getScreenCTM().inverse());
+    return x0 + ((local.x - pad.l) / (width - pad.l - pad.r)) * (x1 - x0);
+  };
+  const members = group ? (hoverGroups.get(group) || hoverGroups.set(group, new Set()).get(group)) : new Set();
+  const mine = (x) => show(x, false);
+  mine.svg = svg;
+  members.add(mine);
+  const broadcast = (x) => {
+    for (const other of members) {
+      if (!other.svg.isConnected) members.delete(other);  // a chart of a page left or redrawn
+      else if (other !== mine) other(x);
+    }
+  };
+  overlay.addEventListener("mousemove", (e) => { const x = toX(e); show(x, true); broadcast(x); });
+  svg.addEventListener("mouseleave", () => { show(null); broadcast(null); });
+  if (pick) {
+    overlay.style.cursor = "pointer";
+    overlay.addEventListener("click", (e) => { location.hash = pick(nearest(xsAll, toX(e))); });
+  }
+  box.append(head(title, series, log), svg, tip, readout);
+  return box;
+}
+
+// forget the hover members of charts no longer in the page (called by pages when they redraw)
+export function resetHover(group) { hoverGroups.delete(group); }
+
+// The chart's visible title and a legend in HTML (readable, and checked for contrast like text)
+function head(title, series, log = false) {
+  const el = document.createElement("div");
+  el.className = "chart-head";
   const name = document.createElement("strong");
   name.textContent = title;
-  head.append(name);
-  for (const se of series) {
-    const key = document.createElement("span");
-    key.className = "key";
-    const swatch = document.createElement("span");
-    swatch.className = "swatch";
-    swatch.style.background = se.color;
-    key.append(swatch, se.name);
-    head.append(key);
+  el.append(name);
+  if (log) {
+    const tag = document.createElement("span");
+    tag.className = "muted";
+    tag.textContent = "log scale";
+    el.append(tag);
   }
-  box.append(head, svg);
-  return box;
+  if (series.length > 1 || series.some((se) => se.name !== title)) {
+    for (const se of series) {
+      const key = document.createElement("span");
+      key.className = "key";
+      const swatch = document.createElement("span");
+      swatch.className = "swatch";
+      swatch.style.background = se.color;
+      key.append(swatch, se.name);
+      el.append(key);
+    }
+  }
+  return el;
 }
 
 // bars: [{label, values: [{name, value, color}]}], values in [0, 1]
@@ -90,13 +243,17 @@ export function barChart(groups, { width = 640, height = 220, title = "" } = {})
     const bw = (slot * 0.8) / Math.max(g.values.length, 1);
     g.values.forEach((v, vi) => {
       const x = pad.l + gi * slot + slot * 0.1 + vi * bw;
-      const rect = s("rect", { x, y: Y(v.value || 0), width: bw - 2, height: Y(0) - Y(v.value || 0), fill: v.color });
+      const rect = s("rect", { x, y: Y(v.value || 0), width: Math.max(1, bw - 2), height: Y(0) - Y(v.value || 0), fill: v.color });
       rect.append(s("title", {}, `${g.label} ${v.name}: ${((v.value || 0) * 100).toFixed(1)}%`));
       svg.append(rect);
     });
     svg.append(s("text", { x: pad.l + gi * slot + slot / 2, y: height - pad.b + 16, "text-anchor": "middle", class: "tick" }, g.label));
   });
-  return withLegend(svg, (groups[0] || { values: [] }).values.map((v) => ({ name: v.name, color: v.color })), title);
+  const box = document.createElement("div");
+  box.className = "chart-box";
+  box.append(head(title, (groups[0] || { values: [] }).values.map((v) => ({ name: v.name, color: v.color }))), svg);
+  return box;
 }
 
-export const COLORS = ["#1f5fbf", "#b3261e", "#1b7a3a", "#7a4bc0", "#8a5a00"];
+// distinct, dark enough for text-level contrast on white
+export const COLORS = ["#1f5fbf", "#b3261e", "#1b7a3a", "#7a4bc0", "#8a5a00", "#00727a", "#a4247a", "#4d5a00"];

@@ -1,8 +1,10 @@
-// One run: its summary, and its episodes (filtered, paged through the server's index).
+// One run: its numbers, every metric it logged, its configuration, results per environment and
+// per task with the failure classes, and its episodes (filtered, paged through the server's index).
 import { api, badge, errorBox, field, fill, fmt, h, query, select, table } from "../lib.js";
-import { headline, perEnv, rewardCurve, throughput } from "./summary.js";
+import { metricPanels, series } from "../metrics.js";
+import { configuration, failureSummary, headline, kindBadges, perEnv, perTask, stepLink, stepValues } from "./summary.js";
 
-const FILTERS = ["env", "task_id", "verdict", "error_kind", "step", "masked", "min_reward", "max_reward", "q"];
+const FILTERS = ["env", "task_id", "verdict", "error_kind", "step", "version", "masked", "min_reward", "max_reward", "q"];
 const PAGE = 50;
 
 const pageUrl = (id, params) => `/api/runs/${id}/episodes${query({ ...Object.fromEntries(FILTERS.map((k) => [k, params[k]])),
@@ -12,14 +14,24 @@ export async function render(main, [id], params) {
   // the summary and the first page of episodes in parallel: one round trip less before the paint
   const [run, page] = await Promise.all([api(`/api/runs/${id}`), api(pageUrl(id, params)).catch((err) => err)]);
   const list = h("section", { "aria-labelledby": "episodes-h" });
-  fill(main, 
+  const picked = params.step !== undefined && params.step !== "" ? Number(params.step)
+    : params.version !== undefined && params.version !== "" ? Number(params.version) : null;
+  const curves = series(run);
+  fill(main,
     h("p", {}, h("a", { href: "#/runs" }, "Runs"), " / ", run.name),
-    h("h1", {}, run.name), h("p", { class: "muted" }, h("code", {}, run.path)),
+    h("h1", {}, run.name, " ", kindBadges(run)),
+    run.eval || run.model ? h("p", {}, "Model: ", h("strong", {}, (run.eval && run.eval.model) || run.model)) : null,
     headline(run),
-    h("div", { class: "two" },
-      h("figure", {}, rewardCurve(run), h("figcaption", {}, "Click a point (or focus it and press Enter) for that step's episodes.")),
-      h("figure", {}, throughput(run))),
-    h("h2", {}, "Environments"), perEnv(run),
+    picked !== null ? h("div", { class: "callout", role: "status" },
+      h("p", {}, h("strong", {}, `${params.step !== undefined && params.step !== "" ? "Step" : "Policy version"} ${picked}`),
+        " is marked on every chart; ", h("a", { href: "#episodes-h" }, "its episodes"), " are listed below. ",
+        h("a", { href: `#/run/${run.id}` }, "Clear")),
+      stepValues(run, picked)) : null,
+    curves.rows.length ? metricPanels([{ run, series: curves }], { highlight: picked, link: stepLink }) : null,
+    h("h2", {}, run.eval ? "Results per environment" : "Environments"), perEnv(run),
+    failureSummary(run),
+    perTask(run),
+    configuration(run),
     list);
   const indexing = run.indexing || page.indexing;
   if (!indexing) { episodes(list, run, params, page); return null; }
@@ -48,12 +60,13 @@ function filterForm(run, params) {
     verdict: select("verdict", f.verdict || [], params.verdict),
     error_kind: select("error_kind", f.error_kind || [], params.error_kind),
     step: select("step", f.step || [], params.step),
+    version: h("input", { name: "version", type: "number", step: "1", value: params.version || "" }),
     masked: select("masked", ["true", "false"], params.masked),
     min_reward: h("input", { name: "min_reward", type: "number", step: "any", value: params.min_reward || "" }),
     max_reward: h("input", { name: "max_reward", type: "number", step: "any", value: params.max_reward || "" }),
     q: h("input", { name: "q", type: "search", value: params.q || "", placeholder: "episode or task id" }),
   };
-  const labels = { env: "Environment", task_id: "Task", verdict: "Verdict", error_kind: "Error class", step: "Step",
+  const labels = { env: "Environment", task_id: "Task", verdict: "Verdict", error_kind: "Error class", step: "Step", version: "Policy version",
     masked: "Masked", min_reward: "Reward ≥", max_reward: "Reward ≤", q: "Search" };
   return h("form", { class: "filters", role: "search", "aria-label": "Filter episodes", onsubmit: (e) => {
     e.preventDefault();
