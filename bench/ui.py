@@ -11,6 +11,8 @@ measures in Debian's chromium (selenium; the same setup as tests/test_ui_browser
   the index does not exist yet (its build starts in the background), and
   ``episode_list_cold_ms`` to its first page of episodes, after the build;
 * ``first_paint_ms``       the run page with its first page of episodes, index built (median of 5);
+                           its metric panels are the 12 shown by default of the 31 a step logs;
+* ``all_panels_ms``        the same page with all 31 metrics chosen (median of 3);
 * ``episode_paint_ms``     an episode page (median of 5);
 * ``first_contentful_paint_ms`` the browser's own paint timing of the warm run page;
 * API medians: the first page, the last page, a filtered page, one episode;
@@ -68,6 +70,19 @@ def episode(n: int) -> Trajectory:
                       reward_components={"outcome": 1.0 if complete else 0.0}, timings={"wall_ms": 30.0})
 
 
+def metrics_record(step: int) -> dict[str, Any]:
+    """A step's record with every key awm's trainer logs (trainer/learner.py: _train_step and the
+    learner's stats), so the run page draws as many panels as a real run's."""
+    return {"step": step, "version": step, "group_ids": [f"g{2 * step - 2}", f"g{2 * step - 1}"], "episodes": PER_STEP,
+            "masked": 0, "reward_mean": 0.25, "reward_std": 0.433, "reward_distribution": {"0": 12, "1": 4},
+            "success_rate": 0.25, "episode_turns_mean": 2.0, "zero_advantage_groups": 0, "tool_calls": PER_STEP,
+            "generated_tokens": 4 * PER_STEP, "rollouts_per_s": 8.0, "tokens_per_s": 32.0, "staleness": [0, 1],
+            "dropped_stale": 0, "step_s": 2.0, "wait_s": 0.4, "weight_sync_s": 0.01, "env_wait_fraction": 0.2,
+            "elapsed_s": 2.0 * step, "learner_s": 1.5, "sequences": PER_STEP, "trained_tokens": 400,
+            "loss": 0.5 / step, "kl": 0.001 * step ** 0.5, "clip_fraction": 0.02, "ratio_mean": 1.0,
+            "grad_norm": 1.0 / step, "logprob_gap": 0.01, "logprob_gap_signed": -0.002, "tis_truncated_fraction": 0.0}
+
+
 def write_run(run: Path, episodes: int) -> None:
     log = TrajectoryLog(run / "trajectories.jsonl")
     with (run / "metrics.jsonl").open("w") as metrics:
@@ -80,8 +95,7 @@ def write_run(run: Path, episodes: int) -> None:
             if n % PER_STEP == PER_STEP - 1:
                 step = n // PER_STEP + 1
                 log.write("step", {"step": step, "version": step, "groups": [f"g{n // 8 - 1}", f"g{n // 8}"]})
-                metrics.write(json.dumps({"step": step, "reward_mean": 0.25, "success_rate": 0.25, "staleness": [0, 1],
-                                          "rollouts_per_s": 8.0, "episodes": PER_STEP, "masked": 0}) + "\n")
+                metrics.write(json.dumps(metrics_record(step)) + "\n")
     log.close()
 
 
@@ -159,6 +173,13 @@ def main() -> dict[str, Any]:
                                                       for _ in range(5))
             out["first_contentful_paint_ms"] = round(driver.execute_script(
                 "return performance.getEntriesByName('first-contentful-paint')[0].startTime"), 1)
+            keys = list(metrics_record(1))
+            driver.execute_script("localStorage.setItem('awm-ui-metrics', JSON.stringify({chosen: arguments[0]}))",
+                                  keys + ["staleness_mean", "staleness_max"])
+            out["all_panels_ms"] = statistics.median(paint_ms(driver, f"{url}#/run/{rid}", "run", "#episode-count")[1]
+                                                     for _ in range(3))
+            out["panels_drawn"] = driver.execute_script("return document.querySelectorAll('figure.panel').length")
+            driver.execute_script("localStorage.removeItem('awm-ui-metrics')")
             some = f"{args.episodes // 2:016x}"
             out["episode_paint_ms"] = statistics.median(paint_ms(driver, f"{url}#/episode/{rid}/{some}", "episode")[0]
                                                         for _ in range(5))

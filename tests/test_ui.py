@@ -309,3 +309,33 @@ def test_runs_say_who_trained_them_and_evaluations_their_pass_at_1(tmp_path, hom
         assert page["total"] == 4 and {e["policy_version"] for e in page["episodes"]} == {2}
         episode = client.get(f"/api/runs/{run_id(trl)}/episodes/ep000004").json()
         assert episode["neighbours"] == {"previous": "ep000003", "next": "ep000005"}
+
+
+async def test_an_idle_playground_session_is_released_after_its_ttl(notes, home):
+    """A browser that never said goodbye (crashed, offline) does not hold an instance for ever:
+    the server's sweep releases a session idle longer than the TTL, and a session in use is kept."""
+    import asyncio
+
+    view = FleetView([Instance(env="notes", name="n", mcp_url=notes.mcp_url, control_url=notes.control_url)])
+    state = UiState(Runs([]), fleet=view, playground_ttl_s=0.5)
+    transport = httpx.ASGITransport(app=build_app(state))
+    async with httpx.AsyncClient(transport=transport, base_url="http://ui") as client:
+        opened = (await client.post("/api/playground/n/open")).json()
+        assert opened["ttl_s"] == 0.5 and view.holders == {"n": "playground"}
+        for _ in range(4):  # used every 0.2 s: kept
+            await asyncio.sleep(0.2)
+            assert await state.playground.expire() == []
+            await client.post("/api/playground/n/reset", json={})
+        await asyncio.sleep(0.6)
+        assert await state.playground.expire() == ["n"]
+        assert view.holders == {} and state.playground.sessions == {}
+    await state.close()
+
+
+def test_awm_ui_refuses_a_runs_directory_that_does_not_exist(tmp_path):
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "awm.cli", "ui", "--runs", str(tmp_path / "typo"), "--port", "0"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "no such directory" in done.stderr and "typo" in done.stderr

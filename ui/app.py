@@ -15,6 +15,7 @@ The API is the front end's only data source, and plain enough to script against:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import math
 from dataclasses import dataclass, field
@@ -36,7 +37,7 @@ from awm.client import ControlApiError, McpError
 from awm.ui import catalog as catalog_view
 from awm.ui.fleet import FleetView
 from awm.ui.index import EpisodeFilter
-from awm.ui.playground import CallRequest, Playground, ResetRequest, VerifyRequest
+from awm.ui.playground import TTL_S, CallRequest, Playground, ResetRequest, VerifyRequest
 from awm.ui.runs import Runs
 
 STATIC = Path(__file__).with_name("static")
@@ -50,9 +51,10 @@ class UiState:
     runs: Runs
     catalog: str = "starter"
     fleet: FleetView = field(default_factory=FleetView)
+    playground_ttl_s: float = TTL_S
 
     def __post_init__(self) -> None:
-        self.playground = Playground(self.fleet)
+        self.playground = Playground(self.fleet, self.playground_ttl_s)
         self._catalog: dict[str, Any] | None = None
 
     def catalog_data(self) -> dict[str, Any]:
@@ -186,10 +188,19 @@ def build_app(state: UiState, middleware: list[Middleware] | None = None) -> Sta
     async def index_html(request: Request) -> Response:
         return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
 
+    async def expire_idle_sessions() -> None:
+        while True:  # a tenth of the TTL between sweeps: a session lives at most 1.1 TTL idle
+            await asyncio.sleep(max(0.05, state.playground.ttl_s / 10))
+            await state.playground.expire()
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        yield
-        await state.close()
+        sweeper = asyncio.create_task(expire_idle_sessions())
+        try:
+            yield
+        finally:
+            sweeper.cancel()
+            await state.close()
 
     return Starlette(routes=[
         Route("/api/catalog", catalog),

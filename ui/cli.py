@@ -48,6 +48,8 @@ def ui_command(
     port: Annotated[int, typer.Option(help="Port (0: any free one; the URL is printed).")] = 8090,
     database_url: Annotated[Optional[str], typer.Option("--database-url", envvar="AWM_DATABASE_URL",
                                                         help="External Postgres admin DSN for --serve.")] = None,
+    playground_ttl: Annotated[float, typer.Option("--playground-ttl", min=1.0, help=(
+        "Seconds a playground session may stay idle before its instance is released."))] = 900.0,
 ) -> None:
     """Serve the web view: catalog, runs (reward curves, pass@k, episodes with per-call database
     diffs), fleet, and a playground that calls a real instance's tools."""
@@ -61,6 +63,10 @@ def ui_command(
 
     static = [_instance(s) for s in instance or []]
     roots = [p.resolve() for p in (runs or [Path("runs")])]
+    missing = [str(p) for p, given in zip(roots, runs or [None]) if not p.is_dir() and given is not None]
+    if missing:  # a typo would otherwise start a UI that silently shows no run
+        console.print(f"[red]error:[/red] --runs: no such directory: {', '.join(missing)}")
+        raise typer.Exit(2)
     try:
         bundles = catalog_mod.load(catalog, serve) if serve else []
     except catalog_mod.CatalogError as exc:
@@ -84,7 +90,7 @@ def ui_command(
                 found += [Instance(env=h.env, name=h.name, mcp_url=h.mcp_url, control_url=h.control_url)
                           for h in local.instances]
             view = FleetView(found, operator_url, fleet, prometheus_url, grafana_url)
-            state = UiState(Runs(roots), catalog, view)
+            state = UiState(Runs(roots), catalog, view, playground_ttl)
             bound = sock.getsockname()
             url = f"http://{'[' + bound[0] + ']' if ':' in bound[0] else bound[0]}:{bound[1]}/"
             console.print(f"awm ui on {url} · runs under {', '.join(map(str, roots))} · catalog {catalog} · "

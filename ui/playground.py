@@ -21,6 +21,7 @@ from awm.ui.fleet import FleetView, Instance
 
 HOLDER = "playground"
 DIFF_ROWS = 200
+TTL_S = 900.0  # a session nobody used for this long is released (a browser that never said goodbye)
 
 
 class ResetRequest(BaseModel):
@@ -44,6 +45,7 @@ class Session:
         self.tracker = DiffTracker(DIFF_ROWS)
         self.tools: list[dict[str, Any]] = []
         self.lock = asyncio.Lock()  # one call at a time: the episode is one transaction
+        self.used = time.monotonic()
 
     async def open(self) -> None:
         await self.mcp.initialize()
@@ -55,13 +57,28 @@ class Session:
 
 
 class Playground:
-    def __init__(self, fleet: FleetView) -> None:
+    """The sessions the UI holds, one per instance. A page releases its instance when it is left
+    (the front end's stop and a ``pagehide`` beacon); a session idle for ``ttl_s`` is released by
+    :meth:`expire`, which the server runs periodically, so a crashed browser does not hold an
+    instance for ever."""
+
+    def __init__(self, fleet: FleetView, ttl_s: float = TTL_S) -> None:
         self.fleet = fleet
+        self.ttl_s = ttl_s
         self.sessions: dict[str, Session] = {}
+
+    async def expire(self) -> list[str]:
+        """Release the sessions idle longer than the TTL (one in use is never idle: its lock)."""
+        now = time.monotonic()
+        stale = [n for n, s in self.sessions.items() if now - s.used > self.ttl_s and not s.lock.locked()]
+        for name in stale:
+            await self.release(name)
+        return stale
 
     async def session(self, name: str) -> Session:
         existing = self.sessions.get(name)
         if existing is not None:
+            existing.used = time.monotonic()
             return existing
         instance = self.fleet.find(name)
         if instance is None:
@@ -75,7 +92,8 @@ class Playground:
     async def open(self, name: str) -> dict[str, Any]:
         session = await self.session(name)
         info = await session.control.info()
-        return {"instance": session.instance.model_dump(), "tools": session.tools, "tasks": info.get("tasks", [])}
+        return {"instance": session.instance.model_dump(), "tools": session.tools, "tasks": info.get("tasks", []),
+                "ttl_s": self.ttl_s}
 
     async def reset(self, name: str, body: ResetRequest) -> dict[str, Any]:
         session = await self.session(name)

@@ -1,7 +1,7 @@
 // One episode step by step: the prompt, each assistant turn with its tool calls (arguments,
 // result or classified error, and the rows the call changed), the verdict and the reward.
 import { renderCounts, renderDiff } from "../diff.js";
-import { api, badge, fill, fmt, h } from "../lib.js";
+import { api, badge, fill, fmt, h, query } from "../lib.js";
 
 const AGENT_FAULTS = new Set(["invalid_arguments", "tool_error", "malformed", "too_many_calls"]);
 
@@ -57,6 +57,11 @@ export async function render(main, [runId, episodeId]) {
     h("p", {}, h("a", { href: "#/runs" }, "Runs"), " / ", h("a", { href: `#/run/${runId}` }, "run"), " / ",
       ep.step != null ? [h("a", { href: `#/run/${runId}?step=${ep.step}` }, `step ${ep.step}`), " / "] : null, ep.episode_id),
     h("h1", {}, `${ep.env} · ${ep.task_id}`),
+    h("nav", { class: "episode-nav", "aria-label": "Episodes" },
+      ep.neighbours?.previous ? h("a", { href: `#/episode/${runId}/${ep.neighbours.previous}`, class: "button", rel: "prev" }, "← Previous episode") : null,
+      ep.neighbours?.next ? h("a", { href: `#/episode/${runId}/${ep.neighbours.next}`, class: "button", rel: "next" }, "Next episode →") : null,
+      h("a", { href: `#/catalog${query({ env: ep.env, task: ep.task_id })}`, class: "button" }, "The task in the catalog"),
+      h("a", { href: `#/run/${runId}${query({ env: ep.env, task_id: ep.task_id })}`, class: "button" }, "All episodes of this task")),
     h("dl", { class: "cards" }, [
       ["Verdict", badge(ep.verdict?.verdict || "none")], ["Reward", fmt.num(ep.reward)], ["Stop", ep.stop_reason],
       ["Turns", ep.turns.length], ["Instance", ep.instance || "–"], ["Wall", fmt.ms(ep.timings?.wall_ms)],

@@ -19,6 +19,16 @@ export async function render(main, args, params) {
   const name = picker.value;
   if (!name) return;
   const session = await api(`/api/playground/${encodeURIComponent(name)}/open`, { method: "POST" });
+  // the instance is released when the page is left: another page of the UI (the returned stop),
+  // another instance, or the tab closed or navigated away (pagehide: a beacon, which the browser
+  // sends even while unloading). The server also releases sessions idle longer than its TTL.
+  const releaseUrl = `/api/playground/${encodeURIComponent(name)}/release`;
+  const onHide = () => navigator.sendBeacon(releaseUrl);
+  window.addEventListener("pagehide", onHide);
+  const stop = () => {
+    window.removeEventListener("pagehide", onHide);
+    fetch(releaseUrl, { method: "POST", keepalive: true }).catch(() => {});
+  };
   const log = h("ol", { class: "calls", "aria-live": "polite", id: "play-log" });
   const status = h("p", { class: "muted", id: "play-status" }, "Reset to a task to start an episode.");
   const guard = async (fn) => { try { await fn(); } catch (err) { log.append(h("li", {}, errorBox(err))); } };
@@ -48,7 +58,9 @@ export async function render(main, args, params) {
         r.is_error ? null : h("div", {}, h("h5", {}, "Database change"), renderDiff(r.diff))));
     })))));
 
-  main.append(reset, status, h("div", { class: "two" },
+  main.append(h("p", { class: "muted" }, `Held by this page (released when you leave it, or after ${Math.round(session.ttl_s / 60)} minutes idle).`),
+    reset, status, h("div", { class: "two" },
     h("section", { "aria-labelledby": "tools-h" }, h("h2", { id: "tools-h" }, "Tools"), tools),
     h("section", { "aria-labelledby": "log-h" }, h("h2", { id: "log-h" }, "Calls"), log, verify)));
+  return stop;
 }
