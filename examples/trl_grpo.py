@@ -43,7 +43,7 @@ def run(config: Path, steps: int | None, output_dir: Path, database_url: str | N
 
     from awm import catalog as catalog_mod
     from awm.fleet import Database, LocalFleet
-    from awm.integrations.instances import InstancePool
+    from awm.episode.sources import PoolSource
     from awm.integrations.loop import shared_loop
     from awm.integrations.trl_env import AwmRollout, awm_reward, task_dataset
     from awm.trainer import tiny
@@ -82,7 +82,7 @@ def run(config: Path, steps: int | None, output_dir: Path, database_url: str | N
     fleet = LocalFleet(bundles, cfg.replicas, database, **cfg.serving())
     try:
         loop.run(fleet.start())
-        rollout = AwmRollout(InstancePool.from_fleet(fleet), loop=loop, agent=cfg.agent, reward=cfg.reward,
+        rollout = AwmRollout(PoolSource.from_fleet(fleet), loop=loop, agent=cfg.agent, reward=cfg.reward,
                              sampling=sampling, scenarios={b.name: b.scenario.description for b in bundles},
                              log=TrajectoryLog(output_dir / "trajectories.jsonl"), seed=cfg.seed)
         trainer = GRPOTrainer(model=model, reward_funcs=awm_reward, args=args, processing_class=tokenizer,

@@ -33,7 +33,8 @@ def serve(
 
     from awm import catalog as catalog_mod
     from awm.fleet import Database, LocalFleet
-    from awm.integrations.openenv_server import InstancePool, Slot, build_app
+    from awm.episode.sources import PoolSource
+    from awm.integrations.openenv_server import build_app
 
     bundles = catalog_mod.load(catalog, env or None)
     serving = serving_options(judge_base_url, judge_model, judge_votes, verifier_kind, allow_ungated)
@@ -42,11 +43,14 @@ def serve(
         database = await asyncio.to_thread(Database.open, database_url)
         try:
             async with LocalFleet(bundles, replicas, database, **serving) as fleet:
-                pool = InstancePool([Slot(h.env, h.name, h.mcp_url, h.control_url) for h in fleet.instances],
-                                    max_steps=max_steps)
+                pool = PoolSource.from_fleet(fleet)
                 console.print(f"OpenEnv server on ws://{host}:{port}/ws: {len(fleet.instances)} instances of "
                               f"{', '.join(pool.envs())}")
-                await uvicorn.Server(uvicorn.Config(build_app(pool), host=host, port=port, log_level="warning")).serve()
+                try:
+                    await uvicorn.Server(uvicorn.Config(build_app(pool, max_steps), host=host, port=port,
+                                                        log_level="warning")).serve()
+                finally:
+                    await pool.close()
         finally:
             await asyncio.to_thread(database.close)
 

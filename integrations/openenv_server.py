@@ -11,18 +11,24 @@ One OpenEnv session holds one awm instance while an episode runs:
 * ``reset(task_id=..., env=...)`` claims an instance of that environment (waiting for a free one),
   resets it to the task and observes the instruction and the tools;
 * ``step`` takes OpenEnv's MCP actions - ``ListToolsAction``, ``CallToolAction`` (one tool call
-  through awm's MCP server; errors come back with their awm class) - or :class:`AwmAction` with
-  ``answer``: the final answer, which ends the episode: awm verifies it (code verifier or LLM
-  judge) and the observation carries the reward (``awm.trainer.reward``: failures that are
-  the environment's are masked: reward ``None``, ``metadata.masked``);
+  through awm's MCP server; errors come back with their awm class in ``error_kind``) - or
+  :class:`AwmAction` with ``answer``: the final answer, which ends the episode: awm verifies it
+  (code verifier or LLM judge) and the observation carries the reward (:mod:`awm.episode.reward`:
+  failures that are the environment's are masked: reward ``None``, ``masked`` true and
+  ``mask_reason``; ``ended_by`` and ``reward_components`` say how it ended and why it scored);
 * ``max_steps`` tool calls without an answer end the episode too (verified without an answer).
 
-The instance goes back to the pool when the episode ends or the session closes.
+All of it is in the observations' own fields: openenv-core's serializer drops ``metadata``, so
+an unmodified client would never see it there. The episode itself is
+:class:`awm.episode.session.EpisodeSession` on an instance of an
+:class:`awm.episode.sources.InstanceSource`; it goes back when the episode ends or the session
+closes (a dead instance is checked before it is handed out again).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any, Literal
 
 from openenv.core.env_server.interfaces import Environment
@@ -31,10 +37,11 @@ from openenv.core.env_server.mcp_types import (CallToolAction, CallToolObservati
 from openenv.core.env_server.types import Action, EnvironmentMetadata, Observation, State
 from pydantic import Field
 
-from awm.integrations.episode import Episode, Outcome
-from awm.integrations.instances import InstancePool, Slot
+from awm.episode.reward import RewardConfig
+from awm.episode.session import EpisodeSession, Outcome
+from awm.episode.sources import InstanceSource, Lease, PoolSource
 
-__all__ = ["AwmAction", "AwmEnvironment", "AwmObservation", "InstancePool", "Slot", "build_app"]
+__all__ = ["AwmAction", "AwmCallToolObservation", "AwmEnvironment", "AwmObservation", "build_app"]
 
 
 class AwmAction(Action):
@@ -48,12 +55,30 @@ class AwmAction(Action):
     answer: str | None = Field(default=None, description="answer: the final answer.")
 
 
+# openenv-core's serializer (serialize_observation) drops ``metadata`` from what a client gets:
+# everything a client needs is in the observations' own fields.
 class AwmObservation(Observation):
     env: str = ""
     task_id: str | None = None
     instruction: str | None = None
     tools: list[dict[str, Any]] = Field(default_factory=list, description="On reset: the tools (MCP schemas).")
+    reset_ms: float | None = Field(default=None, description="On reset: how long the instance's reset took.")
+    ungated: bool | None = Field(default=None, description="On reset: the task did not pass awm's quality gates.")
     verdict: dict[str, Any] | None = Field(default=None, description="When done: awm's /verify answer.")
+    masked: bool | None = Field(default=None, description="When done: the environment failed the episode "
+                                "(reward None; never train on it).")
+    mask_reason: str | None = Field(default=None, description="When done and masked: why.")
+    ended_by: str | None = Field(default=None, description="When done: answer, the step limit, or infrastructure.")
+    reward_components: dict[str, float] = Field(default_factory=dict, description="When done: the reward's parts.")
+    error_kind: str | None = Field(default=None, description="When the last tool call failed: awm's error class.")
+
+
+class AwmCallToolObservation(CallToolObservation):
+    """A tool call's answer: OpenEnv's fields, plus awm's error class (the agent's
+    ``invalid_arguments`` / ``tool_error`` versus the environment's ``tool_crashed`` / ``timeout``
+    / ``unavailable``), which OpenEnv's coarser ``error.error_type`` cannot tell apart."""
+
+    error_kind: str | None = Field(default=None, description="awm's error class of a failed call.")
 
 
 class AwmState(State):
@@ -68,10 +93,12 @@ class AwmEnvironment(Environment):
 
     SUPPORTS_CONCURRENT_SESSIONS = True
 
-    def __init__(self, pool: InstancePool) -> None:
+    def __init__(self, source: InstanceSource, max_steps: int = 30, reward: RewardConfig | None = None) -> None:
         super().__init__()
-        self.pool = pool
-        self.episode: Episode | None = None
+        self.source, self.max_steps, self.reward = source, max_steps, reward
+        self.lease: Lease | None = None
+        self.episode: EpisodeSession | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._state = AwmState()
 
     @property
@@ -80,7 +107,7 @@ class AwmEnvironment(Environment):
 
     def get_metadata(self) -> EnvironmentMetadata:
         return EnvironmentMetadata(name="awm", version="1.0.0", description=(
-            "awm environments (database-backed MCP tools, verifiers, LLM judge): " + ", ".join(self.pool.envs())))
+            "awm environments (database-backed MCP tools, verifiers, LLM judge): " + ", ".join(self.source.envs())))
 
     def reset(self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any) -> AwmObservation:
         raise RuntimeError("awm's OpenEnv environment is asynchronous: use reset_async")
@@ -91,20 +118,21 @@ class AwmEnvironment(Environment):
     async def reset_async(self, seed: int | None = None, episode_id: str | None = None,
                           task_id: str | None = None, env: str | None = None, **kwargs: Any) -> AwmObservation:
         await self._release()
-        slot = await self.pool.claim(env)
-        self.episode = Episode(slot, self.pool.reward, self.pool.max_steps)
+        self._loop = asyncio.get_running_loop()
+        self.lease = await self.source.claim(env)
+        assert self.lease.handle is not None
+        self.episode = EpisodeSession(self.lease.handle, self.reward, self.max_steps)
         try:
-            reset = await self.episode.start(task_id, seed)
+            reset = await self.episode.reset(task_id, seed)
         except BaseException:
             await self._release()
             raise
         tools = [{"name": t["name"], "description": t.get("description", ""), "input_schema": t.get("inputSchema", {})}
                  for t in self.episode.tools]
-        self._state = AwmState(episode_id=episode_id or reset["episode_id"], step_count=0, env=slot.env,
-                               task_id=self.episode.task_id, instance=slot.name)
-        return AwmObservation(env=slot.env, task_id=self.episode.task_id, instruction=reset["instruction"],
-                              tools=tools, metadata={"reset_ms": reset["reset_ms"],
-                                                     "ungated": reset.get("ungated", False)})
+        self._state = AwmState(episode_id=episode_id or reset["episode_id"], step_count=0, env=self.lease.env,
+                               task_id=self.episode.task_id, instance=self.lease.name)
+        return AwmObservation(env=self.lease.env, task_id=self.episode.task_id, instruction=reset["instruction"],
+                              tools=tools, reset_ms=reset.get("reset_ms"), ungated=reset.get("ungated", False))
 
     async def step_async(self, action: Action, timeout_s: float | None = None, **kwargs: Any) -> Observation:
         episode = self.episode
@@ -120,42 +148,48 @@ class AwmEnvironment(Environment):
         if isinstance(action, CallToolAction):
             out = await episode.call_tool(action.tool_name, action.arguments)
             self._state.step_count = episode.steps
-            observation = CallToolObservation(
+            if episode.exhausted:
+                return await self._finish(None, f"{self.max_steps} tool calls without an answer"
+                                          if episode.infra_error is None else "infrastructure", out.error_kind)
+            return AwmCallToolObservation(
                 tool_name=action.tool_name, result=out.structured if out.structured is not None else out.text,
                 error=ToolError(error_type=_error_type(out.error_kind), message=out.text) if out.is_error else None,
-                metadata={"error_kind": out.error_kind} if out.is_error else {})
-            if episode.exhausted:
-                return await self._finish(None, f"{self.pool.max_steps} tool calls without an answer"
-                                          if episode.infra_error is None else "infrastructure")
-            return observation
+                error_kind=out.error_kind)
         if isinstance(action, AwmAction):
             return await self._finish(action.answer, "answer")
         raise ValueError(f"unsupported action {type(action).__name__}: use list_tools, call_tool or answer")
 
-    async def _finish(self, answer: str | None, why: str) -> AwmObservation:
-        assert self.episode is not None
+    async def _finish(self, answer: str | None, why: str, error_kind: str | None = None) -> AwmObservation:
+        assert self.episode is not None and self.lease is not None
         episode = self.episode
         result: Outcome = await episode.finish(answer, why)
         observation = AwmObservation(
-            done=True, reward=result.reward, env=episode.slot.env, task_id=episode.task_id, verdict=result.verdict,
-            metadata={"masked": result.masked, "mask_reason": result.mask_reason, "ended_by": why,
-                      "reward_components": result.components})
+            done=True, reward=result.reward, env=self.lease.env, task_id=episode.task_id, verdict=result.verdict,
+            masked=result.masked, mask_reason=result.mask_reason, ended_by=result.ended_by,
+            reward_components=result.components, error_kind=error_kind)
         await self._release()
         return observation
 
     async def _release(self) -> None:
-        episode, self.episode = self.episode, None
-        if episode is not None:
-            await episode.close()
-            await self.pool.release(episode.slot)
+        lease, episode = self.lease, self.episode
+        self.lease = self.episode = None
+        if lease is not None:
+            await self.source.release(lease, healthy=episode is None or episode.healthy)
 
     def close(self) -> None:
-        if self.episode is not None:  # a session closed mid-episode: its instance goes back
-            try:
-                asyncio.get_running_loop().create_task(self._release())
-            except RuntimeError:
-                self.pool.release_nowait(self.episode.slot)
-                self.episode = None
+        """A session closed (the client went away, perhaps mid-episode): its instance goes back.
+        OpenEnv calls this from a worker thread: the release runs on the loop the episode uses."""
+        if self.lease is None:
+            return
+        loop = self._loop
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is not None and running is loop:
+            loop.create_task(self._release())
+        elif loop is not None and not loop.is_closed():
+            asyncio.run_coroutine_threadsafe(self._release(), loop)
 
 
 def _error_type(kind: str | None) -> ToolErrorType:
@@ -163,9 +197,42 @@ def _error_type(kind: str | None) -> ToolErrorType:
             "unavailable": ToolErrorType.TRANSPORT_ERROR}.get(kind or "", ToolErrorType.EXECUTION_ERROR)
 
 
-def build_app(pool: InstancePool) -> Any:
-    """OpenEnv's own FastAPI app (HTTP + /ws) serving awm sessions from ``pool``."""
+class _QuietDisconnects(logging.Filter):
+    """Drops uvicorn's "Exception in ASGI application" for a client that went away: a normal end
+    of an OpenEnv session, not an error (anything else is still logged)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and record.getMessage().startswith("Exception in ASGI application"):
+            return not _is_disconnect(record.exc_info[1])
+        return True
+
+
+def _is_disconnect(exc: BaseException | None) -> bool:
+    from starlette.websockets import WebSocketDisconnect
+
+    seen = 0
+    while exc is not None and seen < 10:
+        if isinstance(exc, (WebSocketDisconnect, ConnectionError)) or type(exc).__name__ in (
+                "ClientDisconnected", "ConnectionClosed", "ConnectionClosedOK", "ConnectionClosedError"):
+            return True
+        if isinstance(exc, BaseExceptionGroup):
+            return all(_is_disconnect(e) for e in exc.exceptions)
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return False
+
+
+def build_app(source: InstanceSource, max_steps: int = 30, reward: RewardConfig | None = None,
+              max_sessions: int | None = None) -> Any:
+    """OpenEnv's own FastAPI app (HTTP + /ws) serving awm sessions from ``source``;
+    ``max_sessions`` defaults to the number of instances of a pool."""
     from openenv.core.env_server.http_server import create_fastapi_app
 
-    return create_fastapi_app(lambda: AwmEnvironment(pool), AwmAction, AwmObservation,
-                              max_concurrent_envs=max(pool.size, 1))
+    logging.getLogger("uvicorn.error").addFilter(_QUIET)
+    if max_sessions is None:
+        max_sessions = source.size if isinstance(source, PoolSource) else 64
+    return create_fastapi_app(lambda: AwmEnvironment(source, max_steps, reward), AwmAction, AwmObservation,
+                              max_concurrent_envs=max(max_sessions, 1))
+
+
+_QUIET = _QuietDisconnects()

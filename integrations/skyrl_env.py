@@ -5,7 +5,7 @@ env_config=..., extras=row)``), calls ``init(prompt)`` once and ``step(reply)`` 
 reply of the policy, until ``done``. Here:
 
 * ``init`` claims an instance of the row's environment (``extras["env"]``; the fleet named by
-  ``env_config``: :func:`awm.integrations.instances.instances_from_config`), resets it to the row's
+  ``env_config``: :func:`awm.episode.sources.source_from_config`), resets it to the row's
   task (``extras["task_id"]``) and returns the prompt: a system message with the tools and the
   call format (``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``), then the task's
   instruction;
@@ -29,12 +29,12 @@ from typing import Any
 
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput
 
-from awm.integrations.episode import Episode, Outcome
-from awm.integrations.instances import Slot, instances_from_config
+from awm.episode import toolcalls
+from awm.episode.reward import RewardConfig
+from awm.episode.session import EpisodeSession, Outcome
+from awm.episode.sources import Lease, source_from_config
 from awm.integrations.loop import shared_loop
-from awm.trainer import toolcalls
 from awm.trainer.agent import DEFAULT_SYSTEM
-from awm.trainer.reward import RewardConfig
 
 ENV_ID = "awm"
 
@@ -73,7 +73,8 @@ class AwmTextEnv(BaseTextEnv):
         self.reward_cfg = RewardConfig.from_dict(dict(reward.items()) if reward is not None else None)
         self.max_steps = int(_get(self.env_config, "max_steps") or 30)
         self.loop = shared_loop()
-        self.episode: Episode | None = None
+        self.lease: Lease | None = None
+        self.episode: EpisodeSession | None = None
         self.outcome: Outcome | None = None
 
     def init(self, prompt: Any = None) -> tuple[list[dict[str, str]], dict[str, Any]]:
@@ -81,14 +82,14 @@ class AwmTextEnv(BaseTextEnv):
         assert self.episode is not None
         system = DEFAULT_SYSTEM + "\n\n" + toolcalls.text_tools_prompt(self.episode.tools)
         messages = [{"role": "system", "content": system}, {"role": "user", "content": self.episode.instruction}]
-        return messages, {"env": self.env_name, "task_id": self.episode.task_id, "instance": self.episode.slot.name}
+        return messages, {"env": self.env_name, "task_id": self.episode.task_id, "instance": self.episode.instance}
 
     async def _start(self) -> None:
-        instances = instances_from_config(self.env_config)
-        slot: Slot = await instances.claim(self.env_name)
-        self.episode = Episode(slot, self.reward_cfg, self.max_steps)
+        self.lease = await source_from_config(self.env_config).claim(self.env_name)
+        assert self.lease.handle is not None
+        self.episode = EpisodeSession(self.lease.handle, self.reward_cfg, self.max_steps)
         try:
-            await self.episode.start(self.task_id)
+            await self.episode.reset(self.task_id)
         except BaseException:
             await self._release()
             raise
@@ -118,10 +119,10 @@ class AwmTextEnv(BaseTextEnv):
         return result
 
     async def _release(self) -> None:
-        episode, self.episode = self.episode, None
-        if episode is not None:
-            await episode.close()
-            await instances_from_config(self.env_config).release(episode.slot)
+        lease, episode = self.lease, self.episode
+        self.lease = self.episode = None
+        if lease is not None:
+            await source_from_config(self.env_config).release(lease, healthy=episode is None or episode.healthy)
 
     def close(self) -> None:
         if self.episode is not None:

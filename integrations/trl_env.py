@@ -3,10 +3,10 @@
 TRL (>= 1.x) lets a ``rollout_func(prompts, trainer)`` produce the completions of a batch itself.
 :class:`AwmRollout` is one: every prompt names an awm task, and the ``num_generations`` copies
 of a prompt that TRL's sampler puts next to each other are *one GRPO group*: one group claim of
-instances of the task's environment (:mod:`awm.integrations.instances` - a local fleet's pool or the
-operator's allocation API), reset to the same snapshot, each sample one episode of awm's own
+instances of the task's environment (an :class:`awm.episode.sources.InstanceSource` - a local
+fleet's pool or the operator's allocation API), reset to the same snapshot, each sample one episode of awm's own
 agent loop (:func:`awm.trainer.agent.run_episode`: multi-turn, tool calls over MCP, the verifier's
-verdict, :mod:`awm.trainer.reward`). The policy is the model TRL trains, sampled in process
+verdict, :mod:`awm.episode.reward`). The policy is the model TRL trains, sampled in process
 (:class:`awm.trainer.local_policy.LocalPolicy` sharing its weights), or any awm policy you pass.
 
 What TRL gets back, per sample (one row of the batch):
@@ -32,12 +32,12 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from awm.integrations.instances import Instances
+from awm.episode.reward import RewardConfig
+from awm.episode.sources import InstanceSource
 from awm.integrations.loop import BackgroundLoop, shared_loop
-from awm.trainer.agent import AgentConfig, EnvHandle, run_episode
+from awm.trainer.agent import AgentConfig, run_episode
 from awm.trainer.local_policy import LocalPolicy, SamplingSpec
 from awm.trainer.policy import Policy
-from awm.trainer.reward import RewardConfig
 from awm.trainer.rollout import TaskRef
 from awm.trainer.chatformat import chat_format
 from awm.trainer.samples import episode_sequences, turn_tokens
@@ -92,7 +92,7 @@ class AwmRollout:
     """``rollout_func`` for ``GRPOTrainer``: each run of identical prompts is a GRPO group on a
     group claim of instances. ``instances`` must live on ``loop`` (build it there)."""
 
-    def __init__(self, instances: Instances, *, loop: BackgroundLoop | None = None,
+    def __init__(self, instances: InstanceSource, *, loop: BackgroundLoop | None = None,
                  agent: AgentConfig | None = None, reward: RewardConfig | None = None,
                  sampling: SamplingSpec | None = None, policy: Callable[[Any], Policy] | None = None,
                  scenarios: dict[str, str] | None = None, log: TrajectoryLog | None = None, seed: int = 0) -> None:
@@ -160,24 +160,25 @@ class AwmRollout:
         """``n`` episodes of ``task`` on one group claim; with fewer instances than samples the
         instances take the samples in turns."""
         group_id = uuid.uuid4().hex[:12]
-        slots = await self.instances.claim_group(task.env, n)
+        leases = await self.instances.claim_group(task.env, n)
         self.stats.groups += 1
-        self.stats.group_claims.append(len(slots))
-        handles: list[EnvHandle] = []
+        self.stats.group_claims.append(len(leases))
+        healthy = False
         try:
-            for slot in slots:
-                handles.append(await EnvHandle.connect(slot.mcp_url, slot.control_url, slot.env, slot.name,
-                                                       self.scenarios.get(slot.env, "")))
+            for lease in leases:
+                assert lease.handle is not None
+                lease.handle.scenario = lease.handle.scenario or self.scenarios.get(lease.env, "")
 
             async def lane(j: int) -> list[Trajectory]:
-                return [await run_episode(policy, handles[j], task.task_id, self.agent, self.reward, self.log,
-                                          group_id, i) for i in range(j, n, len(handles))]
+                handle = leases[j].handle
+                assert handle is not None
+                return [await run_episode(policy, handle, task.task_id, self.agent, self.reward, self.log,
+                                          group_id, i) for i in range(j, n, len(leases))]
 
-            lanes = await asyncio.gather(*(lane(j) for j in range(len(handles))))
+            lanes = await asyncio.gather(*(lane(j) for j in range(len(leases))))
+            healthy = all(t.infra_error is None for lane_ in lanes for t in lane_)
         finally:
-            for handle in handles:
-                await handle.close()
-            await self.instances.release(slots)
+            await self.instances.release(leases, healthy=healthy)
         return sorted((t for lane_ in lanes for t in lane_), key=lambda t: t.sample_index)
 
 

@@ -8,12 +8,12 @@ verdict on the instance's final state. So the integration is an agent loop
 (``verl.experimental.agent_loop.AgentLoopBase``), which owns the whole episode:
 
 * the dataset row's ``extra_info`` names the environment and task (``env``, ``task_id``);
-* the loop claims an instance (:func:`awm.integrations.instances.instances_from_config` with the
+* the loop claims an instance (:func:`awm.episode.sources.source_from_config` with the
   ``awm`` settings of the agent-loop config: an ``awm serve --json`` file, or the operator's
   allocation API), resets it and builds the prompt (tools and the ``<tool_call>`` format in the
   system message, the task's instruction) with verl's own tokenization (Continuous Token);
 * each turn the rollout server generates, the reply's tool calls run through MCP
-  (:meth:`awm.integrations.episode.Episode.act`), the results come back as a user message whose
+  (:meth:`awm.episode.session.EpisodeSession.act`), the results come back as a user message whose
   tokens are masked out of the loss (``response_mask`` 0);
 * a reply without a call ends the episode: awm's verdict and reward become ``reward_score``.
   An episode that failed through the environment's fault is *masked*: its ``response_mask`` is
@@ -33,11 +33,11 @@ from uuid import uuid4
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput, register
 
-from awm.integrations.episode import Episode, Outcome
-from awm.integrations.instances import instances_from_config
-from awm.trainer import toolcalls
+from awm.episode import toolcalls
+from awm.episode.reward import RewardConfig
+from awm.episode.session import EpisodeSession, Outcome
+from awm.episode.sources import source_from_config
 from awm.trainer.agent import DEFAULT_SYSTEM
-from awm.trainer.reward import RewardConfig
 
 
 def _settings(awm: Any) -> dict[str, Any]:
@@ -65,18 +65,19 @@ class AwmAgentLoop(AgentLoopBase):
         info = kwargs.get("extra_info") or {}
         if not info.get("env"):
             raise ValueError("an awm sample names its environment and task: extra_info.env, extra_info.task_id")
-        instances = instances_from_config(self.awm)
-        slot = await instances.claim(info["env"])
-        episode = Episode(slot, self.reward, self.max_steps)
+        source = source_from_config(self.awm)
+        lease = await source.claim(info["env"])
+        assert lease.handle is not None
+        episode = EpisodeSession(lease.handle, self.reward, self.max_steps)
         try:
             return await self._episode(episode, info.get("task_id"), sampling_params)
         finally:
-            await episode.close()
-            await instances.release(slot)
+            await source.release(lease, healthy=episode.healthy)
 
-    async def _episode(self, episode: Episode, task_id: str | None, sampling_params: dict[str, Any]) -> AgentLoopOutput:
+    async def _episode(self, episode: EpisodeSession, task_id: str | None,
+                       sampling_params: dict[str, Any]) -> AgentLoopOutput:
         try:
-            await episode.start(task_id)
+            await episode.reset(task_id)
         except Exception as exc:  # noqa: BLE001 - the environment's failure: a masked sample
             outcome = await episode.abort(f"reset failed: {type(exc).__name__}: {exc}")
             ids = self.tokenizer.encode("") or [self.tokenizer.eos_token_id]

@@ -7,7 +7,7 @@ from awm.client import McpSession
 from tests.llm_server import Reply
 from tests.test_trainer_agent import by_turn, env, episode, native  # noqa: F401  (env: fixture)
 from awm.trainer.agent import AgentConfig
-from awm.trainer.calldiff import call_diff
+from awm.episode.calldiff import call_diff
 
 
 def note(id_, archived=False, title="t"):

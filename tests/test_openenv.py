@@ -15,17 +15,18 @@ from tests.conftest import require
 require(importlib.util.find_spec("openenv") is not None, "openenv-core is not installed (the integrations extra)")
 from openenv.core.generic_client import GenericEnvClient  # noqa: E402
 
-from awm.integrations.openenv_server import InstancePool, Slot, build_app  # noqa: E402
+from awm.episode.sources import PoolSource  # noqa: E402
+from awm.integrations.openenv_server import build_app  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 async def server(admin_dsn, notes_bundle):
     async with LocalFleet([notes_bundle], replicas=2, database=Database(admin_dsn)) as fleet:
-        pool = InstancePool([Slot(h.env, h.name, h.mcp_url, h.control_url) for h in fleet.instances], max_steps=3)
+        pool = PoolSource.from_fleet(fleet)
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        srv = uvicorn.Server(uvicorn.Config(build_app(pool), host="127.0.0.1", port=port, log_level="warning"))
+        srv = uvicorn.Server(uvicorn.Config(build_app(pool, max_steps=3), host="127.0.0.1", port=port, log_level="warning"))
         task = asyncio.create_task(srv.serve())
         while not srv.started:
             await asyncio.sleep(0.02)
@@ -51,7 +52,7 @@ async def test_a_whole_episode_through_an_openenv_client(server):
         end = await env.step({"answer": "Added the note."})
         assert end.done and end.reward == 1.0
         assert end.observation["verdict"]["verdict"] == "complete"
-    assert sum(q.qsize() for q in pool.queues.values()) == 2  # the instance went back
+    assert pool.free() == 2  # the instance went back
 
 
 async def test_tool_errors_carry_their_class_and_unanswered_episodes_end(server):
@@ -78,4 +79,4 @@ async def test_concurrent_sessions_each_hold_an_instance(server):
             return (await env.step({"answer": "done"})).reward
 
     assert sorted(await asyncio.gather(episode("ok"), episode("wrong body"))) == [0.0, 1.0]
-    assert sum(q.qsize() for q in pool.queues.values()) == 2
+    assert pool.free() == 2

@@ -16,7 +16,7 @@ from tests.conftest import FIXTURES, require
 require(importlib.util.find_spec("skyrl_gym") is not None, "skyrl-gym is not installed (the skyrl extra)")
 import skyrl_gym  # noqa: E402
 
-from awm.integrations.instances import instances_from_config  # noqa: E402
+from awm.episode.sources import source_from_config  # noqa: E402
 from awm.integrations.loop import shared_loop  # noqa: E402
 from awm.integrations.skyrl_env import AwmTextEnv, register  # noqa: E402
 
@@ -39,7 +39,7 @@ def env_config(admin_dsn, tmp_path_factory):
 
 
 def free(config) -> int:
-    return sum(q.qsize() for q in instances_from_config(config).queues.values())
+    return source_from_config(config).free()
 
 
 def test_a_scripted_episode_through_skyrl_gym_make(env_config):

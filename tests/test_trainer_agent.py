@@ -15,7 +15,7 @@ from awm.trainer import tiny
 from awm.trainer.agent import AgentConfig, EnvHandle, run_episode
 from awm.trainer.chatformat import ChatFormat
 from awm.trainer.policy import OpenAIPolicy, PolicyUnavailable
-from awm.trainer.reward import RewardConfig
+from awm.episode.reward import RewardConfig
 from awm.trainer.samples import episode_sequences
 from awm.trainer.trajectory import TrajectoryLog, read_events, read_trajectories
 

@@ -13,8 +13,8 @@ import torch
 
 from tests.tiny_qwen import MODEL_DIR, lamps_context
 from awm.trainer import awm_format
-from awm.trainer.reward import RewardConfig, score
-from awm.trainer.toolcalls import MalformedCall, ToolCall, parse_text, strip_thinking
+from awm.episode.reward import RewardConfig, score
+from awm.episode.toolcalls import MalformedCall, ToolCall, parse_text, strip_thinking
 
 
 

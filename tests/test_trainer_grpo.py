@@ -7,9 +7,9 @@ import torch
 
 from awm.trainer.grpo import grpo_loss, group_advantages
 from awm.trainer.history import window
-from awm.trainer.reward import RewardConfig, score
+from awm.episode.reward import RewardConfig, score
 from awm.trainer.samples import build_batch, episode_sequences
-from awm.trainer.toolcalls import MalformedCall, ToolCall, parse_native, parse_text, strip_calls
+from awm.episode.toolcalls import MalformedCall, ToolCall, parse_native, parse_text, strip_calls
 from awm.trainer.trajectory import Trajectory, Turn
 
 

@@ -8,7 +8,7 @@ import pytest
 from awm.fleet import Database
 from awm.trainer.agent import AgentConfig
 from awm.trainer.policy import PolicyUnavailable, ReplayPolicy
-from awm.trainer.reward import RewardConfig
+from awm.episode.reward import RewardConfig
 from awm.trainer.rollout import Lease, LocalFleetSource, PoolSource, RolloutConfig, RolloutService, TaskRef
 
 TASKS = [TaskRef("notes", t) for t in ("add_note", "count_notes", "archive_first")]

@@ -23,7 +23,7 @@ from tests.conftest import FIXTURES, require
 
 require(importlib.util.find_spec("trl") is not None, "trl is not installed (the trl extra)")
 
-from awm.integrations.instances import InstancePool  # noqa: E402
+from awm.episode.sources import PoolSource  # noqa: E402
 from awm.integrations.loop import BackgroundLoop  # noqa: E402
 from awm.integrations.trl_env import (AwmRollout, awm_reward, prompt_task, task_dataset, task_prompt,  # noqa: E402
                                   to_sample)
@@ -102,7 +102,7 @@ def test_groups_run_on_group_claims_and_masked_episodes_reach_trl_as_none(fleet,
     """Replayed reference solutions (ReplayPolicy) on live instances: a batch of 2 prompts x 3
     samples is 2 group claims of 3 instances; a task whose verifier crashes is masked (None)."""
     loop, local, bundles = fleet
-    pool = InstancePool.from_fleet(local)
+    pool = PoolSource.from_fleet(local)
     rollout = AwmRollout(pool, loop=loop, policy=lambda trainer: ReplayPolicy(bundles))
     trainer = grpo_trainer(rollout, 3, tmp_path / "trl")
     prompts = [p for p in task_dataset(bundles, [TaskRef("lamps", "green_on"), TaskRef("lamps", "blue_on")])["prompt"]
@@ -118,7 +118,7 @@ def test_groups_run_on_group_claims_and_masked_episodes_reach_trl_as_none(fleet,
     masked = rollout([crash, crash], trainer)
     assert masked["awm_reward"] == [None, None] and masked["awm_verdict"] == ["error", "error"]
     assert rollout.stats.masked == 2
-    assert sum(q.qsize() for q in pool.queues.values()) == 6  # every instance went back
+    assert pool.free() == 6  # every instance went back
 
 
 def test_an_episode_without_a_reply_is_one_masked_token():
@@ -132,5 +132,5 @@ def test_a_history_window_is_refused():
     from awm.trainer.agent import AgentConfig
 
     with pytest.raises(ValueError, match="history_window"):
-        AwmRollout(InstancePool([]), agent=AgentConfig(history_window=2, max_turns=3))
-    AwmRollout(InstancePool([]), agent=AgentConfig(history_window=2, max_turns=2))  # a window that never cuts
+        AwmRollout(PoolSource([]), agent=AgentConfig(history_window=2, max_turns=3))
+    AwmRollout(PoolSource([]), agent=AgentConfig(history_window=2, max_turns=2))  # a window that never cuts

@@ -45,7 +45,7 @@ def lamps_context() -> tuple[str, str, list[dict[str, Any]], list[str]]:
     from awm.authoring import compile_source_dir
     from awm.trainer import awm_format
     from awm.trainer.agent import DEFAULT_SYSTEM
-    from awm.trainer.toolcalls import openai_tools
+    from awm.episode.toolcalls import openai_tools
 
     bundle = compile_source_dir(FIXTURES / "lamps")
     mcp = [{"name": t.name, "description": t.description, "inputSchema": t.input_schema} for t in bundle.tools]

@@ -20,19 +20,19 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
-import httpx
-
-from awm.client import ControlApiError, ControlClient, McpError, McpSession
+from awm.episode import toolcalls
+from awm.episode.reward import RewardConfig
+from awm.episode.session import ENV_ERRORS, EnvHandle, EpisodeSession
 from awm.postgres.snapshot import MAX_DIFF_ROWS
-from awm.trainer import awm_format, toolcalls
-from awm.trainer.calldiff import DiffTracker
+from awm.trainer import awm_format
 from awm.trainer.history import window
 from awm.trainer.policy import ContextExceeded, Policy, PolicyReply, PolicyUnavailable
-from awm.trainer.reward import RewardConfig, score
 from awm.trainer.trajectory import Trajectory, TrajectoryLog, Turn
+
+__all__ = ["AgentConfig", "DEFAULT_SYSTEM", "EnvHandle", "run_episode"]
 
 DEFAULT_SYSTEM = ("You are an agent that completes tasks by calling tools. You are already logged in "
                   "as the user the task is about. Call tools to look things up and make changes; "
@@ -73,72 +73,34 @@ class AgentConfig:
         return cls(**(data or {}))
 
 
-@dataclass
-class EnvHandle:
-    """The two clients of one instance (MCP for the agent, control for us) and its tool list."""
-
-    mcp: McpSession
-    control: ControlClient
-    env: str = ""
-    instance: str = ""
-    scenario: str = ""  # environment description for the system prompt, when known
-    tools: list[dict[str, Any]] = field(default_factory=list)
-
-    @classmethod
-    async def connect(cls, mcp_url: str, control_url: str, env: str = "", instance: str = "",
-                      scenario: str = "", timeout: float = 60.0) -> EnvHandle:
-        mcp = McpSession(mcp_url, timeout=timeout)
-        control = ControlClient(control_url, timeout=timeout)
-        try:
-            await mcp.initialize()
-            tools = await mcp.list_tools()
-            if not env:
-                info = await control.info()
-                env, instance = info.get("env", ""), info.get("instance", "")
-        except BaseException:
-            await mcp.close()
-            await control.close()
-            raise
-        return cls(mcp, control, env, instance, scenario, tools)
-
-    async def close(self) -> None:
-        await self.mcp.close()
-        await self.control.close()
-
-
-class InfraError(RuntimeError):
-    """The instance failed us (transport, control API): the episode is masked."""
-
-
 TurnHook = Callable[[Trajectory, Turn], None]
-_ENV_ERRORS = (McpError, ControlApiError, httpx.HTTPError, ValueError)
 
 
 async def run_episode(policy: Policy, env: EnvHandle, task_id: str, cfg: AgentConfig | None = None,
                       reward_cfg: RewardConfig | None = None, log: TrajectoryLog | None = None,
                       group_id: str | None = None, sample_index: int = 0,
                       on_turn: TurnHook | None = None) -> Trajectory:
-    """Run one episode of ``task_id`` and return its scored trajectory (also written to ``log``)."""
+    """Run one episode of ``task_id`` and return its scored trajectory (also written to ``log``).
+    The instance's side (reset, calls, verdict, reward, masking) is an
+    :class:`~awm.episode.session.EpisodeSession`; this loop owns the policy's turns and the record."""
     cfg = cfg or AgentConfig()
     start = time.perf_counter()
     traj = Trajectory(uuid.uuid4().hex[:16], env.env, task_id, "", policy.name, env.instance, group_id,
                       sample_index, policy.version, history_window=cfg.history_window, started_at=time.time())
-    timings = {"reset_ms": 0.0, "policy_ms": 0.0, "tools_ms": 0.0, "verify_ms": 0.0}
+    session = EpisodeSession(env, reward_cfg, call_diff_rows=cfg.call_diff_rows)
+    timings = {"policy_ms": 0.0, "tools_ms": 0.0}
     try:
-        t0 = time.perf_counter()
-        reset = await env.control.reset(task_id, verify=cfg.verify_reset)
-        timings["reset_ms"] = (time.perf_counter() - t0) * 1000
-        traj.instruction, traj.pristine = reset.get("instruction") or "", reset.get("pristine")
-        traj.episode_id = reset.get("episode_id") or traj.episode_id
-    except _ENV_ERRORS as exc:
-        return _finish(traj, None, f"reset failed: {exc}", timings, start, reward_cfg, log)
+        await session.reset(task_id, verify=cfg.verify_reset)
+    except ENV_ERRORS as exc:
+        return await _finish(traj, session, timings, start, log, abort=f"reset failed: {exc}")
+    traj.instruction, traj.pristine = session.instruction, session.pristine
+    traj.episode_id = session.episode_id or traj.episode_id
     if log:
         log.start(traj)
     traj.messages = _opening(cfg, env, traj.instruction)
     native_tools = toolcalls.openai_tools(env.tools) if cfg.tool_format == "native" else None
     traj.tools = native_tools
     traj.stop_reason = "max_turns"
-    tracker = DiffTracker(cfg.call_diff_rows) if cfg.call_diff_rows else None
     for index in range(cfg.max_turns):
         context = window(traj.messages, cfg.history_window)
         t0 = time.perf_counter()
@@ -150,13 +112,13 @@ async def run_episode(policy: Policy, env: EnvHandle, task_id: str, cfg: AgentCo
                 message = (f"the opening prompt of {traj.env}/{traj.task_id} (system, task and tool list) does not "
                            f"fit the model's context with the requested completion length; lower max_tokens or "
                            f"use a model with a longer context: {exc}")
-                _finish(traj, None, message, timings, start, reward_cfg, log)
+                await _finish(traj, session, timings, start, log, abort=message)
                 raise PolicyUnavailable(message) from exc
             traj.stop_reason = "context_exceeded"
             break
         except PolicyUnavailable as exc:
             traj.stop_reason = "policy_error"
-            _finish(traj, None, f"policy unavailable: {exc}", timings, start, reward_cfg, log)
+            await _finish(traj, session, timings, start, log, abort=f"policy unavailable: {exc}")
             raise
         policy_ms = (time.perf_counter() - t0) * 1000
         timings["policy_ms"] += policy_ms
@@ -171,26 +133,18 @@ async def run_episode(policy: Policy, env: EnvHandle, task_id: str, cfg: AgentCo
             traj.stop_reason = "answer"
             _record_turn(traj, turn, log, on_turn)
             break
-        try:
-            await _execute(env, calls, turn, cfg, tracker)
-        except InfraError as exc:
-            _record_turn(traj, turn, log, on_turn)
-            return _finish(traj, None, str(exc), timings, start, reward_cfg, log)
+        await _execute(session, calls, turn, cfg)
         timings["tools_ms"] += turn.tools_ms
+        if session.infra_error is not None:  # the instance failed us: masked, not verified
+            _record_turn(traj, turn, log, on_turn)
+            return await _finish(traj, session, timings, start, log)
         traj.messages += _result_messages(turn, source, cfg)
         _record_turn(traj, turn, log, on_turn)
         if cfg.stop_on_format_error and any(c.get("malformed") for c in turn.tool_calls):
             traj.stop_reason = "format_error"  # scored reward.format_error, not verified
-            return _finish(traj, {"verdict": "format_error", "reason": "malformed tool call"}, None, timings,
-                           start, reward_cfg, log)
-    try:
-        t0 = time.perf_counter()
-        verdict = await env.control.verify(traj.final_answer)
-        timings["verify_ms"] = (time.perf_counter() - t0) * 1000
-        traj.diff = (await env.control.diff()).get("tables", {})
-    except _ENV_ERRORS as exc:
-        return _finish(traj, None, f"verify failed: {exc}", timings, start, reward_cfg, log)
-    return _finish(traj, verdict, None, timings, start, reward_cfg, log)
+            return await _finish(traj, session, timings, start, log,
+                                 verdict={"verdict": "format_error", "reason": "malformed tool call"})
+    return await _finish(traj, session, timings, start, log, answer=traj.final_answer)
 
 
 def _opening(cfg: AgentConfig, env: EnvHandle, instruction: str) -> list[dict[str, Any]]:
@@ -228,48 +182,35 @@ def _interpret(reply: PolicyReply, index: int, awm: bool = False) -> tuple[list[
     return calls, "text" if calls else "none", {"role": "assistant", "content": reply.content or ""}
 
 
-async def _execute(env: EnvHandle, calls: list[toolcalls.Parsed], turn: Turn, cfg: AgentConfig,
-                   tracker: DiffTracker | None = None) -> None:
+async def _execute(session: EpisodeSession, calls: list[toolcalls.Parsed], turn: Turn, cfg: AgentConfig) -> None:
     awm = cfg.tool_format == "awm"
     limit = 1 if awm else cfg.max_calls_per_turn  # the reference executes one call per turn
     for n, call in enumerate(calls):
         if awm and n < limit:
-            call = _awm_call(env, call, turn, n)
+            call = _awm_call(session, call, turn, n)
             if call is None:
                 continue
         if isinstance(call, toolcalls.MalformedCall):
+            session.note_error("malformed")
+            session.note_malformed()
             turn.results.append({"tool_call_id": call.id, "name": None, "is_error": True,
                                  "error_kind": "malformed", "text": f"malformed tool call: {call.error}", "ms": 0.0})
             continue
         if n >= limit:
+            session.note_error("too_many_calls")
             turn.results.append({"tool_call_id": call.id, "name": call.name, "is_error": True,
                                  "error_kind": "too_many_calls",
                                  "text": f"not executed: at most {limit} call(s) per turn", "ms": 0.0})
             continue
-        t0 = time.perf_counter()
-        try:
-            outcome = await env.mcp.call_tool(call.name, call.arguments)
-        except McpError as exc:
-            # invalid params are the agent's; anything else (-32601: the server lacks tools/call) is ours
-            if "(code -32602)" in str(exc):
-                turn.results.append({"tool_call_id": call.id, "name": call.name, "is_error": True,
-                                     "error_kind": "invalid_arguments", "text": str(exc), "ms": 0.0})
-                continue
-            raise InfraError(f"tool call {call.name} failed: {exc}") from exc
-        ms = (time.perf_counter() - t0) * 1000
-        turn.tools_ms += ms
-        result = {"tool_call_id": call.id, "name": call.name, "is_error": outcome.is_error,
-                  "error_kind": outcome.error_kind, "text": outcome.text, "ms": round(ms, 3)}
-        if tracker is not None and not outcome.is_error:  # a failed call's writes are rolled back
-            try:
-                result["diff"] = await tracker.after_call(env.control)
-            except _ENV_ERRORS as exc:  # only the record is lost: the call itself succeeded
-                result["diff_error"] = str(exc)
-        turn.results.append(result)
+        result = await session.call_tool(call.name, call.arguments)
+        turn.tools_ms += result.ms
+        turn.results.append(result.record(call.id))
+        if session.infra_error is not None:  # the rest of the turn is not run on a broken instance
+            break
     turn.tools_ms = round(turn.tools_ms, 3)
 
 
-def _awm_call(env: EnvHandle, call: toolcalls.Parsed, turn: Turn, n: int) -> toolcalls.Parsed | None:
+def _awm_call(session: EpisodeSession, call: toolcalls.Parsed, turn: Turn, n: int) -> toolcalls.Parsed | None:
     """A meta-tool call of the AWM format: ``list_tools`` is answered here (None: done), ``call_tool``
     becomes the real tool's call, anything else is an unknown tool (the agent's error)."""
     resolved = awm_format.resolve(call)
@@ -279,10 +220,11 @@ def _awm_call(env: EnvHandle, call: toolcalls.Parsed, turn: Turn, n: int) -> too
     kind, real = resolved
     if kind == "list":
         turn.results.append({"tool_call_id": call.id, "name": awm_format.LIST_TOOLS, "is_error": False,
-                             "error_kind": None, "text": awm_format.list_tools_text(env.tools), "ms": 0.0})
+                             "error_kind": None, "text": awm_format.list_tools_text(session.tools), "ms": 0.0})
         return None
-    if kind == "unknown" or real is None or real.name not in {t["name"] for t in env.tools}:
+    if kind == "unknown" or real is None or real.name not in {t["name"] for t in session.tools}:
         name = real.name if real is not None else getattr(call, "name", "")
+        session.note_error("tool_error")
         turn.results.append({"tool_call_id": call.id, "name": name, "is_error": True, "error_kind": "tool_error",
                              "text": f"Unknown tool {name!r}: list_tools names the tools, call_tool calls one",
                              "ms": 0.0})
@@ -312,18 +254,24 @@ def _record_turn(traj: Trajectory, turn: Turn, log: TrajectoryLog | None, hook: 
         hook(traj, turn)
 
 
-def _finish(traj: Trajectory, verdict: dict[str, Any] | None, infra_error: str | None, timings: dict[str, float],
-            start: float, reward_cfg: RewardConfig | None, log: TrajectoryLog | None) -> Trajectory:
-    if infra_error and traj.stop_reason != "policy_error":
+async def _finish(traj: Trajectory, session: EpisodeSession, timings: dict[str, float], start: float,
+                  log: TrajectoryLog | None, *, answer: str | None = None, abort: str | None = None,
+                  verdict: dict[str, Any] | None = None) -> Trajectory:
+    """End the episode through the session (verify, or ``abort`` as the environment's failure, or
+    the given ``verdict``) and copy its verdict, reward and masking into the trajectory."""
+    if abort is not None:
+        outcome = await session.abort(abort)
+    else:
+        outcome = await session.finish(answer, traj.stop_reason, verdict=verdict, diff=True)
+    if outcome.infra_error and traj.stop_reason != "policy_error":
         traj.stop_reason = "infra_error"
-    traj.infra_error = infra_error
-    traj.verdict = verdict or {"verdict": "error", "error_kind": "infra", "reason": infra_error or ""}
-    kinds = [r["error_kind"] for t in traj.turns for r in t.results if r["is_error"] and r["error_kind"]]
-    malformed = sum(1 for t in traj.turns for c in t.tool_calls if c.get("malformed"))
-    result = score(verdict, kinds, malformed, infra_error, reward_cfg)
-    traj.reward, traj.masked, traj.mask_reason, traj.reward_components = (
-        result.reward, result.masked, result.mask_reason, result.components)
-    timings["wall_ms"] = (time.perf_counter() - start) * 1000
+    traj.infra_error = outcome.infra_error
+    traj.verdict = outcome.verdict
+    traj.diff = session.diff
+    traj.reward = 0.0 if outcome.reward is None else outcome.reward
+    traj.masked, traj.mask_reason, traj.reward_components = outcome.masked, outcome.mask_reason, outcome.components
+    timings = {"reset_ms": session.timings["reset_ms"], **timings, "verify_ms": session.timings["verify_ms"],
+               "wall_ms": (time.perf_counter() - start) * 1000}
     traj.timings = {k: round(v, 3) for k, v in timings.items()}
     if log:
         log.end(traj)

@@ -276,13 +276,13 @@ def eval_command(
                user_base_url, user_model, benchmark_config)
         return
     from awm import catalog as catalog_mod
-    from awm.fleet import Database
+    from awm.episode.allocation import OperatorSettings
+    from awm.episode.reward import RewardConfig
+    from awm.episode.sources import run_source
     from awm.trainer import eval as ev
     from awm.trainer.agent import AgentConfig
     from awm.trainer.policy import OpenAIPolicy, PolicyUnavailable
-    from awm.trainer.reward import RewardConfig
-    from awm.trainer.k8s_source import KubernetesSettings, KubernetesSource, ProgressReporter
-    from awm.trainer.rollout import LocalFleetSource
+    from awm.trainer.k8s_source import ProgressReporter
     from awm.trainer.trajectory import TrajectoryLog
 
     try:
@@ -318,7 +318,7 @@ def eval_command(
             console.print(f"  {score.env}/{score.task_id}: {score.complete}/{score.samples} complete"
                           f"{f', {score.masked} masked' if score.masked else ''}")
 
-    k8s = KubernetesSettings.from_env()  # inside a campaign's Job: the campaign's fleet
+    k8s = OperatorSettings.from_env()  # inside a campaign's Job: the campaign's fleet
     reporter = ProgressReporter(k8s) if k8s is not None and k8s.campaign else None
     done: list[Any] = []
 
@@ -330,22 +330,14 @@ def eval_command(
 
     async def run() -> list[Any]:
         log = TrajectoryLog(out / "trajectories.jsonl")
-        database = None
         try:
-            if k8s is not None:
-                scenarios = {b.name: b.scenario.description for b in bundles}
-                async with KubernetesSource(k8s, [b.name for b in bundles], replicas, k, scenarios) as source:
-                    return await ev.evaluate(source, policy, tasks, k, cfg, RewardConfig(), log, on_task)
-            database = await asyncio.to_thread(Database.open, database_url)
-            async with LocalFleetSource(bundles, replicas, database, **serving) as source:
+            async with run_source(bundles, replicas, k, database_url=database_url, settings=k8s, **serving) as source:
                 return await ev.evaluate(source, policy, tasks, k, cfg, RewardConfig(), log, on_task)
         finally:
             await policy.close()
             log.close()
             if reporter is not None:
                 await reporter.aclose()
-            if database is not None:
-                await asyncio.to_thread(database.close)
 
     if not as_json:
         console.print(f"awm eval: {name} · {len(tasks)} tasks × k={k} · {len(bundles)} environments")

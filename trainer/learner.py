@@ -414,13 +414,14 @@ async def train(cfg: TrainConfig, on_step: StepHook | None = None) -> TrainResul
 
 async def _train(cfg: TrainConfig, on_step: StepHook | None, coordinator: Coordinator | None) -> TrainResult:
     from awm import catalog as catalog_mod
-    from awm.fleet import Database
+    from awm.episode.allocation import OperatorSettings
+    from awm.episode.sources import run_source
     from awm.trainer.agent import DEFAULT_SYSTEM
-    from awm.trainer.k8s_source import KubernetesSettings, KubernetesSource, ProgressReporter
+    from awm.trainer.k8s_source import ProgressReporter
     from awm.trainer.local_policy import LocalPolicy
     from awm.trainer.metrics import JsonlLog, TrainMetrics, plot_reward_curve
     from awm.trainer.eval import select_tasks
-    from awm.trainer.rollout import LocalFleetSource, RolloutService
+    from awm.trainer.rollout import RolloutService
     from awm.trainer.trajectory import TrajectoryLog
 
     random.seed(cfg.seed)
@@ -462,16 +463,10 @@ async def _train(cfg: TrainConfig, on_step: StepHook | None, coordinator: Coordi
         log.info("resuming at step %d: dropped %d metric records written after that checkpoint",
                  start_step + 1, dropped)
     traj_log = TrajectoryLog(run_dir / "trajectories.jsonl")
-    k8s = KubernetesSettings.from_env()
-    database = None
+    k8s = OperatorSettings.from_env()
     reporter = ProgressReporter(k8s) if k8s is not None and k8s.campaign else None
-    source: Any
-    if k8s is not None:
-        source = KubernetesSource(k8s, [b.name for b in bundles], cfg.replicas, cfg.rollout.group_size,
-                                  {b.name: b.scenario.description for b in bundles})
-    else:
-        database = await asyncio.to_thread(Database.open, cfg.database_url)
-        source = LocalFleetSource(bundles, cfg.replicas, database, **cfg.serving())
+    source = run_source(bundles, cfg.replicas, cfg.rollout.group_size, database_url=cfg.database_url, settings=k8s,
+                        **cfg.serving())
     server = None
     if cfg.policy.kind == "vllm":
         policy, server = await _vllm_policy(cfg, tokenizer, learner.version, run_dir)
@@ -527,8 +522,6 @@ async def _train(cfg: TrainConfig, on_step: StepHook | None, coordinator: Coordi
             await asyncio.to_thread(server.stop)
         if reporter is not None:
             await reporter.aclose()
-        if database is not None:
-            await asyncio.to_thread(database.close)
         records = metrics_log.read()
         if records:  # a run that failed part way still shows its curve so far
             plot_reward_curve(records, run_dir / "reward_curve.png")

@@ -1,9 +1,9 @@
 """The rollout service: workers claim env instances, run episodes concurrently, and stream
 finished GRPO groups to the learner with bounded staleness.
 
-* :class:`InstanceSource` is where instances come from. :class:`LocalFleetSource` serves them
-  with :class:`awm.fleet.LocalFleet`; :class:`PoolSource` takes instances already running
-  (URLs); :class:`awm.trainer.k8s_source.KubernetesSource` claims them from the operator's fleet.
+* Instances come from an :class:`awm.episode.sources.InstanceSource` (a local fleet, running
+  instances, or an EnvFleet's claims held for the run: :func:`awm.episode.sources.run_source`
+  chooses); each episode is :func:`awm.trainer.agent.run_episode` on one claimed instance.
 * A *group* is G episodes of one task, each on an instance reset to the task's snapshot (the
   reset engine makes every reset identical; ``verify_reset`` checksums it too). GRPO compares
   the G rewards, so they must differ only by the policy's sampling.
@@ -16,202 +16,26 @@ finished GRPO groups to the learner with bounded staleness.
 
 from __future__ import annotations
 
-import abc
 import asyncio
 import contextlib
 import logging
 import random
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
-from awm.bundle import EnvBundle
-from awm.trainer.agent import AgentConfig, EnvHandle, run_episode
+from awm.episode.reward import RewardConfig
+from awm.episode.sources import InstanceSource, InstancesUnavailable, Lease, LocalFleetSource, PoolSource
+from awm.trainer.agent import AgentConfig, run_episode
 from awm.trainer.policy import Policy, PolicyUnavailable
-from awm.trainer.reward import RewardConfig
 from awm.trainer.trajectory import Trajectory, TrajectoryLog
 
 log = logging.getLogger("awm.trainer.rollout")
 
-
-@dataclass
-class Lease:
-    """One claimed instance; the source keeps its connected clients between claims."""
-
-    env: str
-    name: str
-    mcp_url: str
-    control_url: str
-    scenario: str = ""
-    handle: EnvHandle | None = field(default=None, repr=False)
-
-
-class InstancesUnavailable(RuntimeError):
-    """No instance of an environment could be used for a long while: the fleet, not an episode,
-    is broken, and the run stops with what it finished."""
-
-
-class InstanceSource(abc.ABC):
-    """Where episodes get instances: claim one of an environment, give it back after the episode."""
-
-    @abc.abstractmethod
-    def envs(self) -> list[str]: ...
-
-    @abc.abstractmethod
-    async def claim(self, env: str) -> Lease:
-        """An instance of ``env`` that nobody else uses until :meth:`release` (waits if none is free)."""
-
-    @abc.abstractmethod
-    async def release(self, lease: Lease, healthy: bool = True) -> None:
-        """Give the instance back; ``healthy=False`` means it failed us and must be checked first."""
-
-    async def close(self) -> None:
-        return None
-
-
-class PoolSource(InstanceSource):
-    """A fixed set of running instances (e.g. from ``awm serve --json``)."""
-
-    def __init__(self, leases: list[Lease], ready_timeout_s: float = 120.0, claim_timeout_s: float = 600.0) -> None:
-        self._queues: dict[str, asyncio.Queue[Lease]] = {}
-        self._all = list(leases)
-        self._checks: set[asyncio.Task[None]] = set()
-        self.ready_timeout_s = ready_timeout_s
-        self.claim_timeout_s = claim_timeout_s
-        self._leased: dict[str, int] = {}  # per environment: instances claimed and not yet released
-        for lease in leases:
-            self._queues.setdefault(lease.env, asyncio.Queue()).put_nowait(lease)
-
-    def envs(self) -> list[str]:
-        return list(self._queues)
-
-    def capacity(self, env: str) -> int:
-        return sum(1 for lease in self._all if lease.env == env)
-
-    async def claim(self, env: str) -> Lease:
-        """A connected instance of ``env``. One that cannot be reached goes to a background check
-        and the next one is tried: a dead instance is our failure, never the episode's. Waiting
-        while others use every instance is normal; when none of ``env``'s instances is in use or
-        free for ``claim_timeout_s`` (all are down): :class:`InstancesUnavailable`."""
-        if env not in self._queues:
-            raise KeyError(f"no instances of environment {env!r}")
-        queue = self._queues[env]
-        down_since: float | None = None
-        last = "every instance is being checked"
-        while True:
-            now = time.monotonic()
-            if self._leased.get(env, 0) or not queue.empty():
-                down_since = None  # the pool works: others hold the instances, or one is free
-            elif down_since is None:
-                down_since = now
-            elif now - down_since >= self.claim_timeout_s:
-                raise InstancesUnavailable(f"no instance of {env!r} could be used for {self.claim_timeout_s:g} s "
-                                           f"(last: {last})")
-            try:
-                async with asyncio.timeout(min(5.0, self.claim_timeout_s)):
-                    lease = await queue.get()
-            except TimeoutError:
-                continue
-            if lease.handle is not None:
-                self._leased[env] = self._leased.get(env, 0) + 1
-                return lease
-            try:
-                lease.handle = await EnvHandle.connect(lease.mcp_url, lease.control_url, lease.env, lease.name,
-                                                       lease.scenario)
-                self._leased[env] = self._leased.get(env, 0) + 1
-                return lease
-            except asyncio.CancelledError:
-                self._queues[env].put_nowait(lease)
-                raise
-            except Exception as exc:  # noqa: BLE001 - that instance is checked again; try the next
-                last = f"{lease.name}: {type(exc).__name__}: {exc}"
-                log.warning("instance %s cannot be reached (%s); trying another", lease.name, last)
-                self._recheck(lease)
-
-    async def release(self, lease: Lease, healthy: bool = True) -> None:
-        self._leased[lease.env] = max(self._leased.get(lease.env, 0) - 1, 0)
-        if healthy:
-            self._queues[lease.env].put_nowait(lease)
-        else:
-            self._recheck(lease)
-
-    def _recheck(self, lease: Lease) -> None:
-        """Drop the connection, then :meth:`_revive` the instance in the background."""
-        async def check() -> None:
-            handle, lease.handle = lease.handle, None
-            if handle is not None:
-                with contextlib.suppress(Exception):
-                    await handle.close()
-            await self._revive(lease)
-
-        task = asyncio.get_running_loop().create_task(check())
-        self._checks.add(task)
-        task.add_done_callback(self._checks.discard)
-
-    async def _wait_ready(self, lease: Lease) -> bool:
-        """Whether the instance answers /readyz within ``ready_timeout_s`` (it may be restarting)."""
-        from awm.client import ControlClient
-
-        control = ControlClient(lease.control_url, timeout=5)
-        deadline = time.monotonic() + self.ready_timeout_s
-        try:
-            while time.monotonic() < deadline:
-                if await control.ready():
-                    return True
-                await asyncio.sleep(0.2)
-            return False
-        finally:
-            await control.close()
-
-    async def _revive(self, lease: Lease) -> None:
-        """Return an instance that failed us to the pool once it is ready again (a local fleet
-        restarts dead instances; a source that can replace instances overrides this). Until it
-        answers it stays out of the pool: handing out a dead instance would fail the next claim."""
-        while not await self._wait_ready(lease):
-            log.warning("instance %s is still not ready after %g s; it stays out of the pool", lease.name,
-                        self.ready_timeout_s)
-        self._queues[lease.env].put_nowait(lease)
-
-    async def close(self) -> None:
-        for task in list(self._checks):
-            task.cancel()
-        for lease in self._all:
-            if lease.handle is not None:
-                with contextlib.suppress(Exception):
-                    await lease.handle.close()
-                lease.handle = None
-
-
-class LocalFleetSource(PoolSource):
-    """Instances served on this machine by a :class:`~awm.fleet.LocalFleet` (started here)."""
-
-    def __init__(self, bundles: list[EnvBundle], replicas: int, database: Any = None, verifier_workers: int = 1,
-                 **serving: Any) -> None:
-        """``serving``: the fleet's judge, verifier_kind and allow_ungated (awm.fleet.LocalFleet)."""
-        super().__init__([])
-        from awm.fleet import LocalFleet
-
-        self.fleet = LocalFleet(bundles, replicas=replicas, database=database, verifier_workers=verifier_workers,
-                                **serving)
-        self._scenarios = {b.name: b.scenario.description for b in bundles}
-
-    async def start(self) -> LocalFleetSource:
-        await self.fleet.start()
-        leases = [Lease(h.env, h.name, h.mcp_url, h.control_url, self._scenarios.get(h.env, ""))
-                  for h in self.fleet.instances]
-        PoolSource.__init__(self, leases)
-        return self
-
-    async def __aenter__(self) -> LocalFleetSource:
-        return await self.start()
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-    async def close(self) -> None:
-        await super().close()
-        await self.fleet.stop()
+# The sources are the episode layer's; these names stay importable from here for the trainer's users.
+__all__ = ["Group", "InstanceSource", "InstancesUnavailable", "Lease", "LocalFleetSource", "PoolSource",
+           "RolloutConfig", "RolloutService", "TaskRef"]
 
 
 @dataclass(frozen=True)

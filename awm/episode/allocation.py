@@ -1,4 +1,9 @@
-"""A trainer's client of the operator's allocation API (httpx only: no kopf, no Kubernetes client).
+"""The client of the operator's allocation API (httpx only: no kopf, no Kubernetes client), and
+where a run finds the operator (:class:`OperatorSettings`).
+
+It is in the core, not in ``awm_operator``: the trainer, the framework adapters and the UI claim
+instances through it without importing the operator (the operator re-exports it as
+``awm_operator.client``).
 
     async with AllocationClient("http://awm-operator:8080", namespace="rl", fleet="train") as alloc:
         claim = await alloc.claim(count=64, group_size=8)     # 8 GRPO groups of 8
@@ -11,13 +16,50 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Mapping
 
 import httpx
 
 
 SA_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
+SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+ENV_OPERATOR_URL = "AWM_OPERATOR_URL"
+ENV_NAMESPACE = "AWM_NAMESPACE"
+ENV_FLEET = "AWM_FLEET"
+ENV_CAMPAIGN = "AWM_CAMPAIGN"
+
+
+@dataclass(frozen=True)
+class OperatorSettings:
+    """Where the operator is and which fleet (and campaign) the run belongs to."""
+
+    operator_url: str
+    namespace: str
+    fleet: str
+    campaign: str | None = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "OperatorSettings | None":
+        """The settings a campaign's Job gets, or None outside one (then runs use a local fleet)."""
+        e = os.environ if env is None else env
+        url, fleet = e.get(ENV_OPERATOR_URL), e.get(ENV_FLEET)
+        if not url or not fleet:
+            return None
+        namespace = e.get(ENV_NAMESPACE)
+        if not namespace and SA_NAMESPACE.is_file():
+            namespace = SA_NAMESPACE.read_text().strip()
+        return cls(url.rstrip("/"), namespace or "default", fleet, e.get(ENV_CAMPAIGN) or None)
+
+    @property
+    def holder(self) -> str | None:
+        """The holder a campaign's claims carry (``campaign/<name>``), so that a retried Job
+        can release what its crashed predecessor still held."""
+        return f"campaign/{self.campaign}" if self.campaign else None
+
+    def client(self) -> "AllocationClient":
+        return AllocationClient(self.operator_url, self.namespace, self.fleet)
 
 
 def bearer() -> dict[str, str]:

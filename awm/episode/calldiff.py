@@ -3,8 +3,8 @@
 The env server's ``GET /diff?rows=N`` answers what changed since the reset (the snapshot). Taken
 after every tool call that changed something, two consecutive answers give that call's own
 change: a row whose value after the previous call differs from its value now was inserted,
-updated or deleted by this call. This is done here, in the trainer, because the env server does
-not know where one call of the agent's ends for the viewer (and keeping per-call history there
+updated or deleted by this call. This is done here, on the agent's side (the episode session),
+because the env server does not know where one call of the agent's ends for the viewer (and keeping per-call history there
 would cost every episode memory whether anyone looks or not).
 
 Tables with a primary key are matched by key. Tables without one are multisets of rows: a row

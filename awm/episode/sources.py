@@ -1,0 +1,605 @@
+"""Where episodes get instances: one contract, three places instances come from, and the one
+function that decides between them.
+
+    source.claim(E)          -> Lease                one instance of environment E
+    source.claim_group(E, G) -> [Lease] * <= G       G instances of E, claimed whole (a GRPO group)
+    source.release(leases, healthy=...)              back to the source (unhealthy: checked first)
+
+Every lease comes connected (:class:`~awm.episode.session.EnvHandle`: an MCP session and a
+control client), so an :class:`~awm.episode.session.EpisodeSession` can start on it at once.
+
+* :class:`PoolSource` - instances already running: a :class:`~awm.fleet.LocalFleet`'s, or the
+  lines ``awm serve --json`` prints. An instance that cannot be reached goes to a background
+  check and the next one is tried (a dead instance is our failure, never an episode's); a group
+  is claimed whole under a lock, never piecemeal (two groups holding half the pool each would
+  wait for each other forever); a group may be smaller than asked when the pool is.
+* :class:`LocalFleetSource` - a pool of instances this process starts (:class:`~awm.fleet.LocalFleet`).
+* :class:`HeldClaimsSource` - a pool of an EnvFleet's instances claimed from the operator's
+  allocation API once, at start (per environment, as GRPO groups), renewed while the run lasts,
+  a lost instance replaced by a fresh claim; every episode resets its instance itself, so nothing
+  goes back to the operator between episodes. What a training or evaluation run uses.
+* :class:`OperatorSource` - one operator claim per :meth:`~InstanceSource.claim` (one group
+  claim per :meth:`~InstanceSource.claim_group`); releasing it makes the operator reset the
+  instances and return them to the fleet. What a framework adapter uses, whose episodes come and
+  go at the framework's pace.
+
+:func:`run_source` decides for a run (inside a Campaign's Job: the campaign's fleet; elsewhere a
+local fleet); :func:`source_from_config` decides for an adapter's configuration. The interface
+claims *by environment*: a source that binds environments late (an operator that starts an
+environment's instances on its first claim) fits behind the same two calls.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import httpx
+
+from awm.episode.allocation import AllocationClient, AllocationError, OperatorSettings
+from awm.episode.session import EnvHandle
+
+log = logging.getLogger("awm.episode.sources")
+
+
+@dataclass
+class Lease:
+    """One claimed instance: its environment, name and URLs, the operator claim it is in (if
+    any) and its connected clients (kept by a pool between claims)."""
+
+    env: str
+    name: str
+    mcp_url: str
+    control_url: str
+    scenario: str = ""
+    claim_id: str | None = None
+    handle: EnvHandle | None = field(default=None, repr=False)
+
+    async def connect(self) -> EnvHandle:
+        if self.handle is None:
+            self.handle = await EnvHandle.connect(self.mcp_url, self.control_url, self.env, self.name, self.scenario)
+        return self.handle
+
+    async def disconnect(self) -> None:
+        handle, self.handle = self.handle, None
+        if handle is not None:
+            with contextlib.suppress(Exception):
+                await handle.close()
+
+
+class InstancesUnavailable(RuntimeError):
+    """No instance of an environment could be used for a long while: the fleet, not an episode,
+    is broken, and the run stops with what it finished."""
+
+
+def _leases(leases: Lease | list[Lease]) -> list[Lease]:
+    return [leases] if isinstance(leases, Lease) else list(leases)
+
+
+class InstanceSource(abc.ABC):
+    """Where episodes get instances: claim one (or a group) of an environment, give them back."""
+
+    @abc.abstractmethod
+    def envs(self) -> list[str]: ...
+
+    @abc.abstractmethod
+    async def claim(self, env: str | None = None) -> Lease:
+        """A connected instance of ``env`` that nobody else uses until :meth:`release` (waits if
+        none is free); ``None``: the environments in turn."""
+
+    @abc.abstractmethod
+    async def claim_group(self, env: str, size: int) -> list[Lease]:
+        """``size`` connected instances of ``env`` at once (fewer when the source has fewer:
+        the caller then runs its samples on them in turns)."""
+
+    @abc.abstractmethod
+    async def release(self, leases: Lease | list[Lease], healthy: bool = True) -> None:
+        """Give instances back; ``healthy=False``: one failed us and must be checked first."""
+
+    async def close(self) -> None:
+        return None
+
+    async def __aenter__(self) -> InstanceSource:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class _RoundRobin:
+    def __init__(self) -> None:
+        self._turn = itertools.count()
+
+    def pick(self, envs: list[str]) -> str:
+        if not envs:
+            raise ValueError("no environments to claim from")
+        return envs[next(self._turn) % len(envs)]
+
+
+class PoolSource(InstanceSource):
+    """A set of running instances (e.g. a local fleet's, or ``awm serve --json``'s lines)."""
+
+    def __init__(self, leases: list[Lease], ready_timeout_s: float = 120.0, claim_timeout_s: float = 600.0) -> None:
+        self._queues: dict[str, asyncio.Queue[Lease]] = {}
+        self._all: list[Lease] = []
+        self._checks: set[asyncio.Task[None]] = set()
+        self.ready_timeout_s = ready_timeout_s
+        self.claim_timeout_s = claim_timeout_s
+        self._leased: dict[str, int] = {}  # per environment: instances claimed and not yet released
+        self._group_lock: asyncio.Lock | None = None
+        self._turns = _RoundRobin()
+        for lease in leases:
+            self._add(lease)
+
+    @classmethod
+    def from_fleet(cls, fleet: Any, scenarios: Mapping[str, str] | None = None, **settings: Any) -> PoolSource:
+        """The instances of a started :class:`~awm.fleet.LocalFleet`."""
+        scenarios = scenarios or {}
+        return cls([Lease(h.env, h.name, h.mcp_url, h.control_url, scenarios.get(h.env, "")) for h in fleet.instances],
+                   **settings)
+
+    @classmethod
+    def from_json_lines(cls, path: str | Path, **settings: Any) -> PoolSource:
+        """The instances ``awm serve --json`` printed (one JSON object per line)."""
+        leases = []
+        for line in Path(path).read_text().splitlines():
+            if line.strip().startswith("{"):
+                data = json.loads(line)
+                leases.append(Lease(data["env"], data["instance"], data["mcp_url"], data["control_url"]))
+        if not leases:
+            raise ValueError(f"{path}: no instances (expected the lines of `awm serve --json`)")
+        return cls(leases, **settings)
+
+    def _add(self, lease: Lease) -> None:
+        self._all.append(lease)
+        self._queues.setdefault(lease.env, asyncio.Queue()).put_nowait(lease)
+
+    @property
+    def size(self) -> int:
+        return len(self._all)
+
+    def envs(self) -> list[str]:
+        return sorted(self._queues)
+
+    def capacity(self, env: str) -> int:
+        return sum(1 for lease in self._all if lease.env == env)
+
+    def free(self, env: str | None = None) -> int:
+        """Instances waiting in the pool now (of ``env``, or of all environments)."""
+        return sum(q.qsize() for e, q in self._queues.items() if env is None or e == env)
+
+    async def claim(self, env: str | None = None) -> Lease:
+        """A connected instance of ``env``. Waiting while others use every instance is normal;
+        when none of ``env``'s instances is in use or free for ``claim_timeout_s`` (all are
+        down): :class:`InstancesUnavailable`."""
+        env = self._turns.pick(self.envs()) if env is None else env
+        if env not in self._queues:
+            raise KeyError(f"no instances of environment {env!r} (serving: {', '.join(self.envs()) or 'none'})")
+        queue = self._queues[env]
+        down_since: float | None = None
+        last = "every instance is being checked"
+        while True:
+            now = time.monotonic()
+            if self._leased.get(env, 0) or not queue.empty():
+                down_since = None  # the pool works: others hold the instances, or one is free
+            elif down_since is None:
+                down_since = now
+            elif now - down_since >= self.claim_timeout_s:
+                raise InstancesUnavailable(f"no instance of {env!r} could be used for {self.claim_timeout_s:g} s "
+                                           f"(last: {last})")
+            try:
+                async with asyncio.timeout(min(5.0, self.claim_timeout_s)):
+                    lease = await queue.get()
+            except TimeoutError:
+                continue
+            try:
+                await lease.connect()
+            except asyncio.CancelledError:
+                queue.put_nowait(lease)
+                raise
+            except Exception as exc:  # noqa: BLE001 - that instance is checked again; try the next
+                last = f"{lease.name}: {type(exc).__name__}: {exc}"
+                log.warning("instance %s cannot be reached (%s); trying another", lease.name, last)
+                self._recheck(lease)
+                continue
+            self._leased[env] = self._leased.get(env, 0) + 1
+            return lease
+
+    async def claim_group(self, env: str, size: int) -> list[Lease]:
+        """``size`` instances of ``env``, or all it has if fewer, claimed whole."""
+        if self._group_lock is None:
+            self._group_lock = asyncio.Lock()
+        async with self._group_lock:
+            got: list[Lease] = []
+            try:
+                for _ in range(min(size, max(self.capacity(env), 1))):
+                    got.append(await self.claim(env))
+            except BaseException:
+                await self.release(got)
+                raise
+            return got
+
+    async def release(self, leases: Lease | list[Lease], healthy: bool = True) -> None:
+        for lease in _leases(leases):
+            self.release_nowait(lease, healthy)
+
+    def release_nowait(self, lease: Lease, healthy: bool = True) -> None:
+        self._leased[lease.env] = max(self._leased.get(lease.env, 0) - 1, 0)
+        if healthy:
+            self._queues[lease.env].put_nowait(lease)
+        else:
+            self._recheck(lease)
+
+    def _recheck(self, lease: Lease) -> None:
+        """Drop the connection, then :meth:`_revive` the instance in the background."""
+        async def check() -> None:
+            await lease.disconnect()
+            await self._revive(lease)
+
+        task = asyncio.get_running_loop().create_task(check())
+        self._checks.add(task)
+        task.add_done_callback(self._checks.discard)
+
+    async def _wait_ready(self, lease: Lease) -> bool:
+        """Whether the instance answers /readyz within ``ready_timeout_s`` (it may be restarting)."""
+        from awm.client import ControlClient
+
+        control = ControlClient(lease.control_url, timeout=5)
+        deadline = time.monotonic() + self.ready_timeout_s
+        try:
+            while time.monotonic() < deadline:
+                if await control.ready():
+                    return True
+                await asyncio.sleep(0.2)
+            return False
+        finally:
+            await control.close()
+
+    async def _revive(self, lease: Lease) -> None:
+        """Return an instance that failed us to the pool once it is ready again (a local fleet
+        restarts dead instances; a source that can replace instances overrides this). Until it
+        answers it stays out of the pool: handing out a dead instance would fail the next claim."""
+        while not await self._wait_ready(lease):
+            log.warning("instance %s is still not ready after %g s; it stays out of the pool", lease.name,
+                        self.ready_timeout_s)
+        self._queues[lease.env].put_nowait(lease)
+
+    async def close(self) -> None:
+        for task in list(self._checks):
+            task.cancel()
+        for lease in self._all:
+            await lease.disconnect()
+
+
+class LocalFleetSource(PoolSource):
+    """Instances served on this machine by a :class:`~awm.fleet.LocalFleet` (started here).
+
+    ``database``: where the instance databases live; without one, :meth:`start` opens
+    ``database_url`` (else ``AWM_DATABASE_URL``, else the embedded server) and :meth:`close`
+    closes it again."""
+
+    def __init__(self, bundles: list[Any], replicas: int, database: Any = None, verifier_workers: int = 1,
+                 database_url: str | None = None, **serving: Any) -> None:
+        """``serving``: the fleet's judge, verifier_kind and allow_ungated (awm.fleet.LocalFleet)."""
+        super().__init__([])
+        from awm.fleet import LocalFleet
+
+        self.fleet = LocalFleet(bundles, replicas=replicas, database=database, verifier_workers=verifier_workers,
+                                **serving)
+        self._scenarios = {b.name: b.scenario.description for b in bundles}
+        self._database_url = database_url
+        self._own_database: Any = None
+
+    async def start(self) -> LocalFleetSource:
+        if self.fleet.database is None:
+            from awm.fleet import Database
+
+            self._own_database = self.fleet.database = await asyncio.to_thread(Database.open, self._database_url)
+        try:
+            await self.fleet.start()
+        except BaseException:
+            await self._close_database()
+            raise
+        for h in self.fleet.instances:
+            self._add(Lease(h.env, h.name, h.mcp_url, h.control_url, self._scenarios.get(h.env, "")))
+        return self
+
+    async def __aenter__(self) -> LocalFleetSource:
+        return await self.start()
+
+    async def close(self) -> None:
+        try:
+            await super().close()
+            await self.fleet.stop()
+        finally:
+            await self._close_database()
+
+    async def _close_database(self) -> None:
+        database, self._own_database = self._own_database, None
+        if database is not None:
+            await asyncio.to_thread(database.close)
+
+
+class OperatorClaims:
+    """Claims of one holder on one EnvFleet, through the operator's allocation API: waits out
+    the operator's transient answers (a fleet still starting its pods: 409; unknown for a moment
+    after a campaign made it: 404; a standby replica: 503; an unreachable operator) until
+    ``claim_timeout_s``."""
+
+    def __init__(self, settings: OperatorSettings, *, client: AllocationClient | None = None,
+                 claim_timeout_s: float = 1800.0, ttl_s: float | None = 600.0,
+                 scenarios: Mapping[str, str] | None = None) -> None:
+        self.settings = settings
+        self.alloc = client or settings.client()
+        self._own = client is None
+        self.holder = settings.holder
+        self.claim_timeout_s, self.ttl_s = claim_timeout_s, ttl_s
+        self.scenarios = dict(scenarios or {})
+
+    async def claim(self, env: str, count: int, group_size: int | None) -> list[Lease]:
+        deadline = time.monotonic() + self.claim_timeout_s
+        extra: dict[str, Any] = {"ttl_seconds": self.ttl_s} if self.ttl_s else {}
+        delay = 0.5
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                got = await self.alloc.claim(count=count, group_size=group_size, environment=env,
+                                             wait_seconds=max(0.0, min(60.0, left)), holder=self.holder, **extra)
+                break
+            except AllocationError as exc:
+                if exc.status not in (404, 409, 503) or left <= 0:
+                    raise
+                log.info("claiming %d of %s: %s (waiting)", count, env, exc)
+            except httpx.TransportError as exc:
+                if left <= 0:
+                    raise
+                log.info("claiming %d of %s: operator unreachable: %s (retrying)", count, env, exc)
+            await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+            delay = min(delay * 2, 5.0)
+        return [Lease(i["environment"], i["pod"], i["mcpUrl"], i["controlUrl"], self.scenarios.get(i["environment"], ""),
+                      got["id"]) for i in got["instances"]]
+
+    async def release(self, claim_id: str) -> None:
+        """Release one claim (the operator resets its instances); a failure is left to its TTL."""
+        try:
+            await self.alloc.release(claim_id)
+        except (AllocationError, httpx.TransportError) as exc:
+            log.warning("releasing claim %s: %s", claim_id, exc)
+
+    async def release_holder(self) -> None:
+        """Release whatever this holder still has (none, usually: a crashed predecessor's claims,
+        an episode cut short). An operator that does not know the fleet yet (404) holds none; a
+        standby (503) or an unreachable one is asked a few times, then the claims are left to
+        their TTL."""
+        if self.holder is None:
+            return
+        for delay in (0.5, 1.0, 2.0, 4.0, 0.0):
+            try:
+                got = await self.alloc.release_holder(self.holder)
+                if got.get("released"):
+                    log.warning("released %d claims (%d instances) that %s still held", len(got["released"]),
+                                got.get("returned", 0) + got.get("replaced", 0), self.holder)
+                return
+            except AllocationError as exc:
+                if exc.status == 404:
+                    return
+                log.info("releasing the claims of %s: %s", self.holder, exc)
+            except httpx.TransportError as exc:
+                log.info("releasing the claims of %s: operator unreachable: %s", self.holder, exc)
+            await asyncio.sleep(delay)
+
+    async def close(self) -> None:
+        if self._own:
+            await self.alloc.close()
+
+
+class HeldClaimsSource(PoolSource):
+    """Instances of an EnvFleet claimed once and held for the run (see the module's docstring).
+
+    ``per_env`` instances of every environment are claimed at start (as GRPO groups of
+    ``group_size`` when it divides ``per_env``), and released on close. In a campaign the claims
+    are held as ``campaign/<name>``, and start first releases whatever that holder still has: a
+    Job's retried pod gets the instances its crashed predecessor held at once, instead of after
+    their TTL (the campaign's fleet has no others to give).
+    """
+
+    def __init__(self, settings: OperatorSettings, envs: list[str], per_env: int, group_size: int | None = None,
+                 scenarios: Mapping[str, str] | None = None, *, claim_timeout_s: float = 1800.0,
+                 claim_ttl_s: float | None = 600.0, ready_timeout_s: float = 120.0,
+                 client: AllocationClient | None = None) -> None:
+        super().__init__([], ready_timeout_s=ready_timeout_s)
+        if per_env < 1:
+            raise ValueError("per_env must be at least 1")
+        self.settings = settings
+        self._envs = list(envs)
+        self.per_env, self.group_size = per_env, group_size
+        self.claim_ttl_s = claim_ttl_s
+        self.operator = OperatorClaims(settings, client=client, claim_timeout_s=claim_timeout_s, ttl_s=claim_ttl_s,
+                                       scenarios=scenarios)
+        self.alloc = self.operator.alloc
+        self.holder = self.operator.holder
+        self.claims: list[str] = []   # allocation-API claim ids, released on close
+        self._renewer: asyncio.Task[None] | None = None
+
+    def envs(self) -> list[str]:
+        return list(self._envs)
+
+    async def start(self) -> HeldClaimsSource:
+        groups = self.group_size if self.group_size and self.group_size > 1 and self.per_env % self.group_size == 0 \
+            else None
+        try:
+            await self.operator.release_holder()
+            claimed = await asyncio.gather(*(self._claim(env, self.per_env, groups) for env in self._envs))
+        except BaseException:
+            await self.close()
+            raise
+        for leases in claimed:
+            for lease in leases:
+                self._add(lease)
+        if self.claim_ttl_s:
+            self._renewer = asyncio.get_running_loop().create_task(self._renew_forever())
+        log.info("claimed %d instances of %d environments from fleet %s/%s", len(self._all), len(self._envs),
+                 self.settings.namespace, self.settings.fleet)
+        return self
+
+    async def __aenter__(self) -> HeldClaimsSource:
+        return await self.start()
+
+    async def _claim(self, env: str, count: int, group_size: int | None) -> list[Lease]:
+        leases = await self.operator.claim(env, count, group_size)
+        self.claims.extend(dict.fromkeys(lease.claim_id for lease in leases if lease.claim_id))
+        return leases
+
+    async def _renew_forever(self) -> None:
+        """Renew every claim at a third of its TTL. An operator without claim TTLs has nothing
+        to renew (HTTP 405 on the first try): then stop."""
+        assert self.claim_ttl_s
+        renew = getattr(self.alloc, "renew", None)
+        if renew is None:
+            return
+        while True:
+            await asyncio.sleep(self.claim_ttl_s / 3)
+            for claim_id in list(self.claims):
+                try:
+                    await renew(claim_id, ttl_seconds=self.claim_ttl_s)
+                except AllocationError as exc:
+                    if exc.status == 405:
+                        return
+                    log.warning("renewing claim %s: %s", claim_id, exc)
+                except httpx.TransportError as exc:
+                    log.warning("renewing claim %s: %s", claim_id, exc)
+
+    async def _revive(self, lease: Lease) -> None:
+        """An instance that failed us: back to the pool once ready again; if it stays down (its
+        pod was lost), claim a replacement of the same environment instead."""
+        if await self._wait_ready(lease):
+            self._queues[lease.env].put_nowait(lease)
+            return
+        log.warning("instance %s of %s did not come back: claiming a replacement", lease.name, lease.env)
+        (replacement,) = await self._claim(lease.env, 1, None)
+        with contextlib.suppress(ValueError):
+            self._all.remove(lease)
+        self._add(replacement)
+
+    async def close(self) -> None:
+        """Close the connections, then release every claim (the operator resets the instances)."""
+        if self._renewer is not None:
+            self._renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._renewer
+            self._renewer = None
+        await super().close()
+        for claim_id in list(self.claims):
+            await self.operator.release(claim_id)
+            self.claims.remove(claim_id)
+        await self.operator.close()
+
+
+class OperatorSource(InstanceSource):
+    """Instances of an EnvFleet, one operator claim per episode (or per GRPO group).
+
+    ``envs`` names the fleet's environments (the allocation API claims by environment)."""
+
+    def __init__(self, settings: OperatorSettings, envs: list[str], ttl_seconds: float | None = 600.0,
+                 claim_timeout_s: float = 1800.0, client: AllocationClient | None = None,
+                 scenarios: Mapping[str, str] | None = None) -> None:
+        self.settings = settings
+        self._envs = list(envs)
+        self.operator = OperatorClaims(settings, client=client, claim_timeout_s=claim_timeout_s, ttl_s=ttl_seconds,
+                                       scenarios=scenarios)
+        self.alloc = self.operator.alloc
+        self.holder = self.operator.holder
+        self._turns = _RoundRobin()
+
+    def envs(self) -> list[str]:
+        return list(self._envs)
+
+    async def _connected(self, leases: list[Lease]) -> list[Lease]:
+        try:
+            for lease in leases:
+                await lease.connect()
+        except BaseException:
+            await self.release(leases, healthy=False)
+            raise
+        return leases
+
+    async def claim(self, env: str | None = None) -> Lease:
+        env = self._turns.pick(self._envs) if env is None else env
+        (lease,) = await self._connected(await self.operator.claim(env, 1, None))
+        return lease
+
+    async def claim_group(self, env: str, size: int) -> list[Lease]:
+        return await self._connected(await self.operator.claim(env, size, size if size > 1 else None))
+
+    async def release(self, leases: Lease | list[Lease], healthy: bool = True) -> None:
+        """Release the claims the leases belong to (a group's one claim, once): the operator
+        resets the instances, and replaces one whose reset fails."""
+        leases = _leases(leases)
+        for lease in leases:
+            await lease.disconnect()
+        for claim_id in dict.fromkeys(lease.claim_id for lease in leases):
+            if claim_id:
+                await self.operator.release(claim_id)
+
+    async def close(self) -> None:
+        await self.operator.release_holder()  # an episode cut short: its instances go back now
+        await self.operator.close()
+
+
+def run_source(bundles: list[Any], replicas: int, group_size: int | None = None, *,
+               database_url: str | None = None, settings: OperatorSettings | None = None,
+               **serving: Any) -> HeldClaimsSource | LocalFleetSource:
+    """The instance source of a training or evaluation run (start it with ``async with``): inside
+    a Campaign's Job (``AWM_OPERATOR_URL`` and ``AWM_FLEET`` set, or ``settings`` given) the
+    campaign's fleet, ``replicas`` instances of every environment held for the run; elsewhere a
+    local fleet of ``replicas`` per environment on ``database_url`` (``serving``: its judge,
+    verifier kind and ``allow_ungated``). The one place a run decides where instances come from."""
+    settings = settings or OperatorSettings.from_env()
+    if settings is not None:
+        return HeldClaimsSource(settings, [b.name for b in bundles], replicas, group_size,
+                                {b.name: b.scenario.description for b in bundles})
+    return LocalFleetSource(bundles, replicas, database_url=database_url, **serving)
+
+
+_configured: dict[str, InstanceSource] = {}
+
+
+def source_from_config(config: Any) -> InstanceSource:
+    """The process's instances for a framework adapter's configuration (made once per config, so
+    every environment object of a run shares one pool or one operator client):
+
+    * ``{"instances_file": PATH}`` - the lines ``awm serve --json`` printed;
+    * ``{"operator": {"url", "namespace", "fleet", "environments"}}`` - claims from an EnvFleet
+      (``{"operator": {"environments": [...]}}`` alone: the rest from a Campaign Job's
+      environment, ``AWM_OPERATOR_URL``/``AWM_NAMESPACE``/``AWM_FLEET``).
+
+    Call it on the loop the instances are used from (:func:`awm.integrations.loop.shared_loop`).
+    """
+    data = dict(config.items()) if hasattr(config, "items") else dict(config)
+    key = json.dumps({k: data.get(k) for k in ("instances_file", "operator")}, sort_keys=True, default=str)
+    if key in _configured:
+        return _configured[key]
+    made: InstanceSource
+    if data.get("instances_file"):
+        made = PoolSource.from_json_lines(data["instances_file"])
+    elif data.get("operator") is not None:
+        op = dict(data["operator"].items()) if hasattr(data["operator"], "items") else dict(data["operator"])
+        settings = OperatorSettings.from_env()
+        if op.get("url"):
+            settings = OperatorSettings(op["url"].rstrip("/"), op.get("namespace") or "default", op["fleet"],
+                                        op.get("campaign"))
+        if settings is None:
+            raise ValueError("operator: give url and fleet, or run in a Campaign Job (AWM_OPERATOR_URL, AWM_FLEET)")
+        made = OperatorSource(settings, list(op.get("environments") or []))
+    else:
+        raise ValueError("say where the instances are: instances_file (awm serve --json) or operator")
+    _configured[key] = made
+    return made
