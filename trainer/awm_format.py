@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from awm.trainer.toolcalls import MalformedCall, Parsed, ToolCall
+from awm.episode.toolcalls import MalformedCall, Parsed, ToolCall
 
 SYSTEM_PROMPT = (
     "You are an agent that completes the user's task in an application by calling its tools. "

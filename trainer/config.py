@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from awm.trainer.agent import AgentConfig
-from awm.trainer.reward import RewardConfig
+from awm.episode.reward import RewardConfig
 from awm.trainer.rollout import RolloutConfig
 from awm.trainer.tiny import TinySpec
 from awm.trainer.vllm_policy import LoraSpec

@@ -21,7 +21,7 @@ from awm.bundle import EnvBundle
 from awm.gates import gate_status
 from awm.trainer.agent import AgentConfig
 from awm.trainer.policy import Policy, PolicyUnavailable
-from awm.trainer.reward import RewardConfig
+from awm.episode.reward import RewardConfig
 from awm.trainer.rollout import InstanceSource, RolloutConfig, RolloutService, TaskRef
 from awm.trainer.trajectory import Trajectory, TrajectoryLog
 
