@@ -21,7 +21,7 @@ from typing import Any, Callable, TypeVar
 from awm.bundle import EnvBundle, Task, Verifier
 from awm.gates import gate_status
 from awm.judge import Judge, Step
-from awm.sandbox.pool import WeakIsolation, WorkerFailure, WorkerPool, WorkerSpec
+from awm.sandbox.pool import WeakIsolation, WorkerFailure, WorkerPool, WorkerSpec, make_zygote
 from awm.envserver.metrics import Metrics
 from awm.envserver.reset import DatabaseLost, EpisodeDatabase
 from awm.envserver.tools import AGENT_FAULTS, ToolFailure, ToolRuntime, render
@@ -67,9 +67,17 @@ class EnvInstance:
         self.gates = {t.id: gate_status(bundle, t, verifier_kind) for t in bundle.tasks}
         self.runtime = ToolRuntime(bundle)
         self.db = EpisodeDatabase(dsn, statement_timeout_ms=int(bundle.limits.tool_timeout_s * 1000))
-        # One pool runs both tools and verifiers (never at once: both hold the instance lock).
-        self.pool = WorkerPool(WorkerSpec(memory_mb=bundle.limits.verifier_memory_mb, load=self.runtime.load,
-                                          allow_weak_isolation=allow_weak_isolation), size=verifier_workers)
+        # Tools and verifiers never share a worker, and no worker serves two episodes: both pools
+        # fork fresh workers from one fork server (awm.sandbox.forkserver); the tool pool is renewed
+        # at every reset, a verifier worker serves one verification.
+        self.zygote = make_zygote(bool(self.runtime.load.get("app")))
+        memory_mb = bundle.limits.verifier_memory_mb
+        self.pool = WorkerPool(WorkerSpec(memory_mb=memory_mb, load=self.runtime.load,
+                                          allow_weak_isolation=allow_weak_isolation),
+                               size=verifier_workers, zygote=self.zygote)
+        self.verifier_pool = WorkerPool(WorkerSpec(memory_mb=memory_mb, load={"prelude": "", "tools": []},
+                                                   allow_weak_isolation=allow_weak_isolation),
+                                        size=1, zygote=self.zygote, single_use=True)
         self.metrics = Metrics(bundle.name, name)
         self.episode: Episode | None = None
         self.wedged = False
@@ -85,6 +93,7 @@ class EnvInstance:
         await self._db(self.db.connect)
         await self._db(lambda: self.db.reset(verify=True))  # prove the clone is pristine
         await asyncio.get_running_loop().run_in_executor(None, self.pool.start)
+        await asyncio.get_running_loop().run_in_executor(None, self.verifier_pool.start)
         isolation = self.pool.isolation
         if isolation.get("strong"):
             log.info("untrusted code confined by %s", ", ".join(isolation.get("applied", [])))
@@ -96,12 +105,14 @@ class EnvInstance:
         if self.judge is not None:
             await self.judge.close()
         self.pool.close()
+        self.verifier_pool.close()
+        self.zygote.close()
         await self._db(self.db.close)
         self._executor.shutdown(wait=False, cancel_futures=True)
 
     @property
     def ready(self) -> bool:
-        return not self.wedged and self.db.connected and self.pool.ready
+        return not self.wedged and self.db.connected and self.pool.ready and self.verifier_pool.ready
 
     # -- agent side (MCP) ------------------------------------------------------------------
 
@@ -194,6 +205,7 @@ class EnvInstance:
             except Exception as exc:  # noqa: BLE001 - e.g. NotPristine: never serve a wrong state
                 self._wedge(f"reset failed: {exc}")
                 raise ControlError(500, f"reset failed, instance is being replaced: {exc}") from exc
+            self.pool.renew()  # the new episode's tool calls run on a worker that has run nothing
             if not was_connected:
                 self.metrics.db_reconnects.inc()
             self.metrics.resets.labels(result.strategy).observe(result.ms / 1000)
@@ -251,7 +263,7 @@ class EnvInstance:
                 try:
                     images = await self._sqlite_images() if verifier.inputs == "sqlite" else None
                     verdict = await self._db(lambda: verify_in_worker(
-                        self.db, self.pool, code, verifier.entrypoint, final_answer, timeout_s, images,
+                        self.db, self.verifier_pool, code, verifier.entrypoint, final_answer, timeout_s, images,
                         evidence=judged))
                 except DatabaseLost as exc:
                     self._lose(str(exc))
@@ -349,7 +361,7 @@ class EnvInstance:
                        "temperature": self.judge.settings.temperature} if self.judge else None),
             # What confines tool and verifier code here (the layers applied, and any missing).
             "isolation": self.pool.isolation,
-            "verifier_isolation": self.pool.isolation,
+            "verifier_isolation": self.verifier_pool.isolation,
         }
 
 

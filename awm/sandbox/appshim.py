@@ -38,9 +38,22 @@ _LOOP: asyncio.AbstractEventLoop | None = None
 
 
 def prepare() -> None:
-    """Before confinement: import what apps use and build the event loop (its self-pipe needs a
-    socketpair, which the worker may not create later)."""
+    """Before confinement: import what apps use and build the event loop."""
+    import_frameworks()
+    make_loop()
+
+
+def make_loop() -> None:
+    """The worker's own event loop (its self-pipe needs a socketpair, which the worker may not
+    create once confined). Never inherited from the fork server: an epoll instance made before a
+    fork is one kernel object shared by every child."""
     global _LOOP
+    _LOOP = asyncio.new_event_loop()
+    asyncio.set_event_loop(_LOOP)
+
+
+def import_frameworks() -> None:
+    """What apps use, imported once (by the fork server, before any child exists)."""
     import anyio.to_thread
     import fastapi  # noqa: F401
     import httpx  # noqa: F401
@@ -54,8 +67,6 @@ def prepare() -> None:
         return func(*args)
 
     anyio.to_thread.run_sync = run_sync  # type: ignore[assignment]
-    _LOOP = asyncio.new_event_loop()
-    asyncio.set_event_loop(_LOOP)
 
 
 # -- the DBAPI facade ----------------------------------------------------------------------------

@@ -188,6 +188,11 @@ def die_with_parent(parent_pid: int) -> None:
         os._exit(0)
 
 
+def enter_namespaces(report: Report) -> None:
+    """A new user and network namespace for this process (and every child it forks later)."""
+    _namespaces(report)
+
+
 def _namespaces(report: Report) -> None:
     libc = _libc()
     if libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNET) == 0:
@@ -308,14 +313,20 @@ def _seccomp(report: Report) -> None:
 LAYERS = ("namespaces", "rlimits", "landlock", "seccomp")
 
 
-def confine(read_paths: list[str], limits: Limits, layers: tuple[str, ...] = LAYERS) -> Report:
+def confine(read_paths: list[str], limits: Limits, layers: tuple[str, ...] = LAYERS,
+            namespaces: Report | None = None) -> Report:
     """Apply every layer this kernel offers, strongest last. Irreversible for this process.
 
     ``layers`` exists to measure what each layer costs (``bench/runtime.py``); leaving one out
-    makes the report weak, and the server then refuses to run code unless told otherwise."""
+    makes the report weak, and the server then refuses to run code unless told otherwise.
+    ``namespaces`` is what the fork server entered for all its children (:mod:`.forkserver`):
+    reported, not entered again."""
     report = Report()
     seccomp_problem()  # loads libseccomp (and runs ldconfig) while files and processes are allowed
-    if "namespaces" in layers:
+    if namespaces is not None:
+        report.applied += namespaces.applied
+        report.missing.update(namespaces.missing)
+    elif "namespaces" in layers:
         _namespaces(report)
     if "rlimits" in layers:
         _rlimits(limits, report)

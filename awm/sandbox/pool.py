@@ -16,7 +16,7 @@ import json
 import os
 import queue
 import select
-import subprocess
+import signal
 import sys
 import sysconfig
 import threading
@@ -27,13 +27,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 from awm.sandbox import codec, confine
+from awm.sandbox.forkserver import Zygote
 
 MAX_MESSAGE = 64 * 1024 * 1024  # one line from a worker (a result, a query's SQL)
 START_TIMEOUT_S = 60.0
 Handler = Callable[[dict[str, Any]], dict[str, Any]]
 
-_BOOT = ("import json, sys; c = json.loads(sys.argv[1]); sys.path[:0] = c['sys_path']; "
-         "from awm.sandbox.worker import main; main()")
 _OWN_PACKAGES = ("awm", "awm_fleet", "awm_operator")
 
 
@@ -116,31 +115,50 @@ def read_paths(app: bool) -> list[str]:
     return sorted(paths)
 
 
-class Worker:
-    """One running worker and its pipes."""
+def _layers() -> list[str]:
+    # Benchmarks switch layers off to measure them; anything less than all is weak.
+    return [x for x in os.environ.get("AWM_SANDBOX_LAYERS", ",".join(confine.LAYERS)).split(",") if x]
 
-    def __init__(self, spec: WorkerSpec) -> None:
-        sites = _site_dirs()
-        root = _package_root()
-        config = {
-            "parent": os.getpid(),
-            "memory_mb": spec.memory_mb,
-            "app": spec.app,
-            "sys_path": [root, *sites] if root not in sites else sites,
-            "drop_paths": [root] if root not in sites else [],
-            "read_paths": read_paths(spec.app),
-            # Benchmarks switch layers off to measure them; anything less than all is weak.
-            "layers": [x for x in os.environ.get("AWM_SANDBOX_LAYERS", ",".join(confine.LAYERS)).split(",") if x],
-        }
-        self.proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", _BOOT, json.dumps(config)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-            env={}, cwd="/", close_fds=True,
-        )
+
+def make_zygote(app: bool) -> Zygote:
+    """A fork server for this process's workers (one per env server is enough: it only forks)."""
+    sites = _site_dirs()
+    root = _package_root()
+    return Zygote([root, *sites] if root not in sites else sites, [root] if root not in sites else [], app,
+                  _layers())
+
+
+class Worker:
+    """One running worker (a child of the fork server) and its pipes.
+
+    The server never blocks on a worker: reads and writes wait at most until the call's deadline
+    (a worker that does not read its requests cannot hold the server's write)."""
+
+    def __init__(self, spec: WorkerSpec, zygote: Zygote) -> None:
+        to_child, self._wfd = os.pipe()
+        self._rfd, from_child = os.pipe()
+        self._zygote = zygote
+        self.pidfd: int | None = None
+        self._pid = 0
+        try:
+            config = {"memory_mb": spec.memory_mb, "app": spec.app, "read_paths": read_paths(spec.app),
+                      "layers": _layers()}
+            self._pid, self.pidfd = zygote.spawn(config, to_child, from_child)
+        except BaseException:
+            for fd in (self._wfd, self._rfd):
+                os.close(fd)
+            raise
+        finally:
+            os.close(to_child)
+            os.close(from_child)
+        os.set_blocking(self._wfd, False)
+        self._dead = False
+        self._status: int | None = None
         self._buffer = b""
         self._prefixes = _host_prefixes()
         self.isolation: dict[str, Any] = {}
         self.calls = 0
+        self.used_in: int | None = None  # the pool's epoch in which it first ran untrusted code
         try:
             hello = self._read(time.monotonic() + START_TIMEOUT_S)
             if hello.get("op") != "ready":
@@ -160,24 +178,38 @@ class Worker:
 
     @property
     def pid(self) -> int:
-        return self.proc.pid
+        return self._pid
 
     def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
-        for pipe in (self.proc.stdin, self.proc.stdout):
-            if pipe is not None:
-                pipe.close()
+        """SIGKILL (through the pidfd: never another process that reused the pid), reap, close."""
+        if self._dead:
+            return
+        self._dead = True
+        try:
+            if self.pidfd is not None:
+                signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+            else:
+                os.kill(self._pid, signal.SIGKILL)
+        except (ProcessLookupError, OSError):
+            pass
+        self._status = self._zygote.reap(self._pid)
+        for fd in (self._wfd, self._rfd, self.pidfd):
+            if fd is not None:
+                os.close(fd)
 
     def _died(self) -> WorkerFailure:
-        code = self.proc.wait()
-        how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+        self.kill()
+        code = self._status
+        if code is None:
+            return WorkerFailure("crash", "worker process died")
+        if os.WIFSIGNALED(code):
+            how = f"killed by signal {os.WTERMSIG(code)}"
+        else:
+            how = f"exit code {os.waitstatus_to_exitcode(code)}"
         return WorkerFailure("crash", f"worker process died ({how})")
 
     def _read(self, deadline: float) -> dict[str, Any]:
-        assert self.proc.stdout is not None
-        fd = self.proc.stdout.fileno()
+        fd = self._rfd
         while b"\n" not in self._buffer:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -194,39 +226,46 @@ class Worker:
         line, self._buffer = self._buffer.split(b"\n", 1)
         try:
             return codec.decode(line)
-        except (ValueError, TypeError) as exc:
+        except (ValueError, TypeError, RecursionError) as exc:
             raise WorkerFailure("protocol", f"worker sent a malformed message: {exc}") from None
 
     def quiet(self) -> bool:
         """Nothing unread on the pipe: a worker speaks only when asked, so anything it sent
         between calls (from a signal handler, say) means it is not to be trusted again."""
-        assert self.proc.stdout is not None
-        if self._buffer or self.proc.poll() is not None:
+        if self._buffer or self._dead:
             return False
-        readable, _, _ = select.select([self.proc.stdout.fileno()], [], [], 0)
+        readable, _, _ = select.select([self._rfd], [], [], 0)
         return not readable
 
-    def _send(self, message: dict[str, Any]) -> None:
-        assert self.proc.stdin is not None
-        try:
-            self.proc.stdin.write(codec.encode(message))
-            self.proc.stdin.flush()
-        except (BrokenPipeError, OSError):
-            raise self._died() from None
+    def _send(self, message: dict[str, Any], deadline: float) -> None:
+        data = memoryview(codec.encode(message))
+        while data:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise WorkerFailure("timeout", "did not read its requests in time")
+            _, writable, _ = select.select([], [self._wfd], [], remaining)
+            if not writable:
+                continue
+            try:
+                data = data[os.write(self._wfd, data):]
+            except BlockingIOError:
+                continue
+            except (BrokenPipeError, OSError):
+                raise self._died() from None
 
     def request(self, message: dict[str, Any], handle: Handler, timeout_s: float) -> dict[str, Any]:
         """Send one request; answer the worker's ``sql``/``query`` requests with ``handle`` until it
         sends its final reply. Raises :class:`WorkerFailure`; the worker must then be killed."""
         deadline = time.monotonic() + timeout_s
         self.calls += 1
-        self._send(message)
+        self._send(message, deadline)
         while True:
             reply = self._read(deadline)
             if reply.get("op") in ("sql", "query"):
                 answer = handle(reply)
                 if time.monotonic() > deadline:
                     raise WorkerFailure("timeout", "ran past its time limit")
-                self._send(answer)
+                self._send(answer, deadline)
                 continue
             if self._buffer:
                 raise WorkerFailure("protocol", "worker sent more than one final reply")
@@ -238,11 +277,23 @@ def _no_sql(message: dict[str, Any]) -> dict[str, Any]:
 
 
 class WorkerPool:
-    """``size`` warm workers; a failed one is killed and replaced in the background."""
+    """``size`` warm workers, forked from a fork server; a failed one is killed and replaced in the
+    background.
 
-    def __init__(self, spec: WorkerSpec, size: int = 1) -> None:
+    A worker never serves two episodes: :meth:`renew` (called at every reset) retires each worker
+    that has run untrusted code since the last renewal, so the next call runs on a fresh copy of
+    the fork server, with nothing a previous episode's code planted (rebound functions, module
+    state, a verifier's cache). ``single_use`` pools (verifiers) retire a worker after every
+    request. Retiring (kill, reap) and spawning happen on the pool's spawner thread, off the
+    caller's path."""
+
+    def __init__(self, spec: WorkerSpec, size: int = 1, zygote: Zygote | None = None,
+                 single_use: bool = False) -> None:
         self.spec = spec
         self.size = size
+        self.single_use = single_use
+        self._own_zygote = zygote is None
+        self.zygote = zygote if zygote is not None else make_zygote(spec.app)
         self._idle: queue.Queue[Worker | BaseException] = queue.Queue()
         self._spawner = ThreadPoolExecutor(1, thread_name_prefix="awm-worker-spawn")
         self._live: set[Worker] = set()
@@ -250,6 +301,8 @@ class WorkerPool:
         self._lock = threading.Lock()
         self.isolation: dict[str, Any] = {}
         self.replaced = 0
+        self.renewed = 0
+        self.epoch = 0
         self.closed = False
 
     def start(self) -> None:
@@ -262,16 +315,21 @@ class WorkerPool:
             raise first
         self._idle.put(first)
 
-    def _spawn(self) -> Future[None]:
+    def _spawn(self, retire: Worker | None = None) -> Future[None]:
         def spawn() -> None:
+            if retire is not None:
+                retire.kill()
             if self.closed:
                 return
             try:
-                worker = Worker(self.spec)
+                worker = Worker(self.spec, self.zygote)
             except BaseException as exc:  # noqa: BLE001 - handed to the next caller
                 self._idle.put(exc)
                 return
             with self._lock:
+                if self.closed:
+                    worker.kill()
+                    return
                 self._live.add(worker)
             self.isolation = worker.isolation
             self._idle.put(worker)
@@ -298,24 +356,55 @@ class WorkerPool:
         return item
 
     def _replace(self, worker: Worker) -> None:
-        worker.kill()
         with self._lock:
             self._live.discard(worker)
         self.replaced += 1
-        self._spawn()
+        self._retire(worker)
+
+    def _retire(self, worker: Worker) -> None:
+        """Kill ``worker`` and start its replacement, both on the spawner thread."""
+        with self._lock:
+            self._live.discard(worker)
+        self._spawn(retire=worker)
+
+    def renew(self) -> None:
+        """A new episode begins: no worker that ran code in an earlier one serves it."""
+        self.epoch += 1
+        keep: list[Worker | BaseException] = []
+        while True:
+            try:
+                item = self._idle.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(item, Worker) and item.used_in is not None:
+                self.renewed += 1
+                self._retire(item)
+            else:
+                keep.append(item)
+        for item in keep:
+            self._idle.put(item)
 
     def run(self, message: dict[str, Any], handle: Handler, timeout_s: float) -> dict[str, Any]:
         """One request on a warm worker. On any :class:`WorkerFailure` the worker is replaced."""
         worker = self._acquire(max(timeout_s, START_TIMEOUT_S))
-        while not worker.quiet():
-            self._replace(worker)
+        while not worker.quiet() or (worker.used_in is not None and worker.used_in != self.epoch):
+            if worker.quiet():
+                self.renewed += 1
+                self._retire(worker)
+            else:
+                self._replace(worker)
             worker = self._acquire(START_TIMEOUT_S)
+        if worker.used_in is None:
+            worker.used_in = self.epoch
         try:
             reply = worker.request(message, handle, timeout_s)
         except BaseException:
             self._replace(worker)
             raise
-        self._idle.put(worker)
+        if self.single_use:
+            self._retire(worker)
+        else:
+            self._idle.put(worker)
         return reply
 
     def pids(self) -> list[int]:
@@ -331,6 +420,8 @@ class WorkerPool:
             workers, self._live = list(self._live), set()
         for worker in workers:
             worker.kill()
+        if self._own_zygote:
+            self.zygote.close()
 
 
 def isolation_facilities() -> dict[str, Any]:

@@ -290,6 +290,23 @@ class Worker:
                                    "reason": f"result is not JSON-serialisable: {exc}"[:MAX_REASON]})
 
 
+def serve_child(config: dict[str, Any], reader: Any, writer: Any, namespaces: confine.Report) -> None:
+    """A worker forked by the fork server (:mod:`awm.sandbox.forkserver`): confine, then serve.
+
+    Descriptors 0-2 are already ``/dev/null`` and the environment is empty (the fork server's)."""
+    global CHANNEL
+    if config.get("app"):
+        from awm.sandbox import appshim
+
+        appshim.make_loop()
+    layers = tuple(config.get("layers", confine.LAYERS))
+    report = confine.confine(config["read_paths"], confine.Limits(memory_mb=int(config["memory_mb"])), layers,
+                             namespaces=namespaces if "namespaces" in layers else None)
+    CHANNEL = Channel(reader, writer)
+    CHANNEL.send({"op": "ready", "isolation": report.as_dict(), "pid": os.getpid()})
+    Worker(CHANNEL).serve()
+
+
 def main() -> None:
     global CHANNEL
     config = json.loads(sys.argv[1])

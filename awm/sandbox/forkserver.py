@@ -1,0 +1,234 @@
+"""A fork server for workers: every worker starts as a fresh copy of one pre-imported process.
+
+Why: a worker must never outlive its episode (code of episode N could otherwise rebind the
+worker's own functions, found by name, stack frames or ``gc``, and forge episode N+1's verdict),
+yet a reset must stay sub-millisecond. Starting an interpreter per episode costs ~50 ms of CPU; a
+``fork`` of a process that has already imported everything costs about a millisecond. So each env
+server keeps one **zygote**: started like a worker (``python -I -S``, empty environment, no
+database connection, no credential), it imports the worker's modules (and, for imported apps,
+FastAPI and SQLAlchemy), enters its own user and network namespaces once, and then only forks. It
+never runs untrusted code: every child confines itself (rlimits, Landlock, seccomp) before it
+reads any, and a child's memory is its own copy, so nothing a child does reaches the zygote or a
+later child.
+
+Protocol on a private unix socket (``SOCK_SEQPACKET``: one message per request, descriptors
+passed with ``SCM_RIGHTS``):
+
+* server → zygote ``{"op": "spawn", "config": {...}}`` with two descriptors (the child's request
+  pipe to read, its reply pipe to write) → ``{"op": "spawned", "pid": N}`` with a pidfd of the
+  child, so that the server can kill it without racing pid reuse;
+* server → zygote ``{"op": "reap", "pid": N}`` → ``{"op": "reaped", "status": S}``: the zygote waits
+  for its (already killed) child and says how it ended.
+
+The zygote dies with the server (``PR_SET_PDEATHSIG``), and its children with it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from typing import Any
+
+from awm.sandbox import confine
+
+MAX_CONTROL = 1 << 20
+DEBUG = False
+_BOOT = ("import json, sys; c = json.loads(sys.argv[1]); sys.path[:0] = c['sys_path']; "
+         "from awm.sandbox.forkserver import main; main()")
+
+
+class ZygoteError(RuntimeError):
+    """The zygote is gone or answered out of protocol; a new one is started on the next spawn."""
+
+
+def _recv(sock: socket.socket, max_fds: int) -> tuple[dict[str, Any], list[int]]:
+    data, fds, _flags, _addr = socket.recv_fds(sock, MAX_CONTROL, max_fds)
+    if not data:
+        for fd in fds:
+            os.close(fd)
+        raise EOFError("control socket closed")
+    return json.loads(data), list(fds)
+
+
+class Zygote:
+    """The server's handle on one zygote process (thread-safe; respawned when it dies)."""
+
+    def __init__(self, sys_path: list[str], drop_paths: list[str], app: bool, layers: list[str]) -> None:
+        self._config = {"sys_path": sys_path, "drop_paths": drop_paths, "app": app, "layers": layers}
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._sock: socket.socket | None = None
+        self.isolation: dict[str, Any] = {}
+
+    def _start(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        # AWM_DEBUG_ZYGOTE=1: the zygote and its children keep this process's stderr (tracebacks).
+        debug = bool(os.environ.get("AWM_DEBUG_ZYGOTE"))
+        config = {**self._config, "parent": os.getpid(), "control_fd": theirs.fileno(), "debug": debug}
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", "-c", _BOOT, json.dumps(config)],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=None if debug else subprocess.DEVNULL,
+                env={}, cwd="/", close_fds=True, pass_fds=(theirs.fileno(),))
+        finally:
+            theirs.close()
+        self._sock = ours
+        hello, fds = _recv(ours, 0)
+        if hello.get("op") != "ready":
+            raise ZygoteError(f"zygote said {hello.get('op')!r} instead of ready")
+        self.isolation = dict(hello.get("isolation") or {})
+
+    def _request(self, message: dict[str, Any], fds: list[int], max_fds: int) -> tuple[dict[str, Any], list[int]]:
+        with self._lock:
+            if self._proc is None or self._proc.poll() is not None:
+                self._stop()
+                self._start()
+            assert self._sock is not None
+            try:
+                socket.send_fds(self._sock, [json.dumps(message).encode()], fds)
+                return _recv(self._sock, max_fds)
+            except (OSError, EOFError, ValueError) as exc:
+                self._stop()
+                raise ZygoteError(f"zygote failed: {exc}") from None
+
+    def spawn(self, config: dict[str, Any], child_read: int, child_write: int) -> tuple[int, int | None]:
+        """Fork a worker reading ``child_read`` and writing ``child_write``: (pid, pidfd)."""
+        reply, fds = self._request({"op": "spawn", "config": config}, [child_read, child_write], 1)
+        if reply.get("op") != "spawned":
+            for fd in fds:
+                os.close(fd)
+            raise ZygoteError(f"zygote could not fork: {reply.get('reason', reply)}")
+        return int(reply["pid"]), (fds[0] if fds else None)
+
+    def reap(self, pid: int) -> int | None:
+        """Wait for a child that was killed (or exited); its wait status, or None if unknown."""
+        try:
+            reply, _ = self._request({"op": "reap", "pid": pid}, [], 0)
+        except ZygoteError:
+            return None
+        status = reply.get("status")
+        return int(status) if isinstance(status, int) else None
+
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def _stop(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        if self._proc is not None:
+            if self._proc.poll() is None:
+                self._proc.kill()
+            self._proc.wait()
+            self._proc = None
+
+    def close(self) -> None:
+        with self._lock:
+            self._stop()
+
+
+# -- the zygote process ---------------------------------------------------------------------------
+
+
+def _child(control: socket.socket, config: dict[str, Any], fds: list[int], zygote: int,
+           namespaces: confine.Report) -> None:
+    """In the forked child: keep only the two pipes, confine, serve; never returns."""
+    try:
+        control.close()
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        confine.die_with_parent(zygote)
+        read_fd, write_fd = fds
+        keep = sorted((0, 1, 2, read_fd, write_fd))
+        previous = -1
+        for fd in keep:
+            if previous + 1 < fd:  # os.closerange(n, n) closes every descriptor (close_range(n, -1))
+                os.closerange(previous + 1, fd)
+            previous = fd
+        os.closerange(previous + 1, max(4096, resource.getrlimit(resource.RLIMIT_NOFILE)[0]))
+        from awm.sandbox import worker
+
+        worker.serve_child(config, os.fdopen(read_fd, "rb"), os.fdopen(write_fd, "wb"), namespaces)
+    except BaseException:
+        if DEBUG:
+            import traceback
+            traceback.print_exc()
+    finally:
+        os._exit(0)
+
+
+def _spawn(control: socket.socket, message: dict[str, Any], fds: list[int], zygote: int,
+           namespaces: confine.Report) -> None:
+    if len(fds) != 2:
+        for fd in fds:
+            os.close(fd)
+        socket.send_fds(control, [json.dumps({"op": "failed", "reason": "spawn needs two descriptors"}).encode()], [])
+        return
+    pid = os.fork()
+    if pid == 0:
+        _child(control, dict(message.get("config") or {}), fds, zygote, namespaces)
+    for fd in fds:
+        os.close(fd)
+    pidfds: list[int] = []
+    try:
+        pidfds.append(os.pidfd_open(pid))
+    except (AttributeError, OSError):
+        pass  # kernel < 5.3: the server kills by pid (the child cannot be reaped before it asks)
+    socket.send_fds(control, [json.dumps({"op": "spawned", "pid": pid}).encode()], pidfds)
+    for fd in pidfds:
+        os.close(fd)
+
+
+def main() -> None:
+    config = json.loads(sys.argv[1])
+    confine.die_with_parent(int(config["parent"]))
+    control = socket.socket(fileno=int(config["control_fd"]))
+    devnull = os.open(os.devnull, os.O_RDWR)
+    global DEBUG
+    DEBUG = bool(config.get("debug"))
+    for fd in (0, 1) if DEBUG else (0, 1, 2):
+        os.dup2(devnull, fd)
+    os.close(devnull)
+    os.environ.clear()
+    # Everything a worker imports, imported once here; apps' frameworks too.
+    from awm.sandbox import worker  # noqa: F401
+
+    if config.get("app"):
+        from awm.sandbox import appshim
+
+        appshim.import_frameworks()
+    for entry in config.get("drop_paths", []):
+        while entry in sys.path:
+            sys.path.remove(entry)
+    confine.seccomp_problem()  # loads libseccomp while files may still be read
+    namespaces = confine.Report()
+    if "namespaces" in config.get("layers", confine.LAYERS):
+        confine.enter_namespaces(namespaces)  # once: every child shares them (a new netns per fork is slow)
+    socket.send_fds(control, [json.dumps({"op": "ready", "isolation": namespaces.as_dict()}).encode()], [])
+    me = os.getpid()
+    while True:
+        try:
+            message, fds = _recv(control, 2)
+        except (EOFError, OSError, ValueError):
+            return
+        op = message.get("op")
+        if op == "spawn":
+            _spawn(control, message, fds, me, namespaces)
+        elif op == "reap":
+            for fd in fds:
+                os.close(fd)
+            status: int | None = None
+            try:
+                _, status = os.waitpid(int(message["pid"]), 0)
+            except (ChildProcessError, ValueError, KeyError, TypeError):
+                pass
+            socket.send_fds(control, [json.dumps({"op": "reaped", "status": status}).encode()], [])
+        else:
+            for fd in fds:
+                os.close(fd)
+            socket.send_fds(control, [json.dumps({"op": "failed", "reason": f"unknown op {op!r}"}).encode()], [])
