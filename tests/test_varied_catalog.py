@@ -64,6 +64,14 @@ def test_a_bad_count_is_refused(tmp_path: Path):
         varied.write_catalog(tmp_path, 0)
 
 
+def test_the_command_line_writes_a_catalog(tmp_path: Path, capsys):
+    assert varied.main(["--count", "3", "--out", str(tmp_path / "c"), "--path-only"]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "c")
+    assert len(catalog.load(tmp_path / "c")) == 3
+    with pytest.raises(SystemExit):
+        varied.main(["--count", "0"])
+
+
 def _covering(bundles, n: int):
     """``n`` environments that together have as many task kinds as possible (and a medium one)."""
     chosen, covered = [], set()

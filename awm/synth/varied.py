@@ -19,13 +19,14 @@ Built catalogs are cached by content under ``$AWM_CATALOG_CACHE`` or ``~/.cache/
 
     python -m awm.synth.varied --count 1000            # build (or find) the catalog, print its path
     python -m awm.synth.varied --count 1000 --check    # also load every snapshot into Postgres once
+    python -m awm.synth.varied --count 1000 --gates    # serve each one and run both gates of every task
     awm serve --catalog "$(python -m awm.synth.varied --count 1000 --path-only)" --allow-ungated
 
 Environments come in three sizes (``.build.json`` lists each one's): ``small`` (3-15 rows a
 table), ``medium`` (40-250) and ``large`` (one table of 1,500-3,000 rows). The tasks carry no
 gate records: the generator does not run them; serve with ``--allow-ungated``, or record the
-gates with ``awm catalog validate --record`` (tests/test_varied_catalog.py runs both gates of a
-sample for real).
+gates with ``awm catalog validate --record``; ``--gates`` runs both gates of every task without
+recording them (tests/test_varied_catalog.py does it for a sample).
 """
 
 from __future__ import annotations
@@ -887,6 +888,36 @@ def check_snapshots(catalog_dir: Path, admin_dsn: str) -> dict[str, Any]:
             "p50_ms": round(ordered[len(ordered) // 2] * 1000, 1) if ordered else None}
 
 
+def gate_catalog(catalog_dir: Path, admin_dsn: str, batch: int = 50) -> dict[str, Any]:
+    """Serve every environment (``batch`` at a time, one instance each) and run both gates of
+    every task, as ``awm catalog validate`` does; nothing is recorded. Returns the counts and
+    every failure."""
+    import asyncio
+
+    from awm import catalog
+    from awm.demo import run_catalog
+    from awm.fleet import Database as FleetDatabase
+
+    bundles = catalog.load(catalog_dir)
+    started = time.perf_counter()
+    tasks = negatives = positives = 0
+    failures: list[str] = []
+    for start in range(0, len(bundles), batch):
+        part = bundles[start:start + batch]
+        results, _ = asyncio.run(run_catalog(part, negative_gate=True, allow_ungated=True, show_progress=False,
+                                             database=FleetDatabase(admin_dsn)))
+        for result, bundle in zip(results, part):
+            tasks += result.tasks
+            negatives += result.negatives_passed
+            positives += result.passed
+            if result.served_tools != sorted(t.name for t in bundle.tools):
+                failures.append(f"{bundle.name}: served tools differ")
+            failures += [f"{bundle.name}/{e.task_id} untouched: {e.verdict}: {e.reason}" for e in result.negatives if not e.ok]
+            failures += [f"{bundle.name}/{e.task_id} solution: {e.verdict}: {e.reason}" for e in result.episodes if not e.ok]
+    return {"environments": len(bundles), "tasks": tasks, "untouched_gate_passed": negatives,
+            "solution_gate_passed": positives, "failures": failures, "wall_s": round(time.perf_counter() - started, 1)}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m awm.synth.varied", description=__doc__.split("\n\n")[0])
     ap.add_argument("--count", type=int, default=1000, help="environments in the catalog (default 1000)")
@@ -894,7 +925,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, help="write here instead of the cache (not cached)")
     ap.add_argument("--check", action="store_true",
                     help="load every snapshot into the embedded Postgres (or --database-url) once")
-    ap.add_argument("--database-url", default=os.environ.get("AWM_DATABASE_URL"), help="admin DSN for --check")
+    ap.add_argument("--gates", action="store_true",
+                    help="serve every environment and run both gates of every task (slow: ~1 s per environment)")
+    ap.add_argument("--batch", type=int, default=50, help="environments served at once by --gates")
+    ap.add_argument("--database-url", default=os.environ.get("AWM_DATABASE_URL"),
+                    help="admin DSN for --check/--gates (default: a private embedded cluster, removed afterwards)")
     ap.add_argument("--path-only", action="store_true", help="print only the catalog's path")
     args = ap.parse_args(argv)
     if args.count < 1:
@@ -916,16 +951,35 @@ def main(argv: list[str] | None = None) -> int:
                               "distinct_column_types": sorted({k for e in envs for k in e["column_types"]}),
                               "tools": [min(e["tools"] for e in envs), max(e["tools"] for e in envs)],
                               "tasks": sum(e["tasks"] for e in envs)}
-    if args.check:
-        from awm.fleet import Database as FleetDatabase
-
-        database = FleetDatabase.open(args.database_url)
-        try:
-            report["check"] = check_snapshots(path, database.admin_dsn)
-        finally:
-            database.close()
+    if args.check or args.gates:
+        with _server(args.database_url) as admin_dsn:
+            if args.check:
+                report["check"] = check_snapshots(path, admin_dsn)
+            if args.gates:
+                report["gates"] = gate_catalog(path, admin_dsn, args.batch)
     print(json.dumps(report, indent=1))
-    return 1 if report.get("check", {}).get("failures") else 0
+    return 1 if report.get("check", {}).get("failures") or report.get("gates", {}).get("failures") else 0
+
+
+@contextlib.contextmanager
+def _server(database_url: str | None) -> Iterator[str]:
+    """The given server, or a private embedded one in a temporary directory: checking a thousand
+    environments leaves a template each (8-9 MB) in the cluster, which must not be the user's."""
+    if database_url:
+        yield database_url
+        return
+    from awm.postgres import provision
+    from awm.postgres.server import EmbeddedPostgres
+
+    root = Path(tempfile.mkdtemp(prefix="awm-varied-"))
+    server = EmbeddedPostgres(root / "postgres")
+    server.start()
+    try:
+        provision.harden_cluster(server.admin_dsn())
+        yield server.admin_dsn()
+    finally:
+        server.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":
