@@ -131,9 +131,23 @@ def build_app(state: UiState, middleware: list[Middleware] | None = None) -> Sta
 
     # Run pages read files and SQLite (and the first one builds the index: seconds on a big run):
     # in the thread pool, so the event loop keeps serving the fleet page and the playground.
+    encoded: dict[str, tuple[list[Any], bytes]] = {}  # run -> (its metrics records, their JSON)
+
+    def run_body(rid: str) -> bytes | None:
+        """The summary's JSON with the metrics' JSON spliced in from a cache: a long run's
+        metrics are megabytes that take most of a second to encode, and change only per step."""
+        summary = state.runs.summary(rid)
+        if summary is None:
+            return None
+        metrics = summary.pop("metrics")
+        cached = encoded.get(rid)
+        if cached is None or cached[0] is not metrics:  # read_metrics returns the same list until the file changes
+            cached = encoded[rid] = (metrics, JSONResponse(metrics).body)
+        return b'{"metrics":' + cached[1] + b"," + JSONResponse(summary).body[1:]
+
     async def run(request: Request) -> Response:
-        summary = await run_in_threadpool(state.runs.summary, request.path_params["run"])
-        return JSONResponse(summary) if summary is not None else _error(404, "no such run")
+        body = await run_in_threadpool(run_body, request.path_params["run"])
+        return Response(body, media_type="application/json") if body is not None else _error(404, "no such run")
 
     async def episodes(request: Request) -> Response:
         index, indexing = await run_in_threadpool(state.runs.index_now, request.path_params["run"])
@@ -176,6 +190,8 @@ def build_app(state: UiState, middleware: list[Middleware] | None = None) -> Sta
                 return _error(404, f"no instance {name!r} in this UI's fleet")
             except (McpError, ControlApiError, httpx.HTTPError) as exc:
                 return _error(502, f"the instance failed: {exc}")
+            except ValueError as exc:  # e.g. a reset of an environment that serves no task
+                return _error(400, str(exc))
             return JSONResponse(result, status_code=200)
         return handler
 

@@ -2,9 +2,9 @@
 
 The browser never talks to the instance: MCP needs a session and the control API is not for the
 agent's side (and both refuse foreign browser origins, awm.envserver.hostguard). The UI server holds
-one MCP session and one control client per instance in use, and records each call's database
-change exactly as the trainer does (trainer/calldiff.py), so what the playground shows is what a
-trajectory would record.
+one episode session per instance in use - the same :class:`awm.episode.session.EpisodeSession`
+the trainer and the framework adapters use - so a call's error class, its recorded database
+change, the verdict, the reward and masking are exactly what a trajectory would record.
 """
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from awm.client import ControlClient, McpSession
-from awm.trainer.calldiff import DiffTracker
+from awm.episode.session import EnvHandle, EpisodeSession
 from awm.ui.fleet import FleetView, Instance
 
 HOLDER = "playground"
@@ -40,20 +39,22 @@ class VerifyRequest(BaseModel):
 class Session:
     def __init__(self, instance: Instance) -> None:
         self.instance = instance
-        self.mcp = McpSession(instance.mcp_url, timeout=30.0)
-        self.control = ControlClient(instance.control_url, timeout=30.0)
-        self.tracker = DiffTracker(DIFF_ROWS)
-        self.tools: list[dict[str, Any]] = []
+        self.handle: EnvHandle | None = None
+        self.episode: EpisodeSession | None = None
         self.lock = asyncio.Lock()  # one call at a time: the episode is one transaction
         self.used = time.monotonic()
 
     async def open(self) -> None:
-        await self.mcp.initialize()
-        self.tools = await self.mcp.list_tools()
+        self.handle = await EnvHandle.connect(self.instance.mcp_url, self.instance.control_url, timeout=30.0)
+        self.episode = EpisodeSession(self.handle, call_diff_rows=DIFF_ROWS)
+
+    @property
+    def tools(self) -> list[dict[str, Any]]:
+        return self.handle.tools if self.handle else []
 
     async def close(self) -> None:
-        await self.mcp.close()
-        await self.control.close()
+        if self.handle is not None:
+            await self.handle.close()
 
 
 class Playground:
@@ -91,34 +92,36 @@ class Playground:
 
     async def open(self, name: str) -> dict[str, Any]:
         session = await self.session(name)
-        info = await session.control.info()
+        assert session.handle is not None
+        info = await session.handle.control.info()
         return {"instance": session.instance.model_dump(), "tools": session.tools, "tasks": info.get("tasks", []),
                 "ttl_s": self.ttl_s}
 
     async def reset(self, name: str, body: ResetRequest) -> dict[str, Any]:
         session = await self.session(name)
+        assert session.episode is not None
         async with session.lock:
-            result = await session.control.reset(body.task_id)
-            session.tracker = DiffTracker(DIFF_ROWS)  # the snapshot again: nothing changed yet
-        return result
+            return await session.episode.reset(body.task_id)
 
     async def call(self, name: str, body: CallRequest) -> dict[str, Any]:
         session = await self.session(name)
+        assert session.episode is not None
         async with session.lock:
-            t0 = time.perf_counter()
-            outcome = await session.mcp.call_tool(body.tool, body.arguments)
-            ms = (time.perf_counter() - t0) * 1000
-            change = {} if outcome.is_error else await session.tracker.after_call(session.control)
-        return {"name": body.tool, "arguments": body.arguments, "is_error": outcome.is_error,
-                "error_kind": outcome.error_kind, "text": outcome.text, "structured": outcome.structured,
-                "ms": round(ms, 3), "diff": change}
+            result = await session.episode.call_tool(body.tool, body.arguments)
+        return {"name": body.tool, "arguments": body.arguments, "is_error": result.is_error,
+                "error_kind": result.error_kind, "text": result.text, "structured": result.structured,
+                "ms": round(result.ms, 3), "diff": result.diff or {}, "diff_error": result.diff_error}
 
     async def verify(self, name: str, body: VerifyRequest) -> dict[str, Any]:
+        """The verdict and the reward as an episode would get them (masked when it is the
+        environment's failure), and what the episode changed in the database."""
         session = await self.session(name)
+        assert session.episode is not None
         async with session.lock:
-            verdict = await session.control.verify(body.final_answer)
-            diff = await session.control.diff()
-        return {"verdict": verdict, "diff": diff.get("tables", {})}
+            outcome = await session.episode.finish(body.final_answer, diff=True)
+        return {"verdict": outcome.verdict, "reward": outcome.reward, "masked": outcome.masked,
+                "mask_reason": outcome.mask_reason, "components": outcome.components,
+                "diff": session.episode.diff or {}}
 
     async def release(self, name: str) -> None:
         session = self.sessions.pop(name, None)

@@ -54,17 +54,29 @@ def _find(root: Path, depth: int = 0) -> list[Path]:
     return found
 
 
+_METRICS: dict[Path, tuple[tuple[int, int, int], list[dict[str, Any]]]] = {}  # path -> (stat key, records)
+
+
 def read_metrics(run: Path) -> list[dict[str, Any]]:
-    """The per-step records of ``metrics.jsonl``; a line cut by a crash is skipped."""
+    """The per-step records of ``metrics.jsonl``; a line cut by a crash is skipped. Parsed once
+    per version of the file (size, mtime, inode): a long run's 6,000 lines of 30 keys take a
+    large part of a second to parse, and the run list and run page ask again and again."""
     path = run / "metrics.jsonl"
-    if not path.is_file():
+    try:
+        stat = path.stat()
+    except OSError:
         return []
+    key = (stat.st_size, stat.st_mtime_ns, stat.st_ino)
+    cached = _METRICS.get(path)
+    if cached is not None and cached[0] == key:
+        return cached[1]
     records = []
     for line in path.read_text(encoding="utf-8").splitlines():
         try:
             records.append(json.loads(line))
         except json.JSONDecodeError:
             continue
+    _METRICS[path] = (key, records)
     return records
 
 

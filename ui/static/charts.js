@@ -123,7 +123,24 @@ export function lineChart(series, opts = {}) {
   const weight = opts.smoothing || 0;
   const drawn = series.map((se) => ({ ...se, raw: se.points.filter((p) => present(p.y)) }))
     .map((se) => ({ ...se, line: smooth(se.raw, weight) }));
-  const path = (pts) => pts.map((p) => `${X(p.x).toFixed(1)},${Y(p.y).toFixed(1)}`).join(" ");
+  // a line of more points than the panel has pixels is drawn through each pixel column's lowest
+  // and highest point (its shape, spikes included, at a fraction of the DOM); hover reads all
+  const columns = Math.round(width - pad.l - pad.r);
+  const thin = (pts) => {
+    if (pts.length <= 2 * columns) return pts;
+    const out = [];
+    let bucket = -1, lo = null, hi = null;
+    const flush = () => { if (lo) out.push(...(lo === hi ? [lo] : lo.x < hi.x ? [lo, hi] : [hi, lo])); };
+    for (const p of pts) {
+      const b = Math.floor(((p.x - x0) / (x1 - x0 || 1)) * columns);
+      if (b !== bucket) { flush(); bucket = b; lo = hi = p; continue; }
+      if (p.y < lo.y) lo = p;
+      if (p.y > hi.y) hi = p;
+    }
+    flush();
+    return out;
+  };
+  const path = (pts) => thin(pts).map((p) => `${X(p.x).toFixed(1)},${Y(p.y).toFixed(1)}`).join(" ");
   for (const se of drawn) {
     if (!se.raw.length) continue;
     if (weight) svg.append(s("polyline", { points: path(se.raw), fill: "none", stroke: se.color, "stroke-width": 1, opacity: 0.3, class: "series raw" }));

@@ -43,7 +43,8 @@ export async function render(main, args, params) {
   const answer = h("input", { type: "text", name: "final_answer" });
   const verify = h("form", { class: "inline", onsubmit: (e) => { e.preventDefault(); guard(async () => {
     const r = await api(`/api/playground/${encodeURIComponent(name)}/verify`, { body: { final_answer: answer.value || null } });
-    log.append(h("li", { class: "call verify-result" }, h("h4", {}, "Verdict ", badge(r.verdict.verdict), ` reward ${fmt.num(r.verdict.reward)}`),
+    log.append(h("li", { class: "call verify-result" }, h("h4", {}, "Verdict ", badge(r.verdict.verdict),
+      r.masked ? [" ", badge(`masked: ${r.mask_reason}`, "masked")] : ` reward ${fmt.num(r.reward)}`),
       r.verdict.reason ? h("p", {}, r.verdict.reason) : null, renderCounts(r.diff)));
   }); } }, field("Final answer", answer), h("button", { type: "submit" }, "Verify"));
 
