@@ -28,7 +28,6 @@ closes (a dead instance is checked before it is handed out again).
 from __future__ import annotations
 
 import asyncio
-import logging
 from typing import Any, Literal
 
 from openenv.core.env_server.interfaces import Environment
@@ -197,29 +196,27 @@ def _error_type(kind: str | None) -> ToolErrorType:
             "unavailable": ToolErrorType.TRANSPORT_ERROR}.get(kind or "", ToolErrorType.EXECUTION_ERROR)
 
 
-class _QuietDisconnects(logging.Filter):
-    """Drops uvicorn's "Exception in ASGI application" for a client that went away: a normal end
-    of an OpenEnv session, not an error (anything else is still logged)."""
+class _ClosedByClient:
+    """ASGI middleware: a WebSocket session the client ended is a normal end, not an error.
+    openenv-core 0.3.0's ``/ws`` endpoint closes the socket once more after the client went away
+    (``await websocket.close()`` in its ``finally``, which catches only ``RuntimeError``); the
+    ``WebSocketDisconnect`` that raises would reach uvicorn, which prints ~60 lines of
+    "Exception in ASGI application" for every disconnect. The session itself is already cleaned
+    up by then (its environment closed, the instance released)."""
 
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.exc_info and record.getMessage().startswith("Exception in ASGI application"):
-            return not _is_disconnect(record.exc_info[1])
-        return True
+    def __init__(self, app: Any) -> None:
+        self.app = app
 
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "websocket":
+            await self.app(scope, receive, send)
+            return
+        from starlette.websockets import WebSocketDisconnect
 
-def _is_disconnect(exc: BaseException | None) -> bool:
-    from starlette.websockets import WebSocketDisconnect
-
-    seen = 0
-    while exc is not None and seen < 10:
-        if isinstance(exc, (WebSocketDisconnect, ConnectionError)) or type(exc).__name__ in (
-                "ClientDisconnected", "ConnectionClosed", "ConnectionClosedOK", "ConnectionClosedError"):
-            return True
-        if isinstance(exc, BaseExceptionGroup):
-            return all(_is_disconnect(e) for e in exc.exceptions)
-        exc = exc.__cause__ or exc.__context__
-        seen += 1
-    return False
+        try:
+            await self.app(scope, receive, send)
+        except WebSocketDisconnect:
+            return
 
 
 def build_app(source: InstanceSource, max_steps: int = 30, reward: RewardConfig | None = None,
@@ -228,11 +225,9 @@ def build_app(source: InstanceSource, max_steps: int = 30, reward: RewardConfig 
     ``max_sessions`` defaults to the number of instances of a pool."""
     from openenv.core.env_server.http_server import create_fastapi_app
 
-    logging.getLogger("uvicorn.error").addFilter(_QUIET)
     if max_sessions is None:
         max_sessions = source.size if isinstance(source, PoolSource) else 64
-    return create_fastapi_app(lambda: AwmEnvironment(source, max_steps, reward), AwmAction, AwmObservation,
-                              max_concurrent_envs=max(max_sessions, 1))
-
-
-_QUIET = _QuietDisconnects()
+    app = create_fastapi_app(lambda: AwmEnvironment(source, max_steps, reward), AwmAction, AwmObservation,
+                             max_concurrent_envs=max(max_sessions, 1))
+    app.add_middleware(_ClosedByClient)
+    return app
