@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import logging
 import signal
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
+from typer.core import TyperGroup
 from rich.table import Table
 
 from awm import catalog as catalog_mod
@@ -28,49 +30,42 @@ app.add_typer(env_app, name="env")
 app.add_typer(pg_app, name="postgres")
 
 
-def _add_gen() -> None:
-    from awm.synth.cli import gen_app
-
-    app.add_typer(gen_app, name="gen")
-
-
-_add_gen()
-
-
-def _add_trainer() -> None:  # `awm agent`, `awm train`, `awm eval` (trainer/cli.py; torch loads lazily)
-    from awm.trainer.cli import trainer_app
-
-    app.add_typer(trainer_app)
-
-
-_add_trainer()
+# Subcommands of the components above the core are registered lazily: `import awm.cli` loads
+# none of them (an image installs only what its component imports; tests/test_imports.py), and
+# a subcommand imports its component only when it runs (or when --help lists it).
+LAZY_COMMANDS: dict[str, tuple[str, str, bool]] = {
+    # name: (module, attribute, whether the attribute is a group whose command of that name runs)
+    "gen": ("awm.synth.cli", "gen_app", False),
+    "agent": ("awm.trainer.cli", "trainer_app", True),      # torch loads lazily inside
+    "train": ("awm.trainer.cli", "trainer_app", True),
+    "eval": ("awm.trainer.cli", "trainer_app", True),
+    "verify": ("awm.trainer.cli", "trainer_app", True),
+    "operator": ("awm_operator.cli", "operator_app", False),  # kopf loads lazily inside
+    "openenv": ("awm.integrations.cli", "openenv_app", False),  # openenv-core loads lazily inside
+    "ui": ("awm.ui.cli", "ui_command", False),               # starlette and uvicorn when it runs
+}
 
 
-def _add_operator() -> None:  # `awm operator crds|run` (operator/awm_operator; kopf loads lazily)
-    from awm_operator.cli import operator_app
+class _LazyGroup(TyperGroup):
+    """The root command: its own commands, plus :data:`LAZY_COMMANDS` imported on first use."""
 
-    app.add_typer(operator_app, name="operator")
+    def list_commands(self, ctx: Any) -> list[str]:
+        return sorted({*super().list_commands(ctx), *LAZY_COMMANDS})
 
-
-_add_operator()
-
-
-def _add_integrations() -> None:  # `awm openenv serve` (integrations/; openenv-core loads lazily)
-    from awm.integrations.cli import openenv_app
-
-    app.add_typer(openenv_app, name="openenv")
-
-
-_add_integrations()
-
-
-def _add_ui() -> None:  # `awm ui` (ui/; starlette and uvicorn load when it runs)
-    from awm.ui.cli import ui_command
-
-    app.command("ui")(ui_command)
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        if cmd_name not in LAZY_COMMANDS:
+            return super().get_command(ctx, cmd_name)
+        module, attribute, merged = LAZY_COMMANDS[cmd_name]
+        target = getattr(importlib.import_module(module), attribute)
+        holder = typer.Typer(add_completion=False)  # registered as it would be on `app` itself
+        if isinstance(target, typer.Typer):
+            holder.add_typer(target, name=None if merged else cmd_name)
+        else:
+            holder.command(cmd_name)(target)
+        return typer.main.get_command(holder).get_command(ctx, cmd_name)  # type: ignore[attr-defined]
 
 
-_add_ui()
+app.info.cls = _LazyGroup
 
 console = Console()
 err = Console(stderr=True, soft_wrap=True)  # an error line stays one line in logs

@@ -256,6 +256,8 @@ class ControlPlane:
     Kubernetes components. Logs: <workdir>/logs/<component>.log.
     """
 
+    service_cidr = SERVICE_CIDR  # what a real node (k8s/node.py) reads from its control plane
+
     def __init__(self, bin_dir: str | os.PathLike | None = None, *, nodes: int = 4,
                  node_cpu: str = "256", node_memory: str = "1Ti", node_pods: int = 512,
                  fast_clients: bool = True, verbosity: int = 1,
@@ -287,6 +289,11 @@ class ControlPlane:
         e["KUBECONFIG"] = self.kubeconfig or ""
         e["PATH"] = f"{self.bin_dir}{os.pathsep}{e.get('PATH', '')}"
         return e
+
+    @staticmethod
+    def versions() -> dict[str, str]:
+        """The pinned component versions (k8s/versions.env), for a real node's own downloads."""
+        return read_versions()
 
     def kubectl(self, *args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
         return subprocess.run([self.bin("kubectl"), "--kubeconfig", self.kubeconfig, *args],

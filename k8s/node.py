@@ -39,15 +39,28 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.error
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
-if TYPE_CHECKING:  # the harness imports this module; only type names come back
-    from k8s.harness import ControlPlane
+
+class ControlPlane(Protocol):
+    """What a node uses of the harness's ``ControlPlane`` (k8s/harness.py). The harness imports
+    this module, never the other way round: the node gets everything through the instance."""
+
+    bin_dir: Path
+    workdir: Path
+    kubeconfig: str
+    ports: dict[str, int]
+    service_cidr: str
+
+    def api(self, method: str, path: str, body: dict | None = None, timeout: float = 10.0) -> dict: ...
+
+    def kubectl(self, *args: str, check: bool = True, input: str | None = None) -> Any: ...
+
+    def versions(self) -> dict[str, str]: ...
 
 NODE_BINARIES = ("kubelet", "kube-proxy", "coredns", "kube-router")
 HOST_TOOLS = {"containerd": "containerd", "runc": "runc", "ctr": "containerd",
@@ -530,7 +543,7 @@ state = "{r / 'containerd-state'}"
         self.load_images([archive])
 
     def _pause_source(self) -> Path:
-        v = sys.modules[type(self.cp).__module__].read_versions()["K8S_VERSION"]  # the harness's pins
+        v = self.cp.versions()["K8S_VERSION"]  # the harness's pins
         r = _run("go", "mod", "download", "-json", f"k8s.io/kubernetes@{v}", timeout=300,
                  check=False)
         try:
@@ -642,13 +655,12 @@ state = "{r / 'containerd-state'}"
         user = "system:kube-router"
         _pki_leaf(self.cp.workdir / "pki", f"kube-router-{self.index}", user, None)
         self._grant("awm:kube-router", user, KUBE_ROUTER_RBAC)
-        harness = sys.modules[type(self.cp).__module__]
         self._spawn("kube-router", [
             str(self.cp.bin_dir / "kube-router"),
             f"--kubeconfig={self._kubeconfig('kube-router', f'kube-router-{self.index}')}",
             f"--hostname-override={self.name}",
             "--run-firewall=true", "--run-router=false", "--run-service-proxy=false", "--run-loadbalancer=false",
-            f"--service-cluster-ip-range={harness.SERVICE_CIDR}",
+            f"--service-cluster-ip-range={self.cp.service_cidr}",
             # a full resync every 10 s, like kube-proxy's here (default 5 min): if something else on
             # the host removes its rules, they are back within that
             "--iptables-sync-period=10s",

@@ -358,13 +358,13 @@ TINY = Path(__file__).resolve().parent.parent / "examples" / "train-tiny.yaml"
 @pytest.mark.timeout(600)
 def test_awm_train_in_a_campaign_job_claims_trains_and_reports(cluster: Cluster, operator: InThread, admin_dsn: str,
                                                                tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``awm.trainer.learner.train`` (what the Job's ``awm train`` runs) with exactly the Job's
+    """``awm.trainer.run.train`` (what the Job's ``awm train`` runs) with exactly the Job's
     environment and the ConfigMap's config: it claims the campaign fleet's instances through the
     operator (each pod points at its own real env server of the lamps environment), runs a GRPO
     step with the tiny CPU model, reports the step into the Campaign's status and releases."""
     from awm import catalog as catalog_mod
     from awm.fleet import Database, LocalFleet
-    from awm.trainer.learner import train
+    from awm.trainer.run import train
 
     tiny = yaml.safe_load(TINY.read_text())
     name = f"tiny-{uuid.uuid4().hex[:5]}"

@@ -203,7 +203,8 @@ def test_policy_device_and_dtype_reach_the_learner_and_the_sampler(tmp_path):
     async sampler's copy are bfloat16, and a synchronous run shares one model between learner
     and sampler."""
     from awm.trainer.config import TrainConfig
-    from awm.trainer.learner import Learner, build_policy, resolve_device, resolve_dtype
+    from awm.trainer.learner import Learner
+    from awm.trainer.models import build_policy, resolve_device, resolve_dtype
     from awm.trainer.local_policy import LocalPolicy
     from awm.trainer.samples import Sequence
 

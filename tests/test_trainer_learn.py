@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from awm.trainer.config import TrainConfig, redact_dsn
-from awm.trainer.learner import train
+from awm.trainer.run import train
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "train-tiny.yaml"
 

@@ -201,7 +201,7 @@ async def test_awm_train_with_the_vllm_policy(vllm, admin_dsn, tmp_path):
     """``awm train`` with ``policy.kind: vllm``: rollouts from the server, a LoRA learner, the
     adapter pushed after every step, exact staleness, the sampler-learner gap logged."""
     from awm.trainer.config import TrainConfig
-    from awm.trainer.learner import train
+    from awm.trainer.run import train
     from awm.trainer.trajectory import read_trajectories
 
     lamps = Path(__file__).parent / "fixtures" / "lamps"
@@ -273,7 +273,7 @@ async def test_grpo_with_the_vllm_policy_raises_the_reward(vllm, admin_dsn, tmp_
     server samples with its own seeds, so runs differ. The server is given back its starting
     weights afterwards."""
     from awm.trainer.config import TrainConfig
-    from awm.trainer.learner import train
+    from awm.trainer.run import train
 
     example = Path(__file__).parent.parent / "examples" / "train-vllm.yaml"
     cfg = TrainConfig.load(example, {"run_dir": str(tmp_path / "run"), "database_url": admin_dsn})

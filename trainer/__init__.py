@@ -9,7 +9,8 @@ Modules, roughly in the order data flows through them:
 * :mod:`awm.trainer.agent` - one episode on one instance, streamed to JSONL as it happens;
 * :mod:`awm.trainer.rollout` - concurrent episodes, GRPO groups, bounded staleness;
 * :mod:`awm.trainer.grpo` (loss math), :mod:`awm.trainer.samples` (trajectories to token tensors),
-  :mod:`awm.trainer.learner` (the training loop, checkpoints);
+  :mod:`awm.trainer.learner` (one optimiser step, checkpoints), :mod:`awm.trainer.models` (building the
+  policy), :mod:`awm.trainer.run` (the ``awm train`` loop), :mod:`awm.trainer.distributed` (FSDP ranks);
 * :mod:`awm.trainer.eval` (pass@k), :mod:`awm.trainer.metrics` (Prometheus, JSONL, plots), :mod:`awm.trainer.cli`.
 
 Nothing here imports torch at module import time except the learner-side modules, so the CLI

@@ -184,7 +184,7 @@ def train(
     except (ValueError, TypeError) as exc:
         err.print(f"[red]error in {config}:[/red] {exc}")
         raise typer.Exit(2) from exc
-    from awm.trainer.learner import train as run_training
+    from awm.trainer.run import train as run_training
     from awm.trainer.policy import PolicyUnavailable
     from awm.trainer.rollout import InstancesUnavailable
 
@@ -473,7 +473,7 @@ def _checkpoint_policy(path: Path, temperature: float, thinking: bool | None = N
     from awm.trainer import tiny
     from awm.trainer.local_policy import LocalPolicy, SamplingSpec
 
-    from awm.trainer.learner import resolve_device
+    from awm.trainer.models import resolve_device
 
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True).to(resolve_device("auto"))

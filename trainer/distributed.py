@@ -149,26 +149,6 @@ def sum_over_ranks(values: list[float]) -> list[float]:
     return tensor.cpu().tolist()
 
 
-def follow(cfg: Any, coordinator: Coordinator) -> None:
-    """A rank > 0 of ``awm train``: the same model from the same weights and seed as rank 0
-    (its checkpoint when resuming: the run directory must be shared between nodes), sharded
-    alike, then rank 0's learner calls until it stops."""
-    from pathlib import Path
-
-    from awm.trainer.learner import Learner, build_policy, latest_checkpoint
-
-    torch.manual_seed(cfg.seed)
-    torch.set_num_threads(max(1, cfg.torch_threads))
-    resume_from = latest_checkpoint(Path(cfg.run_dir)) if cfg.resume else None
-    model, reference, tokenizer, sampling, dtype = build_policy(cfg, [], resume_from,
-                                                                device_for(coordinator.where, cfg.policy.device))
-    learner = Learner(shard(model), cfg.grpo, sampling, reference, pad_id=tokenizer.pad_token_id or 0,
-                      compute_dtype=dtype, coordinator=coordinator)
-    if resume_from is not None:
-        learner.load_state(resume_from)
-    coordinator.serve(learner)
-
-
 class Coordinator:
     """Rank 0 announces each collective learner call; the other ranks follow (:meth:`serve`)."""
 

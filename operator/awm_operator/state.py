@@ -16,13 +16,10 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import TYPE_CHECKING, Any, Collection, Iterable, Mapping
+from typing import Any, Collection, Iterable, Mapping
 
 from awm_operator.crds import EnvFleetSpec
 from awm_operator.pods import PodInfo
-
-if TYPE_CHECKING:
-    from awm_operator.ledger import Ledger
 
 
 @dataclass
@@ -144,7 +141,7 @@ class Fleet:
     claims: dict[str, ClaimRecord] = field(default_factory=dict)  # the ledger, as last written
     owner: dict[str, str] = field(default_factory=dict)     # pod name -> claim id holding it
     releasing: set[str] = field(default_factory=set)        # claim ids being released
-    ledger: "Ledger | None" = None                          # set while this replica acts on the fleet
+    ledger: Any = None  # ledger.Ledger while this replica acts on the fleet (ledger.py imports this module)
     active: bool = False                                    # this replica's daemon runs it
     deleted: bool = False
     admin_dsn: str | None = None
