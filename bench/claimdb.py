@@ -469,6 +469,8 @@ def main() -> None:
     ap.add_argument("--episodes", type=int, default=32, help="open episodes for the memory measurement")
     ap.add_argument("--catalog-count", type=int, default=100, help="environments of the varied catalog to choose from")
     ap.add_argument("--only", nargs="*", choices=STRATEGIES, help="only these strategies")
+    ap.add_argument("--episodes-only", choices=["database", "schema"],
+                    help="skip the claim measurements: only open episodes of this mode (e.g. --episodes 256: one shard's share of 1,024)")
     ap.add_argument("--quick", action="store_true", help="few repetitions (a smoke run)")
     ap.add_argument("--json", action="store_true", help="print the JSON result only")
     args = ap.parse_args()
@@ -508,7 +510,7 @@ def main() -> None:
                                              "template_mb": database_size_mb(admin_dsn, env.template.dbname)}
             log(f"{label}: {bundle.name}, {d['tables']} tables, {d['rows']} rows")
         shared_before = database_size_mb(admin_dsn, SHARED_DB)
-        for strategy in args.only or STRATEGIES:
+        for strategy in [] if args.episodes_only else args.only or STRATEGIES:
             for label, env in envs.items():
                 runs = []
                 for threads, per in ((1, args.n), (args.threads, args.per_thread)):
@@ -521,7 +523,7 @@ def main() -> None:
                 result["strategies"].setdefault(strategy, {})[label] = runs
         result["shared_db_mb_after"] = {"before": shared_before, "after": database_size_mb(admin_dsn, SHARED_DB)}
         for label, env in envs.items():
-            for mode in ("database", "schema"):
+            for mode in [args.episodes_only] if args.episodes_only else ["database", "schema"]:
                 r = episode_memory(admin_dsn, env, args.episodes, mode)
                 result["episodes"].setdefault(label, {})[mode] = r
                 log(f"episodes {label:7} {mode:8}: backend PSS {r['backend_pss_mb']} MB (idle {r['backend_pss_mb_idle_connection']}), "
