@@ -22,17 +22,34 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from awm import jsonlimits
 from awm.postgres.snapshot import MAX_DIFF_ROWS
 from awm.envserver.instance import ControlError, EnvInstance
 
 
+MAX_BODY = 1024 * 1024  # a reset or a verification (a final answer) is small
+
+
 async def _body(request: Request) -> dict[str, Any]:
-    raw = await request.body()
+    """The JSON object of a request, read up to MAX_BODY (413 past it, however the client
+    announces or streams it), nested at most jsonlimits.MAX_DEPTH deep (400)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY:
+        raise ControlError(413, f"request body over {MAX_BODY} bytes")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY:
+            raise ControlError(413, f"request body over {MAX_BODY} bytes")
+        chunks.append(chunk)
+    raw = b"".join(chunks)
     if not raw.strip():
         return {}
     try:
-        data = json.loads(raw)
-    except json.JSONDecodeError as exc:
+        data = jsonlimits.loads(raw)
+    except jsonlimits.JsonLimitError as exc:
+        raise ControlError(400, f"request body refused: {exc}") from exc
+    except ValueError as exc:
         raise ControlError(400, f"request body is not JSON: {exc}") from exc
     if not isinstance(data, dict):
         raise ControlError(400, "request body must be a JSON object")
@@ -53,6 +70,8 @@ def build_control(instance: EnvInstance, middleware: list[Middleware] | None = N
             task_id = body.get("task_id")
             if task_id is not None and not isinstance(task_id, str):
                 raise ControlError(400, "task_id must be a string or null")
+            if jsonlimits.lone_surrogate(task_id) is not None:
+                raise ControlError(400, "task_id holds a lone UTF-16 surrogate (not valid Unicode)")
             return await instance.reset(task_id, verify=bool(body.get("verify", False)))
         return await handle(call)
 
@@ -62,6 +81,8 @@ def build_control(instance: EnvInstance, middleware: list[Middleware] | None = N
             answer = body.get("final_answer")
             if answer is not None and not isinstance(answer, str):
                 raise ControlError(400, "final_answer must be a string or null")
+            if jsonlimits.lone_surrogate(answer) is not None:
+                raise ControlError(400, "final_answer holds a lone UTF-16 surrogate (not valid Unicode)")
             return await instance.verify(answer)
         return await handle(call)
 

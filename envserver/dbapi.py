@@ -32,7 +32,12 @@ _FORBIDDEN_FUNCTION = re.compile(
     r"pg_file_\w+|pg_notify|pg_terminate_backend|pg_cancel_backend|pg_reload_conf|pg_rotate_logfile|"
     r"pg_logical_emit_message|pg_switch_wal|pg_create_\w+|pg_drop_\w+|pg_replication_\w+|"
     r"query_to_xml\w*|cursor_to_xml\w*|table_to_xml\w*|schema_to_xml\w*|database_to_xml\w*|"
-    r"pg_import_system_collations|pg_promote|pg_log_backend_memory_contexts)$")
+    r"pg_import_system_collations|pg_promote|pg_log_backend_memory_contexts|ts_stat|ts_rewrite)$")
+# The target of a write: only the instance's own tables (schema public, never a system view such
+# as pg_settings, whose UPDATE rule would change session settings).
+_WRITE_TARGET = re.compile(r'\b(?:update|insert\s+into|delete\s+from|merge\s+into)\s+(?:only\s+)?'
+                           r'((?:"(?:[^"]|"")+"|[A-Za-z_][A-Za-z0-9_$]*)(?:\s*\.\s*(?:"(?:[^"]|"")+"|[A-Za-z_][A-Za-z0-9_$]*))*)',
+                           re.IGNORECASE)
 # An identifier (plain or double-quoted, "" inside quotes) followed by an opening parenthesis.
 _CALL = re.compile(r'("(?:[^"]|"")+"|[A-Za-z_][A-Za-z0-9_$]*)\s*\(')
 # Comments and string literals (a name inside a string is data), dollar-quoted strings included.
@@ -50,6 +55,10 @@ class ToolError(Exception):
 
 class SqlForbidden(ToolError):
     pass
+
+
+def _unquote(name: str) -> str:
+    return name[1:-1].replace('""', '"') if name.startswith('"') else name.lower()
 
 
 def is_app_savepoint(sql: str) -> bool:
@@ -72,6 +81,10 @@ def check_statement(sql: str) -> None:
     if first.group(1).lower() in ("select", "with", "table", "values") and re.search(
             r"\binto\b", re.sub(r"\b(insert|merge)\s+into\b", " ", bare, flags=re.IGNORECASE), re.IGNORECASE):
         raise SqlForbidden("SELECT ... INTO (creating a table) is not allowed in an environment tool")
+    for match in _WRITE_TARGET.finditer(bare):
+        parts = [_unquote(x.strip()) for x in re.findall(r'"(?:[^"]|"")+"|[^.\s"]+', match.group(1))]
+        if (len(parts) > 1 and parts[0] != "public") or len(parts) > 2 or parts[-1].startswith("pg_"):
+            raise SqlForbidden(f"writes only to the environment's own tables, not {'.'.join(parts)[:80]}")
     for match in _CALL.finditer(bare):
         name = match.group(1)
         name = name[1:-1].replace('""', '"') if name.startswith('"') else name.lower()

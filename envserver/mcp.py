@@ -26,6 +26,8 @@ import secrets
 from collections import OrderedDict
 from typing import Any, Awaitable, Callable
 
+from awm import jsonlimits
+
 from awm.envserver.instance import EnvInstance
 from awm.envserver.tools import ToolFailure, render
 
@@ -98,8 +100,8 @@ class McpApp:
         if body is None:
             return await self._error(send, None, RpcError(INVALID_REQUEST, f"request body over {MAX_BODY} bytes", 413))
         try:
-            message = json.loads(body)
-        except ValueError as exc:
+            message = jsonlimits.loads(body)
+        except ValueError as exc:  # malformed, or nested deeper than jsonlimits.MAX_DEPTH
             return await self._error(send, None, RpcError(PARSE_ERROR, f"Parse error: {exc}", 400))
         if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
             what = "batches are not supported" if isinstance(message, list) else "not a JSON-RPC 2.0 message"

@@ -23,6 +23,7 @@ Not thread-safe on purpose: the env server runs every call on one executor threa
 
 from __future__ import annotations
 
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -83,7 +84,11 @@ class EpisodeDatabase:
             with attempt:
                 self.conn = psycopg.connect(
                     self._dsn, autocommit=True, application_name="awm-envserver",
-                    options=f"-c statement_timeout={self._timeout_ms} -c search_path=public",
+                    # client_connection_check_interval: a statement whose client is gone (this
+                    # process killed mid-call) stops within a second instead of holding the
+                    # role's one connection slot until it ends.
+                    options=(f"-c statement_timeout={self._timeout_ms} -c search_path=public "
+                             "-c client_connection_check_interval=1000"),
                 )
         conn = self.conn
         assert conn is not None
@@ -198,6 +203,7 @@ class EpisodeDatabase:
         worker's final reply and what happened on the database side (``timed_out``). A worker
         failure (:class:`awm.sandbox.pool.WorkerFailure`) propagates after the rollback."""
         state: dict[str, Any] = {"timed_out": False, "failed_statement": False}
+        deadline = _Deadline(self.conn, timeout_s)
 
         def handle(request: dict[str, Any]) -> dict[str, Any]:
             op = request.get("op")
@@ -206,7 +212,8 @@ class EpisodeDatabase:
                 return {"error": {"kind": "forbidden", "message": "the statement must be a string"}}
             try:
                 if writes and op == "sql":
-                    return execute_untrusted(self.conn, sql_text, params, str(request.get("fetch", "dicts")))
+                    with deadline.statement():
+                        return execute_untrusted(self.conn, sql_text, params, str(request.get("fetch", "dicts")))
                 if not writes and op == "query":
                     rows = self.read_query(request.get("db") == "initial", sql_text,
                                            params if isinstance(params, list) else [])
@@ -218,8 +225,13 @@ class EpisodeDatabase:
             except psycopg.errors.QueryCanceled as exc:
                 state["timed_out"] = True
                 return {"error": {"kind": "timeout", "message": _first_line(exc), "sqlstate": exc.sqlstate}}
-            except psycopg.OperationalError:
-                raise
+            except psycopg.OperationalError as exc:
+                if self.conn is None or self.conn.closed or self.conn.broken or _connection_gone(exc):
+                    raise
+                # Program limits, out of memory, a full lock table: the statement failed, the
+                # database did not go away (classified by SQLSTATE, not by exception class).
+                state["failed_statement"] = True
+                return {"error": {"kind": "db", "message": _first_line(exc), "sqlstate": exc.sqlstate}}
             except psycopg.Error as exc:
                 state["failed_statement"] = True
                 return {"error": {"kind": "db", "message": _first_line(exc), "sqlstate": exc.sqlstate}}
@@ -227,6 +239,10 @@ class EpisodeDatabase:
                 self._check_transaction()
 
         def run(conn: psycopg.Connection) -> tuple[dict[str, Any], dict[str, Any]]:
+            with deadline:
+                return run_within(conn)
+
+        def run_within(conn: psycopg.Connection) -> tuple[dict[str, Any], dict[str, Any]]:
             if not writes:
                 return pool.run(message, handle, timeout_s), state
             conn.execute("SAVEPOINT awm_tool")
@@ -270,6 +286,9 @@ class EpisodeDatabase:
         try:
             conn.execute(sql.SQL("SET LOCAL ROLE {}").format(sql.Identifier(READER_ROLE)))
             conn.execute(sql.SQL("SET LOCAL search_path = {}").format(sql.Identifier(schema)))
+            # Read-only by the transaction too, not only by the role: no nextval, no writes even
+            # if a verifier found a way out of its role.
+            conn.execute("SET LOCAL transaction_read_only = on")
             yield conn
         finally:
             if not conn.broken:
@@ -320,6 +339,54 @@ class EpisodeDatabase:
         bad = current.mismatches(self._expected)
         return {"pristine": not bad, "mismatches": bad, "digest": current.digest,
                 "snapshot_digest": self._expected.digest}
+
+
+def _connection_gone(exc: psycopg.Error) -> bool:
+    """SQLSTATE classes that mean the session is over: connection exceptions (08), the server
+    shutting down or terminating the backend (57P01-57P05)."""
+    state = exc.sqlstate or ""
+    return state == "" or state.startswith("08") or state.startswith("57P")
+
+
+class _Deadline:
+    """The server's own deadline for one call: when it passes while a statement of the call is
+    running, the statement is cancelled at the protocol level (a cancel request to the postmaster,
+    which needs no connection slot), instead of running on until its statement timeout."""
+
+    def __init__(self, conn: psycopg.Connection | None, timeout_s: float) -> None:
+        self._conn = conn
+        self._timeout_s = timeout_s
+        self._lock = threading.Lock()
+        self._running = False
+        self._timer: threading.Timer | None = None
+
+    def __enter__(self) -> "_Deadline":
+        self._timer = threading.Timer(self._timeout_s, self._expire)
+        self._timer.daemon = True
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def _expire(self) -> None:
+        with self._lock:
+            if self._running and self._conn is not None and not self._conn.closed:
+                try:
+                    self._conn.cancel_safe(timeout=2.0)
+                except Exception:  # noqa: BLE001 - best effort: the statement timeout still holds
+                    pass
+
+    @contextmanager
+    def statement(self) -> Iterator[None]:
+        with self._lock:
+            self._running = True
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._running = False
 
 
 def _first_line(exc: psycopg.Error) -> str:

@@ -23,6 +23,8 @@ from typing import Any
 
 import jsonschema
 
+from awm import jsonlimits
+
 from awm.bundle import EnvBundle, Route
 from awm.envserver.dbapi import to_json_value
 
@@ -70,6 +72,9 @@ class ToolRuntime:
             arguments = {}
         if not isinstance(arguments, dict):
             raise ToolFailure("invalid_arguments", "arguments must be a JSON object")
+        bad = jsonlimits.lone_surrogate(arguments)
+        if bad is not None:
+            raise ToolFailure("invalid_arguments", f"{name}: {bad}: a lone UTF-16 surrogate is not valid Unicode")
         errors = sorted(self._validators[name].iter_errors(arguments), key=lambda e: list(e.path))
         if errors:
             detail = "; ".join(

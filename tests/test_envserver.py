@@ -157,7 +157,7 @@ async def test_verify_before_reset_is_refused(admin_dsn, notes_bundle):
     ("eats_memory", "memory", "memory limit"),
     ("opens_socket", "exception", "Operation not permitted"),
     ("kills_itself", "crash", "died"),
-    ("tries_to_write", "query", "permission denied"),
+    ("tries_to_write", "query", "read-only transaction"),  # refused by the transaction, then by the role
 ])
 async def test_misbehaving_verifiers_give_error_verdicts_and_the_server_stays_up(control, mcp, task, kind, fragment):
     await control.reset(task)

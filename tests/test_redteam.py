@@ -278,6 +278,25 @@ def huge_result_set(db):
 def huge_return_value(db):
     return "z" * (80 * 1024 * 1024)
 ''',
+    # Settings and SQL text the guard cannot see: pg_settings' UPDATE rule, ts_stat's query text,
+    # transaction-level advisory locks (which fill the cluster's shared lock table).
+    "pg_settings_timeout_off": '''
+def pg_settings_timeout_off(db):
+    db.execute("UPDATE pg_settings SET setting = '0' WHERE name = 'statement_timeout'")
+    return db.query("SHOW statement_timeout")
+''',
+    "pg_settings_qualified": '''
+def pg_settings_qualified(db):
+    return db.execute('WITH s AS (UPDATE "pg_catalog"."pg_settings" SET setting = 0 WHERE name = \\'statement_timeout\\' RETURNING 1) SELECT 1')
+''',
+    "ts_stat_runs_set_config": '''
+def ts_stat_runs_set_config(db):
+    return db.query("SELECT * FROM ts_stat('SELECT to_tsvector(set_config(''statement_timeout'', ''0'', false))')")
+''',
+    "xact_advisory_flood": '''
+def xact_advisory_flood(db):
+    return db.query("SELECT count(\\"pg_advisory_xact_lock\\"(g)) FROM generate_series(1, 200000) g")
+''',
     "set_role": '''
 def set_role(db):
     return db.execute("SET ROLE awm_reader")
@@ -462,6 +481,11 @@ def verify(final, initial, answer):
     sys.awm_planted = True
     raise RuntimeError("planted")
 ''',
+    "verifier_nextval": '''
+def verify(final, initial, answer):
+    final.query("SELECT nextval(pg_get_serial_sequence('notes', 'id'))")
+    return True, "advanced"
+''',
     "verifier_sqlite_other_file": '''
 def verify(final, initial, answer):
     import sqlite3
@@ -608,6 +632,27 @@ async def test_isolation_is_reported_strong(redteam, clients):
     info = await control.info()
     assert info["isolation"]["strong"] is True, info["isolation"]
     assert {"landlock", "seccomp", "rlimits"} <= set(info["isolation"]["applied"])
+
+
+async def test_the_database_refuses_what_the_guard_refuses(redteam, clients, admin_dsn):
+    """Beneath the statement guard: the instance role may not update pg_settings, set settings,
+    run SQL text (ts_stat, query_to_xml) or take advisory locks of any kind, and its statement
+    timeout is the server's."""
+    handle, _ = redteam
+    control, mcp = clients
+    role = conninfo_to_dict(handle.db.dsn)["user"]
+    with psycopg.connect(admin_dsn, dbname=handle.db.dbname, autocommit=True) as admin:
+        assert admin.execute("SELECT has_table_privilege(%s, 'pg_catalog.pg_settings', 'UPDATE')", (role,)).fetchone()[0] is False
+        for fn in ("set_config(text, text, boolean)", "ts_stat(text)", "pg_advisory_xact_lock(bigint)",
+                   "pg_try_advisory_xact_lock_shared(integer, integer)", "query_to_xml(text, boolean, boolean, text)"):
+            assert admin.execute("SELECT has_function_privilege(%s, %s, 'EXECUTE')", (role, fn)).fetchone()[0] is False, fn
+    await control.reset(None)
+    for tool in ("pg_settings_timeout_off", "pg_settings_qualified", "ts_stat_runs_set_config", "xact_advisory_flood"):
+        out = await mcp.call_tool(tool, {})
+        assert out.is_error and out.error_kind in CLASSES, (tool, out.text[:300])
+    slow = await mcp.call_tool("pg_sleep_past_timeout", {})
+    assert slow.is_error and slow.error_kind == "timeout", slow.text[:300]
+    await _after(control, mcp)
 
 
 async def _verdict_of_untouched(control: ControlClient) -> dict:

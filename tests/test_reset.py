@@ -131,11 +131,13 @@ def test_verifier_reads_are_read_only_and_see_the_episode(episode_db, pool):
     call(db, pool, "run", sql="UPDATE notes SET title = 'renamed' WHERE id = 1")
     assert db.read_query(False, "SELECT title FROM notes WHERE id = 1", []) == [{"title": "renamed"}]
     assert db.read_query(True, "SELECT title FROM notes WHERE id = 1", []) == [{"title": "todo"}]
-    with pytest.raises(psycopg.errors.InsufficientPrivilege):
+    # Two layers refuse a write: the read-only transaction (checked first) and the role.
+    refused = (psycopg.errors.ReadOnlySqlTransaction, psycopg.errors.InsufficientPrivilege)
+    with pytest.raises(refused):
         db.read_query(False, "DELETE FROM notes", [])
-    with pytest.raises(psycopg.errors.InsufficientPrivilege):
+    with pytest.raises(refused):
         db.read_query(False, "WITH d AS (DELETE FROM tags RETURNING *) SELECT count(*) FROM d", [])
-    with pytest.raises(psycopg.errors.InsufficientPrivilege):
+    with pytest.raises(refused):
         db.read_query(False, "SELECT nextval('notes_id_seq')", [])
     # The episode's own work survived the refused writes.
     assert db.diff() == {"notes": {"inserted": 0, "updated": 1, "deleted": 0}}

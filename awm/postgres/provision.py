@@ -14,6 +14,7 @@ Only this module needs the admin DSN; env servers receive their instance DSN and
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import re
@@ -100,7 +101,8 @@ def _slug(text: str, limit: int) -> str:
 
 
 def template_name(bundle: EnvBundle) -> str:
-    return f"{TEMPLATE_PREFIX}{_slug(bundle.name, 40)}_{bundle.database_hash()[:12]}"
+    digest = hashlib.sha256(f"{bundle.database_hash()}:{HARDENING}".encode()).hexdigest()
+    return f"{TEMPLATE_PREFIX}{_slug(bundle.name, 40)}_{digest[:12]}"
 
 
 def ensure_group_roles(admin_dsn: str) -> None:
@@ -288,11 +290,25 @@ REVOKED_FUNCTIONS = (
     "pg_advisory_lock_shared(bigint)", "pg_advisory_lock_shared(integer, integer)",
     "pg_try_advisory_lock(bigint)", "pg_try_advisory_lock(integer, integer)",
     "pg_try_advisory_lock_shared(bigint)", "pg_try_advisory_lock_shared(integer, integer)",
+    "pg_advisory_xact_lock(bigint)", "pg_advisory_xact_lock(integer, integer)",
+    "pg_advisory_xact_lock_shared(bigint)", "pg_advisory_xact_lock_shared(integer, integer)",
+    "pg_try_advisory_xact_lock(bigint)", "pg_try_advisory_xact_lock(integer, integer)",
+    "pg_try_advisory_xact_lock_shared(bigint)", "pg_try_advisory_xact_lock_shared(integer, integer)",
     "pg_notify(text, text)", "lo_import(text)", "lo_import(text, oid)", "lo_export(oid, text)",
+    # Session settings (statement_timeout, role) and functions that run SQL given as text, where
+    # the statement guard cannot see it.
+    "set_config(text, text, boolean)", "ts_stat(text)", "ts_stat(text, text)", "ts_rewrite(tsquery, text)",
+    "query_to_xml(text, boolean, boolean, text)", "query_to_xmlschema(text, boolean, boolean, text)",
+    "query_to_xml_and_xmlschema(text, boolean, boolean, text)",
 )
+# Bumped when the template's privileges change, so that no template made before is reused.
+HARDENING = "2"
 
 
 def _revoke_functions(db: psycopg.Connection) -> None:
+    # pg_settings' UPDATE rule runs set_config as the view's owner: `UPDATE pg_settings SET
+    # setting = 0 WHERE name = 'statement_timeout'` would switch the statement timeout off.
+    db.execute("REVOKE UPDATE ON pg_catalog.pg_settings FROM PUBLIC")
     for signature in REVOKED_FUNCTIONS:
         try:
             db.execute(f"REVOKE EXECUTE ON FUNCTION pg_catalog.{signature} FROM PUBLIC")

@@ -26,10 +26,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from awm.jsonlimits import depth_exceeds, map_strings
 from awm.sandbox import codec, confine
 from awm.sandbox.forkserver import Zygote
 
 MAX_MESSAGE = 64 * 1024 * 1024  # one line from a worker (a result, a query's SQL)
+MAX_DEPTH = 100  # nesting of a worker's message (a result is rendered and logged by the server)
 START_TIMEOUT_S = 60.0
 Handler = Callable[[dict[str, Any]], dict[str, Any]]
 
@@ -47,17 +49,15 @@ def _host_prefixes() -> list[str]:
 
 
 def redact(value: Any, prefixes: list[str]) -> Any:
-    """``value`` with every host path prefix replaced by ``<host>`` (strings, lists, dicts)."""
-    if isinstance(value, str):
+    """``value`` with every host path prefix replaced by ``<host>`` (strings and keys, at any
+    depth: the walk is iterative)."""
+    def scrub(text: str) -> str:
         for prefix in prefixes:
-            if prefix in value:
-                value = value.replace(prefix, "<host>")
-        return value
-    if isinstance(value, list):
-        return [redact(v, prefixes) for v in value]
-    if isinstance(value, dict):
-        return {k: redact(v, prefixes) for k, v in value.items()}
-    return value
+            if prefix in text:
+                text = text.replace(prefix, "<host>")
+        return text
+
+    return map_strings(value, scrub)
 
 
 class WorkerFailure(Exception):
@@ -225,9 +225,12 @@ class Worker:
                 raise WorkerFailure("protocol", f"worker sent a message over {MAX_MESSAGE >> 20} MiB")
         line, self._buffer = self._buffer.split(b"\n", 1)
         try:
-            return codec.decode(line)
+            message = codec.decode(line)
         except (ValueError, TypeError, RecursionError) as exc:
             raise WorkerFailure("protocol", f"worker sent a malformed message: {exc}") from None
+        if depth_exceeds(message, MAX_DEPTH):
+            raise WorkerFailure("protocol", f"worker sent a value nested deeper than {MAX_DEPTH} levels")
+        return message
 
     def quiet(self) -> bool:
         """Nothing unread on the pipe: a worker speaks only when asked, so anything it sent

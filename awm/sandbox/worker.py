@@ -285,7 +285,7 @@ class Worker:
                 reply = _failure(exc)
             try:
                 self.channel.send(reply)
-            except (TypeError, ValueError) as exc:  # a result that cannot be encoded
+            except (TypeError, ValueError, RecursionError) as exc:  # a result that cannot be encoded
                 self.channel.send({"op": "failed", "kind": "exception",
                                    "reason": f"result is not JSON-serialisable: {exc}"[:MAX_REASON]})
 
