@@ -4,7 +4,12 @@ selenium (nothing is downloaded at run time; .ci/run installs both packages).
 The data is real: a short `awm train` run of examples/train-tiny.yaml (3 steps instead of 30),
 an `awm eval` of its checkpoint, and `awm ui --serve lamps` with its own local fleet on the
 session's PostgreSQL, all as subprocesses through the CLI a user would type. Screenshots of every
-page go to the session's temporary directory (printed; kept as artifacts by CI).
+page go to ``$AWM_UI_SCREENSHOTS`` when set (CI keeps that directory as an artifact), else to the
+session's temporary directory (printed either way).
+
+The questions a newcomer must be able to answer from the UI alone each have a test: how did my
+run's loss, KL and reward move (test_run_page_*); which tasks did my model fail at evaluation and
+why (test_evaluation_page_*); what changed between these three runs (test_compare_*).
 """
 
 from __future__ import annotations
@@ -45,6 +50,10 @@ def runs(pg, tmp_path_factory: pytest.TempPathFactory) -> Path:
     path.write_text(yaml.safe_dump(config))
     trained = awm("train", "--config", str(path), home=pg.root.parent)
     assert trained.returncode == 0, trained.stderr[-3000:]
+    config.update(seed=config.get("seed", 0) + 1, steps=2, checkpoint_every=2, run_dir=str(root / "tiny-seed2"))
+    path.write_text(yaml.safe_dump(config))
+    again = awm("train", "--config", str(path), home=pg.root.parent)  # the third run compare shows
+    assert again.returncode == 0, again.stderr[-3000:]
     evaluated = awm("eval", "--checkpoint", str(root / "tiny" / "checkpoints" / "step-000003"), "--catalog", str(LAMPS),
                     "--task", "green_on", "-k", "2", "--max-turns", "2", "--out", str(root / "eval"), home=pg.root.parent)
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
@@ -75,9 +84,19 @@ def ui(pg, runs: Path) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("ui-screenshots")
+    named = os.environ.get("AWM_UI_SCREENSHOTS")
+    path = Path(named) if named else tmp_path_factory.mktemp("ui-screenshots")
+    path.mkdir(parents=True, exist_ok=True)
     print(f"screenshots: {path}")
     return path
+
+
+def full_shot(driver, path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The whole page, not only the window: the window is made as tall as the page, then restored."""
+    height = driver.execute_script("return document.documentElement.scrollHeight")
+    driver.set_window_size(1400, min(max(height, 1000), 8000))
+    driver.save_screenshot(str(path))
+    driver.set_window_size(1400, 1000)
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +141,9 @@ def episode_count(driver) -> str:  # type: ignore[no-untyped-def]
 def open_page(driver, url: str, fragment: str, page: str) -> None:  # type: ignore[no-untyped-def]
     """Go to a page of the single-page app and wait until it has drawn (data-ready)."""
     if driver.current_url.startswith(url):
-        driver.execute_script("document.body.dataset.ready = ''; location.hash = arguments[0];", fragment)
+        driver.execute_script("document.body.dataset.ready = ''; if (location.hash === arguments[0]) "
+                              "window.dispatchEvent(new HashChangeEvent('hashchange')); else location.hash = arguments[0];",
+                              fragment)  # the same hash again (a test left the page there): draw it again
     else:
         driver.get(url + fragment)
     wait(lambda: driver.execute_script("return document.body.dataset.ready") == page, f"page {fragment}")
@@ -155,6 +176,8 @@ def test_every_page_loads_without_console_errors(ui, browser, runs, shots):
     open_page(browser, ui, "#/runs", "runs")
     assert {"tiny", "eval"} <= {a.text for a in browser.find_elements("css selector", "main table a")}
     open_page(browser, ui, "#/catalog", "catalog")
+    for details in browser.find_elements("css selector", "main details:not([open])"):
+        browser.execute_script("arguments[0].open = true", details)
     text = browser.find_element("id", "main").text
     assert "switch_on" in text and "green_on" in text and "gated" in text
     open_page(browser, ui, "#/fleet", "fleet")
@@ -266,7 +289,9 @@ def test_accessibility_labels_contrast_and_keyboard(ui, browser, runs):
     train = run_id(runs / "tiny")
     _, ended = episodes_of(runs / "tiny")
     for fragment, page in [("#/runs", "runs"), ("#/catalog", "catalog"), ("#/fleet", "fleet"),
-                           ("#/playground", "playground"), (f"#/run/{train}", "run"),
+                           ("#/playground", "playground"), (f"#/run/{train}", "run"), (f"#/run/{train}?step=2", "run"),
+                           (f"#/run/{run_id(runs / 'eval')}", "run"), ("#/catalog?env=lamps&task=green_on", "catalog"),
+                           (f"#/compare/{train}/{run_id(runs / 'tiny-seed2')}/{run_id(runs / 'eval')}", "compare"),
                            (f"#/episode/{train}/{ended[-1]['episode_id']}", "episode")]:
         open_page(browser, ui, fragment, page)
         for details in browser.find_elements("css selector", "details:not([open])"):  # hidden forms too
@@ -339,3 +364,306 @@ def test_a_big_runs_page_draws_before_its_index_is_built(browser, runs, tmp_path
     finally:
         server.should_exit = True
         thread.join(30)
+
+
+def metric_rows(run: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def hover(driver, panel, step: int, first: int, last: int) -> None:  # type: ignore[no-untyped-def]
+    """Move the mouse over a panel at a step's x (the real pointer, through ActionChains)."""
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    overlay = panel.find_element("css selector", "rect.overlay")
+    width = overlay.rect["width"]
+    offset = ((step - first) / max(1, last - first) - 0.5) * width * 0.999
+    ActionChains(driver).move_to_element_with_offset(overlay, int(offset), 0).perform()
+
+
+def readout_value(panel, name: str) -> float:  # type: ignore[no-untyped-def]
+    text = panel.find_element("css selector", ".readout").text
+    found = re.search(rf"{re.escape(name)} (-?[\d.]+(?:e[-+]?\d+)?)", text)
+    assert found, (name, text)
+    return float(found.group(1))
+
+
+def test_run_page_answers_how_loss_kl_and_reward_moved(ui, browser, runs, shots):
+    """Every logged metric can be drawn; loss, KL and reward are by default; hovering one panel
+    shows the exact value at that step in every panel; the chooser, smoothing, the configuration
+    and a highlighted step with its episodes."""
+    train = run_id(runs / "tiny")
+    metrics = metric_rows(runs / "tiny")
+    open_page(browser, ui, "#/runs", "runs")
+    browser.execute_script("localStorage.removeItem('awm-ui-metrics')")  # the default choice
+    open_page(browser, ui, f"#/run/{train}", "run")
+    panels = {p.get_attribute("data-metric"): p for p in browser.find_elements("css selector", "figure.panel")}
+    assert {"reward_mean", "success_rate", "loss", "kl", "grad_norm", "clip_fraction"} <= set(panels)
+    logged = {k for m in metrics for k, v in m.items() if isinstance(v, (int, float)) and k != "step"}
+    boxes = {b.get_attribute("value") for b in browser.find_elements("css selector", "input[name=metric]")}
+    assert logged <= boxes, logged - boxes  # every number a step logged can be chosen
+    first, last = metrics[0]["step"], metrics[-1]["step"]
+    for record in metrics:
+        hover(browser, panels["loss"], record["step"], first, last)
+        for key in ("loss", "kl", "reward_mean"):
+            if record.get(key) is None:
+                continue
+            name = {"loss": "loss", "kl": "kl", "reward_mean": "reward (mean)"}[key]
+            readout = panels[key].find_element("css selector", ".readout").text
+            assert readout.startswith(f"step {record['step']}:"), readout  # the crosshair is shared
+            assert readout_value(panels[key], name) == pytest.approx(record[key], rel=1e-5, abs=1e-9)
+    assert panels["loss"].find_element("css selector", ".tooltip").is_displayed()
+    # the chooser hides and shows any metric; smoothing draws the raw line faintly behind
+    chooser = browser.find_element("css selector", "details.chooser")
+    chooser.find_element("tag name", "summary").click()
+    box = browser.find_element("id", "metric-grad_norm")
+    box.click()
+    assert not browser.find_elements("css selector", 'figure.panel[data-metric="grad_norm"]')
+    box.click()
+    assert browser.find_elements("css selector", 'figure.panel[data-metric="grad_norm"]')
+    browser.execute_script("const r = document.getElementById('smoothing'); r.value = '0.6'; r.dispatchEvent(new Event('input'));")
+    assert browser.find_elements("css selector", 'figure.panel[data-metric="loss"] polyline.raw')
+    browser.execute_script("const r = document.getElementById('smoothing'); r.value = '0'; r.dispatchEvent(new Event('input'));")
+    config = browser.find_element("css selector", "section[aria-labelledby=config-h]").text
+    assert "steps" in config and "group_size" in config and "lamps" in config
+    full_shot(browser, shots / "run-metrics.png")
+    # a step highlighted: marked on every panel, its values listed, its episodes below
+    steps, ended = episodes_of(runs / "tiny")
+    open_page(browser, ui, f"#/run/{train}?step=2", "run")
+    drawn = browser.find_elements("css selector", "figure.panel svg")
+    assert drawn and all(svg.find_elements("css selector", "line.highlight") for svg in drawn)
+    assert "Step 2" in browser.find_element("css selector", ".callout").text
+    in_step = sum(1 for e in ended if steps.get(e["group_id"]) == 2)
+    wait(lambda: episode_count(browser).startswith(f"{in_step} episodes match"), "the step's episodes")
+    assert severe(browser) == []
+
+
+def test_evaluation_page_answers_which_tasks_failed_and_why(ui, browser, runs, shots):
+    report = json.loads((runs / "eval" / "eval.json").read_text())
+    evaluated = run_id(runs / "eval")
+    open_page(browser, ui, "#/runs", "runs")
+    row = browser.find_element("xpath", "//main//tr[td/a[text()='eval']]")
+    assert f"pass@1 {100 * report['overall']['pass@1']:.1f}%" in row.text  # not "0 / –"
+    open_page(browser, ui, f"#/run/{evaluated}", "run")
+    main = browser.find_element("id", "main")
+    assert report["model"] in main.text and "No training steps" not in main.text
+    tasks = browser.find_element("css selector", "section[aria-labelledby=tasks-h]")
+    for task in report["tasks"]:
+        line = tasks.find_element("xpath", f".//tr[td/a/code[text()='{task['task_id']}']]")
+        assert f"{100 * task['pass_at_1']:.1f}%" in line.text
+    _, ended = episodes_of(runs / "eval")
+    failed = [e for e in ended if not e["masked"] and e["verdict"].get("verdict") != "complete"]
+    if failed:  # how they failed, with the first one a click away
+        assert any(f"{failed[0]['verdict'].get('verdict')} ×" in b.text for b in tasks.find_elements("css selector", ".badge"))
+        browser.execute_script("document.body.dataset.ready = ''")
+        tasks.find_element("link text", "first failure").click()
+        wait(lambda: browser.execute_script("return document.body.dataset.ready") == "episode", "the first failure")
+        assert browser.find_element("css selector", "section.verdict h2").text.split()[1] != "complete"
+    else:
+        assert not tasks.find_elements("link text", "first failure")
+    open_page(browser, ui, f"#/run/{evaluated}", "run")
+    full_shot(browser, shots / "eval-per-task.png")
+    assert severe(browser) == []
+
+
+def test_compare_three_runs_shows_what_changed(ui, browser, runs, shots):
+    names = ["tiny", "tiny-seed2", "eval"]
+    open_page(browser, ui, "#/runs", "runs")
+    for name in names:
+        browser.find_element("css selector", f'input[aria-label="compare {name}"]').click()
+    browser.execute_script("document.body.dataset.ready = ''")
+    browser.find_element("xpath", "//button[text()='Compare selected']").click()
+    wait(lambda: browser.execute_script("return document.body.dataset.ready") == "compare", "the comparison")
+    main = browser.find_element("id", "main")
+    assert main.find_element("tag name", "h1").text == "Compare 3 runs"
+    baseline = browser.find_element("xpath", "//main//thead//th[contains(., '(baseline)')]").text.split(" (")[0]
+    order = [baseline] + [n for n in names if n != baseline]
+    last = {n: metric_rows(runs / n)[-1]["reward_mean"] for n in ("tiny", "tiny-seed2")}
+    row = browser.find_element("xpath", "//main//tr[td[1][text()='Reward, last step']]")
+    if baseline in last:  # the other training run's cell says its difference to the baseline
+        other = next(n for n in last if n != baseline)
+        cells = row.find_elements("tag name", "td")
+        cell = cells[1 + order.index(other)].text
+        diff = last[other] - last[baseline]
+        assert ("±0" in cell) if abs(diff) < 1e-12 else (("+" if diff > 0 else "−") in cell), cell
+    # the training runs overlaid on shared axes, one line per run
+    reward = main.find_element("css selector", 'figure.panel[data-metric="reward_mean"]')
+    assert len(reward.find_elements("css selector", "polyline.series")) == 2
+    keys = [k.text for k in reward.find_elements("css selector", ".chart-head .key")]
+    assert {"tiny", "tiny-seed2"} <= set(keys)
+    table = main.find_element("css selector", "section[aria-labelledby=task-diff-h] table")
+    assert "green_on" in table.text and "Change, last vs first" in table.text
+    full_shot(browser, shots / "compare-three.png")
+    assert severe(browser) == []
+
+
+RICH_SCHEMA = {
+    "type": "object", "required": ["name", "count", "address"],
+    "properties": {
+        "name": {"type": "string", "description": "a contact id"},
+        "count": {"type": "integer", "minimum": 1},
+        "status": {"anyOf": [{"enum": ["open", "closed"], "type": "string"}, {"type": "null"}], "default": None},
+        "kind": {"$ref": "#/$defs/Kind"},
+        "since": {"anyOf": [{"type": "string"}, {"type": "null"}], "default": None},
+        "limit": {"anyOf": [{"type": "integer"}, {"type": "null"}], "default": None},
+        "tags": {"type": "array", "items": {"type": "string"}},
+        "address": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        "archived": {"anyOf": [{"type": "boolean"}, {"type": "null"}], "default": None},
+        "extra": {"description": "anything"},
+    },
+    "$defs": {"Kind": {"enum": ["a", "b"], "type": "string"}},
+}
+
+MOUNT_FORMS = """
+const [schemas, done] = [arguments[0], arguments[arguments.length - 1]];
+import("/static/schemaform.js").then(({ schemaForm }) => {
+  window.__args = schemas.map(() => null);
+  const box = document.createElement("div");
+  box.id = "sf-test";
+  schemas.forEach((schema, i) => {
+    const holder = document.createElement("div");
+    holder.dataset.form = String(i);
+    holder.append(schemaForm(schema, (read) => { window.__args[i] = read(); }));
+    box.append(holder);
+  });
+  document.getElementById("main").append(box);
+  done(true);
+});
+"""
+
+
+def test_playground_forms_are_typed_from_the_json_schema(ui, browser, shots):
+    """The form of a schema with every kind of field: optional fields start empty (not null),
+    enums are dropdowns (optional ones too, through anyOf and $ref), numbers are checked, arrays
+    are lists of typed items, objects nested fields; errors appear at their field and no call is
+    made. Then every tool of the starter catalog: no control starts as "null", every enum has a
+    dropdown."""
+    from selenium.webdriver.support.ui import Select
+
+    from awm import catalog
+
+    open_page(browser, ui, "#/playground", "playground")
+    assert browser.execute_async_script(MOUNT_FORMS, [RICH_SCHEMA])
+    form = browser.find_element("css selector", '#sf-test [data-form="0"] form')
+    controls = form.find_elements("css selector", "input, select, textarea")
+    assert all((c.get_attribute("value") or "") != "null" for c in controls)
+    assert Select(form.find_element("name", "status")).first_selected_option.text == "(unset)"
+    assert [o.text for o in Select(form.find_element("name", "kind")).options] == ["(unset)", "a", "b"]
+    assert form.find_element("name", "count").get_attribute("type") == "number"
+    assert [o.text for o in Select(form.find_element("name", "archived")).options] == ["(unset)", "true", "false"]
+    form.find_element("xpath", ".//button[text()='Call']").click()
+    def error_of(name: str) -> str:
+        control = form.find_element("name", name)
+        return form.find_element("id", control.get_attribute("aria-describedby").split()[0]).text
+    assert error_of("name") == "Required." and error_of("count") == "Required." and error_of("city") == "Required."
+    assert form.find_element("name", "name").get_attribute("aria-invalid") == "true"
+    first_bad = form.find_elements("css selector", "[aria-invalid='true']")[0]  # in the form's order
+    assert browser.switch_to.active_element == first_bad  # the first bad field has the focus
+    assert browser.execute_script("return window.__args[0]") is None  # no call was made
+    form.find_element("name", "name").send_keys("Q-00006")  # the issue's example: a plain string, no JSON
+    form.find_element("name", "count").send_keys("0")
+    form.find_element("name", "city").send_keys("Lyon")
+    form.find_element("name", "extra").send_keys("{not json")
+    form.find_element("xpath", ".//button[text()='Call']").click()
+    assert error_of("count") == "At least 1." and error_of("extra").startswith("Not JSON")
+    assert error_of("name") == "" and form.find_element("name", "name").get_attribute("aria-invalid") is None
+    form.find_element("name", "count").clear()
+    form.find_element("name", "count").send_keys("2")
+    form.find_element("name", "extra").clear()
+    form.find_element("name", "extra").send_keys('{"x": [1]}')
+    Select(form.find_element("name", "status")).select_by_visible_text("closed")
+    Select(form.find_element("name", "archived")).select_by_visible_text("false")
+    add = form.find_element("xpath", ".//button[text()='Add tags item']")
+    add.click()
+    add.click()
+    form.find_element("name", "tags-0").send_keys("vip")
+    form.find_element("name", "tags-1").send_keys("new")
+    form.find_element("xpath", ".//button[text()='Call']").click()
+    args = browser.execute_script("return window.__args[0]")
+    assert args == {"name": "Q-00006", "count": 2, "status": "closed", "tags": ["vip", "new"],
+                    "address": {"city": "Lyon"}, "archived": False, "extra": {"x": [1]}}
+    browser.execute_script("arguments[0].scrollIntoView()", form)
+    browser.save_screenshot(str(shots / "playground-typed-form.png"))
+    # the starter catalog's 348 parameters, 161 of them optional
+    schemas = [t.input_schema for b in catalog.load("starter", None) for t in b.tools]
+    browser.execute_script("document.getElementById('sf-test').remove()")
+    assert browser.execute_async_script(MOUNT_FORMS, schemas)
+    found = browser.execute_script("""
+      const out = { nulls: [], enumsWithoutSelect: [], numbersAsText: [] };
+      document.querySelectorAll('#sf-test input, #sf-test select, #sf-test textarea').forEach((c) => {
+        if (c.value === 'null') out.nulls.push(c.name); });
+      return out;""")
+    assert found["nulls"] == []
+    for i, schema in enumerate(schemas):
+        holder = browser.find_element("css selector", f'#sf-test [data-form="{i}"]')
+        for name, prop in (schema.get("properties") or {}).items():
+            variants = prop.get("anyOf") or [prop]
+            kinds = {v.get("type") for v in variants} - {"null"}
+            control = holder.find_element("name", name)
+            if any("enum" in v for v in variants):
+                assert control.tag_name == "select", (i, name)
+            elif kinds <= {"integer", "number"}:
+                assert control.get_attribute("type") == "number", (i, name)
+            elif kinds == {"string"}:
+                default = prop.get("default")  # a default is shown; no default (or None) leaves it empty
+                assert control.tag_name in ("input", "textarea"), (i, name)
+                assert control.get_attribute("value") == ("" if default is None else str(default)), (i, name)
+    assert severe(browser) == []
+
+
+def holder_of(ui: str, name: str) -> str | None:
+    import httpx
+
+    return next(i["holder"] for i in httpx.get(ui + "api/fleet").json()["instances"] if i["name"] == name)
+
+
+def test_the_playground_releases_its_instance_when_the_page_is_left(ui, browser):
+    from selenium.webdriver.support.ui import Select
+
+    open_page(browser, ui, "#/playground", "playground")
+    name = Select(browser.find_element("name", "instance")).first_selected_option.text
+    wait(lambda: holder_of(ui, name) == "playground", "the instance held")
+    open_page(browser, ui, "#/runs", "runs")  # another page of the UI
+    wait(lambda: holder_of(ui, name) is None, "the release on leaving the page")
+    open_page(browser, ui, "#/playground", "playground")
+    wait(lambda: holder_of(ui, name) == "playground", "the instance held again")
+    browser.get("about:blank")  # the tab navigates away: the pagehide beacon
+    wait(lambda: holder_of(ui, name) is None, "the release by the pagehide beacon")
+
+
+def test_no_page_scrolls_sideways(ui, browser, runs):
+    """Wide database changes, long paths and tables stay inside the window, at 1400 and 800 px."""
+    train = run_id(runs / "tiny")
+    _, ended = episodes_of(runs / "tiny")
+    try:
+        for width in (1400, 800):
+            browser.set_window_size(width, 1000)
+            for fragment, page in [("#/runs", "runs"), (f"#/run/{train}", "run"), ("#/catalog", "catalog"),
+                                   (f"#/episode/{train}/{ended[0]['episode_id']}", "episode"), ("#/playground", "playground"),
+                                   (f"#/compare/{train}/{run_id(runs / 'tiny-seed2')}/{run_id(runs / 'eval')}", "compare")]:
+                open_page(browser, ui, fragment, page)
+                wide = browser.execute_script(
+                    "return document.documentElement.scrollWidth - document.documentElement.clientWidth")
+                assert wide <= 0, (width, fragment, wide)
+    finally:
+        browser.set_window_size(1400, 1000)
+
+
+def test_episode_neighbours_and_its_task_in_the_catalog(ui, browser, runs, shots):
+    train = run_id(runs / "tiny")
+    _, ended = episodes_of(runs / "tiny")
+    open_page(browser, ui, f"#/episode/{train}/{ended[1]['episode_id']}", "episode")
+    assert browser.find_element("css selector", "a[rel=prev]").get_attribute("href").endswith(ended[0]["episode_id"])
+    browser.execute_script("document.body.dataset.ready = ''")
+    browser.find_element("css selector", "a[rel=next]").click()
+    wait(lambda: browser.execute_script("return document.body.dataset.ready") == "episode", "the next episode")
+    assert browser.current_url.endswith(ended[2]["episode_id"])
+    browser.execute_script("document.body.dataset.ready = ''")
+    browser.find_element("link text", "The task in the catalog").click()
+    wait(lambda: browser.execute_script("return document.body.dataset.ready") == "catalog", "the task")
+    task = browser.find_element("id", f"task-{ended[2]['env']}-{ended[2]['task_id']}")
+    assert task.get_attribute("open") is not None and ended[2]["instruction"] in task.text
+    # the catalog is one environment at a time, gate records once per environment
+    assert len(browser.find_elements("css selector", "section[aria-label^='Gate records']")) == 1
+    assert browser.execute_script("return document.documentElement.scrollHeight") < 3000
+    full_shot(browser, shots / "catalog-task.png")
+    assert severe(browser) == []

@@ -79,7 +79,7 @@ export function configuration(run) {
       h("dt", {}, "Kind"), h("dd", {}, kindBadges(run)),
       run.model ? [h("dt", {}, "Policy"), h("dd", {}, run.model)] : null,
       h("dt", {}, "Environments"), h("dd", {}, envs.length ? envs.join(", ") : "–")),
-    rows.length ? h("details", { class: "config", open: rows.length <= 30 },
+    rows.length ? h("details", { class: "config", open: true },
       h("summary", {}, run.eval ? "Evaluation (eval.json)" : `config.json (${rows.length} settings)`),
       h("table", { class: "kv" }, h("tbody", {}, rows.map(([k, v]) => h("tr", {}, h("th", { scope: "row" }, h("code", {}, k)), h("td", {}, v))))))
       : h("p", { class: "muted" }, "No config.json in this run directory."));
