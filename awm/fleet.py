@@ -159,7 +159,7 @@ class LocalFleet:
     async def start(self) -> list[InstanceHandle]:
         if importlib.util.find_spec("uvicorn") is None:  # before any database is made for nothing
             raise FleetError("a local fleet runs env servers, which need the envserver extra: "
-                             "pip install 'awm[envserver]'")
+                             "pip install 'awm-fleet[envserver]' (in a checkout: pip install -e '.[envserver]')")
         if self.database is None:
             self.database = await asyncio.to_thread(Database.open)
         t0 = time.perf_counter()
@@ -191,12 +191,18 @@ class LocalFleet:
 
     async def _launch(self, handle: InstanceHandle) -> None:
         env = {k: v for k, v in os.environ.items() if k in _INHERITED}
-        env["AWM_INSTANCE_DSN"] = handle.db.dsn
+        # Secrets travel through a pipe, never the environment: a process's initial environment
+        # block (/proc/<pid>/environ) keeps what it was started with even after os.environ.pop.
+        secrets: dict[str, str] = {"dsn": handle.db.dsn}
         env["AWM_PARENT_PID"] = str(os.getpid())  # it exits when we do, even by SIGKILL
         if self.judge is not None:
             env.update(self.judge.to_env())
             if os.environ.get(self.judge.api_key_env):
-                env[self.judge.api_key_env] = os.environ[self.judge.api_key_env]
+                secrets["judge_api_key"] = os.environ[self.judge.api_key_env]
+        secrets_fd, writer = os.pipe()
+        with os.fdopen(writer, "w") as pipe:  # a few hundred bytes: within the pipe's buffer
+            pipe.write(json.dumps(secrets))
+        env["AWM_SECRETS_FD"] = str(secrets_fd)
         if self.verifier_kind:
             env["AWM_VERIFIER_KIND"] = self.verifier_kind
         if self.allow_ungated:
@@ -208,8 +214,9 @@ class LocalFleet:
             "--host", self.host, "--mcp-port", str(handle.mcp_port), "--control-port", str(handle.control_port),
             "--verifier-workers", str(self.verifier_workers), *guard_args,
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            env=env, start_new_session=True,
+            env=env, start_new_session=True, pass_fds=(secrets_fd,),
         )
+        os.close(secrets_fd)
         handle.process = proc
         assert proc.stdout is not None
         try:

@@ -39,9 +39,23 @@ def _port(server: uvicorn.Server) -> int:
     return int(server.servers[0].sockets[0].getsockname()[1])
 
 
+def _read_secrets(fd: str | None) -> dict[str, str]:
+    """The secrets a local fleet passes on a pipe (``AWM_SECRETS_FD``): a JSON object read once,
+    the descriptor closed, nothing left in the process's environment block."""
+    if not fd:
+        return {}
+    try:
+        with os.fdopen(int(fd), "r") as pipe:
+            data = json.loads(pipe.read())
+    except (OSError, ValueError) as exc:
+        sys.exit(f"envserver: AWM_SECRETS_FD={fd}: cannot read the secrets: {type(exc).__name__}")
+    return {k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, str)} if isinstance(data, dict) else {}
+
+
 async def serve(args: argparse.Namespace) -> None:
     bundle = EnvBundle.model_validate_json(Path(args.bundle).read_text())
-    dsn = os.environ.pop("AWM_INSTANCE_DSN", None) or args.dsn
+    secrets = _read_secrets(os.environ.pop("AWM_SECRETS_FD", None))
+    dsn = secrets.get("dsn") or os.environ.pop("AWM_INSTANCE_DSN", None) or args.dsn
     dsn_file = os.environ.pop("AWM_INSTANCE_DSN_FILE", None)
     if not dsn and dsn_file:  # Kubernetes: written by the pod's provisioning init container
         dsn = Path(dsn_file).read_text().strip()
@@ -51,6 +65,7 @@ async def serve(args: argparse.Namespace) -> None:
     settings = judge_settings(args)
     if settings is not None:
         key = os.environ.pop(settings.api_key_env, "")  # read once; workers get an empty environment anyway
+        key = secrets.get("judge_api_key") or key
         judge = Judge(settings, api_key=key)
     instance = EnvInstance(bundle, dsn, args.name or bundle.name, verifier_workers=args.verifier_workers,
                            allow_weak_isolation=args.allow_weak_isolation, judge=judge,

@@ -120,6 +120,35 @@ class ResultTooLarge(ToolError):
     pass
 
 
+MAX_RESULT_BYTES = 16 * 1024 * 1024  # bytes one statement may return to untrusted code
+
+
+def _result_bytes(cur: psycopg.Cursor[Any]) -> int:
+    """The size of the result's values as the server sent them (undecoded), estimated from up to
+    256 sampled rows: enough to refuse a result of a few huge rows before any is decoded."""
+    result = cur.pgresult
+    if result is None or result.ntuples == 0:
+        return 0
+    rows, fields = result.ntuples, result.nfields
+    step = max(1, rows // 256)
+    sampled = 0
+    for r in range(0, rows, step):
+        for c in range(fields):
+            value = result.get_value(r, c)
+            sampled += len(value) if value is not None else 0
+    return sampled * step
+
+
+def _trim() -> None:
+    """Give a big result's memory back to the system (glibc keeps freed arenas otherwise)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def _adapt(value: Any) -> Any:
     from psycopg.types.json import Json, Jsonb
 
@@ -162,6 +191,10 @@ def execute_untrusted(conn: psycopg.Connection, sql: str, params: Any, fetch: st
     cur = conn.cursor(row_factory=dict_row if fetch == "dicts" else tuple_row)
     cur.execute(sql, args, prepare=True)
     description = cur.description
+    if fetch != "none" and _result_bytes(cur) > MAX_RESULT_BYTES:  # before any row is decoded
+        cur.close()
+        _trim()
+        raise ResultTooLarge(f"the statement returned more than {MAX_RESULT_BYTES >> 20} MiB")
     rows: list[Any] = cur.fetchmany(MAX_ROWS + 1) if description is not None and fetch != "none" else []
     if len(rows) > MAX_ROWS:
         raise ResultTooLarge(f"the statement returned more than {MAX_ROWS} rows")

@@ -142,7 +142,7 @@ def test_gc_command_keeps_foreign_and_live_databases(admin_dsn: str, notes_bundl
 
 
 async def test_a_fleet_without_the_envserver_extra_says_what_to_install(monkeypatch, notes_bundle) -> None:
-    """`pip install awm[trainer]` alone: `awm train` on a local fleet must say what is missing,
+    """`pip install awm-fleet[trainer]` alone: `awm train` on a local fleet must say what is missing,
     before it makes any database."""
     import importlib.util
 
@@ -153,7 +153,7 @@ async def test_a_fleet_without_the_envserver_extra_says_what_to_install(monkeypa
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "uvicorn" else real(name, *a))
     fleet = LocalFleet([notes_bundle], replicas=1, database=None)
-    with pytest.raises(FleetError, match=r"pip install 'awm\[envserver\]'"):
+    with pytest.raises(FleetError, match=r"pip install 'awm-fleet\[envserver\]'"):
         await fleet.start()
     assert fleet.database is None and not fleet.instances
 

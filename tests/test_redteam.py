@@ -27,6 +27,7 @@ import tempfile
 from pathlib import Path
 from typing import AsyncIterator
 
+import httpx
 import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
@@ -393,6 +394,18 @@ def probe_plant(db):
     import sys
     return "planted" if getattr(sys, "awm_planted", False) else "clean"
 ''',
+    "nested_result": '''
+def nested_result(db):
+    value = []
+    for _ in range(500):
+        value = [value]
+    return value
+''',
+    # Memory amplification: few rows, each large (rows are capped by count and by bytes).
+    "wide_rows": '''
+def wide_rows(db):
+    return len(db.query("SELECT repeat('x', 1000000) AS x FROM generate_series(1, 200)"))
+''',
     # Another process of the same uid: the env server, the postmaster (pid passed as argument).
     "touch_process": '''
 def touch_process(db, pid, what):
@@ -652,6 +665,70 @@ async def test_the_database_refuses_what_the_guard_refuses(redteam, clients, adm
         assert out.is_error and out.error_kind in CLASSES, (tool, out.text[:300])
     slow = await mcp.call_tool("pg_sleep_past_timeout", {})
     assert slow.is_error and slow.error_kind == "timeout", slow.text[:300]
+    await _after(control, mcp)
+
+
+async def test_the_env_server_environment_block_holds_no_secret(redteam, admin_dsn):
+    """The DSN (and a judge's key) reach the env server on a pipe: its initial environment block,
+    which os.environ.pop cannot clear, holds none of them."""
+    handle, _ = redteam
+    block = Path(f"/proc/{handle.pid}/environ").read_bytes().decode(errors="replace")
+    password = conninfo_to_dict(handle.db.dsn).get("password") or ""
+    assert password and password not in block
+    assert SECRET not in block and "AWM_INSTANCE_DSN" not in block
+
+
+# -- hostile requests at both listeners: each a clear client error, the instance still serving ----
+
+def _deep(n: int) -> str:
+    return "[" * n + "]" * n
+
+
+async def test_hostile_requests_are_clear_errors(redteam, clients):
+    handle, _ = redteam
+    control, mcp = clients
+    async with httpx.AsyncClient(timeout=30) as http:
+        big = await http.post(handle.control_url + "/verify", content=b'{"final_answer": "' + b"x" * (20 << 20) + b'"}',
+                              headers={"content-type": "application/json"})
+        assert big.status_code == 413, big.text[:200]
+        for url, payload in ((handle.control_url + "/reset", _deep(50_000)),
+                             (handle.control_url + "/reset", '{"task_id": ' + _deep(100) + "}")):
+            deep = await http.post(url, content=payload, headers={"content-type": "application/json"})
+            assert deep.status_code == 400 and "nested" in deep.json()["error"], deep.text[:200]
+        headers = {"content-type": "application/json", "accept": "application/json, text/event-stream",
+                   **{k: v for k, v in mcp._headers.items() if k.lower().startswith("mcp")}}
+        deep = await http.post(handle.mcp_url, content=_deep(50_000), headers=headers)
+        assert deep.status_code == 400, deep.text[:200]
+        surrogate = await http.post(handle.control_url + "/verify", content=b'{"final_answer": "\\ud800"}',
+                                    headers={"content-type": "application/json"})
+        assert surrogate.status_code in (400, 409), surrogate.text[:200]
+    await control.reset(None)
+    lone = await mcp.call_tool("add_note", {"title": "x\ud800y"})
+    assert lone.is_error and lone.error_kind == "invalid_arguments", lone.text[:300]
+    huge = await mcp.call_tool("add_note", {"title": "t" * (1 << 20)})
+    assert huge.error_kind in (None, "tool_error", "invalid_arguments"), huge.text[:300]
+    nested = await mcp.call_tool("nested_result", {})
+    assert nested.is_error and nested.error_kind == "tool_crashed", nested.text[:300]
+    assert len(nested.text) < 2000
+    await _after(control, mcp)
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+async def test_wide_rows_do_not_amplify_the_servers_memory(redteam, clients):
+    """200 rows of 1 MB each: refused by the byte cap before any row is decoded, and the env
+    server's resident memory stays far below the 200 MB the rows would take (judged from /proc)."""
+    handle, _ = redteam
+    control, mcp = clients
+    await control.reset(None)
+    out = await mcp.call_tool("wide_rows", {})
+    assert out.is_error and out.error_kind in CLASSES and "MiB" in out.text, out.text[:300]
+    assert _rss_mb(handle.pid) < 200
     await _after(control, mcp)
 
 
