@@ -433,7 +433,7 @@ def touch_process(db, pid, what):
 def never_reads(db):
     import sys
     w = sys.modules["awm.sandbox.worker"]
-    w.CHANNEL.send({"op": "sql", "sql": "SELECT repeat('x', 1000000) AS x FROM generate_series(1, 100)",
+    sys.modules["awm.sandbox.channel"].CHANNEL.send({"op": "sql", "sql": "SELECT repeat('x', 1000000) AS x FROM generate_series(1, 100)",
                     "params": [], "fetch": "dicts"})
     while True:
         pass

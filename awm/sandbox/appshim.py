@@ -28,7 +28,7 @@ import sys
 import types
 from typing import Any, Iterator
 
-from awm.sandbox import worker
+from awm.sandbox import channel
 
 _PRAGMA = re.compile(r"^\s*PRAGMA\b", re.IGNORECASE)
 BASE_URL = "http://awm-app"
@@ -72,7 +72,7 @@ def import_frameworks() -> None:
 # -- the DBAPI facade ----------------------------------------------------------------------------
 
 
-def _raise(exc: worker.DatabaseError) -> None:
+def _raise(exc: channel.DatabaseError) -> None:
     import psycopg
 
     if exc.kind == "forbidden":
@@ -105,8 +105,8 @@ class PipeCursor:
             return
         self._owner.begin()
         try:
-            reply = worker.sql_request(text, _plain(params), fetch="tuples")
-        except worker.DatabaseError as exc:
+            reply = channel.sql_request(text, _plain(params), fetch="tuples")
+        except channel.DatabaseError as exc:
             _raise(exc)
         columns = reply.get("columns")
         self.description = [_Column((name, oid, None, None, None, None, None)) for name, oid in columns] \
@@ -216,8 +216,8 @@ class PipeConnection:
             PipeConnection._counter += 1
             name = f"awm_app_{PipeConnection._counter}"
             try:
-                worker.sql_request(f"SAVEPOINT {name}", None, fetch="none")
-            except worker.DatabaseError as exc:
+                channel.sql_request(f"SAVEPOINT {name}", None, fetch="none")
+            except channel.DatabaseError as exc:
                 _raise(exc)
             self.savepoint = name
             _OPEN.append(self)
@@ -228,10 +228,10 @@ class PipeConnection:
             return
         if self in _OPEN:
             _OPEN.remove(self)
-        with contextlib.suppress(worker.DatabaseError):  # already released by an outer rollback
+        with contextlib.suppress(channel.DatabaseError):  # already released by an outer rollback
             if not commit:
-                worker.sql_request(f"ROLLBACK TO SAVEPOINT {name}", None, fetch="none")
-            worker.sql_request(f"RELEASE SAVEPOINT {name}", None, fetch="none")
+                channel.sql_request(f"ROLLBACK TO SAVEPOINT {name}", None, fetch="none")
+            channel.sql_request(f"RELEASE SAVEPOINT {name}", None, fetch="none")
 
     def cursor(self, *_: Any, **__: Any) -> PipeCursor:
         if self.closed:
@@ -366,8 +366,8 @@ def classify(exc: BaseException) -> dict[str, Any] | None:
 
     orig = getattr(exc, "orig", None) or exc
     if isinstance(orig, psycopg.errors.InsufficientPrivilege) and "not allowed" in str(orig):
-        return {"op": "failed", "kind": "forbidden", "reason": str(orig)[:worker.MAX_REASON]}
+        return {"op": "failed", "kind": "forbidden", "reason": str(orig)[:channel.MAX_REASON]}
     if isinstance(orig, psycopg.Error):
-        return {"op": "failed", "kind": "db", "reason": str(orig).strip()[:worker.MAX_REASON],
+        return {"op": "failed", "kind": "db", "reason": str(orig).strip()[:channel.MAX_REASON],
                 "sqlstate": orig.sqlstate}
     return None

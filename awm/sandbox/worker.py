@@ -34,58 +34,10 @@ import inspect
 import sqlite3
 import urllib.parse
 
-MAX_REASON = 2000
+from awm.sandbox import channel
+from awm.sandbox.channel import MAX_REASON, DatabaseError, ToolError, VerifierQueryError, sql_request
 
-
-class ToolError(Exception):
-    """Raised by tool code for a request the agent got wrong; its message goes to the agent."""
-
-
-class DatabaseError(Exception):
-    """The server refused or the database rejected a statement (``sqlstate`` tells which)."""
-
-    def __init__(self, message: str, kind: str, sqlstate: str | None = None) -> None:
-        super().__init__(message)
-        self.kind = kind
-        self.sqlstate = sqlstate
-
-
-class VerifierQueryError(DatabaseError):
-    pass
-
-
-class Channel:
-    def __init__(self, reader: Any, writer: Any) -> None:
-        self._reader = reader
-        self._writer = writer
-
-    def send(self, message: dict[str, Any]) -> None:
-        self._writer.write(codec.encode(message))
-        self._writer.flush()
-
-    def receive(self) -> dict[str, Any] | None:
-        line = self._reader.readline()
-        return codec.decode(line) if line else None
-
-    def request(self, message: dict[str, Any]) -> dict[str, Any]:
-        self.send(message)
-        reply = self.receive()
-        if reply is None:
-            os._exit(0)  # the server is gone
-        return reply
-
-
-CHANNEL: Channel | None = None
-
-
-def sql_request(sql: str, params: Any, **extra: Any) -> dict[str, Any]:
-    """One statement through the server; raises :class:`DatabaseError` with the server's reason."""
-    assert CHANNEL is not None
-    reply = CHANNEL.request({"op": "sql", "sql": sql, "params": params, **extra})
-    error = reply.get("error")
-    if error:
-        raise DatabaseError(str(error.get("message", "")), str(error.get("kind", "db")), error.get("sqlstate"))
-    return reply
+__all__ = ["DatabaseError", "MAX_REASON", "ToolError", "VerifierQueryError", "sql_request"]
 
 
 class _Rows:
@@ -121,8 +73,8 @@ class ReadOnlyDb(_Rows):
         self._name = name
 
     def query(self, sql: str, *params: Any) -> list[dict[str, Any]]:
-        assert CHANNEL is not None
-        reply = CHANNEL.request({"op": "query", "db": self._name, "sql": sql, "params": list(params)})
+        assert channel.CHANNEL is not None
+        reply = channel.CHANNEL.request({"op": "query", "db": self._name, "sql": sql, "params": list(params)})
         error = reply.get("error")
         if error:
             message = error.get("message", error) if isinstance(error, dict) else error
@@ -210,8 +162,8 @@ def _failure(exc: BaseException) -> dict[str, Any]:
 
 
 class Worker:
-    def __init__(self, channel: Channel) -> None:
-        self.channel = channel
+    def __init__(self, pipe: channel.Channel) -> None:
+        self.channel = pipe
         self.tools: dict[str, Callable[..., Any]] = {}
         self.app: Any = None
         self.verifiers: dict[str, dict[str, Any]] = {}
@@ -294,7 +246,6 @@ def serve_child(config: dict[str, Any], reader: Any, writer: Any, namespaces: co
     """A worker forked by the fork server (:mod:`awm.sandbox.forkserver`): confine, then serve.
 
     Descriptors 0-2 are already ``/dev/null`` and the environment is empty (the fork server's)."""
-    global CHANNEL
     if config.get("app"):
         from awm.sandbox import appshim
 
@@ -302,13 +253,12 @@ def serve_child(config: dict[str, Any], reader: Any, writer: Any, namespaces: co
     layers = tuple(config.get("layers", confine.LAYERS))
     report = confine.confine(config["read_paths"], confine.Limits(memory_mb=int(config["memory_mb"])), layers,
                              namespaces=namespaces if "namespaces" in layers else None)
-    CHANNEL = Channel(reader, writer)
-    CHANNEL.send({"op": "ready", "isolation": report.as_dict(), "pid": os.getpid()})
-    Worker(CHANNEL).serve()
+    channel.CHANNEL = channel.Channel(reader, writer)
+    channel.CHANNEL.send({"op": "ready", "isolation": report.as_dict(), "pid": os.getpid()})
+    Worker(channel.CHANNEL).serve()
 
 
 def main() -> None:
-    global CHANNEL
     config = json.loads(sys.argv[1])
     confine.die_with_parent(int(config["parent"]))
     reader = os.fdopen(os.dup(0), "rb")
@@ -328,9 +278,9 @@ def main() -> None:
             sys.path.remove(entry)
     report = confine.confine(config["read_paths"], confine.Limits(memory_mb=int(config["memory_mb"])),
                              tuple(config.get("layers", confine.LAYERS)))
-    CHANNEL = Channel(reader, writer)
-    CHANNEL.send({"op": "ready", "isolation": report.as_dict(), "pid": os.getpid()})
-    Worker(CHANNEL).serve()
+    channel.CHANNEL = channel.Channel(reader, writer)
+    channel.CHANNEL.send({"op": "ready", "isolation": report.as_dict(), "pid": os.getpid()})
+    Worker(channel.CHANNEL).serve()
 
 
 if __name__ == "__main__":
