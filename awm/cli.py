@@ -62,7 +62,9 @@ class _LazyGroup(TyperGroup):
             holder.add_typer(target, name=None if merged else cmd_name)
         else:
             holder.command(cmd_name)(target)
-        return typer.main.get_command(holder).get_command(ctx, cmd_name)  # type: ignore[attr-defined]
+        command = typer.main.get_command(holder)
+        # a Typer of one plain command is that command itself in some typer versions
+        return command.get_command(ctx, cmd_name) if hasattr(command, "get_command") else command
 
 
 app.info.cls = _LazyGroup

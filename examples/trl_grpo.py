@@ -1,6 +1,6 @@
 """GRPO with TRL's ``GRPOTrainer`` on awm: the tiny model on this machine's CPU, a local fleet.
 
-    pip install 'awm[envserver,trainer,trl]'
+    pip install -e '.[envserver,trainer,trl]'        # in a checkout (a built wheel: 'awm-fleet[...]')
     python examples/trl_grpo.py                       # the settings of examples/train-tiny.yaml
     python examples/trl_grpo.py --steps 10 --json     # a shorter run; a JSON summary on stdout
 
