@@ -367,6 +367,200 @@ def loops_forever(db):
 }
 
 # -- verifier attacks (each a task whose verifier is the attack) -----------------------------------
+# More classes (issue 21): other processes however addressed, settings and SQL text, Postgres
+# resources shared with other instances, the worker's own pipe and memory.
+TOOLS.update({
+    "prlimit_parent": """
+def prlimit_parent(db):
+    import os, resource
+    resource.prlimit(os.getppid(), resource.RLIMIT_CPU, (1, 1))
+""",
+    "setpriority_pgrp": """
+def setpriority_pgrp(db):
+    import os
+    os.setpriority(os.PRIO_PGRP, 0, 19)
+""",
+    "setpriority_user": """
+def setpriority_user(db):
+    import os
+    os.setpriority(os.PRIO_USER, 0, 19)
+""",
+    "affinity_parent": """
+def affinity_parent(db):
+    import os
+    os.sched_setaffinity(os.getppid(), {0})
+""",
+    "scheduler_parent": """
+def scheduler_parent(db):
+    import os
+    os.sched_setscheduler(os.getppid(), os.SCHED_IDLE, os.sched_param(0))
+""",
+    "ioprio_parent": """
+def ioprio_parent(db):
+    import ctypes, os
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(251, 1, os.getppid(), (3 << 13) | 7) != 0:
+        raise OSError(ctypes.get_errno(), 'ioprio_set')
+""",
+    "setown_parent": """
+def setown_parent(db):
+    import fcntl, os
+    r, w = os.pipe()
+    fcntl.fcntl(r, fcntl.F_SETOWN, os.getppid())
+""",
+    "setsig": """
+def setsig(db):
+    import fcntl, os
+    r, w = os.pipe()
+    fcntl.fcntl(r, 10, 9)
+""",
+    "ioctl_fiosetown": """
+def ioctl_fiosetown(db):
+    import fcntl, os, struct
+    r, w = os.pipe()
+    fcntl.ioctl(r, 0x8901, struct.pack('i', os.getppid()))
+""",
+    "pidfd_open_parent": """
+def pidfd_open_parent(db):
+    import os
+    os.pidfd_open(os.getppid())
+""",
+    "sigqueue_parent": """
+def sigqueue_parent(db):
+    import ctypes, os
+    libc = ctypes.CDLL(None, use_errno=True)
+    info = ctypes.create_string_buffer(128)
+    if libc.syscall(129, os.getppid(), 9, info) != 0:
+        raise OSError(ctypes.get_errno(), 'rt_sigqueueinfo')
+""",
+    "kill_process_group": """
+def kill_process_group(db):
+    import os, signal
+    os.kill(0, signal.SIGKILL)
+""",
+    "killpg": """
+def killpg(db):
+    import os, signal
+    os.killpg(os.getpgrp(), signal.SIGTERM)
+""",
+    "kill_everything": """
+def kill_everything(db):
+    import os, signal
+    os.kill(-1, signal.SIGKILL)
+""",
+    "set_statement_timeout": """
+def set_statement_timeout(db):
+    return db.execute('SET statement_timeout = 0')
+""",
+    "set_local_timeout": """
+def set_local_timeout(db):
+    return db.execute('SET LOCAL statement_timeout = 0')
+""",
+    "reset_all": """
+def reset_all(db):
+    return db.execute('RESET ALL')
+""",
+    "discard_all": """
+def discard_all(db):
+    return db.execute('DISCARD ALL')
+""",
+    "set_config_select": """
+def set_config_select(db):
+    return db.query("SELECT set_config('statement_timeout', '0', false)")
+""",
+    "ts_rewrite_sql_text": """
+def ts_rewrite_sql_text(db):
+    return db.query("SELECT ts_rewrite('a'::tsquery, 'SELECT ''a''::tsquery, ''b''::tsquery')")
+""",
+    "query_to_xml_quoted": """
+def query_to_xml_quoted(db):
+    return db.query('SELECT ' + chr(34) + 'query_to_xml' + chr(34) + "('SELECT 1', true, false, '')")
+""",
+    "xact_advisory_lock": """
+def xact_advisory_lock(db):
+    return db.query('SELECT pg_advisory_xact_lock(1)')
+""",
+    "try_xact_advisory_shared": """
+def try_xact_advisory_shared(db):
+    return db.query('SELECT pg_catalog.pg_try_advisory_xact_lock_shared(1, 2)')
+""",
+    "insert_pg_catalog": """
+def insert_pg_catalog(db):
+    return db.execute("INSERT INTO pg_catalog.pg_description VALUES (1, 1, 0, 'x')")
+""",
+    "delete_other_schema": """
+def delete_other_schema(db):
+    return db.execute('DELETE FROM awm_snapshot.notes')
+""",
+    "terminate_backends": """
+def terminate_backends(db):
+    return db.query('SELECT pg_terminate_backend(pid) FROM pg_stat_activity')
+""",
+    "cancel_backends": """
+def cancel_backends(db):
+    return db.query('SELECT pg_cancel_backend(pid) FROM pg_stat_activity')
+""",
+    "lock_table": """
+def lock_table(db):
+    return db.execute('LOCK TABLE notes IN ACCESS EXCLUSIVE MODE')
+""",
+    "declare_cursor": """
+def declare_cursor(db):
+    return db.execute('DECLARE c CURSOR WITH HOLD FOR SELECT 1')
+""",
+    "create_function": """
+def create_function(db):
+    return db.execute("CREATE FUNCTION f() RETURNS int LANGUAGE sql AS 'SELECT 1'")
+""",
+    "alter_role": """
+def alter_role(db):
+    return db.execute('ALTER ROLE CURRENT_USER SET statement_timeout = 0')
+""",
+    "vacuum": """
+def vacuum(db):
+    return db.execute('VACUUM notes')
+""",
+    "temp_file_flood": """
+def temp_file_flood(db):
+    return db.query('SELECT count(*) FROM (SELECT g FROM generate_series(1, 200000000) g ORDER BY g DESC) s')
+""",
+    "gigabyte_string": """
+def gigabyte_string(db):
+    return db.query("SELECT length(repeat('x', 1073741823) || repeat('x', 10)) AS n")
+""",
+    "sleep_in_cte": """
+def sleep_in_cte(db):
+    return db.query('WITH s AS (SELECT pg_sleep(30)) SELECT * FROM s')
+""",
+    "garbage_on_pipe": """
+def garbage_on_pipe(db):
+    import os, sys
+    ch = sys.modules['awm.sandbox.channel'].CHANNEL
+    ch._writer.write(b'not json' + bytes([10])); ch._writer.flush()
+    return 1
+""",
+    "endless_line": """
+def endless_line(db):
+    import sys
+    ch = sys.modules['awm.sandbox.channel'].CHANNEL
+    chunk = b'x' * (1 << 20)
+    for _ in range(80):
+        ch._writer.write(chunk)
+    ch._writer.flush()
+    return 1
+""",
+    "close_own_pipe": """
+def close_own_pipe(db):
+    import sys, os
+    ch = sys.modules['awm.sandbox.channel'].CHANNEL
+    os.close(ch._writer.fileno())
+    return 1
+""",
+    "memory_balloon": """
+def memory_balloon(db):
+    return len(bytearray(3 * 1024 ** 3))
+""",
+})
 
 # Cross-episode and cross-instance attacks: they "succeed" as calls; their effect is judged from
 # outside (the next episode's verdict and tool results, another process's limits and priority).
@@ -656,6 +850,9 @@ async def test_the_database_refuses_what_the_guard_refuses(redteam, clients, adm
     role = conninfo_to_dict(handle.db.dsn)["user"]
     with psycopg.connect(admin_dsn, dbname=handle.db.dbname, autocommit=True) as admin:
         assert admin.execute("SELECT has_table_privilege(%s, 'pg_catalog.pg_settings', 'UPDATE')", (role,)).fetchone()[0] is False
+        settings = admin.execute("SELECT array_to_string(setconfig, ',') FROM pg_db_role_setting s JOIN pg_roles r "
+                                 "ON r.oid = s.setrole WHERE r.rolname = %s", (role,)).fetchone()
+        assert settings and "temp_file_limit=256MB" in settings[0]
         for fn in ("set_config(text, text, boolean)", "ts_stat(text)", "pg_advisory_xact_lock(bigint)",
                    "pg_try_advisory_xact_lock_shared(integer, integer)", "query_to_xml(text, boolean, boolean, text)"):
             assert admin.execute("SELECT has_function_privilege(%s, %s, 'EXECUTE')", (role, fn)).fetchone()[0] is False, fn

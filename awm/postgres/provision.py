@@ -301,6 +301,7 @@ REVOKED_FUNCTIONS = (
     "query_to_xml(text, boolean, boolean, text)", "query_to_xmlschema(text, boolean, boolean, text)",
     "query_to_xml_and_xmlschema(text, boolean, boolean, text)",
 )
+TEMP_FILE_LIMIT = "256MB"  # per session of an instance role
 # Bumped when the template's privileges change, so that no template made before is reused.
 HARDENING = "2"
 
@@ -371,6 +372,12 @@ def _create_instance(conn: psycopg.Connection, admin_dsn: str, template: Templat
     # One connection: the env server's. A stolen password cannot open a second one beside it.
     conn.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {} IN ROLE {}, {} CONNECTION LIMIT 1").format(
         role, sql.Literal(password), sql.Identifier(TOOL_ROLE), sql.Identifier(READER_ROLE)))
+    # Temporary files are the cluster's disk, shared with every other instance: a sort or hash
+    # that spills is bounded (superuser-only setting: the role cannot raise it).
+    try:
+        conn.execute(sql.SQL("ALTER ROLE {} SET temp_file_limit = {}").format(role, sql.Literal(TEMP_FILE_LIMIT)))
+    except psycopg.errors.InsufficientPrivilege:
+        log.warning("cannot set temp_file_limit for instance roles (the admin role is not a superuser)")
     conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(db, sql.Identifier(template.dbname)))
     conn.execute(sql.SQL("REVOKE ALL ON DATABASE {} FROM PUBLIC").format(db))
     conn.execute(sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(db, role))
