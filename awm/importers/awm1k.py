@@ -20,7 +20,10 @@ Per environment:
    final_answer)``, kind ``code``) and the sql-mode one (``verify_task(initial_db_path,
    final_db_path)`` returning evidence for the LLM judge, kind ``judge``, with the success and
    failure criteria of its ``raw_response``). The primary one is code mode when it exists (or the
-   ``prefer``red kind); the report says which each task got;
+   ``prefer``red kind); the report says which each task got. A verifier's kind is what its code
+   does, not which file it came in: sql-mode-file code that builds the code mode's verdict
+   (``{"result": "complete" | "others"}``, :func:`returns_code_verdict`) is served as a code
+   verifier, no judge needed, and ``verifier_kind_detected`` says so;
 4. every verifier is run, sandboxed, on the untouched snapshot: code verifiers that already say
    complete are a flaw of the source data and are listed (their negative gate fails too), and
    judge verifiers must at least produce JSON evidence there.
@@ -34,6 +37,7 @@ import date at 00:00 UTC unless given), so the same input and reference give the
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import contextlib
 import datetime as dt
@@ -109,6 +113,9 @@ class EnvReport:
     judge_verifier_tasks: int = 0
     both_verifier_tasks: int = 0
     verifier_of: dict[str, str] = field(default_factory=dict)  # task id -> primary kind, "+" when both
+    # Verifiers whose code says they are of the other mode than their file (task id -> what was
+    # detected, e.g. "code verifier in the sql-mode file"): served as what they are.
+    verifier_kind_detected: dict[str, str] = field(default_factory=dict)
     sql_only_tasks: list[str] = field(default_factory=list)
     no_verifier_tasks: list[str] = field(default_factory=list)
     broken_verifier_tasks: list[dict[str, str]] = field(default_factory=list)
@@ -140,6 +147,7 @@ class ImportReport:
             "judge_verifier_tasks": sum(e.judge_verifier_tasks for e in envs),
             "both_verifier_tasks": sum(e.both_verifier_tasks for e in envs),
             "sql_only_tasks": sum(len(e.sql_only_tasks) for e in envs),
+            "verifier_kind_detected": sum(len(e.verifier_kind_detected) for e in envs),
             "complete_on_untouched": sum(len(e.complete_on_untouched) for e in envs),
         }
 
@@ -178,6 +186,9 @@ def print_report(report: ImportReport, console: Any) -> None:
             console.print(f"[yellow]row rejected[/yellow] {e.name}/{row['table']}: {row['reason']}")
         if len(e.rows_rejected) > 5:
             console.print(f"[yellow]...[/yellow] {len(e.rows_rejected) - 5} more rejected rows of {e.name} in report.json")
+        if e.verifier_kind_detected:
+            console.print(f"[cyan]verifier kind detected[/cyan] {e.name}: "
+                          + "; ".join(f"{t}: {what}" for t, what in e.verifier_kind_detected.items()))
         if e.sql_only_tasks:
             console.print(f"[yellow]judge only[/yellow] {e.name}: {', '.join(e.sql_only_tasks)} have only a sql-mode "
                           "verifier: served with an LLM judge (--judge-base-url/--judge-model)")
@@ -540,6 +551,35 @@ def _tools(spec: dict[str, Any] | None, routes: list[dict[str, Any]], report: En
 
 
 _ENTRYPOINT = re.compile(r"^def\s+(verify_\w+)\s*\(", re.MULTILINE)
+_CODE_RESULTS = {"complete", "others"}
+
+
+def returns_code_verdict(code: str) -> bool:
+    """Whether verifier code is a code-mode verifier by what it does: it builds the code mode's
+    verdict, ``{"result": "complete" | "others"}`` (a dict display with that key and one of those
+    strings, or ``x["result"] = "complete"``), rather than evidence for a judge. Some runs ship
+    such code in the sql-mode file (``gen_verifier.jsonl``); its file name would send it to a judge
+    that it does not need."""
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return False
+
+    def verdict(node: ast.AST | None) -> bool:
+        return isinstance(node, ast.Constant) and node.value in _CODE_RESULTS
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Dict):
+            for key, value in zip(node.keys, node.values):
+                if isinstance(key, ast.Constant) and key.value == "result" and (
+                        verdict(value) or (isinstance(value, ast.IfExp) and verdict(value.body) and verdict(value.orelse))):
+                    return True
+        elif isinstance(node, ast.Assign) and verdict(node.value):
+            for target in node.targets:
+                if (isinstance(target, ast.Subscript) and isinstance(target.slice, ast.Constant)
+                        and target.slice.value == "result"):
+                    return True
+    return False
 
 
 def _verifier(kind: str, row: dict[str, Any] | None, task_id: str, report: EnvReport) -> Verifier | None:
@@ -574,6 +614,15 @@ def _tasks(task_texts: list[str], code_rows: dict[int, dict[str, Any]], sql_rows
         task_id = f"task_{index}"
         code = _verifier("code", code_rows.get(index), task_id, report)
         judge = _verifier("judge", sql_rows.get(index), task_id, report)
+        if judge is not None and returns_code_verdict(judge.code):
+            # The sql-mode file holds a code-mode verifier: a code verdict, no judge needed.
+            if code is None:
+                code = judge.model_copy(update={"kind": "code", "success_criteria": "", "failure_criteria": ""})
+                report.verifier_kind_detected[task_id] = "code verifier in the sql-mode file: served as code"
+            else:
+                report.verifier_kind_detected[task_id] = ("code verifier in the sql-mode file: the code-mode "
+                                                          "file's verifier is served, this one dropped")
+            judge = None
         if code is None and judge is None:
             if index not in code_rows and index not in sql_rows:
                 report.no_verifier_tasks.append(task_id)
