@@ -57,13 +57,18 @@ def pss_mb(pid: int) -> float:
 
 
 def children(pid: int) -> list[int]:
-    """Child processes of every thread of ``pid`` (workers are spawned by a pool thread)."""
-    found = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
-            found += [int(p) for p in (task / "children").read_text().split()]
-        except OSError:
-            pass
+    """Every descendant of ``pid`` (the fork server is a child of a pool thread; the workers and
+    the spare are the fork server's children)."""
+    found, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        for task in Path(f"/proc/{parent}/task").glob("*"):
+            try:
+                kids = [int(p) for p in (task / "children").read_text().split()]
+            except OSError:
+                continue
+            found += kids
+            todo += kids
     return found
 
 
@@ -81,11 +86,14 @@ async def measure_instance(bundle: EnvBundle, handle, n_resets: int, n_calls: in
     control = ControlClient(handle.control_url)
     tool, args = read_tool(bundle)
     writer = next(t for t in bundle.tasks if len(t.solution) >= 2)
-    reset_ms, reset_http_ms, pristine = [], [], True
+    reset_ms, reset_http_ms, first_call_ms, pristine = [], [], [], True
     async with McpSession(handle.mcp_url) as mcp:
         for _ in range(n_resets):
-            for step in writer.solution:  # dirty the state the way an episode does
+            for i, step in enumerate(writer.solution):  # dirty the state the way an episode does
+                t0 = time.perf_counter()
                 await mcp.call_tool(step.tool, step.arguments)
+                if i == 0:  # the episode's first call: on the worker the reset renewed
+                    first_call_ms.append((time.perf_counter() - t0) * 1000)
             t0 = time.perf_counter()
             result = await control.reset(writer.id)
             reset_http_ms.append((time.perf_counter() - t0) * 1000)
@@ -122,6 +130,8 @@ async def measure_instance(bundle: EnvBundle, handle, n_resets: int, n_calls: in
         "reset_http_p50_ms": pct(reset_http_ms, 0.5), "reset_http_p99_ms": pct(reset_http_ms, 0.99),
         "reset_pristine": pristine, "resets_measured": len(reset_ms),
         "tool_call_p50_ms": pct(lean, 0.5), "tool_call_p99_ms": pct(lean, 0.99),
+        "first_call_after_reset_p50_ms": pct(first_call_ms, 0.5),
+        "first_call_after_reset_p99_ms": pct(first_call_ms, 0.99),
         "tool_call_fastmcp_client_p50_ms": pct(sdk, 0.5), "tool_call_fastmcp_client_p99_ms": pct(sdk, 0.99),
         "episode_overhead_p50_ms": pct(overhead, 0.5),
         "rss_mb_per_instance": round(server_rss + worker_rss, 1),

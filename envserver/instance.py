@@ -74,7 +74,7 @@ class EnvInstance:
         memory_mb = bundle.limits.verifier_memory_mb
         self.pool = WorkerPool(WorkerSpec(memory_mb=memory_mb, load=self.runtime.load,
                                           allow_weak_isolation=allow_weak_isolation),
-                               size=verifier_workers, zygote=self.zygote)
+                               size=verifier_workers, zygote=self.zygote, spares=1)
         self.verifier_pool = WorkerPool(WorkerSpec(memory_mb=memory_mb, load={"prelude": "", "tools": []},
                                                    allow_weak_isolation=allow_weak_isolation),
                                         size=1, zygote=self.zygote, single_use=True)

@@ -72,6 +72,7 @@ class EpisodeDatabase:
         self._keys: dict[str, list[str]] = {}
         self._episode_tx: str | None = None  # transaction_timestamp() of the episode's BEGIN
         self.escape_reason: str | None = None
+        self._deadline = _Deadline()
 
     # -- connection ------------------------------------------------------------------------
 
@@ -203,7 +204,7 @@ class EpisodeDatabase:
         worker's final reply and what happened on the database side (``timed_out``). A worker
         failure (:class:`awm.sandbox.pool.WorkerFailure`) propagates after the rollback."""
         state: dict[str, Any] = {"timed_out": False, "failed_statement": False}
-        deadline = _Deadline(self.conn, timeout_s)
+        deadline = self._deadline
 
         def handle(request: dict[str, Any]) -> dict[str, Any]:
             op = request.get("op")
@@ -239,7 +240,7 @@ class EpisodeDatabase:
                 self._check_transaction()
 
         def run(conn: psycopg.Connection) -> tuple[dict[str, Any], dict[str, Any]]:
-            with deadline:
+            with deadline.call(conn, timeout_s):
                 return run_within(conn)
 
         def run_within(conn: psycopg.Connection) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -349,44 +350,52 @@ def _connection_gone(exc: psycopg.Error) -> bool:
 
 
 class _Deadline:
-    """The server's own deadline for one call: when it passes while a statement of the call is
-    running, the statement is cancelled at the protocol level (a cancel request to the postmaster,
-    which needs no connection slot), instead of running on until its statement timeout."""
+    """The server's own deadline for the calls on one connection: when it passes while a
+    statement of the call is running, the statement is cancelled at the protocol level (a cancel
+    request to the postmaster, which needs no connection slot) instead of running on until its
+    statement timeout. One long-lived thread per connection, no thread per call."""
 
-    def __init__(self, conn: psycopg.Connection | None, timeout_s: float) -> None:
-        self._conn = conn
-        self._timeout_s = timeout_s
-        self._lock = threading.Lock()
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._conn: psycopg.Connection | None = None
+        self._until: float | None = None
         self._running = False
-        self._timer: threading.Timer | None = None
+        self._thread = threading.Thread(target=self._watch, name="awm-deadline", daemon=True)
+        self._thread.start()
 
-    def __enter__(self) -> "_Deadline":
-        self._timer = threading.Timer(self._timeout_s, self._expire)
-        self._timer.daemon = True
-        self._timer.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-
-    def _expire(self) -> None:
-        with self._lock:
-            if self._running and self._conn is not None and not self._conn.closed:
-                try:
-                    self._conn.cancel_safe(timeout=2.0)
-                except Exception:  # noqa: BLE001 - best effort: the statement timeout still holds
-                    pass
+    @contextmanager
+    def call(self, conn: psycopg.Connection | None, timeout_s: float) -> Iterator["_Deadline"]:
+        with self._cond:
+            self._conn, self._until = conn, time.monotonic() + timeout_s
+            self._cond.notify()
+        try:
+            yield self
+        finally:
+            with self._cond:
+                self._until = None
 
     @contextmanager
     def statement(self) -> Iterator[None]:
-        with self._lock:
+        with self._cond:
             self._running = True
         try:
             yield
         finally:
-            with self._lock:
+            with self._cond:
                 self._running = False
+
+    def _watch(self) -> None:
+        while True:
+            with self._cond:
+                while self._until is None or time.monotonic() < self._until:
+                    self._cond.wait(None if self._until is None else self._until - time.monotonic())
+                conn, running = self._conn, self._running
+                self._until = None
+                if running and conn is not None and not conn.closed:
+                    try:
+                        conn.cancel_safe(timeout=2.0)
+                    except Exception:  # noqa: BLE001 - best effort: the statement timeout still holds
+                        pass
 
 
 def _first_line(exc: psycopg.Error) -> str:

@@ -62,7 +62,8 @@ def test_a_worker_that_speaks_out_of_turn_is_replaced_before_the_next_call():
 def arm(db):
     import signal, sys
     w = sys.modules["awm.sandbox.worker"]
-    signal.signal(signal.SIGALRM, lambda *a: w.CHANNEL.send({"op": "sql", "sql": "DELETE FROM t", "params": [], "fetch": "none"}))
+    ch = sys.modules["awm.sandbox.channel"]
+    signal.signal(signal.SIGALRM, lambda *a: ch.CHANNEL.send({"op": "sql", "sql": "DELETE FROM t", "params": [], "fetch": "none"}))
     signal.setitimer(signal.ITIMER_REAL, 0.1)
     return "armed"
 '''
@@ -77,7 +78,7 @@ def arm(db):
         assert pool.run({"op": "call", "tool": "arm", "arguments": {}}, record, 5)["value"] == "armed"
         first = pool.pids()
         deadline = time.monotonic() + 5
-        while pool._idle.qsize() and pool._idle.queue[0].quiet() and time.monotonic() < deadline:
+        while pool._used.qsize() and pool._used.queue[0].quiet() and time.monotonic() < deadline:
             time.sleep(0.05)
         assert pool.run({"op": "call", "tool": "ok", "arguments": {}}, record, 5)["value"] == "ok"
         assert seen == [] and pool.replaced == 1 and pool.pids() != first

@@ -158,7 +158,6 @@ class Worker:
         self._prefixes = _host_prefixes()
         self.isolation: dict[str, Any] = {}
         self.calls = 0
-        self.used_in: int | None = None  # the pool's epoch in which it first ran untrusted code
         try:
             hello = self._read(time.monotonic() + START_TIMEOUT_S)
             if hello.get("op") != "ready":
@@ -280,24 +279,27 @@ def _no_sql(message: dict[str, Any]) -> dict[str, Any]:
 
 
 class WorkerPool:
-    """``size`` warm workers, forked from a fork server; a failed one is killed and replaced in the
-    background.
+    """``size`` warm workers (plus ``spares`` started ahead), forked from a fork server; a failed
+    one is killed and replaced in the background.
 
     A worker never serves two episodes: :meth:`renew` (called at every reset) retires each worker
     that has run untrusted code since the last renewal, so the next call runs on a fresh copy of
     the fork server, with nothing a previous episode's code planted (rebound functions, module
     state, a verifier's cache). ``single_use`` pools (verifiers) retire a worker after every
     request. Retiring (kill, reap) and spawning happen on the pool's spawner thread, off the
-    caller's path."""
+    caller's path; a spare that is already running takes the next episode's first call, so a
+    reset does not wait for a fork."""
 
     def __init__(self, spec: WorkerSpec, size: int = 1, zygote: Zygote | None = None,
-                 single_use: bool = False) -> None:
+                 single_use: bool = False, spares: int = 0) -> None:
         self.spec = spec
         self.size = size
+        self.spares = spares
         self.single_use = single_use
         self._own_zygote = zygote is None
         self.zygote = zygote if zygote is not None else make_zygote(spec.app)
-        self._idle: queue.Queue[Worker | BaseException] = queue.Queue()
+        self._fresh: queue.Queue[Worker | BaseException] = queue.Queue()  # never ran code
+        self._used: queue.Queue[Worker] = queue.Queue()  # ran code in the current episode
         self._spawner = ThreadPoolExecutor(1, thread_name_prefix="awm-worker-spawn")
         self._live: set[Worker] = set()
         self._pending: set[Future[None]] = set()
@@ -305,18 +307,17 @@ class WorkerPool:
         self.isolation: dict[str, Any] = {}
         self.replaced = 0
         self.renewed = 0
-        self.epoch = 0
         self.closed = False
 
     def start(self) -> None:
         """Start every worker now (blocking); raises what the first one raised."""
-        futures = [self._spawn() for _ in range(self.size)]
+        futures = [self._spawn() for _ in range(self.size + self.spares)]
         for future in futures:
             future.result()
-        first = self._idle.get()
+        first = self._fresh.get()
         if isinstance(first, BaseException):
             raise first
-        self._idle.put(first)
+        self._fresh.put(first)
 
     def _spawn(self, retire: Worker | None = None) -> Future[None]:
         def spawn() -> None:
@@ -327,7 +328,7 @@ class WorkerPool:
             try:
                 worker = Worker(self.spec, self.zygote)
             except BaseException as exc:  # noqa: BLE001 - handed to the next caller
-                self._idle.put(exc)
+                self._fresh.put(exc)
                 return
             with self._lock:
                 if self.closed:
@@ -335,7 +336,7 @@ class WorkerPool:
                     return
                 self._live.add(worker)
             self.isolation = worker.isolation
-            self._idle.put(worker)
+            self._fresh.put(worker)
 
         future = self._spawner.submit(spawn)
         self._pending.add(future)
@@ -344,11 +345,16 @@ class WorkerPool:
 
     @property
     def ready(self) -> bool:
-        return not self.closed and (self._idle.qsize() > 0 or bool(self._pending))
+        return not self.closed and (self._fresh.qsize() > 0 or self._used.qsize() > 0 or bool(self._pending))
 
     def _acquire(self, timeout_s: float) -> Worker:
+        """The current episode's worker if it has one idle, else a fresh one."""
         try:
-            item = self._idle.get(timeout=timeout_s)
+            return self._used.get_nowait()
+        except queue.Empty:
+            pass
+        try:
+            item = self._fresh.get(timeout=timeout_s)
         except queue.Empty:
             raise WorkerFailure("start", "no worker became ready in time") from None
         if isinstance(item, BaseException):
@@ -359,8 +365,6 @@ class WorkerPool:
         return item
 
     def _replace(self, worker: Worker) -> None:
-        with self._lock:
-            self._live.discard(worker)
         self.replaced += 1
         self._retire(worker)
 
@@ -372,33 +376,20 @@ class WorkerPool:
 
     def renew(self) -> None:
         """A new episode begins: no worker that ran code in an earlier one serves it."""
-        self.epoch += 1
-        keep: list[Worker | BaseException] = []
         while True:
             try:
-                item = self._idle.get_nowait()
+                worker = self._used.get_nowait()
             except queue.Empty:
-                break
-            if isinstance(item, Worker) and item.used_in is not None:
-                self.renewed += 1
-                self._retire(item)
-            else:
-                keep.append(item)
-        for item in keep:
-            self._idle.put(item)
+                return
+            self.renewed += 1
+            self._retire(worker)
 
     def run(self, message: dict[str, Any], handle: Handler, timeout_s: float) -> dict[str, Any]:
         """One request on a warm worker. On any :class:`WorkerFailure` the worker is replaced."""
         worker = self._acquire(max(timeout_s, START_TIMEOUT_S))
-        while not worker.quiet() or (worker.used_in is not None and worker.used_in != self.epoch):
-            if worker.quiet():
-                self.renewed += 1
-                self._retire(worker)
-            else:
-                self._replace(worker)
+        while not worker.quiet():
+            self._replace(worker)
             worker = self._acquire(START_TIMEOUT_S)
-        if worker.used_in is None:
-            worker.used_in = self.epoch
         try:
             reply = worker.request(message, handle, timeout_s)
         except BaseException:
@@ -407,7 +398,7 @@ class WorkerPool:
         if self.single_use:
             self._retire(worker)
         else:
-            self._idle.put(worker)
+            self._used.put(worker)
         return reply
 
     def pids(self) -> list[int]:
