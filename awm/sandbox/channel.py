@@ -63,3 +63,11 @@ def sql_request(sql: str, params: Any, **extra: Any) -> dict[str, Any]:
     if error:
         raise DatabaseError(str(error.get("message", "")), str(error.get("kind", "db")), error.get("sqlstate"))
     return reply
+
+
+def load_sources(message: dict[str, Any]) -> list[tuple[str, str]]:
+    """(source, filename) of the code a ``load`` request executes."""
+    sources = [(message.get("prelude") or "", "<tool prelude>")]
+    sources += [(tool["code"], f"<tool {tool['name']}>") for tool in message.get("tools") or []
+                if isinstance(tool, dict) and isinstance(tool.get("code"), str)]
+    return sources

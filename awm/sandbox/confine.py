@@ -44,6 +44,8 @@ _CLONE_NEWUSER = 0x10000000
 _CLONE_NEWNET = 0x40000000
 _PR_SET_NO_NEW_PRIVS = 38
 _PR_SET_PDEATHSIG = 1
+_PR_SET_SECCOMP = 22
+_SECCOMP_MODE_FILTER = 2
 
 _SYS_LANDLOCK_CREATE_RULESET = 444
 _SYS_LANDLOCK_ADD_RULE = 445
@@ -273,22 +275,19 @@ def _landlock(read_paths: list[str], report: Report) -> None:
         report.missing["landlock-scope"] = f"Landlock ABI {abi} < 6 (signals to other processes rest on seccomp)"
 
 
-def _seccomp(report: Report) -> None:
-    problem = seccomp_problem()
-    if problem is not None:
-        report.missing["seccomp"] = problem
-        return
+# A pid no process can have (above the kernel's PID_MAX_LIMIT, 2**22): a program built ahead
+# (by the fork server, once) names the caller with it, and the caller patches in its own pid.
+PID_PLACEHOLDER = 0x7FFFFFF0
+
+
+def _filter(me: int) -> object:
     import pyseccomp as sc
 
     deny = sc.ERRNO(errno.EPERM)
     flt = sc.SyscallFilter(defaction=sc.ALLOW)
     for name in DENIED_SYSCALLS:
-        try:
-            flt.add_rule(deny, name)
-        except (OSError, ValueError):
-            pass  # not a syscall on this architecture
+        _add(flt, deny, name)
     flt.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
-    me = os.getpid()
     # Signals only to itself (raise(), abort()): kill(0 or -pgrp) and other pids are refused.
     flt.add_rule(deny, "kill", sc.Arg(0, sc.NE, me))
     flt.add_rule(deny, "tgkill", sc.Arg(0, sc.NE, me))
@@ -306,7 +305,57 @@ def _seccomp(report: Report) -> None:
         _add(flt, deny, "fcntl", sc.Arg(1, sc.EQ, command))
     for request in IOCTL_SIGNAL_REQUESTS:
         _add(flt, deny, "ioctl", sc.Arg(1, sc.EQ, request))
-    flt.load()  # sets no_new_privs itself (libseccomp's default)
+    return flt
+
+
+def seccomp_program() -> bytes | None:
+    """The filter as a classic BPF program, with :data:`PID_PLACEHOLDER` for the caller's pid:
+    built once by the fork server (libseccomp takes ~1.5 ms to build it), loaded by each child
+    with its own pid patched in. None where libseccomp is unavailable."""
+    if seccomp_problem() is not None:
+        return None
+    fd = os.memfd_create("awm-seccomp")
+    try:
+        with os.fdopen(os.dup(fd), "wb") as out:
+            _filter(PID_PLACEHOLDER).export_bpf(out)  # type: ignore[attr-defined]
+        os.lseek(fd, 0, os.SEEK_SET)
+        chunks = []
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def _load_program(program: bytes, me: int) -> None:
+    """Load a program from :func:`seccomp_program` with ``me`` as the caller's pid."""
+    placeholder, mine = PID_PLACEHOLDER.to_bytes(4, "little"), me.to_bytes(4, "little")
+    code = bytearray(program)
+    for offset in range(0, len(code), 8):  # struct sock_filter {u16 code; u8 jt, jf; u32 k}
+        if code[offset + 4:offset + 8] == placeholder:
+            code[offset + 4:offset + 8] = mine
+    buffer = ctypes.create_string_buffer(bytes(code), len(code))
+    fprog = _SockFprog(len(code) // 8, ctypes.cast(buffer, ctypes.c_void_p))
+    libc = _libc()
+    if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "PR_SET_NO_NEW_PRIVS")
+    if libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "PR_SET_SECCOMP")
+
+
+def _seccomp(report: Report, program: bytes | None = None) -> None:
+    problem = seccomp_problem()
+    if problem is not None:
+        report.missing["seccomp"] = problem
+        return
+    if program is not None:
+        _load_program(program, os.getpid())
+    else:
+        _filter(os.getpid()).load()  # type: ignore[attr-defined]  # sets no_new_privs itself
     report.applied.append("seccomp")
 
 
@@ -314,7 +363,7 @@ LAYERS = ("namespaces", "rlimits", "landlock", "seccomp")
 
 
 def confine(read_paths: list[str], limits: Limits, layers: tuple[str, ...] = LAYERS,
-            namespaces: Report | None = None) -> Report:
+            namespaces: Report | None = None, seccomp: bytes | None = None) -> Report:
     """Apply every layer this kernel offers, strongest last. Irreversible for this process.
 
     ``layers`` exists to measure what each layer costs (``bench/runtime.py``); leaving one out
@@ -333,7 +382,7 @@ def confine(read_paths: list[str], limits: Limits, layers: tuple[str, ...] = LAY
     if "landlock" in layers:
         _landlock(read_paths, report)
     if "seccomp" in layers:
-        _seccomp(report)
+        _seccomp(report, seccomp)
     for layer in set(LAYERS) - set(layers):
         report.missing[layer] = "switched off (AWM_SANDBOX_LAYERS)"
     return report

@@ -64,6 +64,7 @@ class Zygote:
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
         self._sock: socket.socket | None = None
+        self._compiled: set[tuple[str, str]] = set()  # sources the running zygote has compiled
         self.isolation: dict[str, Any] = {}
 
     def _start(self) -> None:
@@ -79,6 +80,7 @@ class Zygote:
         finally:
             theirs.close()
         self._sock = ours
+        self._compiled = set()
         hello, fds = _recv(ours, 0)
         if hello.get("op") != "ready":
             raise ZygoteError(f"zygote said {hello.get('op')!r} instead of ready")
@@ -97,9 +99,15 @@ class Zygote:
                 self._stop()
                 raise ZygoteError(f"zygote failed: {exc}") from None
 
-    def spawn(self, config: dict[str, Any], child_read: int, child_write: int) -> tuple[int, int | None]:
-        """Fork a worker reading ``child_read`` and writing ``child_write``: (pid, pidfd)."""
-        reply, fds = self._request({"op": "spawn", "config": config}, [child_read, child_write], 1)
+    def spawn(self, config: dict[str, Any], child_read: int, child_write: int,
+              sources: list[tuple[str, str]] = ()) -> tuple[int, int | None]:  # type: ignore[assignment]
+        """Fork a worker reading ``child_read`` and writing ``child_write``: (pid, pidfd).
+        ``sources`` (code the worker will load) are compiled once by the zygote, before it forks."""
+        with self._lock:
+            new = [list(s) for s in sources if s not in self._compiled]
+        reply, fds = self._request({"op": "spawn", "config": config, "compile": new}, [child_read, child_write], 1)
+        with self._lock:
+            self._compiled.update(tuple(s) for s in new)  # type: ignore[misc]
         if reply.get("op") != "spawned":
             for fd in fds:
                 os.close(fd)
@@ -169,6 +177,14 @@ def _spawn(control: socket.socket, message: dict[str, Any], fds: list[int], zygo
             os.close(fd)
         socket.send_fds(control, [json.dumps({"op": "failed", "reason": "spawn needs two descriptors"}).encode()], [])
         return
+    from awm.sandbox import worker
+
+    for item in message.get("compile") or []:
+        try:
+            source, filename = str(item[0]), str(item[1])
+            worker.COMPILED[(source, filename)] = compile(source, filename, "exec")
+        except (SyntaxError, ValueError, TypeError, IndexError, RecursionError, MemoryError):
+            pass  # the worker compiles it itself and reports the error where the load fails
     pid = os.fork()
     if pid == 0:
         _child(control, dict(message.get("config") or {}), fds, zygote, namespaces)
@@ -208,7 +224,8 @@ def main() -> None:
     confine.seccomp_problem()  # loads libseccomp while files may still be read
     namespaces = confine.Report()
     if "namespaces" in config.get("layers", confine.LAYERS):
-        confine.enter_namespaces(namespaces)  # once: every child shares them (a new netns per fork is slow)
+        confine.enter_namespaces(namespaces)
+    worker.SECCOMP_PROGRAM = confine.seccomp_program()  # built once, inherited by every child  # once: every child shares them (a new netns per fork is slow)
     socket.send_fds(control, [json.dumps({"op": "ready", "isolation": namespaces.as_dict()}).encode()], [])
     me = os.getpid()
     while True:

@@ -29,6 +29,7 @@ from typing import Any, Callable
 from awm.jsonlimits import depth_exceeds, map_strings
 from awm.sandbox import codec, confine
 from awm.sandbox.forkserver import Zygote
+from awm.sandbox.channel import load_sources
 
 MAX_MESSAGE = 64 * 1024 * 1024  # one line from a worker (a result, a query's SQL)
 MAX_DEPTH = 100  # nesting of a worker's message (a result is rendered and logged by the server)
@@ -143,7 +144,7 @@ class Worker:
         try:
             config = {"memory_mb": spec.memory_mb, "app": spec.app, "read_paths": read_paths(spec.app),
                       "layers": _layers()}
-            self._pid, self.pidfd = zygote.spawn(config, to_child, from_child)
+            self._pid, self.pidfd = zygote.spawn(config, to_child, from_child, load_sources(spec.load))
         except BaseException:
             for fd in (self._wfd, self._rfd):
                 os.close(fd)

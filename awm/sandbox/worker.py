@@ -35,9 +35,20 @@ import sqlite3
 import urllib.parse
 
 from awm.sandbox import channel
-from awm.sandbox.channel import MAX_REASON, DatabaseError, ToolError, VerifierQueryError, sql_request
+from awm.sandbox.channel import MAX_REASON, DatabaseError, ToolError, VerifierQueryError, load_sources, sql_request
 
-__all__ = ["DatabaseError", "MAX_REASON", "ToolError", "VerifierQueryError", "sql_request"]
+__all__ = ["DatabaseError", "MAX_REASON", "ToolError", "VerifierQueryError", "load_sources", "sql_request"]
+
+
+# Code objects compiled by the fork server before it forks (compiling runs nothing): a worker
+# forked for an episode finds its tools here instead of compiling ~1,000 lines each time.
+COMPILED: dict[tuple[str, str], Any] = {}
+SECCOMP_PROGRAM: bytes | None = None  # the filter, built once by the fork server
+
+
+def compiled(source: str, filename: str) -> Any:
+    code = COMPILED.get((source, filename))
+    return code if code is not None else compile(source, filename, "exec")
 
 
 class _Rows:
@@ -170,10 +181,10 @@ class Worker:
 
     def load(self, message: dict[str, Any]) -> dict[str, Any]:
         namespace: dict[str, Any] = {"ToolError": ToolError, "__name__": "awm_tools"}
-        exec(compile(message.get("prelude") or "", "<tool prelude>", "exec"), namespace)
+        exec(compiled(message.get("prelude") or "", "<tool prelude>"), namespace)
         for tool in message.get("tools") or []:
             try:
-                exec(compile(tool["code"], f"<tool {tool['name']}>", "exec"), namespace)
+                exec(compiled(tool["code"], f"<tool {tool['name']}>"), namespace)
             except Exception as exc:  # the load error names the tool, for the repair prompt
                 raise RuntimeError(f"tool {tool['name']}: {type(exc).__name__}: {exc}") from None
             fn = namespace.get(tool["name"])
@@ -252,7 +263,7 @@ def serve_child(config: dict[str, Any], reader: Any, writer: Any, namespaces: co
         appshim.make_loop()
     layers = tuple(config.get("layers", confine.LAYERS))
     report = confine.confine(config["read_paths"], confine.Limits(memory_mb=int(config["memory_mb"])), layers,
-                             namespaces=namespaces if "namespaces" in layers else None)
+                             namespaces=namespaces if "namespaces" in layers else None, seccomp=SECCOMP_PROGRAM)
     channel.CHANNEL = channel.Channel(reader, writer)
     channel.CHANNEL.send({"op": "ready", "isolation": report.as_dict(), "pid": os.getpid()})
     Worker(channel.CHANNEL).serve()
