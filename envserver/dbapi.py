@@ -125,12 +125,12 @@ MAX_RESULT_BYTES = 16 * 1024 * 1024  # bytes one statement may return to untrust
 
 def _result_bytes(cur: psycopg.Cursor[Any]) -> int:
     """The size of the result's values as the server sent them (undecoded), estimated from up to
-    256 sampled rows: enough to refuse a result of a few huge rows before any is decoded."""
+    16 sampled rows: enough to refuse a result of a few huge rows before any is decoded."""
     result = cur.pgresult
     if result is None or result.ntuples == 0:
         return 0
     rows, fields = result.ntuples, result.nfields
-    step = max(1, rows // 256)
+    step = max(1, rows // 16)
     sampled = 0
     for r in range(0, rows, step):
         for c in range(fields):

@@ -353,10 +353,13 @@ class _Deadline:
     """The server's own deadline for the calls on one connection: when it passes while a
     statement of the call is running, the statement is cancelled at the protocol level (a cancel
     request to the postmaster, which needs no connection slot) instead of running on until its
-    statement timeout. One long-lived thread per connection, no thread per call."""
+    statement timeout. One long-lived thread per connection that looks every ``TICK_S`` (arming
+    it costs a call nothing: no thread per call, no wake-up per call)."""
+
+    TICK_S = 0.1
 
     def __init__(self) -> None:
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
         self._conn: psycopg.Connection | None = None
         self._until: float | None = None
         self._running = False
@@ -365,33 +368,31 @@ class _Deadline:
 
     @contextmanager
     def call(self, conn: psycopg.Connection | None, timeout_s: float) -> Iterator["_Deadline"]:
-        with self._cond:
-            self._conn, self._until = conn, time.monotonic() + timeout_s
-            self._cond.notify()
+        self._conn, self._until = conn, time.monotonic() + timeout_s
         try:
             yield self
         finally:
-            with self._cond:
-                self._until = None
+            self._until = None
 
     @contextmanager
     def statement(self) -> Iterator[None]:
-        with self._cond:
-            self._running = True
+        self._running = True
         try:
             yield
         finally:
-            with self._cond:
+            with self._lock:  # never between the watchdog's check and its cancel
                 self._running = False
 
     def _watch(self) -> None:
         while True:
-            with self._cond:
-                while self._until is None or time.monotonic() < self._until:
-                    self._cond.wait(None if self._until is None else self._until - time.monotonic())
-                conn, running = self._conn, self._running
-                self._until = None
-                if running and conn is not None and not conn.closed:
+            time.sleep(self.TICK_S)
+            until = self._until
+            if until is None or time.monotonic() < until:
+                continue
+            with self._lock:
+                conn = self._conn
+                if self._running and self._until is not None and conn is not None and not conn.closed:
+                    self._until = None
                     try:
                         conn.cancel_safe(timeout=2.0)
                     except Exception:  # noqa: BLE001 - best effort: the statement timeout still holds

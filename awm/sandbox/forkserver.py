@@ -25,6 +25,7 @@ The zygote dies with the server (``PR_SET_PDEATHSIG``), and its children with it
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import resource
@@ -38,6 +39,8 @@ from typing import Any
 from awm.sandbox import confine
 
 MAX_CONTROL = 1 << 20
+COMMON_MODULES = ("re", "json", "datetime", "decimal", "math", "random", "string", "uuid", "hashlib",
+                  "collections", "itertools", "functools", "typing", "dataclasses", "enum", "statistics")
 DEBUG = False
 _BOOT = ("import json, sys; c = json.loads(sys.argv[1]); sys.path[:0] = c['sys_path']; "
          "from awm.sandbox.forkserver import main; main()")
@@ -185,6 +188,7 @@ def _spawn(control: socket.socket, message: dict[str, Any], fds: list[int], zygo
             worker.COMPILED[(source, filename)] = compile(source, filename, "exec")
         except (SyntaxError, ValueError, TypeError, IndexError, RecursionError, MemoryError):
             pass  # the worker compiles it itself and reports the error where the load fails
+    gc.freeze()  # what the zygote holds is never scanned (so never copied) by a child's collector
     pid = os.fork()
     if pid == 0:
         _child(control, dict(message.get("config") or {}), fds, zygote, namespaces)
@@ -211,8 +215,15 @@ def main() -> None:
         os.dup2(devnull, fd)
     os.close(devnull)
     os.environ.clear()
-    # Everything a worker imports, imported once here; apps' frameworks too.
+    # Everything a worker imports, imported once here; apps' frameworks too; and the standard
+    # library modules generated tools commonly import (a fixed list: nothing named by their code).
     from awm.sandbox import worker  # noqa: F401
+
+    for name in COMMON_MODULES:
+        try:
+            __import__(name)
+        except ImportError:
+            pass
 
     if config.get("app"):
         from awm.sandbox import appshim

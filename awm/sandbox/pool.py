@@ -12,6 +12,7 @@ when the *thread* that spawned a child ends, so short-lived threads must not spa
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import queue
@@ -39,7 +40,8 @@ Handler = Callable[[dict[str, Any]], dict[str, Any]]
 _OWN_PACKAGES = ("awm", "awm_fleet", "awm_operator")
 
 
-def _host_prefixes() -> list[str]:
+@functools.lru_cache(maxsize=1)
+def _host_prefixes() -> list[str]:  # fixed for the process's life: computed once
     """Paths of this machine that untrusted code can learn (its own sys.path, module files) and
     that must not reach an agent or a log through its output."""
     home = os.path.expanduser("~")
@@ -95,6 +97,7 @@ def _site_dirs() -> list[str]:
     return sorted({os.path.realpath(paths[k]) for k in ("purelib", "platlib")})
 
 
+@functools.lru_cache(maxsize=2)
 def read_paths(app: bool) -> list[str]:
     """What a worker may read once confined: the standard library, shared libraries, time zones;
     for apps also the installed packages, except this project's own."""
@@ -142,7 +145,7 @@ class Worker:
         self.pidfd: int | None = None
         self._pid = 0
         try:
-            config = {"memory_mb": spec.memory_mb, "app": spec.app, "read_paths": read_paths(spec.app),
+            config = {"memory_mb": spec.memory_mb, "app": spec.app, "read_paths": list(read_paths(spec.app)),
                       "layers": _layers()}
             self._pid, self.pidfd = zygote.spawn(config, to_child, from_child, load_sources(spec.load))
         except BaseException:
