@@ -146,7 +146,10 @@ class Built:
             argv_l[0] = self.bin(argv_l[0])
         clean = {k: v for k, v in os.environ.items() if not k.startswith(("AWM_", "VIRTUAL_ENV", "PYTHON"))}
         clean["PATH"] = f"{self.venv / 'bin'}:{clean.get('PATH', '')}"
-        return subprocess.run(argv_l, capture_output=True, text=True, cwd=self.src, timeout=timeout,
+        # cwd: not the source tree (`python -m` puts its cwd first on sys.path, where a copied
+        # awm/ without its component folders would shadow the installed package); the images run
+        # from WORKDIR /tmp.
+        return subprocess.run(argv_l, capture_output=True, text=True, cwd=self.src.parent, timeout=timeout,
                               env={**clean, **(env or {})})
 
 
