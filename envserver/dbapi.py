@@ -86,8 +86,7 @@ def check_statement(sql: str) -> None:
         if (len(parts) > 1 and parts[0] != "public") or len(parts) > 2 or parts[-1].startswith("pg_"):
             raise SqlForbidden(f"writes only to the environment's own tables, not {'.'.join(parts)[:80]}")
     for match in _CALL.finditer(bare):
-        name = match.group(1)
-        name = name[1:-1].replace('""', '"') if name.startswith('"') else name.lower()
+        name = _unquote(match.group(1))
         if _FORBIDDEN_FUNCTION.match(name):
             raise SqlForbidden(f"function not allowed in an environment tool: {name}")
 

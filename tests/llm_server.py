@@ -40,22 +40,20 @@ class Reply:
 Answer = Callable[[str, dict[str, Any], int], Reply]
 
 
-class ScriptedLLM:
-    def __init__(self, answer: Answer, host: str = "127.0.0.1") -> None:
-        self.answer = answer
-        self.requests: list[tuple[str, dict[str, Any]]] = []
-        self.counts: Counter[str] = Counter()
-        self._lock = threading.Lock()
+class LocalEndpoint:
+    """An OpenAI-style ``/v1`` app served by uvicorn on a thread, on a free port of ``host``; a
+    context manager (started on enter, stopped on exit)."""
+
+    def __init__(self, routes: list[Route], host: str = "127.0.0.1") -> None:
         with socket.socket() as s:
             s.bind((host, 0))
             self.port = s.getsockname()[1]
         self.base_url = f"http://{host}:{self.port}/v1"
-        app = Starlette(routes=[Route("/v1/chat/completions", self._chat, methods=["POST"]),
-                                Route("/v1/embeddings", self._embeddings, methods=["POST"])])
+        app = Starlette(routes=routes)
         self._server = uvicorn.Server(uvicorn.Config(app, host=host, port=self.port, log_level="error"))
         self._thread = threading.Thread(target=self._server.run, daemon=True)
 
-    def __enter__(self) -> ScriptedLLM:
+    def __enter__(self):  # type: ignore[no-untyped-def]
         self._thread.start()
         while not self._server.started:
             time.sleep(0.01)
@@ -64,6 +62,16 @@ class ScriptedLLM:
     def __exit__(self, *exc: object) -> None:
         self._server.should_exit = True
         self._thread.join(5)
+
+
+class ScriptedLLM(LocalEndpoint):
+    def __init__(self, answer: Answer, host: str = "127.0.0.1") -> None:
+        self.answer = answer
+        self.requests: list[tuple[str, dict[str, Any]]] = []
+        self.counts: Counter[str] = Counter()
+        self._lock = threading.Lock()
+        super().__init__([Route("/v1/chat/completions", self._chat, methods=["POST"]),
+                          Route("/v1/embeddings", self._embeddings, methods=["POST"])], host)
 
     async def _chat(self, request: Request) -> JSONResponse:
         body = await request.json()

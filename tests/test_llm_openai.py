@@ -15,20 +15,16 @@ from __future__ import annotations
 
 import json
 import re
-import socket
-import threading
-import time
 from typing import Any
 
 import pytest
-import uvicorn
-from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from awm.judge import JUDGEMENT_SCHEMA, Judge, JudgeSettings, Step
 from awm.llm import (LLMClient, LLMRefused, LLMSettings, is_reasoning_model, parse_flag, request_body)
+from tests.llm_server import LocalEndpoint
 
 REASONING = re.compile(r"^(o[1-9](-.*)?|gpt-5(?!-chat)([.-].*)?)$")  # OpenAI's reasoning families
 NO_STRUCTURED_OUTPUTS = {"gpt-3.5-turbo", "gpt-4-turbo"}
@@ -81,7 +77,7 @@ def openai_rules(body: dict[str, Any], deployment_model: str | None = None) -> J
     return None
 
 
-class OpenAIRules:
+class OpenAIRules(LocalEndpoint):
     """A local endpoint answering like OpenAI: refuses what OpenAI refuses, otherwise answers
     ``reply`` (JSON text). Every request body and the status it got are recorded."""
 
@@ -89,23 +85,7 @@ class OpenAIRules:
         self.reply = reply
         self.deployments = deployments or {}
         self.requests: list[tuple[int, dict[str, Any]]] = []
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        self.base_url = f"http://127.0.0.1:{port}/v1"
-        app = Starlette(routes=[Route("/v1/chat/completions", self._chat, methods=["POST"])])
-        self._server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
-        self._thread = threading.Thread(target=self._server.run, daemon=True)
-
-    def __enter__(self) -> OpenAIRules:
-        self._thread.start()
-        while not self._server.started:
-            time.sleep(0.01)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.should_exit = True
-        self._thread.join(5)
+        super().__init__([Route("/v1/chat/completions", self._chat, methods=["POST"])])
 
     async def _chat(self, request: Request) -> JSONResponse:
         body = await request.json()
