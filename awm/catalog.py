@@ -7,6 +7,7 @@ The starter catalog ships inside the package; ``"starter"`` names it.
 
 from __future__ import annotations
 
+import re
 import tarfile
 import tempfile
 import zipfile
@@ -101,6 +102,27 @@ def entries(catalog: str | Path | None = None) -> list[Entry]:
         except CatalogError as exc:
             found.append(Entry(path.stem, path, None, str(exc)))
     return found
+
+
+_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,199}$")
+
+
+def find(root: Path, name: str) -> EnvBundle:
+    """One environment of a resolved catalog directory by name: ``<name>.json`` or the source
+    directory ``<name>/`` (how ``awm catalog export`` and a local fleet lay bundles out), else the
+    bundle of that name among all of them. ``KeyError`` if there is none; a name that is not a
+    plain file name is never looked up as a path."""
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise KeyError(name)
+    for path in (root / f"{name}.json", root / name):
+        if path.exists() and _is_bundle(path):
+            bundle = load_bundle(path)
+            if bundle.name == name:
+                return bundle
+    for entry in entries(root):
+        if entry.bundle is not None and entry.name == name:
+            return entry.bundle
+    raise KeyError(name)
 
 
 def load(catalog: str | Path | None = None, names: list[str] | None = None) -> list[EnvBundle]:

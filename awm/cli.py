@@ -148,6 +148,13 @@ def _gate_summary(bundles: list, verifier_kind: str | None, allow_ungated: bool)
 def serve(
     env: Annotated[Optional[list[str]], typer.Option("--env", "-e", help="Environments to serve (default: all).")] = None,
     replicas: Annotated[int, typer.Option("--replicas", "-n", min=1, help="Instances per environment.")] = 1,
+    instances: Annotated[Optional[int], typer.Option(
+        "--instances", min=1, help="Instances in all, each serving any environment of the catalog "
+        "(late binding; they start on the environments in turn). Instead of --replicas.")] = None,
+    pinned: Annotated[bool, typer.Option(
+        "--pinned", help="Each instance serves only the environment it starts on (no late binding).")] = False,
+    cache_envs: Annotated[int, typer.Option(
+        min=1, help="Late binding: environments an instance keeps ready (database, bundle) after a switch.")] = 4,
     catalog: CatalogOpt = "starter",
     host: Annotated[str, typer.Option(help="Bind address of every instance.")] = "127.0.0.1",
     database_url: DbUrlOpt = None,
@@ -167,6 +174,10 @@ def serve(
 ) -> None:
     """Start N instances of the chosen environments as local processes on one Postgres.
 
+    Instances bind environments late (unless --pinned): each starts on one environment and
+    switches to another when a claim asks for it (POST /bind on its control API, or /reset with
+    "env"), with a fresh database of that environment from the fleet's provisioner.
+
     Every instance refuses requests whose Host or Origin header is not its own (DNS-rebinding
     protection, required by the MCP specification): 421 for a Host, 403 for an Origin."""
     from awm.fleet import Database, LocalFleet
@@ -177,17 +188,26 @@ def serve(
 
     async def run() -> None:
         database = await asyncio.to_thread(Database.open, database_url)
+        if pinned and instances is not None:
+            raise typer.BadParameter("--instances needs late binding; leave out --pinned")
         fleet = LocalFleet(bundles, replicas, database, verifier_workers=verifier_workers, host=host,
-                           allowed_hosts=allowed_host, allowed_origins=allowed_origin, **serving)
+                           allowed_hosts=allowed_host, allowed_origins=allowed_origin,
+                           binding="pinned" if pinned else "late", instances=instances, cache_envs=cache_envs,
+                           **serving)
         try:
-            with console.status(f"starting {len(bundles) * replicas} instances..."):
+            with console.status(f"starting {instances or len(bundles) * replicas} instances..."):
                 await fleet.start()
+            late = fleet.binding == "late"
             if as_json:
+                # A late-binding instance also says what it can switch to (PoolSource.from_json_lines).
+                names = {"catalog": [b.name for b in bundles]} if late else {}
                 for h in fleet.instances:
                     print(json.dumps({"env": h.env, "instance": h.name, "mcp_url": h.mcp_url,
-                                      "control_url": h.control_url, "pid": h.pid}), flush=True)
+                                      "control_url": h.control_url, "pid": h.pid, "late_binding": late, **names}),
+                          flush=True)
             else:
-                table = Table(title=f"awm serve: {len(fleet.instances)} instances (Ctrl-C stops them)")
+                how = f"any of {len(bundles)} environments (late binding)" if late else "one environment each"
+                table = Table(title=f"awm serve: {len(fleet.instances)} instances, {how} (Ctrl-C stops them)")
                 for col in ("environment", "instance", "MCP (agent)", "control (trainer)"):
                     table.add_column(col)
                 for h in fleet.instances:

@@ -134,8 +134,16 @@ class ControlClient:
         self._client = client or httpx.AsyncClient(timeout=timeout)
         self._own_client = client is None
 
-    async def reset(self, task_id: str | None = None, verify: bool = False) -> dict[str, Any]:
-        return await self._call("POST", "/reset", {"task_id": task_id, "verify": verify})
+    async def reset(self, task_id: str | None = None, verify: bool = False, env: str | None = None) -> dict[str, Any]:
+        """A new episode; with ``env``, of that environment (a late-binding instance switches)."""
+        body: dict[str, Any] = {"task_id": task_id, "verify": verify}
+        if env is not None:
+            body["env"] = env
+        return await self._call("POST", "/reset", body)
+
+    async def bind(self, env: str) -> dict[str, Any]:
+        """Serve ``env`` from now on (late binding; its MCP sessions end: connect again)."""
+        return await self._call("POST", "/bind", {"env": env})
 
     async def verify(self, final_answer: str | None = None) -> dict[str, Any]:
         return await self._call("POST", "/verify", {"final_answer": final_answer})

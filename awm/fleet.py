@@ -30,6 +30,7 @@ from pathlib import Path
 from awm.bundle import EnvBundle
 from awm.judge import JudgeSettings
 from awm.postgres import provision
+from awm.postgres.provisioner import Provisioner, ProvisionerServer
 from awm.postgres.server import EmbeddedPostgres
 
 log = logging.getLogger("awm.fleet")
@@ -106,10 +107,10 @@ class Database:
 
 @dataclass
 class InstanceHandle:
-    env: str
+    env: str  # the environment it served first (a late-binding instance may serve others since)
     name: str
     bundle_path: Path
-    db: provision.Instance
+    pinned_db: provision.Instance | None = None  # a pinned instance's one database
     mcp_url: str = ""
     control_url: str = ""
     pid: int = 0
@@ -117,6 +118,17 @@ class InstanceHandle:
     process: asyncio.subprocess.Process | None = field(default=None, repr=False)
     mcp_port: int = 0
     control_port: int = 0
+    provisioner: Provisioner | None = field(default=None, repr=False)
+
+    @property
+    def db(self) -> provision.Instance:
+        """The database the instance serves now (a late-binding one's: the last it acquired)."""
+        if self.pinned_db is not None:
+            return self.pinned_db
+        found = self.provisioner.held_by(self.name) if self.provisioner is not None else None
+        if found is None:
+            raise FleetError(f"{self.name} holds no database now")
+        return found
 
 
 class LocalFleet:
@@ -124,9 +136,24 @@ class LocalFleet:
                  verifier_workers: int = 1, host: str = "127.0.0.1", start_timeout_s: float = 120.0,
                  fleet_id: str | None = None, allowed_hosts: list[str] | None = None,
                  allowed_origins: list[str] | None = None, judge: JudgeSettings | None = None,
-                 verifier_kind: str | None = None, allow_ungated: bool = False) -> None:
+                 verifier_kind: str | None = None, allow_ungated: bool = False, binding: str = "late",
+                 instances: int | None = None, cache_envs: int = 4, keep_ready: int = 1) -> None:
         if replicas < 1:
             raise FleetError("replicas must be at least 1")
+        if binding not in ("late", "pinned"):
+            raise FleetError(f"binding must be late or pinned, not {binding!r}")
+        if instances is not None and (instances < 1 or binding == "pinned"):
+            raise FleetError("instances (a total over the catalog) needs late binding and at least 1")
+        # Late binding (the default): every instance may serve any environment of the fleet's
+        # catalog, switched when a claim asks for another one (a database from the fleet's
+        # provisioner, awm.postgres.provisioner); it starts on its first environment. Pinned: an
+        # instance serves the one environment it started with (the fleet makes its database).
+        self.binding = binding
+        self.total = instances  # late: this many instances, first environments in turn
+        self.cache_envs = cache_envs
+        self.keep_ready = keep_ready  # late: databases made ahead per environment in demand
+        self.provisioner: Provisioner | None = None
+        self._provisioner_server: ProvisionerServer | None = None
         self.bundles = bundles
         self.replicas = replicas
         self.database = database
@@ -179,21 +206,41 @@ class LocalFleet:
         meta = owner_meta()
         handles = []
         templates = provision.ensure_templates(self.database.admin_dsn, self.bundles, jobs=os.cpu_count() or 1)
-        for bundle, template in zip(self.bundles, templates):
-            path = self._workdir / f"{bundle.name}.json"
+        catalog_dir = self._workdir / "catalog"
+        catalog_dir.mkdir(exist_ok=True)
+        catalog_dir.chmod(0o755)
+        paths = {}
+        for bundle in self.bundles:
+            path = paths[bundle.name] = catalog_dir / f"{bundle.name}.json"
             path.write_text(bundle.model_dump_json())
             path.chmod(0o644)
-            for i in range(self.replicas):
-                name = provision.instance_name(bundle.name, i, self.fleet_id)
-                db = provision.create_instance(self.database.admin_dsn, template, name, meta=meta)
-                handles.append(InstanceHandle(bundle.name, name, path, db))
+        if self.binding == "pinned":
+            for bundle, template in zip(self.bundles, templates):
+                for i in range(self.replicas):
+                    name = provision.instance_name(bundle.name, i, self.fleet_id)
+                    db = provision.create_instance(self.database.admin_dsn, template, name, meta=meta)
+                    handles.append(InstanceHandle(bundle.name, name, paths[bundle.name], db))
+            return handles
+        by_name = {b.name: b for b in self.bundles}
+        self.provisioner = Provisioner(self.database.admin_dsn, by_name.__getitem__, self.fleet_id,
+                                       keep=self.keep_ready, meta=meta)
+        self.provisioner.add_templates(templates)
+        self._provisioner_server = ProvisionerServer(self.provisioner, self._workdir / "provisioner.sock").start()
+        if self.total is None:
+            firsts = [(b.name, i) for b in self.bundles for i in range(self.replicas)]
+        else:
+            firsts = [(self.bundles[i % len(self.bundles)].name, i) for i in range(self.total)]
+        for env, i in firsts:
+            name = provision.instance_name(env, i, self.fleet_id) if self.total is None else \
+                provision.instance_name("late", i, self.fleet_id)
+            handles.append(InstanceHandle(env, name, paths[env], provisioner=self.provisioner))
         return handles
 
     async def _launch(self, handle: InstanceHandle) -> None:
         env = {k: v for k, v in os.environ.items() if k in _INHERITED}
         # Secrets travel through a pipe, never the environment: a process's initial environment
         # block (/proc/<pid>/environ) keeps what it was started with even after os.environ.pop.
-        secrets: dict[str, str] = {"dsn": handle.db.dsn}
+        secrets: dict[str, str] = {"dsn": handle.pinned_db.dsn} if handle.pinned_db is not None else {}
         env["AWM_PARENT_PID"] = str(os.getpid())  # it exits when we do, even by SIGKILL
         if self.judge is not None:
             env.update(self.judge.to_env())
@@ -209,8 +256,13 @@ class LocalFleet:
             env["AWM_ALLOW_UNGATED"] = "1"
         guard_args = [*(a for h in self.allowed_hosts for a in ("--allowed-host", h)),
                       *(a for o in self.allowed_origins for a in ("--allowed-origin", o))]
+        if self._provisioner_server is not None:  # late binding: databases from the fleet's provisioner
+            where = ["--catalog", str(handle.bundle_path.parent), "--env", handle.env,
+                     "--provisioner", self._provisioner_server.path, "--cache-envs", str(self.cache_envs)]
+        else:
+            where = ["--bundle", str(handle.bundle_path)]
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "awm.envserver", "--bundle", str(handle.bundle_path), "--name", handle.name,
+            sys.executable, "-m", "awm.envserver", *where, "--name", handle.name,
             "--host", self.host, "--mcp-port", str(handle.mcp_port), "--control-port", str(handle.control_port),
             "--verifier-workers", str(self.verifier_workers), *guard_args,
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
@@ -265,7 +317,11 @@ class LocalFleet:
                 except asyncio.TimeoutError:
                     with contextlib.suppress(ProcessLookupError):
                         os.killpg(handle.process.pid, 9)
-        if drop and self.database is not None:
+        if self._provisioner_server is not None:
+            await asyncio.to_thread(self._provisioner_server.close)
+        if self.provisioner is not None:  # drops every database it made
+            await asyncio.to_thread(self.provisioner.close)
+        if drop and self.database is not None and self.binding == "pinned":
             for handle in self.instances:
                 with contextlib.suppress(Exception):
                     await asyncio.to_thread(provision.drop_instance, self.database.admin_dsn, handle.name)

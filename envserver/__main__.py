@@ -26,9 +26,12 @@ from pathlib import Path
 
 import uvicorn
 
+from awm import catalog
 from awm.bundle import EnvBundle
 from awm.judge import Judge, JudgeSettings
+from awm.postgres.provisioner import SOCKET_ENV, ProvisionerClient
 from awm.envserver import hostguard
+from awm.envserver.binding import DatabaseSource, ProvisionedDatabases
 from awm.envserver.control import build_control
 from awm.envserver.instance import EnvInstance
 from awm.envserver.lifeline import die_with_parent
@@ -52,15 +55,39 @@ def _read_secrets(fd: str | None) -> dict[str, str]:
     return {k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, str)} if isinstance(data, dict) else {}
 
 
-async def serve(args: argparse.Namespace) -> None:
-    bundle = EnvBundle.model_validate_json(Path(args.bundle).read_text())
-    secrets = _read_secrets(os.environ.pop("AWM_SECRETS_FD", None))
+def _databases(args: argparse.Namespace, secrets: dict[str, str]) -> tuple[str | None, DatabaseSource | None]:
+    """The instance DSN of a pinned instance, or the provisioner of a late-binding one."""
+    socket_path = args.provisioner or os.environ.get(SOCKET_ENV)
+    if socket_path:
+        return None, ProvisionedDatabases(ProvisionerClient(socket_path, args.name or ""))
     dsn = secrets.get("dsn") or os.environ.pop("AWM_INSTANCE_DSN", None) or args.dsn
     dsn_file = os.environ.pop("AWM_INSTANCE_DSN_FILE", None)
     if not dsn and dsn_file:  # Kubernetes: written by the pod's provisioning init container
         dsn = Path(dsn_file).read_text().strip()
     if not dsn:
-        sys.exit("envserver: set AWM_INSTANCE_DSN (or AWM_INSTANCE_DSN_FILE) to the instance's database DSN")
+        sys.exit("envserver: set AWM_INSTANCE_DSN (or AWM_INSTANCE_DSN_FILE) to the instance's database DSN, "
+                 f"or {SOCKET_ENV} / --provisioner to bind environments late")
+    return dsn, None
+
+
+def _first_bundle(args: argparse.Namespace, root: Path | None) -> EnvBundle:
+    if args.bundle:
+        return EnvBundle.model_validate_json(Path(args.bundle).read_text())
+    if root is None or not args.env:
+        sys.exit("envserver: give --bundle, or --catalog and --env (the environment to serve first)")
+    try:
+        return catalog.find(root, args.env)
+    except KeyError:
+        sys.exit(f"envserver: --env {args.env!r} is not in the catalog {root}")
+
+
+async def serve(args: argparse.Namespace) -> None:
+    root = catalog.resolve(args.catalog) if args.catalog else None
+    bundle = _first_bundle(args, root)
+    secrets = _read_secrets(os.environ.pop("AWM_SECRETS_FD", None))
+    dsn, databases = _databases(args, secrets)
+    if databases is not None and root is None:
+        sys.exit("envserver: a late-binding instance (with a provisioner) needs --catalog")
     judge = None
     settings = judge_settings(args)
     if settings is not None:
@@ -69,7 +96,9 @@ async def serve(args: argparse.Namespace) -> None:
         judge = Judge(settings, api_key=key)
     instance = EnvInstance(bundle, dsn, args.name or bundle.name, verifier_workers=args.verifier_workers,
                            allow_weak_isolation=args.allow_weak_isolation, judge=judge,
-                           verifier_kind=args.verifier_kind, allow_ungated=args.allow_ungated)
+                           verifier_kind=args.verifier_kind, allow_ungated=args.allow_ungated,
+                           databases=databases, catalog=(lambda env: catalog.find(root, env)) if root else None,
+                           cache_envs=args.cache_envs)
     await instance.start()
     control_host = args.control_host or args.host
     hosts = hostguard.allowed_hosts([args.host, control_host], args.allowed_host)
@@ -99,6 +128,7 @@ async def serve(args: argparse.Namespace) -> None:
         "mcp_url": f"http://{host}:{_port(servers[0])}/mcp",
         "control_url": f"http://{host}:{_port(servers[1])}",
         "verifier_isolation": instance.pool.isolation,
+        "late_binding": instance.databases.late,
     }), flush=True)
 
     stop = asyncio.Event()
@@ -129,7 +159,14 @@ def main(argv: list[str] | None = None) -> None:
     die_with_parent()  # first: a local fleet's env server must not outlive the fleet
     parser = argparse.ArgumentParser(prog="python -m awm.envserver", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--bundle", required=True, help="bundle JSON file")
+    parser.add_argument("--bundle", help="bundle JSON file (the environment served first)")
+    parser.add_argument("--catalog", help="catalog directory: the environments a late-binding instance may serve")
+    parser.add_argument("--env", help="with --catalog and no --bundle: the environment served first")
+    parser.add_argument("--provisioner", metavar="SOCKET",
+                        help=f"Unix socket of the provisioner (also {SOCKET_ENV}): bind environments late, "
+                             "a fresh database of each from it")
+    parser.add_argument("--cache-envs", type=int, default=int(os.environ.get("AWM_CACHE_ENVS", "4")),
+                        help="environments kept ready (database, bundle) after a switch (also AWM_CACHE_ENVS)")
     parser.add_argument("--name", help="instance name (metrics label)")
     parser.add_argument("--dsn", help="instance DSN (prefer AWM_INSTANCE_DSN)")
     parser.add_argument("--host", default="127.0.0.1")

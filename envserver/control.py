@@ -2,7 +2,11 @@
 
 Served on its own port (a pod exposes only the MCP port to agents' network policy):
 
-    POST /reset   {"task_id": str | null, "verify": bool}  -> episode id, instruction, reset time
+    POST /reset   {"task_id": str | null, "verify": bool, "env": str?}
+                                                            -> episode id, instruction, reset time
+                                                               (env: of that environment, bound first)
+    POST /bind    {"env": str}                              -> serve that environment from now on (late
+                                                               binding; 409 on a pinned instance)
     POST /verify  {"final_answer": str | null}              -> verdict, reward, reason
     GET  /diff[?rows=N]                                     -> rows inserted/updated/deleted per table
                                                                (N > 0: and up to N of those rows each)
@@ -56,6 +60,17 @@ async def _body(request: Request) -> dict[str, Any]:
     return data
 
 
+def _env(body: dict[str, Any], required: bool) -> str | None:
+    env = body.get("env")
+    if env is None and not required:
+        return None
+    if not isinstance(env, str) or not env or len(env) > 200:
+        raise ControlError(400, "env must be an environment name (a string of 1-200 characters)")
+    if jsonlimits.lone_surrogate(env) is not None:
+        raise ControlError(400, "env holds a lone UTF-16 surrogate (not valid Unicode)")
+    return env
+
+
 def build_control(instance: EnvInstance, middleware: list[Middleware] | None = None) -> Starlette:
     """The control app; ``middleware`` is the Host/Origin guard (awm.envserver.hostguard)."""
     async def handle(call):  # type: ignore[no-untyped-def]
@@ -72,7 +87,12 @@ def build_control(instance: EnvInstance, middleware: list[Middleware] | None = N
                 raise ControlError(400, "task_id must be a string or null")
             if jsonlimits.lone_surrogate(task_id) is not None:
                 raise ControlError(400, "task_id holds a lone UTF-16 surrogate (not valid Unicode)")
-            return await instance.reset(task_id, verify=bool(body.get("verify", False)))
+            return await instance.reset(task_id, verify=bool(body.get("verify", False)), env=_env(body, False))
+        return await handle(call)
+
+    async def bind(request: Request) -> Response:
+        async def call() -> dict[str, Any]:
+            return await instance.bind(_env(await _body(request), True))  # type: ignore[arg-type]
         return await handle(call)
 
     async def verify(request: Request) -> Response:
@@ -113,6 +133,7 @@ def build_control(instance: EnvInstance, middleware: list[Middleware] | None = N
 
     return Starlette(routes=[
         Route("/reset", reset, methods=["POST"]),
+        Route("/bind", bind, methods=["POST"]),
         Route("/verify", verify, methods=["POST"]),
         Route("/diff", diff, methods=["GET"]),
         Route("/checksum", checksum, methods=["GET"]),

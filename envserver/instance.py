@@ -1,5 +1,12 @@
 """One environment instance: the episode state machine behind both the MCP and control APIs.
 
+An instance serves one environment at a time, its current :class:`~awm.envserver.binding.Binding`.
+A late-binding instance (started with a provisioner and a catalog) switches to another environment
+when it is claimed for one (:meth:`EnvInstance.bind`): a fresh database of that environment from
+the provisioner, checked against its snapshot, fresh workers for its code, its tools in MCP
+``tools/list`` (the MCP sessions of the previous environment end) and ``/info``; the last
+``cache_envs`` environments keep their database and bundle, so a repeat claim costs a reset.
+
 All database work runs on one executor thread (the reset engine owns one connection and one
 transaction); the event loop stays free to answer health checks while a tool or verifier runs.
 Tool and verifier code runs in confined worker processes (:mod:`awm.sandbox`), driven from that
@@ -14,14 +21,17 @@ import logging
 import os
 import time
 import uuid
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, TypeVar
 
 from awm.bundle import EnvBundle, Task, Verifier
-from awm.gates import gate_status
 from awm.judge import Judge, Step
-from awm.sandbox.pool import WeakIsolation, WorkerFailure, WorkerPool, WorkerSpec, make_zygote
+from awm.postgres.provisioner import ProvisionerError
+from awm.sandbox.forkserver import Zygote
+from awm.sandbox.pool import WeakIsolation, WorkerFailure, WorkerPool, make_zygote
+from awm.envserver.binding import Binding, BindError, DatabaseSource, FixedDatabase
 from awm.envserver.metrics import Metrics
 from awm.envserver.reset import DatabaseLost, EpisodeDatabase
 from awm.envserver.tools import AGENT_FAULTS, ToolFailure, ToolRuntime, render
@@ -55,64 +65,188 @@ MAX_LOGGED_RESULT = 20_000  # characters of one tool result kept in the episode 
 
 
 class EnvInstance:
-    def __init__(self, bundle: EnvBundle, dsn: str, name: str, verifier_workers: int = 1,
+    def __init__(self, bundle: EnvBundle, dsn: str | None, name: str, verifier_workers: int = 1,
                  exit_when_wedged: bool = True, allow_weak_isolation: bool = False,
-                 judge: Judge | None = None, verifier_kind: str | None = None, allow_ungated: bool = False) -> None:
-        self.bundle = bundle
+                 judge: Judge | None = None, verifier_kind: str | None = None, allow_ungated: bool = False,
+                 databases: DatabaseSource | None = None, catalog: Callable[[str], EnvBundle] | None = None,
+                 cache_envs: int = 4) -> None:
         self.name = name
         self.judge = judge
         self.verifier_kind = verifier_kind  # preferred verifier kind where a task has both
         self.allow_ungated = allow_ungated
-        # Which tasks passed both gates for the verifier served here (awm.gates).
-        self.gates = {t.id: gate_status(bundle, t, verifier_kind) for t in bundle.tasks}
-        self.runtime = ToolRuntime(bundle)
-        self.db = EpisodeDatabase(dsn, statement_timeout_ms=int(bundle.limits.tool_timeout_s * 1000))
-        # Tools and verifiers never share a worker, and no worker serves two episodes: both pools
-        # fork fresh workers from one fork server (awm.sandbox.forkserver); the tool pool is renewed
-        # at every reset, a verifier worker serves one verification.
-        self.zygote = make_zygote(bool(self.runtime.load.get("app")))
-        memory_mb = bundle.limits.verifier_memory_mb
-        self.pool = WorkerPool(WorkerSpec(memory_mb=memory_mb, load=self.runtime.load,
-                                          allow_weak_isolation=allow_weak_isolation),
-                               size=verifier_workers, zygote=self.zygote, spares=1)
-        self.verifier_pool = WorkerPool(WorkerSpec(memory_mb=memory_mb, load={"prelude": "", "tools": []},
-                                                   allow_weak_isolation=allow_weak_isolation),
-                                        size=1, zygote=self.zygote, single_use=True)
+        self.workers = verifier_workers
+        self.allow_weak_isolation = allow_weak_isolation
+        if databases is None:
+            if dsn is None:
+                raise ValueError("an instance needs a DSN or a database source")
+            databases = FixedDatabase(bundle.name, dsn)
+        self.databases = databases
+        self.catalog = catalog  # env name -> bundle (raises KeyError); None: only the first bundle
+        self.cache_envs = max(1, cache_envs)
+        self._first = bundle
+        self.binding: Binding = None  # type: ignore[assignment] - set by start()
+        self._bindings: OrderedDict[str, Binding] = OrderedDict()  # least recently used first
+        # One fork server per kind of code (tools of an imported app need its libraries): workers
+        # of every environment fork from it; it holds no connection and no credential.
+        self._zygotes: dict[bool, Zygote] = {}
         self.metrics = Metrics(bundle.name, name)
         self.episode: Episode | None = None
         self.wedged = False
         self.exit_when_wedged = exit_when_wedged
+        self.on_switch: list[Callable[[], None]] = []  # e.g. the MCP app ending its sessions
+        self.switches = 0
+        self._isolation: dict[str, Any] = {}  # what confined the first workers (the same for every binding)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="awm-db")
         self._lock = asyncio.Lock()  # one control operation or tool call at a time
-        self._initial_sqlite: bytes | None = None  # the snapshot as SQLite, for AWM verifiers
+
+    # The current binding's parts, by the names the episode path uses.
+    @property
+    def bundle(self) -> EnvBundle:
+        return self.binding.bundle if self.binding is not None else self._first
+
+    @property
+    def db(self):  # type: ignore[no-untyped-def]
+        return self.binding.db
+
+    @property
+    def runtime(self):  # type: ignore[no-untyped-def]
+        return self.binding.runtime
+
+    @property
+    def gates(self) -> dict[str, tuple[bool, str]]:
+        return self.binding.gates
+
+    @property
+    def pool(self) -> WorkerPool:
+        assert self.binding.pool is not None
+        return self.binding.pool
+
+    @property
+    def verifier_pool(self) -> WorkerPool:
+        assert self.binding.verifier_pool is not None
+        return self.binding.verifier_pool
+
+    def _zygote(self, app: bool) -> Zygote:
+        if app not in self._zygotes:
+            self._zygotes[app] = make_zygote(app)
+        return self._zygotes[app]
 
     async def _db(self, fn: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
 
     async def start(self) -> None:
-        await self._db(self.db.connect)
-        await self._db(lambda: self.db.reset(verify=True))  # prove the clone is pristine
-        await asyncio.get_running_loop().run_in_executor(None, self.pool.start)
-        await asyncio.get_running_loop().run_in_executor(None, self.verifier_pool.start)
-        isolation = self.pool.isolation
+        binding = await self._new_binding(self._first)
+        await self._db(lambda: binding.db.reset(verify=True))  # prove the clone is pristine
+        await asyncio.get_running_loop().run_in_executor(None, lambda: binding.activate(
+            self._zygote(binding.app), self.workers, self.allow_weak_isolation, wait=True))
+        self.binding = binding
+        self._bindings[binding.name] = binding
+        isolation = self._isolation = self.pool.isolation
         if isolation.get("strong"):
             log.info("untrusted code confined by %s", ", ".join(isolation.get("applied", [])))
         else:  # only reachable with --allow-weak-isolation: say so loudly, every start
             log.warning("WEAK ISOLATION accepted: untrusted code runs without %s",
                         ", ".join(f"{k} ({v})" for k, v in isolation.get("missing", {}).items()))
 
+    async def _new_binding(self, bundle: EnvBundle) -> Binding:
+        """The environment's own database (from the database source) and runtime, connected."""
+        loop = asyncio.get_running_loop()
+        database, dsn = await loop.run_in_executor(None, self.databases.acquire, bundle.name)
+        binding = Binding.new(bundle, database, dsn, self.verifier_kind)
+        try:
+            await self._db(binding.db.connect)
+        except BaseException:
+            await self._drop(binding)
+            raise
+        return binding
+
+    async def _drop(self, binding: Binding) -> None:
+        """Forget a cached environment: its workers, its connection, its database."""
+        binding.deactivate()
+        await self._db(binding.db.close)
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, self.databases.release, binding.database)
+        except (ProvisionerError, OSError) as exc:  # dropped by the provisioner when we exit anyway
+            log.warning("could not release the database of %s: %s", binding.name, exc)
+
+    async def bind(self, env: str) -> dict[str, Any]:
+        """Serve ``env`` from now on. The current episode ends; the instance database of ``env``
+        is at its snapshot (a new one checked against the snapshot's checksum, a cached one reset);
+        the next tool call runs on a worker that has run nothing. Returns what it cost."""
+        if not isinstance(env, str) or not env:
+            raise ControlError(400, "env must be a non-empty string")
+        if self.wedged:
+            raise ControlError(503, "instance is restarting")
+        start = time.perf_counter()
+        async with self._lock:
+            if env == self.binding.name:
+                return {"env": env, "switched": False, "cached": True, "bind_ms": 0.0, "instance": self.name}
+            if not self.databases.late:
+                raise ControlError(409, f"instance {self.name} is pinned to {self.binding.name!r}; it "
+                                        "cannot serve {env!r} (started without a provisioner)", env=self.binding.name)
+            binding = self._bindings.get(env)
+            cached = binding is not None
+            try:
+                if binding is None:
+                    bundle = await asyncio.get_running_loop().run_in_executor(None, self._find, env)
+                    binding = await self._new_binding(bundle)
+                    result = await self._db(lambda: binding.db.reset(verify=True))  # checksummed
+                else:
+                    result = await self._db(binding.db.reset)
+            except BindError as exc:
+                raise ControlError(404, str(exc)) from None
+            except (ProvisionerError, DatabaseLost) as exc:
+                self.metrics.binds.labels("failed").inc()
+                raise ControlError(503, f"cannot bind {env!r}: {exc}") from None
+            except Exception as exc:  # noqa: BLE001 - NotPristine and the like: never serve it
+                self.metrics.binds.labels("failed").inc()
+                if not cached and binding is not None:
+                    await self._drop(binding)
+                raise ControlError(500, f"cannot bind {env!r}: {exc}") from None
+            previous = self.binding
+            previous.deactivate()
+            binding.activate(self._zygote(binding.app), self.workers, self.allow_weak_isolation, wait=False)
+            self.binding = binding
+            self._bindings[env] = binding
+            self._bindings.move_to_end(env)
+            self.episode = None
+            self.switches += 1
+            for callback in self.on_switch:
+                callback()
+            self.metrics.bound(previous.name, env)
+            while len(self._bindings) > self.cache_envs:
+                _, evicted = self._bindings.popitem(last=False)
+                await self._drop(evicted)
+        ms = (time.perf_counter() - start) * 1000
+        kind = "cached" if cached else "new"
+        self.metrics.binds.labels(kind).inc()
+        self.metrics.bind_latency.labels(kind).observe(ms / 1000)
+        return {"env": env, "switched": True, "cached": cached, "bind_ms": round(ms, 3),
+                "reset_ms": round(result.ms, 3), "pristine": result.pristine, "instance": self.name,
+                "previous": previous.name}
+
+    def _find(self, env: str) -> EnvBundle:
+        if self.catalog is None:
+            raise BindError(f"unknown environment {env!r} (this instance has no catalog)")
+        try:
+            return self.catalog(env)
+        except KeyError:
+            raise BindError(f"unknown environment {env!r}: not in this instance's catalog") from None
+
     async def close(self) -> None:
         if self.judge is not None:
             await self.judge.close()
-        self.pool.close()
-        self.verifier_pool.close()
-        self.zygote.close()
-        await self._db(self.db.close)
+        for binding in list(self._bindings.values()):
+            binding.deactivate()
+            await self._db(binding.db.close)
+        for zygote in self._zygotes.values():
+            zygote.close()
         self._executor.shutdown(wait=False, cancel_futures=True)
 
     @property
     def ready(self) -> bool:
-        return not self.wedged and self.db.connected and self.pool.ready and self.verifier_pool.ready
+        return (not self.wedged and self.binding is not None and self.db.connected and self.pool.ready
+                and self.verifier_pool.ready)
 
     # -- agent side (MCP) ------------------------------------------------------------------
 
@@ -120,13 +254,17 @@ class EnvInstance:
         start = time.perf_counter()
         outcome = "ok"
         episode = self.episode
+        binding = self.binding
         try:
             if self.wedged:
                 raise ToolFailure("unavailable", "environment instance is restarting")
-            args = self.runtime.validate(name, arguments)
-            request = self.runtime.request(name, args)
-            timeout_s = self.bundle.limits.tool_timeout_s
+            args = binding.runtime.validate(name, arguments)
+            request = binding.runtime.request(name, args)
+            timeout_s = binding.bundle.limits.tool_timeout_s
             async with self._lock:
+                if self.binding is not binding:  # switched while this call waited
+                    raise ToolFailure("unavailable", f"the instance now serves {self.binding.name!r}; "
+                                                     "this session's environment is gone")
                 if self.episode is not None:
                     self.episode.tool_calls += 1
                 if self.episode is not None and self.episode.lost:
@@ -161,9 +299,9 @@ class EnvInstance:
             self._log(episode, name, arguments, False, failure.kind, str(failure))
             raise
         finally:
-            self.metrics.tool_calls.labels(name if name in self.runtime.names else "_unknown", outcome).inc()
-            self.metrics.tool_latency.labels(name if name in self.runtime.names else "_unknown").observe(
-                time.perf_counter() - start)
+            tool = name if name in binding.runtime.names else "_unknown"
+            self.metrics.tool_calls.labels(binding.name, tool, outcome).inc()
+            self.metrics.tool_latency.labels(binding.name, tool).observe(time.perf_counter() - start)
 
     @staticmethod
     def _log(episode: Episode | None, name: str, arguments: Any, ok: bool, kind: str | None, text: str) -> None:
@@ -185,7 +323,10 @@ class EnvInstance:
 
     # -- control side ----------------------------------------------------------------------
 
-    async def reset(self, task_id: str | None, verify: bool = False) -> dict[str, Any]:
+    async def reset(self, task_id: str | None, verify: bool = False, env: str | None = None) -> dict[str, Any]:
+        """A new episode (of ``task_id``); with ``env``, of that environment (bound first if
+        the instance serves another one: late binding's claim in one request)."""
+        bound = await self.bind(env) if env is not None else None
         task = None
         if task_id is not None:
             try:
@@ -218,6 +359,8 @@ class EnvInstance:
                 self.metrics.ungated.inc()
         return {
             "episode_id": self.episode.id,
+            "env": self.binding.name,
+            **({"bind": bound} if bound is not None else {}),
             "task_id": task_id,
             "instruction": task.instruction if task else None,
             "reset_ms": round(result.ms, 3),
@@ -274,7 +417,7 @@ class EnvInstance:
                 verdict = Verdict("error", f"episode lost: {episode.lost}", "infra", verdict.ms)
             elif judged and verdict.verdict == "evidence":
                 verdict = await self._judge(task, verifier, verdict, list(episode.steps), final_answer)
-        self.metrics.episodes.labels(verdict.verdict).inc()
+        self.metrics.episodes.labels(self.binding.name, verdict.verdict).inc()
         self.metrics.verify_latency.observe(verdict.ms / 1000)
         if verdict.verdict == "error":
             self.metrics.verifier_errors.labels(verdict.kind).inc()
@@ -317,10 +460,11 @@ class EnvInstance:
         from awm.postgres.sqlite_export import build_sqlite
 
         ddl = self.bundle.database.sqlite_ddl or ""
-        if self._initial_sqlite is None:
-            self._initial_sqlite = await self._db(lambda: build_sqlite(ddl, self.db.read_tables(True)))
-        final = await self._db(lambda: build_sqlite(ddl, self.db.read_tables(False)))
-        return {"initial": self._initial_sqlite, "final": final}
+        binding = self.binding
+        if binding.initial_sqlite is None:
+            binding.initial_sqlite = await self._db(lambda: build_sqlite(ddl, binding.db.read_tables(True)))
+        final = await self._db(lambda: build_sqlite(ddl, binding.db.read_tables(False)))
+        return {"initial": binding.initial_sqlite, "final": final}
 
     async def diff(self, rows: int = 0) -> dict[str, Any]:
         """Rows inserted/updated/deleted per table since the reset; with ``rows`` > 0 also the rows
@@ -352,6 +496,11 @@ class EnvInstance:
         return {
             "env": self.bundle.name,
             "instance": self.name,
+            # Late binding: which environments this instance may serve and keeps ready.
+            "late_binding": self.databases.late,
+            "database": self.binding.database or None,  # the provisioner's name for it (late binding)
+            "cached_envs": list(self._bindings),
+            "switches": self.switches,
             "tools": [t.name for t in self.bundle.tools],
             "tasks": [{"id": t.id, "instruction": t.instruction, "verifier_kind": self.verifier_of(t).kind,
                        "gated": self.gates[t.id][0], "gate": self.gates[t.id][1],
@@ -360,8 +509,8 @@ class EnvInstance:
             "judge": ({"model": self.judge.settings.model, "votes": self.judge.settings.votes,
                        "temperature": self.judge.settings.temperature} if self.judge else None),
             # What confines tool and verifier code here (the layers applied, and any missing).
-            "isolation": self.pool.isolation,
-            "verifier_isolation": self.verifier_pool.isolation,
+            "isolation": self.pool.isolation or self._isolation,
+            "verifier_isolation": self.verifier_pool.isolation or self._isolation,
         }
 
 

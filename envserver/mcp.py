@@ -62,12 +62,21 @@ class McpApp:
         self.instance = instance
         self.path = path.rstrip("/")
         self.json_response = json_response
-        bundle = instance.bundle
+        self.sessions: OrderedDict[str, str] = OrderedDict()  # session id -> protocol version
+        self._environment()
+        # A switch to another environment (late binding) ends every session: a client's next
+        # request gets 404 "Session not found" and, as the transport says, initializes anew and
+        # sees the new environment's tools (no server-to-client stream here to announce
+        # notifications/tools/list_changed on).
+        instance.on_switch.append(self._environment)
+
+    def _environment(self) -> None:
+        bundle = self.instance.bundle
         self.tools = [{"name": t.name, "description": t.description, "inputSchema": t.input_schema}
                       for t in bundle.tools]
         self.server_info = {"name": bundle.name, "version": "1"}
         self.instructions = bundle.scenario.description
-        self.sessions: OrderedDict[str, str] = OrderedDict()  # session id -> protocol version
+        self.sessions.clear()
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":

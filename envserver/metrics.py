@@ -12,17 +12,24 @@ class Metrics:
     def __init__(self, env: str, instance: str) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.info = Gauge("awm_instance_info", "Environment served by this instance.",
+        self.instance = instance
+        self.info = Gauge("awm_instance_info", "Environment served by this instance (1: now; 0: served before).",
                           ["env", "instance"], registry=r)
         self.info.labels(env, instance).set(1)
-        self.tool_calls = Counter("awm_tool_calls_total", "Tool calls by tool and outcome.",
-                                  ["tool", "outcome"], registry=r)
+        # By environment: a late-binding instance serves many in turn (the series of the ones it
+        # served; tool names are the environment's own).
+        self.tool_calls = Counter("awm_tool_calls_total", "Tool calls by environment, tool and outcome.",
+                                  ["env", "tool", "outcome"], registry=r)
         self.tool_latency = Histogram("awm_tool_call_seconds", "Tool call latency inside the server.",
-                                      ["tool"], buckets=_FAST, registry=r)
+                                      ["env", "tool"], buckets=_FAST, registry=r)
+        self.binds = Counter("awm_binds_total", "Switches to another environment: new (a database from the "
+                             "provisioner), cached (kept from before), failed.", ["kind"], registry=r)
+        self.bind_latency = Histogram("awm_bind_seconds", "Switch latency (claim of an environment to the "
+                                      "first tool call possible).", ["kind"], buckets=_FAST, registry=r)
         self.resets = Histogram("awm_reset_seconds", "Episode reset latency by strategy.",
                                 ["strategy"], buckets=_FAST, registry=r)
-        self.episodes = Counter("awm_episodes_total", "Verified episodes by verdict.",
-                                ["verdict"], registry=r)
+        self.episodes = Counter("awm_episodes_total", "Verified episodes by environment and verdict.",
+                                ["env", "verdict"], registry=r)
         self.verifier_errors = Counter("awm_verifier_errors_total",
                                        "Verifier failures by kind (timeout, memory, crash, exception).",
                                        ["kind"], registry=r)
@@ -47,6 +54,14 @@ class Metrics:
         self.ungated = Counter("awm_ungated_episodes_total",
                                "Episodes of tasks served without passing both gates (--allow-ungated).", registry=r)
         for outcome in ("complete", "incomplete", "agent_error", "error"):
-            self.episodes.labels(outcome)
+            self.episodes.labels(env, outcome)
+        for kind in ("new", "cached", "failed"):
+            self.binds.labels(kind)
         for kind in ("prompt", "completion"):
             self.judge_tokens.labels(kind)
+
+    def bound(self, previous: str, env: str) -> None:
+        self.info.labels(previous, self.instance).set(0)
+        self.info.labels(env, self.instance).set(1)
+        for outcome in ("complete", "incomplete", "agent_error", "error"):
+            self.episodes.labels(env, outcome)

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 FIXTURES = Path(__file__).with_name("fixtures")
@@ -75,12 +76,15 @@ def test_serve_prints_urls_serves_and_cleans_up(home, admin_dsn):
         assert found.returncode == 1  # the tool's own error, reported as such
         bad = awm("env", "call", lines[0]["mcp_url"], "add_note", "{title:", home=home)
         assert bad.returncode == 2 and "not JSON" in bad.stderr
-        assert {line["instance"] for line in lines} <= set(provision.list_instances(admin_dsn))
+        # Late binding (the default): each instance's database comes from the fleet's provisioner.
+        databases = {httpx.get(line["control_url"] + "/info").json()["database"] for line in lines}
+        assert len(databases) == 2 and databases <= set(provision.list_instances(admin_dsn))
+        assert all(line["late_binding"] and line["catalog"] == ["notes"] for line in lines)
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(60)
     assert proc.returncode == 0, proc.stderr.read()
-    assert not {line["instance"] for line in lines} & set(provision.list_instances(admin_dsn))
+    assert not databases & set(provision.list_instances(admin_dsn))
 
 
 def test_external_database_url_is_used_instead_of_the_embedded_server(admin_dsn, tmp_path):

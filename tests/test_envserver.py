@@ -192,11 +192,12 @@ async def test_info_health_and_metrics(control, mcp, notes):
         text = (await client.get(notes.control_url + "/metrics")).text
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
                for family in text_string_to_metric_families(text) for s in family.samples}
-    assert samples[("awm_tool_calls_total", (("outcome", "ok"), ("tool", "list_notes")))] >= 1
-    assert samples[("awm_tool_calls_total", (("outcome", "invalid_arguments"), ("tool", "add_note")))] >= 1
+    env = ("env", "notes")
+    assert samples[("awm_tool_calls_total", (env, ("outcome", "ok"), ("tool", "list_notes")))] >= 1
+    assert samples[("awm_tool_calls_total", (env, ("outcome", "invalid_arguments"), ("tool", "add_note")))] >= 1
     assert samples[("awm_reset_seconds_count", (("strategy", "rollback"),))] >= 1
-    assert samples[("awm_episodes_total", (("verdict", "incomplete"),))] >= 1
-    assert ("awm_tool_call_seconds_bucket", (("le", "0.004"), ("tool", "list_notes"))) in samples
+    assert samples[("awm_episodes_total", (env, ("verdict", "incomplete")))] >= 1
+    assert ("awm_tool_call_seconds_bucket", (env, ("le", "0.004"), ("tool", "list_notes"))) in samples
     assert any(name == "awm_verifier_errors_total" for name, _ in samples)
 
 
@@ -307,6 +308,7 @@ async def test_mcp_sse_mode_frames_each_answer_as_one_event(notes_bundle):
 
     class Instance:
         bundle = notes_bundle
+        on_switch: list = []
 
         async def call_tool(self, name, arguments):
             return [{"id": 1, "title": "todo"}]

@@ -62,6 +62,7 @@ class Lease:
     scenario: str = ""
     claim_id: str | None = None
     handle: EnvHandle | None = field(default=None, repr=False)
+    late: bool = False  # the instance binds environments late: a claim of another one switches it
 
     async def connect(self) -> EnvHandle:
         if self.handle is None:
@@ -73,6 +74,21 @@ class Lease:
         if handle is not None:
             with contextlib.suppress(Exception):
                 await handle.close()
+
+    async def bind(self, env: str, scenario: str = "") -> dict[str, Any]:
+        """Switch the instance to ``env`` (late binding) and connect a new MCP session to it (the
+        switch ended the old one). Returns the env server's account of the switch."""
+        from awm.client import ControlClient
+
+        control = ControlClient(self.control_url)
+        try:
+            result = await control.bind(env)
+        finally:
+            await control.close()
+        await self.disconnect()
+        self.env, self.scenario = env, scenario
+        await self.connect()
+        return result
 
 
 class InstancesUnavailable(RuntimeError):
@@ -127,8 +143,13 @@ class _RoundRobin:
 class PoolSource(InstanceSource):
     """A set of running instances (e.g. a local fleet's, or ``awm serve --json``'s lines)."""
 
-    def __init__(self, leases: list[Lease], ready_timeout_s: float = 120.0, claim_timeout_s: float = 600.0) -> None:
+    def __init__(self, leases: list[Lease], ready_timeout_s: float = 120.0, claim_timeout_s: float = 600.0,
+                 catalog: Mapping[str, str] | None = None) -> None:
+        """``catalog``: environment -> scenario that late-binding instances can also serve (a
+        claim of one with no free instance switches a free late-binding instance to it)."""
         self._queues: dict[str, asyncio.Queue[Lease]] = {}
+        self._catalog = dict(catalog or {})
+        self.switches = 0
         self._all: list[Lease] = []
         self._checks: set[asyncio.Task[None]] = set()
         self.ready_timeout_s = ready_timeout_s
@@ -143,20 +164,25 @@ class PoolSource(InstanceSource):
     def from_fleet(cls, fleet: Any, scenarios: Mapping[str, str] | None = None, **settings: Any) -> PoolSource:
         """The instances of a started :class:`~awm.fleet.LocalFleet`."""
         scenarios = scenarios or {}
-        return cls([Lease(h.env, h.name, h.mcp_url, h.control_url, scenarios.get(h.env, "")) for h in fleet.instances],
-                   **settings)
+        late = getattr(fleet, "binding", "pinned") == "late"
+        catalog = {b.name: scenarios.get(b.name, b.scenario.description) for b in fleet.bundles} if late else None
+        return cls([Lease(h.env, h.name, h.mcp_url, h.control_url, scenarios.get(h.env, ""), late=late)
+                    for h in fleet.instances], catalog=catalog, **settings)
 
     @classmethod
     def from_json_lines(cls, path: str | Path, **settings: Any) -> PoolSource:
         """The instances ``awm serve --json`` printed (one JSON object per line)."""
-        leases = []
+        leases, catalog = [], {}
         for line in Path(path).read_text().splitlines():
             if line.strip().startswith("{"):
                 data = json.loads(line)
-                leases.append(Lease(data["env"], data["instance"], data["mcp_url"], data["control_url"]))
+                if isinstance(data.get("catalog"), list):  # what a late-binding instance can switch to
+                    catalog.update({str(name): "" for name in data["catalog"]})
+                leases.append(Lease(data["env"], data["instance"], data["mcp_url"], data["control_url"],
+                                    late=bool(data.get("late_binding"))))
         if not leases:
             raise ValueError(f"{path}: no instances (expected the lines of `awm serve --json`)")
-        return cls(leases, **settings)
+        return cls(leases, catalog=catalog or None, **settings)
 
     def _add(self, lease: Lease) -> None:
         self._all.append(lease)
@@ -167,10 +193,39 @@ class PoolSource(InstanceSource):
         return len(self._all)
 
     def envs(self) -> list[str]:
-        return sorted(self._queues)
+        return sorted(set(self._queues) | set(self._catalog))
+
+    @property
+    def late(self) -> bool:
+        return any(lease.late for lease in self._all)
 
     def capacity(self, env: str) -> int:
-        return sum(1 for lease in self._all if lease.env == env)
+        """Instances that can serve ``env``: its own, plus every late-binding one."""
+        return sum(1 for lease in self._all if lease.env == env or lease.late)
+
+    def _steal(self, env: str) -> Lease | None:
+        """A free late-binding instance of another environment (from the one with the most free),
+        to switch to ``env``; None if there is none."""
+        queues = [(q.qsize(), e) for e, q in self._queues.items() if e != env and q.qsize()]
+        for _, other in sorted(queues, reverse=True):
+            queue = self._queues[other]
+            for _ in range(queue.qsize()):
+                lease = queue.get_nowait()
+                if lease.late:
+                    return lease
+                queue.put_nowait(lease)
+        return None
+
+    async def _switch(self, lease: Lease, env: str) -> None:
+        """Bind a stolen late-binding instance to ``env``; on failure it goes to a check."""
+        previous = lease.env
+        try:
+            await lease.bind(env, self._catalog.get(env, ""))
+        except BaseException:
+            lease.env = previous
+            self._recheck(lease)
+            raise
+        self.switches += 1
 
     def free(self, env: str | None = None) -> int:
         """Instances waiting in the pool now (of ``env``, or of all environments)."""
@@ -181,22 +236,37 @@ class PoolSource(InstanceSource):
         when none of ``env``'s instances is in use or free for ``claim_timeout_s`` (all are
         down): :class:`InstancesUnavailable`."""
         env = self._turns.pick(self.envs()) if env is None else env
-        if env not in self._queues:
+        late = self.late
+        if env not in self._queues and not (late and env in self._catalog):
             raise KeyError(f"no instances of environment {env!r} (serving: {', '.join(self.envs()) or 'none'})")
-        queue = self._queues[env]
+        queue = self._queues.setdefault(env, asyncio.Queue())
         down_since: float | None = None
         last = "every instance is being checked"
         while True:
             now = time.monotonic()
-            if self._leased.get(env, 0) or not queue.empty():
+            busy = sum(self._leased.values()) if late else self._leased.get(env, 0)
+            if busy or not queue.empty() or (late and self.free()):
                 down_since = None  # the pool works: others hold the instances, or one is free
             elif down_since is None:
                 down_since = now
             elif now - down_since >= self.claim_timeout_s:
                 raise InstancesUnavailable(f"no instance of {env!r} could be used for {self.claim_timeout_s:g} s "
                                            f"(last: {last})")
+            stolen = self._steal(env) if late and queue.empty() else None
+            if stolen is not None:
+                try:
+                    await self._switch(stolen, env)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - checked in the background; try the next
+                    last = f"{stolen.name}: switch to {env!r} failed: {type(exc).__name__}: {exc}"
+                    log.warning("%s", last)
+                    continue
+                self._leased[env] = self._leased.get(env, 0) + 1
+                return stolen
             try:
-                async with asyncio.timeout(min(5.0, self.claim_timeout_s)):
+                # A late pool looks again soon: an instance of another environment may come free.
+                async with asyncio.timeout(min(0.05 if late else 5.0, self.claim_timeout_s)):
                     lease = await queue.get()
             except TimeoutError:
                 continue
@@ -220,12 +290,39 @@ class PoolSource(InstanceSource):
         async with self._group_lock:
             got: list[Lease] = []
             try:
-                for _ in range(min(size, max(self.capacity(env), 1))):
+                want = min(size, max(self.capacity(env), 1))
+                if self.late:  # the late-binding instances switch at once, not one after another
+                    got.extend(await self._switch_group(env, want))
+                while len(got) < want:
                     got.append(await self.claim(env))
             except BaseException:
                 await self.release(got)
                 raise
             return got
+
+    async def _switch_group(self, env: str, want: int) -> list[Lease]:
+        """Up to ``want`` free instances for a group of ``env``: its own free ones first, then free
+        late-binding ones of other environments, switched concurrently. Those that fail to switch
+        go to a check; the caller claims the rest one at a time."""
+        queue = self._queues.setdefault(env, asyncio.Queue())
+        own: list[Lease] = []
+        while len(own) < want and not queue.empty():
+            own.append(queue.get_nowait())
+        stolen: list[Lease] = []
+        while len(own) + len(stolen) < want and (lease := self._steal(env)) is not None:
+            stolen.append(lease)
+        results = await asyncio.gather(*(self._switch(lease, env) for lease in stolen), return_exceptions=True)
+        switched = [lease for lease, r in zip(stolen, results) if not isinstance(r, BaseException)]
+        ready: list[Lease] = []
+        for lease in own:
+            try:
+                await lease.connect()
+                ready.append(lease)
+            except Exception:  # noqa: BLE001 - checked in the background
+                self._recheck(lease)
+        ready.extend(switched)
+        self._leased[env] = self._leased.get(env, 0) + len(ready)
+        return ready
 
     async def release(self, leases: Lease | list[Lease], healthy: bool = True) -> None:
         for lease in _leases(leases):
@@ -234,7 +331,7 @@ class PoolSource(InstanceSource):
     def release_nowait(self, lease: Lease, healthy: bool = True) -> None:
         self._leased[lease.env] = max(self._leased.get(lease.env, 0) - 1, 0)
         if healthy:
-            self._queues[lease.env].put_nowait(lease)
+            self._queues.setdefault(lease.env, asyncio.Queue()).put_nowait(lease)
         else:
             self._recheck(lease)
 
@@ -270,7 +367,7 @@ class PoolSource(InstanceSource):
         while not await self._wait_ready(lease):
             log.warning("instance %s is still not ready after %g s; it stays out of the pool", lease.name,
                         self.ready_timeout_s)
-        self._queues[lease.env].put_nowait(lease)
+        self._queues.setdefault(lease.env, asyncio.Queue()).put_nowait(lease)
 
     async def close(self) -> None:
         for task in list(self._checks):
@@ -308,8 +405,11 @@ class LocalFleetSource(PoolSource):
         except BaseException:
             await self._close_database()
             raise
+        late = self.fleet.binding == "late"
+        if late:
+            self._catalog = dict(self._scenarios)
         for h in self.fleet.instances:
-            self._add(Lease(h.env, h.name, h.mcp_url, h.control_url, self._scenarios.get(h.env, "")))
+            self._add(Lease(h.env, h.name, h.mcp_url, h.control_url, self._scenarios.get(h.env, ""), late=late))
         return self
 
     async def __aenter__(self) -> LocalFleetSource:

@@ -364,8 +364,9 @@ def create_instance(admin_dsn: str, template: Template, name: str,
 
 
 def _create_instance(conn: psycopg.Connection, admin_dsn: str, template: Template, name: str,
-                     meta: dict[str, str] | None) -> Instance:
-    """:func:`create_instance` on an admin connection the caller holds."""
+                     meta: dict[str, str] | None, strategy: str | None = None) -> Instance:
+    """:func:`create_instance` on an admin connection the caller holds. ``strategy``: the
+    ``CREATE DATABASE`` strategy (``FILE_COPY`` or ``WAL_LOG``; None: the server's default)."""
     password = secrets.token_urlsafe(24)
     db, role = sql.Identifier(name), sql.Identifier(name)
     _drop(conn, name)
@@ -378,7 +379,12 @@ def _create_instance(conn: psycopg.Connection, admin_dsn: str, template: Templat
         conn.execute(sql.SQL("ALTER ROLE {} SET temp_file_limit = {}").format(role, sql.Literal(TEMP_FILE_LIMIT)))
     except psycopg.errors.InsufficientPrivilege:
         log.warning("cannot set temp_file_limit for instance roles (the admin role is not a superuser)")
-    conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(db, sql.Identifier(template.dbname)))
+    clone = sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(db, sql.Identifier(template.dbname))
+    if strategy is not None:
+        if strategy.upper() not in ("FILE_COPY", "WAL_LOG"):
+            raise ValueError(f"unknown CREATE DATABASE strategy {strategy!r}")
+        clone = sql.SQL("{} STRATEGY {}").format(clone, sql.SQL(strategy.upper()))
+    conn.execute(clone)
     conn.execute(sql.SQL("REVOKE ALL ON DATABASE {} FROM PUBLIC").format(db))
     conn.execute(sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(db, role))
     conn.execute(sql.SQL("COMMENT ON DATABASE {} IS {}").format(db, sql.Literal(json.dumps(

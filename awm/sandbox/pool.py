@@ -313,9 +313,12 @@ class WorkerPool:
         self.renewed = 0
         self.closed = False
 
-    def start(self) -> None:
-        """Start every worker now (blocking); raises what the first one raised."""
+    def start(self, wait: bool = True) -> None:
+        """Start every worker; ``wait``: block until they run and raise what the first one raised
+        (else the first request waits for its worker, and gets any failure)."""
         futures = [self._spawn() for _ in range(self.size + self.spares)]
+        if not wait:
+            return
         for future in futures:
             future.result()
         first = self._fresh.get()

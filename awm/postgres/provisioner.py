@@ -1,0 +1,428 @@
+"""The provisioner: instance databases handed out when an instance is claimed, not when it starts.
+
+Late binding (an env server that serves any environment of its catalog, chosen per claim) needs
+a fresh instance database of the claimed environment at claim time. Making one needs the admin
+credential, which an env server must never hold (it drives untrusted code), so one small process
+holds it and env servers ask it, over a Unix socket, one JSON line per request:
+
+    {"op": "acquire", "env": "shop"}        -> {"ok": true, "database": "awm_i_...", "dsn": "...",
+                                                "template": "awm_tpl_...", "checksum": "...", "ms": 0.4}
+    {"op": "release", "database": "awm_i_..."} -> {"ok": true}
+    {"op": "prefill", "env": "shop", "count": 2} -> {"ok": true}      (make ready ones ahead)
+    anything else                          -> {"ok": false, "error": "..."}
+
+A database belongs to the connection that acquired it: only that connection may release it, and
+when the connection closes (the env server exited, however it exited) every database it still
+holds is dropped. So a crashed instance leaks nothing, and one instance cannot drop another's.
+
+Where the time goes (docs/benchmarks.md, "Instance databases at claim time"): a clone costs
+files, not rows, 70-280 ms on a loaded disk; connecting to a database made ahead costs ~8 ms of
+server CPU. So the provisioner keeps, per environment in demand, ``keep`` databases made ahead
+(``CREATE DATABASE ... STRATEGY FILE_COPY``, the cheapest clone in server CPU) and refills them
+off the claim path; an environment with none ready is cloned on the claim path. The template of
+an environment is made once per snapshot digest (:func:`awm.postgres.provision.template_name`).
+
+A local fleet runs one provisioner for all its instances (:class:`~awm.fleet.LocalFleet`); a
+Kubernetes env pod of a late-binding fleet runs one as a sidecar (``python -m
+awm.postgres.provisioner``), with the admin DSN its provisioning init container already had.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import socket
+import socketserver
+import threading
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import psycopg
+
+from awm.bundle import EnvBundle
+from awm.postgres import provision
+
+log = logging.getLogger("awm.provisioner")
+
+MAX_LINE = 64 * 1024  # a request is a name or two
+SOCKET_ENV = "AWM_PROVISIONER_SOCKET"
+
+
+class ProvisionerError(RuntimeError):
+    """The provisioner refused or failed a request (the message says why)."""
+
+
+@dataclass
+class Acquired:
+    env: str
+    database: str
+    dsn: str
+    template: str
+    checksum: str
+    ms: float  # time inside the provisioner: ~0 for a database made ahead, a clone's time otherwise
+    ready: bool  # made ahead (True) or cloned on the claim path (False)
+
+
+class Provisioner:
+    """Instance databases of a catalog's environments on one PostgreSQL server.
+
+    ``bundles`` finds an environment's bundle by name (raises ``KeyError`` for an unknown one).
+    ``keep``: databases made ahead per environment once it has been asked for (0: clone on every
+    claim). ``meta`` goes into every database comment (the owner, for ``reap_abandoned``)."""
+
+    def __init__(self, admin_dsn: str, bundles: Callable[[str], EnvBundle], prefix: str,
+                 keep: int = 1, meta: dict[str, str] | None = None, refill_jobs: int = 1,
+                 max_ready: int = 16) -> None:
+        self.admin_dsn = admin_dsn
+        self._bundles = bundles
+        self.prefix = prefix
+        self.keep = keep
+        # Databases made ahead cost ~8 MB of disk each: at most this many in all, for the
+        # environments asked for most recently (a catalog of 1,000 must not become 1,000 spares).
+        self.max_ready = max_ready
+        self.meta = dict(meta or {})
+        self._lock = threading.Lock()
+        self._templates: dict[str, provision.Template] = {}  # env -> its template (made once)
+        self._template_locks: dict[str, threading.Lock] = {}
+        self._ready: dict[str, deque[provision.Instance]] = {}  # env -> databases made ahead
+        self._refilling: dict[str, int] = {}  # env -> refills queued
+        self._made: dict[str, provision.Instance] = {}  # every database made and not yet dropped
+        self._holders: dict[str, str] = {}  # database -> the instance that acquired it (if it said)
+        self._counter = 0
+        self._refill = ThreadPoolExecutor(max(1, refill_jobs), thread_name_prefix="awm-provision-refill")
+        self._strategy: str | None = None
+        self.closed = False
+        self.stats = {"acquired": 0, "ready_hits": 0, "clones_on_claim": 0, "refills": 0, "released": 0}
+
+    # -- templates and clones --------------------------------------------------------------------
+
+    def template(self, env: str) -> provision.Template:
+        """The environment's template, made (or found complete) once per process."""
+        with self._lock:
+            found = self._templates.get(env)
+            lock = self._template_locks.setdefault(env, threading.Lock())
+        if found is not None:
+            return found
+        with lock:
+            found = self._templates.get(env)
+            if found is None:
+                found = provision.ensure_template(self.admin_dsn, self._bundles(env))
+                with self._lock:
+                    self._templates[env] = found
+        return found
+
+    def _name(self, env: str) -> str:
+        with self._lock:
+            self._counter += 1
+            return provision.instance_name(env, self._counter, self.prefix)
+
+    def _clone(self, env: str) -> provision.Instance:
+        template = self.template(env)
+        with provision._admin(self.admin_dsn) as conn:
+            if self._strategy is None:  # STRATEGY exists from PostgreSQL 15 on
+                self._strategy = "FILE_COPY" if conn.info.server_version >= 150000 else ""
+            instance = provision._create_instance(conn, self.admin_dsn, template, self._name(env),
+                                                  {**self.meta, "provisioner": self.prefix},
+                                                  self._strategy or None)
+        with self._lock:
+            self._made[instance.dbname] = instance
+        return instance
+
+    # -- the three requests ----------------------------------------------------------------------
+
+    def add_templates(self, templates: list[provision.Template]) -> None:
+        """Templates made already (a fleet makes its catalog's in parallel before it starts)."""
+        with self._lock:
+            self._templates.update({t.env: t for t in templates})
+
+    def held_by(self, holder: str) -> provision.Instance | None:
+        """The database ``holder`` acquired last and still holds (None if none)."""
+        with self._lock:
+            names = [db for db, h in self._holders.items() if h == holder]
+            return self._made.get(names[-1]) if names else None
+
+    def acquire(self, env: str, holder: str = "") -> Acquired:
+        """A fresh database of ``env`` for one instance: a ready one if there is one, else a clone."""
+        if self.closed:
+            raise ProvisionerError("the provisioner is closing")
+        start = time.perf_counter()
+        try:
+            template = self.template(env)
+        except KeyError:
+            raise ProvisionerError(f"unknown environment {env!r}") from None
+        with self._lock:
+            ready = self._ready.get(env)
+            instance = ready.popleft() if ready else None
+            made_ahead = instance is not None
+            self.stats["acquired"] += 1
+            self.stats["ready_hits" if instance else "clones_on_claim"] += 1
+        if instance is None:
+            instance = self._clone(env)
+        if holder:
+            with self._lock:
+                self._holders[instance.dbname] = holder
+        self._top_up(env)
+        return Acquired(env, instance.dbname, instance.dsn, template.dbname, template.checksum,
+                        (time.perf_counter() - start) * 1000, made_ahead)
+
+    def release(self, database: str) -> None:
+        """Drop a database this provisioner made (its role with it)."""
+        with self._lock:
+            known = self._made.pop(database, None)
+            self._holders.pop(database, None)
+        if known is None:
+            raise ProvisionerError(f"not a database of this provisioner: {database!r}")
+        self.stats["released"] += 1
+        provision.drop_instance(self.admin_dsn, database)
+
+    def prefill(self, env: str, count: int) -> None:
+        """Make ``count`` databases of ``env`` ahead (in the background), e.g. for a GRPO step's
+        environments, known when the step starts."""
+        self.template(env)
+        self._top_up(env, max(count, 0))
+
+    def _top_up(self, env: str, want: int | None = None) -> None:
+        want = self.keep if want is None else want
+        with self._lock:
+            have = len(self._ready.get(env) or ()) + self._refilling.get(env, 0)
+            missing = max(0, want - have)
+            self._refilling[env] = self._refilling.get(env, 0) + missing
+        for _ in range(missing):
+            self._refill.submit(self._refill_one, env)
+
+    def _refill_one(self, env: str) -> None:
+        try:
+            if self.closed:
+                return
+            instance = self._clone(env)
+            with self._lock:
+                self._ready.setdefault(env, deque()).append(instance)
+                self._ready[env] = self._ready.pop(env)  # most recently in demand last
+                self.stats["refills"] += 1
+                surplus = []
+                while sum(len(q) for q in self._ready.values()) > self.max_ready:
+                    oldest = next(e for e, q in self._ready.items() if q)
+                    surplus.append(self._ready[oldest].popleft())
+            for extra in surplus:
+                self.release(extra.dbname)
+        except Exception as exc:  # noqa: BLE001 - the next claim clones on its path instead
+            log.warning("refill of %s failed: %s", env, exc)
+        finally:
+            with self._lock:
+                self._refilling[env] -= 1
+
+    def ready_count(self, env: str | None = None) -> int:
+        with self._lock:
+            return sum(len(q) for e, q in self._ready.items() if env is None or e == env)
+
+    def close(self) -> None:
+        """Drop every database made here (handed out or ready)."""
+        self.closed = True
+        self._refill.shutdown(wait=True, cancel_futures=True)
+        with self._lock:
+            names, self._made = list(self._made), {}
+            self._ready.clear()
+        for name in names:
+            with contextlib.suppress(Exception):
+                provision.drop_instance(self.admin_dsn, name)
+
+
+# -- the socket: one connection per instance, the databases it holds dropped when it closes --------
+
+class _Handler(socketserver.StreamRequestHandler):
+    server: "ProvisionerServer"
+
+    def handle(self) -> None:
+        held: set[str] = set()
+        try:
+            while True:
+                line = self.rfile.readline(MAX_LINE + 1)
+                if not line:
+                    return
+                if len(line) > MAX_LINE:
+                    self._reply({"ok": False, "error": f"request over {MAX_LINE} bytes"})
+                    return
+                self._reply(self._answer(line, held))
+        except (OSError, ValueError):
+            return
+        finally:
+            for database in held:  # the instance is gone: nothing it held outlives it
+                with contextlib.suppress(Exception):
+                    self.server.provisioner.release(database)
+
+    def _reply(self, message: dict[str, Any]) -> None:
+        self.wfile.write(json.dumps(message).encode() + b"\n")
+        self.wfile.flush()
+
+    def _answer(self, line: bytes, held: set[str]) -> dict[str, Any]:
+        provisioner = self.server.provisioner
+        try:
+            request = json.loads(line)
+        except ValueError:
+            return {"ok": False, "error": "not a JSON line"}
+        if not isinstance(request, dict):
+            return {"ok": False, "error": "a request is a JSON object"}
+        op = request.get("op")
+        try:
+            if op == "acquire":
+                env = request.get("env")
+                if not isinstance(env, str) or not env:
+                    return {"ok": False, "error": "acquire needs env (a name)"}
+                holder = request.get("instance")
+                got = provisioner.acquire(env, holder if isinstance(holder, str) else "")
+                held.add(got.database)
+                return {"ok": True, **got.__dict__}
+            if op == "release":
+                database = request.get("database")
+                if database not in held:  # never another instance's database
+                    return {"ok": False, "error": f"not a database of this connection: {str(database)[:80]!r}"}
+                held.discard(database)
+                provisioner.release(database)
+                return {"ok": True}
+            if op == "prefill":
+                env, count = request.get("env"), request.get("count", 1)
+                if not isinstance(env, str) or not isinstance(count, int) or not 0 <= count <= 64:
+                    return {"ok": False, "error": "prefill needs env (a name) and count (0-64)"}
+                provisioner.prefill(env, count)
+                return {"ok": True}
+        except ProvisionerError as exc:
+            return {"ok": False, "error": str(exc)}
+        except (psycopg.Error, provision.ProvisionError, OSError) as exc:
+            log.warning("provisioner %s failed: %s", op, exc)
+            return {"ok": False, "error": f"{op} failed: {type(exc).__name__}: {str(exc)[:300]}"}
+        return {"ok": False, "error": f"unknown op {str(op)[:40]!r} (acquire, release, prefill)"}
+
+
+class ProvisionerServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    """The provisioner on a Unix socket (mode 0600: only our uid may ask), one thread per instance."""
+
+    daemon_threads = True
+
+    def __init__(self, provisioner: Provisioner, path: str | Path) -> None:
+        self.provisioner = provisioner
+        self.path = str(path)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+        old = os.umask(0o177)
+        try:
+            super().__init__(self.path, _Handler)
+        finally:
+            os.umask(old)
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> ProvisionerServer:
+        self._thread = threading.Thread(target=self.serve_forever, name="awm-provisioner", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self.shutdown()
+        self.server_close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+
+
+class ProvisionerClient:
+    """An env server's connection to its provisioner (blocking; thread-safe). The connection is
+    the ownership of the databases acquired on it: keep it open for the process's life."""
+
+    def __init__(self, path: str, instance: str = "", timeout_s: float = 120.0) -> None:
+        self.path = path
+        self.instance = instance  # who asks (recorded with the database, for operators' eyes)
+        self.timeout_s = timeout_s
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self._file: Any = None
+
+    def _connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout_s)
+        try:
+            sock.connect(self.path)
+        except OSError as exc:
+            sock.close()
+            raise ProvisionerError(f"provisioner at {self.path} unreachable: {exc}") from None
+        self._sock, self._file = sock, sock.makefile("rwb")
+
+    def request(self, message: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            if self._sock is None:
+                self._connect()
+            try:
+                self._file.write(json.dumps(message).encode() + b"\n")
+                self._file.flush()
+                line = self._file.readline(MAX_LINE * 4)
+            except OSError as exc:
+                self._close()
+                raise ProvisionerError(f"provisioner connection failed: {exc}") from None
+            if not line:
+                self._close()
+                raise ProvisionerError("provisioner closed the connection")
+        reply = json.loads(line)
+        if not reply.get("ok"):
+            raise ProvisionerError(str(reply.get("error", "refused")))
+        return reply
+
+    def acquire(self, env: str) -> Acquired:
+        r = self.request({"op": "acquire", "env": env, "instance": self.instance})
+        return Acquired(r["env"], r["database"], r["dsn"], r["template"], r["checksum"], r["ms"], r["ready"])
+
+    def release(self, database: str) -> None:
+        self.request({"op": "release", "database": database})
+
+    def prefill(self, env: str, count: int) -> None:
+        self.request({"op": "prefill", "env": env, "count": count})
+
+    def _close(self) -> None:
+        for thing in (self._file, self._sock):
+            with contextlib.suppress(Exception):
+                if thing is not None:
+                    thing.close()
+        self._sock = self._file = None
+
+    def close(self) -> None:
+        with self._lock:
+            self._close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m awm.postgres.provisioner``: the provisioner of a late-binding env pod (a
+    sidecar), with the admin DSN from ``AWM_ADMIN_DSN`` (or the file ``AWM_ADMIN_DSN_FILE``)."""
+    from awm import catalog
+
+    parser = argparse.ArgumentParser(prog="python -m awm.postgres.provisioner", description=main.__doc__)
+    parser.add_argument("--catalog", required=True, help="the catalog directory (bundles by name)")
+    parser.add_argument("--socket", required=True, help="the Unix socket to serve")
+    parser.add_argument("--prefix", required=True, help="database name prefix (the pod's or fleet's name)")
+    parser.add_argument("--keep", type=int, default=0, help="databases made ahead per environment in demand")
+    parser.add_argument("--meta", default="{}", help="JSON object for every database comment (pod, fleet, namespace)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    admin = os.environ.pop("AWM_ADMIN_DSN", "")
+    if not admin and os.environ.get("AWM_ADMIN_DSN_FILE"):
+        admin = Path(os.environ.pop("AWM_ADMIN_DSN_FILE")).read_text().strip()
+    if not admin:
+        raise SystemExit("provisioner: set AWM_ADMIN_DSN (or AWM_ADMIN_DSN_FILE)")
+    root = catalog.resolve(args.catalog)
+    provisioner = Provisioner(admin, lambda env: catalog.find(root, env), args.prefix, keep=args.keep,
+                              meta=json.loads(args.meta))
+    server = ProvisionerServer(provisioner, args.socket)
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
+    try:
+        server.serve_forever()
+    finally:
+        server.server_close()
+        provisioner.close()
+
+
+if __name__ == "__main__":
+    main()

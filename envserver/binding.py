@@ -1,0 +1,125 @@
+"""One environment bound to an instance: its bundle, database, tool runtime and worker pools.
+
+An env server holds one :class:`Binding` per environment it has served recently (late binding:
+an instance serves any environment of its catalog, chosen when it is claimed). Only the current
+binding has workers; a cached one keeps its bundle, its tool runtime and its database connection
+(so a repeat claim of the same environment costs a reset, not a new database), and starts fresh
+workers again when it becomes current. Its database came from a :class:`DatabaseSource`: the one
+DSN a pinned instance was started with, or the provisioner (:mod:`awm.postgres.provisioner`),
+which holds the admin credential this process never sees.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from awm.bundle import EnvBundle
+from awm.gates import gate_status
+from awm.postgres.provisioner import ProvisionerClient
+from awm.sandbox.forkserver import Zygote
+from awm.sandbox.pool import WorkerPool, WorkerSpec
+from awm.envserver.reset import EpisodeDatabase
+from awm.envserver.tools import ToolRuntime
+
+
+class BindError(Exception):
+    """An environment this instance cannot serve (unknown, or a pinned instance asked for another)."""
+
+
+class DatabaseSource(Protocol):
+    """Where a binding's instance database comes from: (database name, DSN)."""
+
+    late: bool
+
+    def acquire(self, env: str) -> tuple[str, str]: ...
+
+    def release(self, database: str) -> None: ...
+
+
+class FixedDatabase:
+    """A pinned instance: the one database it was started with, of its one environment."""
+
+    late = False
+
+    def __init__(self, env: str, dsn: str) -> None:
+        self.env, self.dsn = env, dsn
+
+    def acquire(self, env: str) -> tuple[str, str]:
+        if env != self.env:
+            raise BindError(f"this instance is pinned to {self.env!r} (started without a provisioner)")
+        return "", self.dsn
+
+    def release(self, database: str) -> None:
+        return None
+
+
+class ProvisionedDatabases:
+    """A late-binding instance: a fresh database per environment, from the provisioner."""
+
+    late = True
+
+    def __init__(self, client: ProvisionerClient) -> None:
+        self.client = client
+
+    def acquire(self, env: str) -> tuple[str, str]:
+        got = self.client.acquire(env)
+        return got.database, got.dsn
+
+    def release(self, database: str) -> None:
+        if database:
+            self.client.release(database)
+
+
+@dataclass
+class Binding:
+    bundle: EnvBundle
+    db: EpisodeDatabase
+    database: str  # the provisioner's name for it ("" for a pinned instance's)
+    gates: dict[str, tuple[bool, str]]
+    runtime: ToolRuntime
+    pool: WorkerPool | None = None  # tools (renewed at every reset); None while not current
+    verifier_pool: WorkerPool | None = None  # one verification per worker; None while not current
+    initial_sqlite: bytes | None = None  # the snapshot as SQLite, for AWM-convention verifiers
+    episodes: int = 0
+    last_used: float = field(default_factory=time.monotonic)
+
+    @classmethod
+    def new(cls, bundle: EnvBundle, database: str, dsn: str, verifier_kind: str | None) -> Binding:
+        db = EpisodeDatabase(dsn, statement_timeout_ms=int(bundle.limits.tool_timeout_s * 1000))
+        return cls(bundle, db, database, {t.id: gate_status(bundle, t, verifier_kind) for t in bundle.tasks},
+                   ToolRuntime(bundle))
+
+    @property
+    def name(self) -> str:
+        return self.bundle.name
+
+    @property
+    def app(self) -> bool:
+        return bool(self.runtime.load.get("app"))
+
+    def activate(self, zygote: Zygote, workers: int, allow_weak_isolation: bool, wait: bool) -> None:
+        """Start this binding's workers (forked from ``zygote``); ``wait``: block until they run
+        (an instance's start), else the first call waits for its worker (a switch)."""
+        memory_mb = self.bundle.limits.verifier_memory_mb
+        # Tools and verifiers never share a worker, and no worker serves two episodes.
+        self.pool = WorkerPool(WorkerSpec(memory_mb=memory_mb, load=self.runtime.load,
+                                          allow_weak_isolation=allow_weak_isolation),
+                               size=workers, zygote=zygote, spares=1)
+        self.verifier_pool = WorkerPool(WorkerSpec(memory_mb=memory_mb, load={"prelude": "", "tools": []},
+                                                   allow_weak_isolation=allow_weak_isolation),
+                                        size=1, zygote=zygote, single_use=True)
+        self.pool.start(wait=wait)
+        self.verifier_pool.start(wait=wait)
+        self.last_used = time.monotonic()
+
+    def deactivate(self) -> None:
+        """Stop the workers (a cached binding keeps only its bundle and its database)."""
+        for pool in (self.pool, self.verifier_pool):
+            if pool is not None:
+                pool.close()
+        self.pool = self.verifier_pool = None
+
+    def isolation(self) -> dict[str, Any]:
+        return self.pool.isolation if self.pool is not None else {}

@@ -1,0 +1,263 @@
+"""Late binding on real parts: env servers that switch environments when claimed, with databases
+from the fleet's provisioner (real PostgreSQL), MCP over HTTP, the control API, and the claim
+path of awm.episode.sources."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+
+import httpx
+import psycopg
+import pytest
+
+from awm import catalog
+from awm.client import ControlApiError, ControlClient, McpError, McpSession
+from awm.episode.sources import Lease, LocalFleetSource, PoolSource
+from awm.fleet import Database, LocalFleet
+from awm.postgres import provision
+from awm.postgres.provisioner import Provisioner, ProvisionerClient, ProvisionerError, ProvisionerServer
+
+
+@pytest.fixture(scope="module")
+def bundles(notes_bundle):
+    return [notes_bundle, *catalog.load("starter", ["crm", "project_tracker"])]
+
+
+@pytest.fixture(scope="module")
+async def fleet(admin_dsn, bundles):
+    # Two instances for three environments, each keeping at most two environments ready.
+    fleet = LocalFleet(bundles, database=Database(admin_dsn), allow_ungated=True, instances=2, cache_envs=2)
+    await fleet.start()
+    yield fleet
+    await fleet.stop()
+
+
+def _metric(text: str, name: str, **labels: str) -> float | None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return sample.value
+    return None
+
+
+async def test_an_instance_switches_environment_and_keeps_every_guarantee(fleet, bundles):
+    handle = fleet.instances[0]
+    control = ControlClient(handle.control_url)
+    mcp = McpSession(handle.mcp_url)
+    try:
+        info = await control.info()
+        assert info["env"] == "notes" and info["late_binding"] is True
+        await mcp.initialize()
+        assert {t["name"] for t in await mcp.list_tools()} == {t.name for t in bundles[0].tools}
+        await control.reset("add_note")
+        await mcp.call_tool("add_note", {"title": "written before the switch"})
+        notes_db = (await control.info())["database"]
+        assert notes_db == handle.db.dbname
+
+        switched = await control.bind("crm")
+        assert switched["switched"] is True and switched["cached"] is False and switched["pristine"] is True
+        assert switched["previous"] == "notes"
+        assert (await control.info())["database"] not in (None, notes_db)
+        # The old MCP session ended with the switch: the client must initialize again ...
+        with pytest.raises(McpError, match="404|Session not found"):
+            await mcp.list_tools()
+        await mcp.close()
+        mcp = McpSession(handle.mcp_url)
+        await mcp.initialize()
+        crm = bundles[1]
+        # ... and then sees the new environment's tools, /info its tasks.
+        assert {t["name"] for t in await mcp.list_tools()} == {t.name for t in crm.tools}
+        info = await control.info()
+        assert info["env"] == "crm" and {t["id"] for t in info["tasks"]} == {t.id for t in crm.tasks}
+        assert info["cached_envs"] == ["notes", "crm"]
+        task = crm.tasks[0]
+        started = await control.reset(task.id)
+        assert started["env"] == "crm" and started["instruction"] == task.instruction
+        verdict = await control.verify(None)
+        assert verdict["verdict"] in ("complete", "incomplete") and verdict["task_id"] == task.id
+
+        # A repeat claim of a cached environment is a reset: its database, at the snapshot.
+        back = await control.reset("add_note", verify=True, env="notes")
+        assert back["bind"]["cached"] is True and back["env"] == "notes" and back["pristine"] is True
+        assert (await control.info())["database"] == notes_db
+        assert (await control.diff())["tables"] == {}
+        await mcp.close()
+        mcp = McpSession(handle.mcp_url)
+        await mcp.initialize()
+        rows = (await mcp.call_tool("list_notes", {})).structured
+        assert "written before the switch" not in json.dumps(rows)
+
+        async with httpx.AsyncClient() as client:
+            text = (await client.get(handle.control_url + "/metrics")).text
+        assert _metric(text, "awm_instance_info", env="notes") == 1
+        assert _metric(text, "awm_instance_info", env="crm") == 0
+        assert _metric(text, "awm_binds_total", kind="new") == 1
+        assert _metric(text, "awm_binds_total", kind="cached") == 1
+        assert _metric(text, "awm_tool_calls_total", env="notes", tool="add_note", outcome="ok") == 1
+    finally:
+        await mcp.close()
+        await control.close()
+
+
+async def test_the_cache_is_bounded_and_an_evicted_database_is_dropped(fleet, admin_dsn):
+    handle = fleet.instances[1]
+    control = ControlClient(handle.control_url)
+    try:
+        first = (await control.info())["env"]
+        order = [e for e in ("notes", "crm", "project_tracker") if e != first]
+        first_db = (await control.info())["database"]
+        for env in order:
+            await control.bind(env)
+        info = await control.info()
+        assert info["cached_envs"] == order and info["switches"] == 2  # cache_envs=2: the first is gone
+        assert first_db not in provision.list_instances(admin_dsn)
+        again = await control.bind(first)
+        assert again["cached"] is False and again["pristine"] is True
+    finally:
+        await control.close()
+
+
+async def test_hostile_bind_requests_get_clear_errors(fleet):
+    handle = fleet.instances[0]
+    async with httpx.AsyncClient(base_url=handle.control_url) as client:
+        before = (await client.get("/info")).json()["env"]
+        for body, status in (({"env": "../../../etc/passwd"}, 404), ({"env": "no_such_env"}, 404),
+                             ({"env": 7}, 400), ({}, 400), ({"env": ""}, 400), ({"env": "x" * 300}, 400),
+                             ({"env": "\ud800"}, 400)):
+            r = await client.post("/bind", content=json.dumps(body), headers={"content-type": "application/json"})
+            assert r.status_code == status, (body, r.text)
+            assert "error" in r.json()
+        r = await client.post("/bind", content=b"[" * 100_000)
+        assert r.status_code == 400
+        r = await client.post("/bind", content=b"{" + b" " * (2 << 20) + b"}")
+        assert r.status_code == 413
+        r = await client.post("/reset", json={"task_id": None, "env": "no_such_env"})
+        assert r.status_code == 404
+        assert (await client.get("/info")).json()["env"] == before  # nothing changed
+        assert (await client.get("/readyz")).status_code == 200
+
+
+async def test_a_pinned_instance_refuses_to_switch(admin_dsn, notes_bundle):
+    async with LocalFleet([notes_bundle], database=Database(admin_dsn), allow_ungated=True, binding="pinned") as fleet:
+        control = ControlClient(fleet.instances[0].control_url)
+        try:
+            with pytest.raises(ControlApiError) as err:
+                await control.bind("crm")
+            assert err.value.status == 409 and "pinned" in str(err.value)
+            assert (await control.bind("notes"))["switched"] is False
+        finally:
+            await control.close()
+
+
+async def test_a_crashed_instance_leaks_no_database(fleet, admin_dsn):
+    handle = fleet.instances[1]
+    held = handle.db.dbname
+    os.kill(handle.pid, signal.SIGKILL)
+    for _ in range(600):  # the fleet restarts it; its provisioner connection closed with it
+        await asyncio.sleep(0.1)
+        if handle.restarts and held not in provision.list_instances(admin_dsn):
+            break
+    assert held not in provision.list_instances(admin_dsn)
+    for _ in range(600):
+        await asyncio.sleep(0.1)
+        control = ControlClient(handle.control_url)
+        try:
+            if await control.ready():
+                break
+        except Exception:  # noqa: BLE001 - still restarting
+            pass
+        finally:
+            await control.close()
+    control = ControlClient(handle.control_url)
+    try:
+        assert (await control.bind("crm"))["env"] == "crm"
+    finally:
+        await control.close()
+
+
+def test_the_provisioner_hands_each_database_to_one_connection(admin_dsn, bundles, tmp_path):
+    by_name = {b.name: b for b in bundles}
+    provisioner = Provisioner(admin_dsn, by_name.__getitem__, "provtest", keep=1)
+    server = ProvisionerServer(provisioner, tmp_path / "p.sock").start()
+    assert oct(os.stat(server.path).st_mode & 0o777) == "0o600"
+    one, two = ProvisionerClient(server.path, "one"), ProvisionerClient(server.path, "two")
+    try:
+        got = one.acquire("notes")
+        assert got.database in provision.list_instances(admin_dsn)
+        with psycopg.connect(got.dsn, connect_timeout=5) as conn:  # the instance's own role reaches it
+            assert conn.execute("SELECT count(*) FROM notes").fetchone()[0] >= 0
+        with pytest.raises(ProvisionerError, match="not a database of this connection"):
+            two.release(got.database)  # never another instance's
+        with pytest.raises(ProvisionerError, match="unknown environment"):
+            two.acquire("../etc")
+        for line in (b"not json\n", b"[1]\n", b'{"op": "drop_everything"}\n', b'{"op": "acquire"}\n',
+                     b'{"op": "prefill", "env": "notes", "count": 100000}\n'):
+            with socket.socket(socket.AF_UNIX) as raw:
+                raw.connect(server.path)
+                raw.sendall(line)
+                reply = json.loads(raw.makefile("rb").readline())
+                assert reply["ok"] is False and reply["error"]
+        with socket.socket(socket.AF_UNIX) as raw:  # an endless line is cut off, not buffered
+            raw.connect(server.path)
+            raw.sendall(b"x" * (200 * 1024))
+            assert json.loads(raw.makefile("rb").readline())["ok"] is False
+        # The next database of an environment in demand was made ahead: a claim only takes it.
+        for _ in range(200):
+            if provisioner.ready_count("notes"):
+                break
+            import time
+            time.sleep(0.05)
+        second = two.acquire("notes")
+        assert second.ready is True and second.database != got.database
+        two.close()  # a connection that closes (its instance exited) drops what it held
+        for _ in range(100):
+            if second.database not in provision.list_instances(admin_dsn):
+                break
+            import time
+            time.sleep(0.05)
+        assert second.database not in provision.list_instances(admin_dsn)
+        one.release(got.database)
+        assert got.database not in provision.list_instances(admin_dsn)
+    finally:
+        one.close()
+        two.close()
+        server.close()
+        provisioner.close()
+    assert not [d for d in provision.list_instances(admin_dsn) if "provtest" in d]
+
+
+async def test_claims_bind_free_instances_to_the_environment_asked_for(admin_dsn, bundles):
+    """The claim path (awm.episode.sources): a claim of an environment no free instance serves
+    switches a free late-binding one; a GRPO group switches its instances at once."""
+    source = LocalFleetSource(bundles, replicas=1, database=Database(admin_dsn), allow_ungated=True,
+                              instances=3)
+    async with source:
+        assert source.envs() == sorted(b.name for b in bundles) and source.capacity("crm") == 3
+        group = await source.claim_group("crm", 3)
+        assert len(group) == 3 and {lease.env for lease in group} == {"crm"}
+        assert source.switches == 2  # one instance started on crm
+        for lease in group:
+            assert {t["name"] for t in lease.handle.tools} == {t.name for t in bundles[1].tools}
+            assert (await lease.handle.control.info())["env"] == "crm"
+        await source.release(group)
+        lease = await source.claim("notes")
+        assert lease.env == "notes" and (await lease.handle.control.reset("add_note"))["env"] == "notes"
+        await source.release(lease)
+        again = await source.claim("notes")  # the one that serves notes now: no switch
+        assert again.name == lease.name and source.switches == 3
+        await source.release(again)
+
+
+async def test_awm_serve_json_lines_say_what_can_be_switched_to(tmp_path):
+    lines = tmp_path / "serve.jsonl"
+    lines.write_text(json.dumps({"env": "a", "instance": "i0", "mcp_url": "http://127.0.0.1:1/mcp",
+                                 "control_url": "http://127.0.0.1:2", "late_binding": True, "catalog": ["a", "b"]}))
+    source = PoolSource.from_json_lines(lines)
+    assert source.envs() == ["a", "b"] and source.late and source.capacity("b") == 1
+    assert isinstance(source._all[0], Lease)
