@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from awm.bundle import EnvBundle
 from awm.gates import gate_status
@@ -114,12 +114,16 @@ class Binding:
         self.verifier_pool.start(wait=wait)
         self.last_used = time.monotonic()
 
-    def deactivate(self) -> None:
-        """Stop the workers (a cached binding keeps only its bundle and its database)."""
-        for pool in (self.pool, self.verifier_pool):
-            if pool is not None:
-                pool.close()
+    def deactivate(self) -> Callable[[], None]:
+        """Detach the workers (a cached binding keeps only its bundle and its database); returns
+        the call that kills them (run it now, or on another thread: nothing reaches them since)."""
+        pools = [p for p in (self.pool, self.verifier_pool) if p is not None]
         self.pool = self.verifier_pool = None
+
+        def stop() -> None:
+            for pool in pools:
+                pool.close()
+        return stop
 
     def isolation(self) -> dict[str, Any]:
         return self.pool.isolation if self.pool is not None else {}

@@ -148,13 +148,16 @@ class EnvInstance:
             log.warning("WEAK ISOLATION accepted: untrusted code runs without %s",
                         ", ".join(f"{k} ({v})" for k, v in isolation.get("missing", {}).items()))
 
-    async def _new_binding(self, bundle: EnvBundle) -> Binding:
+    async def _new_binding(self, bundle: EnvBundle, phase: Callable[[str], None] = lambda _: None) -> Binding:
         """The environment's own database (from the database source) and runtime, connected."""
         loop = asyncio.get_running_loop()
         database, dsn = await loop.run_in_executor(None, self.databases.acquire, bundle.name)
-        binding = Binding.new(bundle, database, dsn, self.verifier_kind)
+        phase("acquire_database")
+        binding = await loop.run_in_executor(None, Binding.new, bundle, database, dsn, self.verifier_kind)
+        phase("tool_runtime")
         try:
             await self._db(binding.db.connect)
+            phase("connect")
         except BaseException:
             await self._drop(binding)
             raise
@@ -162,7 +165,7 @@ class EnvInstance:
 
     async def _drop(self, binding: Binding) -> None:
         """Forget a cached environment: its workers, its connection, its database."""
-        binding.deactivate()
+        await asyncio.get_running_loop().run_in_executor(None, binding.deactivate())
         await self._db(binding.db.close)
         try:
             await asyncio.get_running_loop().run_in_executor(None, self.databases.release, binding.database)
@@ -183,16 +186,28 @@ class EnvInstance:
                 return {"env": env, "switched": False, "cached": True, "bind_ms": 0.0, "instance": self.name}
             if not self.databases.late:
                 raise ControlError(409, f"instance {self.name} is pinned to {self.binding.name!r}; it "
-                                        "cannot serve {env!r} (started without a provisioner)", env=self.binding.name)
+                                        f"cannot serve {env!r} (started without a provisioner)", env=self.binding.name)
             binding = self._bindings.get(env)
             cached = binding is not None
+            phases: dict[str, float] = {}
+            mark = time.perf_counter()
+
+            def phase(name: str) -> None:
+                nonlocal mark
+                now = time.perf_counter()
+                phases[name] = round((now - mark) * 1000, 3)
+                mark = now
+
             try:
                 if binding is None:
                     bundle = await asyncio.get_running_loop().run_in_executor(None, self._find, env)
-                    binding = await self._new_binding(bundle)
+                    phase("load_bundle")
+                    binding = await self._new_binding(bundle, phase)
                     result = await self._db(lambda: binding.db.reset(verify=True))  # checksummed
+                    phase("checksum")
                 else:
                     result = await self._db(binding.db.reset)
+                    phase("reset")
             except BindError as exc:
                 raise ControlError(404, str(exc)) from None
             except (ProvisionerError, DatabaseLost) as exc:
@@ -204,8 +219,12 @@ class EnvInstance:
                     await self._drop(binding)
                 raise ControlError(500, f"cannot bind {env!r}: {exc}") from None
             previous = self.binding
-            previous.deactivate()
+            # The previous environment's workers are detached now (nothing can reach them) and
+            # killed off the claim path.
+            asyncio.get_running_loop().run_in_executor(None, previous.deactivate())
+            phase("stop_workers")
             binding.activate(self._zygote(binding.app), self.workers, self.allow_weak_isolation, wait=False)
+            phase("start_workers")
             self.binding = binding
             self._bindings[env] = binding
             self._bindings.move_to_end(env)
@@ -221,7 +240,7 @@ class EnvInstance:
         kind = "cached" if cached else "new"
         self.metrics.binds.labels(kind).inc()
         self.metrics.bind_latency.labels(kind).observe(ms / 1000)
-        return {"env": env, "switched": True, "cached": cached, "bind_ms": round(ms, 3),
+        return {"env": env, "switched": True, "cached": cached, "bind_ms": round(ms, 3), "phases_ms": phases,
                 "reset_ms": round(result.ms, 3), "pristine": result.pristine, "instance": self.name,
                 "previous": previous.name}
 
@@ -237,7 +256,7 @@ class EnvInstance:
         if self.judge is not None:
             await self.judge.close()
         for binding in list(self._bindings.values()):
-            binding.deactivate()
+            binding.deactivate()()
             await self._db(binding.db.close)
         for zygote in self._zygotes.values():
             zygote.close()

@@ -44,6 +44,10 @@ class ToolFailure(Exception):
 
 class ToolRuntime:
     def __init__(self, bundle: EnvBundle) -> None:
+        # Validators are built on a tool's first call: checking a schema against its metaschema
+        # costs ~1 ms, and a late-binding instance that switches to an environment of 70 tools
+        # would pay all of them before its first call (docs/benchmarks.md, late binding).
+        self._schemas: dict[str, dict[str, Any]] = {}
         self._validators: dict[str, jsonschema.protocols.Validator] = {}
         self._routes: dict[str, Route] = {}
         for tool in bundle.tools:
@@ -51,9 +55,7 @@ class ToolRuntime:
                 if bundle.app is None:
                     raise ValueError(f"tool {tool.name!r} is a route, but the bundle has no app")
                 self._routes[tool.name] = tool.route
-            cls = jsonschema.validators.validator_for(tool.input_schema)
-            cls.check_schema(tool.input_schema)
-            self._validators[tool.name] = cls(tool.input_schema)
+            self._schemas[tool.name] = tool.input_schema
         # What every worker loads once: the code of the Python tools, and the app if any.
         self.load: dict[str, Any] = {
             "prelude": bundle.tool_prelude or "",
@@ -63,10 +65,22 @@ class ToolRuntime:
 
     @property
     def names(self) -> list[str]:
-        return list(self._validators)
+        return list(self._schemas)
+
+    def _validator(self, name: str) -> jsonschema.protocols.Validator:
+        validator = self._validators.get(name)
+        if validator is None:
+            schema = self._schemas[name]
+            cls = jsonschema.validators.validator_for(schema)
+            try:
+                cls.check_schema(schema)
+            except jsonschema.SchemaError as exc:  # the bundle's fault, said as such
+                raise ToolFailure("tool_crashed", f"{name}: its input schema is invalid: {exc.message}") from None
+            validator = self._validators[name] = cls(schema)
+        return validator
 
     def validate(self, name: str, arguments: Any) -> dict[str, Any]:
-        if name not in self._validators:
+        if name not in self._schemas:
             raise ToolFailure("invalid_arguments", f"unknown tool {name!r}")
         if arguments is None:
             arguments = {}
@@ -75,7 +89,7 @@ class ToolRuntime:
         bad = jsonlimits.lone_surrogate(arguments)
         if bad is not None:
             raise ToolFailure("invalid_arguments", f"{name}: {bad}: a lone UTF-16 surrogate is not valid Unicode")
-        errors = sorted(self._validators[name].iter_errors(arguments), key=lambda e: list(e.path))
+        errors = sorted(self._validator(name).iter_errors(arguments), key=lambda e: list(e.path))
         if errors:
             detail = "; ".join(
                 (f"{'.'.join(map(str, e.path))}: " if e.path else "") + e.message for e in errors[:5])
