@@ -261,3 +261,24 @@ async def test_awm_serve_json_lines_say_what_can_be_switched_to(tmp_path):
     source = PoolSource.from_json_lines(lines)
     assert source.envs() == ["a", "b"] and source.late and source.capacity("b") == 1
     assert isinstance(source._all[0], Lease)
+
+
+async def test_grpo_groups_over_more_environments_than_instances(admin_dsn, bundles):
+    """The trainer's rollouts on a late-binding fleet: three environments, two instances; every
+    group's instances are switched to its environment and start from the verified snapshot."""
+    from awm.episode.reward import RewardConfig
+    from awm.trainer.agent import AgentConfig
+    from awm.trainer.policy import ReplayPolicy
+    from awm.trainer.rollout import RolloutConfig, RolloutService, TaskRef
+
+    tasks = [TaskRef(b.name, b.tasks[0].id) for b in bundles]
+    source = LocalFleetSource(bundles, replicas=1, database=Database(admin_dsn), allow_ungated=True, instances=2)
+    async with source:
+        svc = RolloutService(source, ReplayPolicy(bundles), tasks, AgentConfig(max_turns=8, verify_reset=True),
+                             RewardConfig(), RolloutConfig(group_size=2, seed=3))
+        groups = await svc.collect(6)  # each task twice
+        assert sorted(g.task.env for g in groups) == sorted([b.name for b in bundles] * 2)
+        for group in groups:
+            assert len(group.trajectories) == 2 and all(t.pristine for t in group.trajectories)
+            assert {t.verdict["verdict"] for t in group.trajectories} == {"complete"}, group.task
+        assert source.switches >= 4  # the two instances served all three environments

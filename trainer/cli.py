@@ -229,6 +229,9 @@ def eval_command(
     task: Annotated[Optional[list[str]], typer.Option("--task", help="Only these task ids.")] = None,
     k: Annotated[int, typer.Option("-k", min=1, help="Samples per task.")] = 4,
     replicas: Annotated[int, typer.Option("--replicas", "-n", min=1, help="Instances per environment.")] = 2,
+    instances: Annotated[Optional[int], typer.Option(
+        "--instances", min=1, help="Instances in all, each switched to the environment a task needs "
+        "(late binding; instead of --replicas: a large catalog needs no instance per environment).")] = None,
     max_turns: MaxTurnsOpt = 30,
     history_window: WindowOpt = None,
     tool_format: FormatOpt = ToolFormat.native,
@@ -331,7 +334,8 @@ def eval_command(
     async def run() -> list[Any]:
         log = TrajectoryLog(out / "trajectories.jsonl")
         try:
-            async with run_source(bundles, replicas, k, database_url=database_url, settings=k8s, **serving) as source:
+            async with run_source(bundles, replicas, k, database_url=database_url, settings=k8s, instances=instances,
+                                  **serving) as source:
                 return await ev.evaluate(source, policy, tasks, k, cfg, RewardConfig(), log, on_task)
         finally:
             await policy.close()

@@ -131,6 +131,9 @@ class TrainConfig:
     envs: list[str] | None = None
     tasks: list[str] | None = None  # task ids to train on (default: all tasks of the chosen envs)
     replicas: int = 2  # instances per environment
+    # Instances in all, each serving any chosen environment (late binding; instead of replicas):
+    # a GRPO group switches free instances to its environment when it starts.
+    instances: int | None = None
     database_url: str | None = None
     run_dir: str = "runs/train"
     seed: int = 0

@@ -125,7 +125,7 @@ async def _train(cfg: TrainConfig, on_step: StepHook | None, coordinator: Coordi
     k8s = OperatorSettings.from_env()
     reporter = ProgressReporter(k8s) if k8s is not None and k8s.campaign else None
     source = run_source(bundles, cfg.replicas, cfg.rollout.group_size, database_url=cfg.database_url, settings=k8s,
-                        **cfg.serving())
+                        instances=cfg.instances, **cfg.serving())
     server = None
     if cfg.policy.kind == "vllm":
         policy, server = await vllm_policy(cfg, tokenizer, learner.version, run_dir)

@@ -656,17 +656,19 @@ class OperatorSource(InstanceSource):
 
 def run_source(bundles: list[Any], replicas: int, group_size: int | None = None, *,
                database_url: str | None = None, settings: OperatorSettings | None = None,
-               **serving: Any) -> HeldClaimsSource | LocalFleetSource:
+               instances: int | None = None, **serving: Any) -> HeldClaimsSource | LocalFleetSource:
     """The instance source of a training or evaluation run (start it with ``async with``): inside
     a Campaign's Job (``AWM_OPERATOR_URL`` and ``AWM_FLEET`` set, or ``settings`` given) the
     campaign's fleet, ``replicas`` instances of every environment held for the run; elsewhere a
-    local fleet of ``replicas`` per environment on ``database_url`` (``serving``: its judge,
-    verifier kind and ``allow_ungated``). The one place a run decides where instances come from."""
+    local fleet of ``replicas`` per environment on ``database_url`` - or, with ``instances``, that
+    many in all, each switched to the environment a claim asks for (late binding: a catalog of a
+    thousand environments needs no thousand instances) - (``serving``: its judge, verifier kind
+    and ``allow_ungated``). The one place a run decides where instances come from."""
     settings = settings or OperatorSettings.from_env()
     if settings is not None:
         return HeldClaimsSource(settings, [b.name for b in bundles], replicas, group_size,
                                 {b.name: b.scenario.description for b in bundles})
-    return LocalFleetSource(bundles, replicas, database_url=database_url, **serving)
+    return LocalFleetSource(bundles, replicas, database_url=database_url, instances=instances, **serving)
 
 
 _configured: dict[str, InstanceSource] = {}
