@@ -202,6 +202,10 @@ class Provisioner:
             if self.closed:
                 return
             instance = self._clone(env)
+            # A first connection builds the database's relation cache file (pg_internal.init):
+            # the instance's own first connection then skips it (~6 ms of a ~30 ms connect, measured).
+            with provision._admin(self.admin_dsn, instance.dbname) as conn:
+                conn.execute("SELECT count(*) FROM pg_class").fetchone()
             with self._lock:
                 self._ready.setdefault(env, deque()).append(instance)
                 self._ready[env] = self._ready.pop(env)  # most recently in demand last
