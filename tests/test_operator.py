@@ -30,8 +30,9 @@ from awm_operator.kube import ApiError
 from awm_operator.ledger import Ledger, LostRace, ledger_name
 from awm_operator.shards import CONFIGMAP_LIMIT, SHARD_BYTES, entry_size, place, shard_index, shard_name
 from awm_operator.metrics import Metrics
-from awm_operator.pods import A_CONTROL_URL, A_ENV, PodInfo, label_value, pod_manifest, pod_prefix, spread
-from awm_operator.state import ClaimRecord, ClaimRequest, Fleet, plan
+from awm_operator.pods import (A_CONTROL_URL, A_ENV, PROVISIONER_SOCKET, PodInfo, label_value, pod_manifest,
+                               pod_prefix, spread)
+from awm_operator.state import ClaimRecord, ClaimRequest, Fleet, plan, plan_late
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -572,6 +573,47 @@ def test_pod_info() -> None:
     assert not PodInfo.from_pod(pod("c", ready=False)).allocatable
     override = PodInfo.from_pod(pod("e", **{A_CONTROL_URL: "http://127.0.0.1:9"}))
     assert override.control_url == "http://127.0.0.1:9"
+
+
+def test_a_late_binding_pod_carries_the_catalog_and_a_provisioner_sidecar() -> None:
+    cfg = OperatorConfig(release="rel", envserver_image="reg/awm-envserver:1", catalog_image="reg/awm-catalog:1")
+    pod = pod_manifest("train", "ns", "uid-1", fleet_spec(binding="late"), "crm", cfg)
+    bundle, sidecar = pod["spec"]["initContainers"]
+    assert bundle["command"] == ["cp", "-r", "/catalog/.", "/bundle/"]  # the whole catalog
+    # A native sidecar: it keeps running beside the env server and alone holds the admin DSN.
+    assert sidecar["name"] == "provisioner" and sidecar["restartPolicy"] == "Always"
+    assert sidecar["command"][:3] == ["python", "-m", "awm.postgres.provisioner"]
+    assert PROVISIONER_SOCKET in sidecar["command"]
+    meta = json.loads(sidecar["command"][sidecar["command"].index("--meta") + 1])
+    assert meta == {"pod": "$(POD_NAME)", "fleet": "train", "namespace": "ns"}  # the orphan sweep finds them
+    assert [e["name"] for e in sidecar["env"]] == ["AWM_ADMIN_DSN", "POD_NAME"]
+    assert sidecar["securityContext"]["readOnlyRootFilesystem"] is True
+    server = pod["spec"]["containers"][0]
+    command = server["command"]
+    assert command[command.index("--catalog") + 1] == "/bundle" and command[command.index("--env") + 1] == "crm"
+    assert command[command.index("--provisioner") + 1] == PROVISIONER_SOCKET
+    names = [e["name"] for e in server["env"]]
+    assert "AWM_ADMIN_DSN" not in names and "AWM_INSTANCE_DSN_FILE" not in names
+    assert all("secretKeyRef" not in json.dumps(e) for e in server["env"])  # no credential in the env server
+    # A pinned fleet's pods are as they were.
+    pinned = pod_manifest("train", "ns", "uid-1", fleet_spec(), "crm", cfg)
+    assert [c["name"] for c in pinned["spec"]["initContainers"]] == ["bundle", "provision"]
+    with pytest.raises(ValueError, match="image catalog"):
+        fleet_spec(binding="late", catalog={"url": "http://catalog.example/"})
+
+
+def test_plan_late_prefers_pods_that_serve_the_environment() -> None:
+    available = {"a": ["a1", "a2"], "b": ["b1", "b2", "b3"]}
+    serving = {"b2": "crm", "a2": "crm"}
+    env_of = lambda n: serving.get(n, n[0])  # noqa: E731
+    (group,) = plan_late(available, ClaimRequest(2, environment="crm"), env_of)
+    assert sorted(group) == ["a2", "b2"]  # a repeat claim: no switch
+    groups = plan_late(available, ClaimRequest(4, environment="crm", group_size=2), env_of)
+    assert groups is not None and [len(g) for g in groups] == [2, 2] and {"a2", "b2"} <= set(groups[0])
+    assert plan_late(available, ClaimRequest(6, environment="crm"), env_of) is None  # all or nothing
+    assert len(plan_late(available, ClaimRequest(5, environment="zzz"), env_of)[0]) == 5  # any pod serves it
+    # without an environment: as plan() (groups of one starting environment each)
+    assert plan_late(available, ClaimRequest(2, group_size=2), env_of) == plan(available, ClaimRequest(2, group_size=2))
 
 
 # --------------------------------------------------------------------------- allocation

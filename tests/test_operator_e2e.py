@@ -65,7 +65,53 @@ def env_server(notes_fleet: Any) -> str:
     return notes_fleet.instances[0].control_url
 
 
+@pytest.fixture(scope="module")
+async def late_server(admin_dsn: str, notes_bundle: Any) -> Any:
+    """A real late-binding env server over three environments (its databases from a provisioner)."""
+    from awm import catalog
+    from awm.fleet import Database, LocalFleet
+
+    bundles = [notes_bundle, *catalog.load("starter", ["crm", "project_tracker"])]
+    fleet = LocalFleet(bundles, database=Database(admin_dsn), allow_ungated=True, instances=1, fleet_id="e2elate")
+    await fleet.start()
+    yield fleet.instances[0]
+    await fleet.stop()
+
+
 # --------------------------------------------------------------------------- fleets
+
+
+def test_a_late_binding_fleet_switches_its_pods_to_the_claimed_environment(cluster: Cluster, operator: InThread,
+                                                                          late_server: Any) -> None:
+    control = late_server.control_url
+    cluster.create("envfleets", "late", fleet_spec(3, control, ["notes", "crm", "project_tracker"], binding="late"))
+    wait_for("3 ready", lambda: cluster.ready("late", 3))
+    switches = metric(operator, "awm_claim_switch_seconds_count", fleet="late") or 0
+    grpo = claim_of(cluster, "late-crm", {"fleet": "late", "count": 2, "groupSize": 2, "environment": "crm"})
+    assert grpo["phase"] == "Bound", grpo
+    assert {i["environment"] for i in grpo["instances"]} == {"crm"} and {i["group"] for i in grpo["instances"]} == {0}
+    info = httpx.get(control + "/info").json()
+    assert info["env"] == "crm" and info["late_binding"] is True
+
+    async def api_claim() -> None:  # the allocation API switches the third pod to another one
+        async with AllocationClient(api_url(operator), NS, "late") as alloc:
+            got = await alloc.claim(count=1, environment="project_tracker")
+            assert [i["environment"] for i in got["instances"]] == ["project_tracker"]
+            assert {i["pod"] for i in got["instances"]}.isdisjoint(i["pod"] for i in grpo["instances"])
+            assert httpx.get(control + "/info").json()["env"] == "project_tracker"
+            with pytest.raises(AllocationError) as exc:  # every pod is taken: a fleet of 3 holds 3 episodes
+                await alloc.claim(count=1, environment="notes", wait_seconds=0.5)
+            assert exc.value.status == 409
+            await alloc.release(got["id"])
+    asyncio.run(api_claim())
+    assert (metric(operator, "awm_claim_switch_seconds_count", fleet="late") or 0) - switches == 2
+    # An environment no pod started on is served too: late binding, not a per-environment pool.
+    cluster.delete("envclaims", "late-crm")
+    wait_for("all 3 back", lambda: cluster.ready("late", 3) and not cluster.ledger("late"))
+    whole = claim_of(cluster, "late-all", {"fleet": "late", "count": 3, "environment": "notes"})
+    assert whole["phase"] == "Bound" and {i["environment"] for i in whole["instances"]} == {"notes"}
+    cluster.delete("envclaims", "late-all")
+    cluster.delete("envfleets", "late")
 
 
 @pytest.mark.timeout(900)  # 40-80 s to Ready on 2 shared cores; more on a loaded machine

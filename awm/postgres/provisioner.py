@@ -34,6 +34,7 @@ import contextlib
 import json
 import logging
 import os
+import secrets
 import socket
 import socketserver
 import threading
@@ -96,6 +97,9 @@ class Provisioner:
         self._made: dict[str, provision.Instance] = {}  # every database made and not yet dropped
         self._holders: dict[str, str] = {}  # database -> the instance that acquired it (if it said)
         self._counter = 0
+        # Database names must never collide with another provisioner's on the same server (two
+        # pods, two fleets): ``prefix`` plus a random token of this process.
+        self._token = secrets.token_hex(2)
         self._refill = ThreadPoolExecutor(max(1, refill_jobs), thread_name_prefix="awm-provision-refill")
         self._strategy: str | None = None
         self.closed = False
@@ -121,7 +125,7 @@ class Provisioner:
     def _name(self, env: str) -> str:
         with self._lock:
             self._counter += 1
-            return provision.instance_name(env, self._counter, self.prefix)
+            return provision.instance_name(env, self._counter, f"{self.prefix[:8]}{self._token}")
 
     def _clone(self, env: str) -> provision.Instance:
         template = self.template(env)
@@ -345,14 +349,24 @@ class ProvisionerClient:
         self._sock: socket.socket | None = None
         self._file: Any = None
 
-    def _connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout_s)
-        try:
-            sock.connect(self.path)
-        except OSError as exc:
-            sock.close()
-            raise ProvisionerError(f"provisioner at {self.path} unreachable: {exc}") from None
+    def _connect(self, wait_s: float = 60.0) -> None:
+        """Connect, waiting up to ``wait_s`` for the socket to appear (a pod's sidecar may start
+        after the env server)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(self.timeout_s)
+            try:
+                sock.connect(self.path)
+                break
+            except (FileNotFoundError, ConnectionRefusedError) as exc:
+                sock.close()
+                if time.monotonic() > deadline:
+                    raise ProvisionerError(f"provisioner at {self.path} unreachable: {exc}") from None
+                time.sleep(0.1)
+            except OSError as exc:
+                sock.close()
+                raise ProvisionerError(f"provisioner at {self.path} unreachable: {exc}") from None
         self._sock, self._file = sock, sock.makefile("rwb")
 
     def request(self, message: dict[str, Any]) -> dict[str, Any]:
@@ -404,7 +418,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m awm.postgres.provisioner", description=main.__doc__)
     parser.add_argument("--catalog", required=True, help="the catalog directory (bundles by name)")
     parser.add_argument("--socket", required=True, help="the Unix socket to serve")
-    parser.add_argument("--prefix", required=True, help="database name prefix (the pod's or fleet's name)")
+    parser.add_argument("--prefix", required=True, help="whose databases (the pod's name): hashed into their names")
     parser.add_argument("--keep", type=int, default=0, help="databases made ahead per environment in demand")
     parser.add_argument("--meta", default="{}", help="JSON object for every database comment (pod, fleet, namespace)")
     args = parser.parse_args(argv)
@@ -415,7 +429,10 @@ def main(argv: list[str] | None = None) -> None:
     if not admin:
         raise SystemExit("provisioner: set AWM_ADMIN_DSN (or AWM_ADMIN_DSN_FILE)")
     root = catalog.resolve(args.catalog)
-    provisioner = Provisioner(admin, lambda env: catalog.find(root, env), args.prefix, keep=args.keep,
+    import hashlib
+
+    prefix = hashlib.sha256(args.prefix.encode()).hexdigest()[:8]
+    provisioner = Provisioner(admin, lambda env: catalog.find(root, env), prefix, keep=args.keep,
                               meta=json.loads(args.meta))
     server = ProvisionerServer(provisioner, args.socket)
     import signal

@@ -25,7 +25,7 @@ from awm_operator.ledger import LostRace
 from awm_operator.metrics import Metrics
 from awm_operator.kube import Kube
 from awm_operator.pods import PodInfo
-from awm_operator.state import ClaimRecord, ClaimRequest, Fleet, plan
+from awm_operator.state import ClaimRecord, ClaimRequest, Fleet, plan, plan_late
 
 log = logging.getLogger("awm.operator.allocator")
 
@@ -46,9 +46,10 @@ class Unavailable(RuntimeError):
 class Bound:
     pod: PodInfo
     group: int
+    env: str | None = None  # binding: late - the environment it was switched to
 
     def as_status(self) -> dict[str, Any]:
-        return {"pod": self.pod.name, "environment": self.pod.env, "group": self.group,
+        return {"pod": self.pod.name, "environment": self.env or self.pod.env, "group": self.group,
                 "mcpUrl": self.pod.mcp_url, "controlUrl": self.pod.control_url}
 
 
@@ -62,7 +63,7 @@ def describe(fleet: Fleet, claim_id: str) -> dict[str, Any] | None:
     for i, group in enumerate(record.groups):
         for name in group:
             info = fleet.pods.get(name)
-            instances.append({"pod": name, "environment": info.env if info else None, "group": i,
+            instances.append({"pod": name, "environment": fleet.env_of(name), "group": i,
                               "mcpUrl": info.mcp_url if info else None,
                               "controlUrl": info.control_url if info else None, "lost": name in lost})
     return {"id": claim_id, "namespace": fleet.namespace, "fleet": fleet.name, "instances": instances,
@@ -110,12 +111,14 @@ class Allocator:
                     # time (the ledger keeps its binding), or by this one before a restart cut
                     # its status write short. A claim is bound once; asking again returns it.
                     self.metrics.claims.labels(fleet.namespace, fleet.name, source, "bound").inc()
-                    return [Bound(fleet.pods[n], i) for i, g in enumerate(fleet.claims[claim_id].groups)
+                    return [Bound(fleet.pods[n], i, fleet.env_of(n)) for i, g in enumerate(fleet.claims[claim_id].groups)
                             for n in g if n in fleet.pods]
                 if fleet.active and fleet.ledger is not None:
-                    groups = plan(fleet.available, req)
+                    groups = plan_late(fleet.available, req, fleet.env_of) if fleet.late else plan(fleet.available, req)
                     if groups is not None:
                         bound = await self._bind(fleet, claim_id, groups, ttl, holder, owner)
+                        if bound is not None and fleet.late:
+                            bound = await self._switch(fleet, claim_id, bound, req)
                         if bound is not None:
                             self.metrics.claims.labels(fleet.namespace, fleet.name, source, "bound").inc()
                             self.metrics.claim_latency.labels(source).observe(time.monotonic() - t0)
@@ -154,6 +157,49 @@ class Allocator:
             fleet.unreserve(names)  # held by the claim now (or free again if it lost)
         return [Bound(infos[n], i) for i, g in enumerate(groups) for n in g]
 
+    async def _switch(self, fleet: Fleet, claim_id: str, bound: list[Bound], req: ClaimRequest) -> list[Bound] | None:
+        """binding: late - switch the claim's pods to its environment (each GRPO group to one; a
+        claim for no environment and no groups keeps whatever they serve). Every pod is asked,
+        also one that serves it already (a no-op there): what this replica remembers of a pod's
+        environment is never trusted for correctness. If one fails, the claim is undone, the
+        failed pods are deleted (the reconciler replaces them) and the caller plans again."""
+        targets: dict[str, str] = {}
+        for b in bound:
+            env = req.environment or (b.pod.env if req.group_size else None)
+            if env is not None:
+                targets[b.pod.name] = env
+        if not targets:
+            return [replace(b, env=fleet.env_of(b.pod.name)) for b in bound]
+        pods = {b.pod.name: b.pod for b in bound}
+        t0 = time.monotonic()
+        results = await asyncio.gather(*(self._bind_env(pods[n], env) for n, env in targets.items()))
+        self.metrics.switch_latency.labels(fleet.namespace, fleet.name).observe(time.monotonic() - t0)
+        failed = [n for n, ok in zip(targets, results) if not ok]
+        for name, env in targets.items():
+            if name not in failed:
+                fleet.bound_env[name] = env
+        if failed:
+            log.warning("fleet %s/%s: claim %s: %d pods could not switch; replacing them and planning again",
+                        fleet.namespace, fleet.name, claim_id, len(failed))
+            await asyncio.gather(*(self._replace_pod(fleet, pods[name]) for name in failed))
+            assert fleet.ledger is not None
+            await fleet.ledger.commit({claim_id: None})
+            return None
+        return [replace(b, env=targets.get(b.pod.name) or fleet.env_of(b.pod.name)) for b in bound]
+
+    async def _bind_env(self, pod: PodInfo, env: str) -> bool:
+        if not pod.control_url:
+            return False
+        try:
+            async with self.http.post(pod.control_url.rstrip("/") + "/bind", json={"env": env}) as r:
+                if r.status != 200:
+                    log.warning("switch of %s to %s failed: HTTP %s %s", pod.name, env, r.status, (await r.text())[:200])
+                    return False
+                return (await r.json(content_type=None)).get("env") == env
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+            log.warning("switch of %s to %s failed: %s", pod.name, env, exc)
+            return False
+
     async def renew(self, fleet: Fleet, claim_id: str, ttl: float) -> float:
         """Push a claim's expiry to ``ttl`` seconds from now; returns the new expiry."""
         record = fleet.claims.get(claim_id)
@@ -189,6 +235,11 @@ class Allocator:
         """True if the instance was reset; else it is deleted (the reconciler replaces it)."""
         if await self._reset(pod):
             return True
+        await self._replace_pod(fleet, pod)
+        return False
+
+    async def _replace_pod(self, fleet: Fleet, pod: PodInfo) -> None:
+        """Delete an instance that failed us; the reconciler creates its replacement at once."""
         current = fleet.pods.get(pod.name)
         if current is not None:
             fleet.doom(current)  # the reconciler creates its replacement right away
@@ -196,8 +247,7 @@ class Allocator:
             await self.kube.delete_pod(fleet.namespace, pod.name)
             self.metrics.pod_operations.labels(fleet.namespace, fleet.name, "delete").inc()
         except Exception as exc:  # noqa: BLE001 - the reconciler deletes doomed pods again if needed
-            log.warning("could not delete %s/%s after a failed reset: %s", fleet.namespace, pod.name, exc)
-        return False
+            log.warning("could not delete %s/%s after it failed: %s", fleet.namespace, pod.name, exc)
 
     async def _reset(self, pod: PodInfo) -> bool:
         if not pod.control_url or pod.deleting or pod.failed:

@@ -146,7 +146,9 @@ class EnvFleetSpec(_Spec):
         {"rule": "!has(self.environmentSelector) || has(self.catalog.url) || has(self.catalog.indexConfigMap)",
          "message": "an environmentSelector needs catalog.url or catalog.indexConfigMap (the catalog's index)"},
         {"rule": "!has(self.minReplicas) || !has(self.maxReplicas) || self.minReplicas <= self.maxReplicas",
-         "message": "minReplicas must not exceed maxReplicas"}]})
+         "message": "minReplicas must not exceed maxReplicas"},
+        {"rule": "!has(self.binding) || self.binding != 'late' || !has(self.catalog.url)",
+         "message": "binding: late needs an image catalog (catalog.url is not supported with it yet)"}]})
 
     environments: list[str] = Field(default_factory=list, description="Environment names in the catalog; "
                                     "instances are spread evenly across them, except that waiting claims for "
@@ -161,6 +163,11 @@ class EnvFleetSpec(_Spec):
     max_replicas: int = Field(MAX_REPLICAS, alias="maxReplicas", ge=0, le=MAX_REPLICAS)
     autoscale: bool = Field(False, description="Replicas = allocated + pending claims + buffer, "
                             "within [minReplicas, maxReplicas].")
+    binding: Literal["pinned", "late"] = Field("pinned", description=(
+        "pinned: a pod serves the environment it was created for. late: every pod serves any of the "
+        "fleet's environments, switched to the one a claim asks for (a fresh database of it from the "
+        "pod's provisioner sidecar; the last few stay ready), so the fleet is sized by concurrent "
+        "episodes, not environments x groups. Late binding needs an image catalog."))
     catalog: CatalogSource
     database: DatabaseRef
     template: PodOverrides = Field(default_factory=PodOverrides)
@@ -180,7 +187,13 @@ class EnvFleetSpec(_Spec):
             raise ValueError("an environmentSelector needs catalog.url or catalog.indexConfigMap (the catalog's index)")
         if self.min_replicas > self.max_replicas:
             raise ValueError("minReplicas must not exceed maxReplicas")
+        if self.binding == "late" and self.catalog.url:
+            raise ValueError("binding: late needs an image catalog (catalog.url is not supported with it yet)")
         return self
+
+    @property
+    def late(self) -> bool:
+        return self.binding == "late"
 
 
 class Condition(_Spec):

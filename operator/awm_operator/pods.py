@@ -8,6 +8,7 @@ with its probes, and the non-root, read-only-root security context.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -174,6 +175,8 @@ def pod_manifest(fleet: str, namespace: str, fleet_uid: str, spec: EnvFleetSpec,
         },
     }
     runtime_class = t.runtime_class_name or cfg.envserver_runtime_class
+    if spec.late:
+        _late_binding(pod, fleet, namespace, spec, env, cfg, image, container_security, small)
     if runtime_class:
         pod["spec"]["runtimeClassName"] = runtime_class
     pod["spec"]["containers"][0]["env"] += spec.serving.env()  # judge endpoint (+ key from a Secret), gates
@@ -186,6 +189,44 @@ def pod_manifest(fleet: str, namespace: str, fleet_uid: str, spec: EnvFleetSpec,
     if cfg.image_pull_secrets:
         pod["spec"]["imagePullSecrets"] = cfg.image_pull_secrets
     return pod
+
+
+PROVISIONER_SOCKET = "/run/awm/provisioner.sock"
+CATALOG_DIR = "/bundle"
+
+
+def _late_binding(pod: dict[str, Any], fleet: str, namespace: str, spec: EnvFleetSpec, env: str,
+                  cfg: OperatorConfig, image: str, security: dict[str, Any], resources: dict[str, Any]) -> None:
+    """A late-binding pod (``binding: late``): the whole catalog in /bundle instead of one bundle;
+    instead of the provision init container, a provisioner sidecar (a native sidecar: an init
+    container that keeps running) that holds the admin DSN and hands the env server a fresh
+    database of each environment it is switched to, over a socket in the pod's memory volume;
+    the env server starts on ``env`` and switches on POST /bind."""
+    inits = pod["spec"]["initContainers"]
+    c = spec.catalog
+    path = (c.path if c.image else cfg.catalog_path).rstrip("/")
+    inits[0]["command"] = ["cp", "-r", f"{path}/.", CATALOG_DIR + "/"]
+    provision = inits[1]
+    meta = json.dumps({"pod": "$(POD_NAME)", "fleet": fleet, "namespace": namespace})
+    inits[1] = {
+        "name": "provisioner", "image": image, "imagePullPolicy": cfg.envserver_pull_policy,
+        "restartPolicy": "Always",
+        "command": ["python", "-m", "awm.postgres.provisioner", "--catalog", CATALOG_DIR,
+                    "--socket", PROVISIONER_SOCKET, "--prefix", "$(POD_NAME)", "--meta", meta],
+        "env": [e for e in provision["env"] if e["name"] in ("AWM_ADMIN_DSN", "POD_NAME")],
+        "volumeMounts": [{"name": "bundle", "mountPath": CATALOG_DIR, "readOnly": True},
+                         {"name": "run", "mountPath": "/run/awm"}, {"name": "tmp", "mountPath": "/tmp"}],
+        "securityContext": security, "resources": resources,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    server = pod["spec"]["containers"][0]
+    server["command"] = ["python", "-m", "awm.envserver", "--catalog", CATALOG_DIR, "--env", env,
+                         "--provisioner", PROVISIONER_SOCKET, "--name", "$(POD_NAME)", "--host", "0.0.0.0",
+                         "--mcp-port", str(MCP_PORT), "--control-port", str(CONTROL_PORT)]
+    server["env"] = [e for e in server["env"] if e["name"] != "AWM_INSTANCE_DSN_FILE"]
+    for volume in pod["spec"]["volumes"]:
+        if volume["name"] == "bundle":
+            volume["emptyDir"]["sizeLimit"] = "1Gi"  # a catalog, not one bundle
 
 
 def _bundle_container(spec: EnvFleetSpec, env: str, cfg: OperatorConfig, envserver_image: str,

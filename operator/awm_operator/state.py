@@ -16,7 +16,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import Any, Collection, Iterable, Mapping
+from typing import Any, Callable, Collection, Iterable, Mapping
 
 from awm_operator.crds import EnvFleetSpec
 from awm_operator.pods import PodInfo
@@ -115,6 +115,30 @@ def plan(available: Mapping[str, Collection[str]], req: ClaimRequest) -> list[li
     return [picked]
 
 
+def plan_late(available: Mapping[str, Collection[str]], req: ClaimRequest,
+              env_of: Callable[[str], str | None]) -> list[list[str]] | None:
+    """:func:`plan` for a late-binding fleet, where every free pod can serve the claim's
+    environment: pods that serve it already first (a repeat claim costs them a reset, not a
+    switch), then any others. A claim for no environment is planned as :func:`plan` does (GRPO
+    groups of one environment each, the one their pods started on)."""
+    if req.environment is None:
+        return plan(available, req)
+    serving: list[str] = []
+    others: list[str] = []
+    for names in available.values():
+        for name in names:
+            (serving if env_of(name) == req.environment else others).append(name)
+            if len(serving) >= req.count:
+                break
+        if len(serving) >= req.count:
+            break
+    picked = (serving + others)[: req.count]
+    if len(picked) < req.count:
+        return None
+    size = req.group_size or req.count
+    return [picked[i:i + size] for i in range(0, req.count, size)]
+
+
 @dataclass
 class Counts:
     replicas: int = 0      # pods that exist and are not being deleted
@@ -149,6 +173,10 @@ class Fleet:
     urgent: bool = False                                    # woken by poke(), not only nudge()
     _capacity: asyncio.Event = field(default_factory=asyncio.Event)
     pods_gone_at: float = 0.0                               # last pod removal (database sweep)
+    # binding: late - the environment each pod was last switched to by this replica (a pod's
+    # label and annotation name the one it started on). Best effort: a claim of an environment
+    # always switches its pods (a no-op where they serve it), so a lost entry costs nothing.
+    bound_env: dict[str, str] = field(default_factory=dict)
 
     # ---- spec
     def set_body(self, body: dict[str, Any]) -> None:
@@ -186,11 +214,23 @@ class Fleet:
     def remove_pod(self, name: str) -> None:
         old = self.pods.pop(name, None)
         self.doomed.discard(name)
+        self.bound_env.pop(name, None)
         if old is not None:
             self.available[old.env].pop(name, None)
             self.pods_gone_at = time.monotonic()
             self.poke()
 
+
+    def env_of(self, name: str) -> str | None:
+        """The environment a pod serves now, as far as this replica knows."""
+        if name in self.bound_env:
+            return self.bound_env[name]
+        info = self.pods.get(name)
+        return info.env if info else None
+
+    @property
+    def late(self) -> bool:
+        return bool(self.spec is not None and self.spec.late)
 
     def doom(self, info: PodInfo) -> None:
         """About to delete it: no longer counted nor allocatable, whatever events still say."""
@@ -329,7 +369,7 @@ class Fleet:
             p = self.pods.get(name)
             if p is not None and not p.deleting and p.env in need:
                 need[p.env] += 1
-        if not self.pending:  # the usual pass: no scan of every pod
+        if not self.pending or self.late:  # late binding: any free pod serves any claim
             return need
         free = dict.fromkeys(environments, 0)
         if any(req.group_size for req in self.pending.values()):
