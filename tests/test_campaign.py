@@ -547,3 +547,26 @@ def test_observe_never_goes_back() -> None:
     assert registry.observe({**obj, "status": {"phase": "Running"}}).phase == "Succeeded"
     fresh = registry.observe({**obj, "metadata": {**obj["metadata"], "uid": "u2"}, "status": {}})
     assert fresh is not state and fresh.phase == ""  # same name, new campaign
+
+
+def test_concurrent_groups_size_a_campaign_by_episodes_not_environments() -> None:
+    envs = [f"env_{i:04d}" for i in range(526)]
+    base = {"mode": "training", "environments": envs, "catalog": {}, "database": {"secretName": "awm-db"},
+            "training": {"groupSize": 16, "config": {"steps": 1}}}
+    with pytest.raises(ValidationError, match="concurrentGroups"):
+        CampaignSpec.model_validate(base)  # 526 x 16 = 8,416 instances
+    spec = CampaignSpec.model_validate({**base, "concurrentGroups": 64})
+    assert spec.late and spec.instances == 1024
+    fleet = cp.fleet_manifest("paper", "rl", "u", spec)["spec"]
+    assert fleet["binding"] == "late" and fleet["replicas"] == fleet["maxReplicas"] == 1024
+    cfg = TrainConfig.from_dict(cp.train_config(spec))
+    assert cfg.instances == 1024 and cfg.rollout.max_inflight_groups == 64
+    for bad, message in (({"concurrentGroups": 300}, "at most"), ({"concurrentGroups": 4, "groupsPerEnvironment": 2},
+                                                                 "not both"),
+                         ({"concurrentGroups": 4, "catalog": {"url": "http://c/"}}, "image catalog")):
+        with pytest.raises(ValidationError, match=message):
+            CampaignSpec.model_validate({**base, **bad})
+    evaluation = CampaignSpec.model_validate({**base, "mode": "evaluation", "training": None, "concurrentGroups": 8,
+                                              "evaluation": {"baseUrl": "http://x/v1", "model": "m", "k": 4}})
+    args = cp.eval_args(evaluation)
+    assert args[args.index("--instances") + 1] == "32" and "--replicas" not in args

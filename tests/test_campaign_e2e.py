@@ -348,6 +348,42 @@ def test_impossible_campaigns_are_refused(cluster: Cluster) -> None:
         assert exc.value.code == 422 and message in exc.value.read().decode()
 
 
+def test_a_paper_shaped_campaign_is_sized_by_concurrent_episodes(cluster: Cluster, operator: InThread) -> None:
+    """The AWM paper's step: 64 GRPO groups of 16 over 526 environments. Per environment that is
+    8,416 instances (refused: over 4,096); with concurrentGroups the API server accepts it and the
+    operator makes a late-binding fleet of 1,024, whose Job claims one group at a time."""
+    from awm.episode.sources import OperatorSource, run_source
+    from awm.episode.allocation import OperatorSettings
+
+    envs = [f"env_{i:04d}" for i in range(526)]
+    base = {"mode": "training", "environments": envs, "catalog": {}, "database": {"secretName": "awm-db"},
+            "training": {"groupSize": 16, "config": {"steps": 1}}}
+    with pytest.raises(urllib.error.HTTPError) as exc:  # today's shape: environments x groups x 16
+        cluster.create(f"paper-{uuid.uuid4().hex[:5]}", base)
+    assert exc.value.code == 422 and "concurrentGroups" in exc.value.read().decode()
+    name = f"paper-{uuid.uuid4().hex[:5]}"
+    cluster.create(name, {**base, "concurrentGroups": 64})
+    status = wait_for("the campaign's children", lambda: (s := cluster.status(name)).get("job") == name and s)
+    assert status["instances"] == 1024
+    fleet = cluster.fleet(name)
+    assert fleet is not None and fleet["spec"]["binding"] == "late" and len(fleet["spec"]["environments"]) == 526
+    assert fleet["spec"]["replicas"] == fleet["spec"]["maxReplicas"] == 1024
+    train_cfg = TrainConfig.from_dict(yaml.safe_load(cluster.config_map(f"{name}-train-config")["data"]["train.yaml"]))
+    assert (train_cfg.instances, train_cfg.rollout.group_size, train_cfg.rollout.max_inflight_groups) == (1024, 16, 64)
+    # Inside the Job: one operator claim per group, of the group's environment (no per-environment holding).
+    settings = OperatorSettings.from_env(container_env(cluster.job(name)))
+    assert settings is not None
+
+    class Named:
+        def __init__(self, name: str) -> None:
+            self.name, self.scenario = name, type("S", (), {"description": ""})()
+
+    source = run_source([Named(e) for e in envs], 1, 16, settings=settings, instances=train_cfg.instances)
+    assert isinstance(source, OperatorSource) and source.envs() == envs
+    asyncio.run(source.close())
+    cluster.delete(name)
+
+
 # --------------------------------------------------------------------------- the real learner in a campaign's Job
 
 

@@ -656,15 +656,19 @@ class OperatorSource(InstanceSource):
 
 def run_source(bundles: list[Any], replicas: int, group_size: int | None = None, *,
                database_url: str | None = None, settings: OperatorSettings | None = None,
-               instances: int | None = None, **serving: Any) -> HeldClaimsSource | LocalFleetSource:
+               instances: int | None = None, **serving: Any) -> InstanceSource:
     """The instance source of a training or evaluation run (start it with ``async with``): inside
     a Campaign's Job (``AWM_OPERATOR_URL`` and ``AWM_FLEET`` set, or ``settings`` given) the
     campaign's fleet, ``replicas`` instances of every environment held for the run; elsewhere a
     local fleet of ``replicas`` per environment on ``database_url`` - or, with ``instances``, that
     many in all, each switched to the environment a claim asks for (late binding: a catalog of a
-    thousand environments needs no thousand instances) - (``serving``: its judge, verifier kind
-    and ``allow_ungated``). The one place a run decides where instances come from."""
+    thousand environments needs no thousand instances; in a Campaign's Job with ``instances``,
+    the campaign's late-binding fleet, one operator claim per group) - (``serving``: its judge,
+    verifier kind and ``allow_ungated``). The one place a run decides where instances come from."""
     settings = settings or OperatorSettings.from_env()
+    if settings is not None and instances is not None:  # a late-binding fleet: a claim per group
+        return OperatorSource(settings, [b.name for b in bundles],
+                              scenarios={b.name: b.scenario.description for b in bundles})
     if settings is not None:
         return HeldClaimsSource(settings, [b.name for b in bundles], replicas, group_size,
                                 {b.name: b.scenario.description for b in bundles})

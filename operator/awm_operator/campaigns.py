@@ -187,6 +187,7 @@ def fleet_manifest(campaign: str, namespace: str, uid: str, spec: CampaignSpec) 
                      "labels": labels(campaign, spec.mode), "annotations": {A_CAMPAIGN: campaign},
                      "ownerReferences": [owner_reference(campaign, uid)]},
         "spec": {"environments": list(spec.environments), "replicas": demand, "buffer": demand,
+                 "binding": "late" if spec.late else "pinned",
                  "minReplicas": 0, "maxReplicas": demand, "autoscale": True,
                  "catalog": spec.catalog.model_dump(by_alias=True, exclude_none=True),
                  "database": spec.database.model_dump(by_alias=True, exclude_none=True),
@@ -203,10 +204,15 @@ def train_config(spec: CampaignSpec) -> dict[str, Any]:
     cfg = copy.deepcopy(spec.training.config)
     cfg["catalog"] = CATALOG_DIR
     cfg["envs"] = list(spec.environments)
-    cfg["replicas"] = spec.instances_per_environment
     rollout = dict(cfg.get("rollout") or {})
     rollout["group_size"] = spec.training.group_size
-    rollout.setdefault("max_inflight_groups", spec.groups_per_environment * len(spec.environments))
+    if spec.concurrent_groups is not None:  # late binding: a claim per group, of its environment
+        cfg["instances"] = spec.instances
+        cfg.pop("replicas", None)
+        rollout.setdefault("max_inflight_groups", spec.concurrent_groups)
+    else:
+        cfg["replicas"] = spec.instances_per_environment
+        rollout.setdefault("max_inflight_groups", spec.groups_per_environment * len(spec.environments))
     cfg["rollout"] = rollout
     cfg["allow_ungated"] = spec.serving.allow_ungated  # the trainer picks tasks as the fleet serves them
     cfg["verifier_kind"] = spec.serving.verifier_kind
@@ -297,7 +303,8 @@ def eval_args(spec: CampaignSpec) -> list[str]:
     ev = spec.evaluation
     assert ev is not None
     args = ["eval", "--base-url", ev.base_url, "--model", ev.model, "--catalog", CATALOG_DIR,
-            "-k", str(ev.k), "--replicas", str(spec.instances_per_environment), "--max-turns", str(ev.max_turns),
+            "-k", str(ev.k), *(["--instances", str(spec.instances)] if spec.late else
+                               ["--replicas", str(spec.instances_per_environment)]), "--max-turns", str(ev.max_turns),
             "--tool-format", ev.tool_format, "--temperature", str(ev.temperature), "--out", ev.output]
     for env in spec.environments:
         args += ["--env", env]

@@ -358,8 +358,16 @@ def _campaign_rules() -> list[dict[str, str]]:
          "message": "each mode needs its own section (training, evaluation or external) and no other"},
         {"rule": "self.mode != 'external' || (has(self.job) && has(self.job.command) && size(self.job.command) > 0)",
          "message": "mode external needs job.command (the trainer to run)"},
-        {"rule": f"self.environments.size() * self.groupsPerEnvironment * {group} <= {MAX_REPLICAS}",
-         "message": f"environments x groupsPerEnvironment x group size must be at most {MAX_REPLICAS}"},
+        {"rule": f"has(self.concurrentGroups) || self.environments.size() * self.groupsPerEnvironment * {group} "
+                 f"<= {MAX_REPLICAS}",
+         "message": f"environments x groupsPerEnvironment x group size must be at most {MAX_REPLICAS} (or set "
+                    "concurrentGroups: a late-binding fleet sized by concurrent episodes)"},
+        {"rule": f"!has(self.concurrentGroups) || self.concurrentGroups * {group} <= {MAX_REPLICAS}",
+         "message": f"concurrentGroups x group size (the concurrent episodes) must be at most {MAX_REPLICAS}"},
+        {"rule": "!has(self.concurrentGroups) || !has(self.groupsPerEnvironment) || self.groupsPerEnvironment == 1",
+         "message": "give concurrentGroups or groupsPerEnvironment, not both"},
+        {"rule": "!has(self.concurrentGroups) || !has(self.catalog.url)",
+         "message": "concurrentGroups (late binding) needs an image catalog"},
     ]
 
 
@@ -474,6 +482,11 @@ class CampaignSpec(_Spec):
     groups_per_environment: int = Field(1, alias="groupsPerEnvironment", ge=1, le=MAX_REPLICAS, description=(
         "Groups running at once per environment. The fleet holds environments x groupsPerEnvironment "
         "x group size instances (training.groupSize, or evaluation.k)."))
+    concurrent_groups: int | None = Field(None, alias="concurrentGroups", ge=1, le=MAX_REPLICAS, description=(
+        "Instead of groupsPerEnvironment: groups running at once across all environments. The fleet "
+        "binds environments late (EnvFleet binding: late) and holds concurrentGroups x group size "
+        "instances whatever the number of environments: the paper's step of 64 groups of 16 over "
+        "526 environments is 1,024 instances, not 8,416."))
     catalog: CatalogSource
     database: DatabaseRef
     fleet_template: PodOverrides = Field(default_factory=PodOverrides, alias="fleetTemplate",
@@ -499,7 +512,15 @@ class CampaignSpec(_Spec):
         return self.groups_per_environment * self.group_size
 
     @property
+    def late(self) -> bool:
+        return self.concurrent_groups is not None
+
+    @property
     def instances(self) -> int:
+        """Instances the campaign's fleet holds: concurrent episodes (late binding), or one set
+        per environment."""
+        if self.concurrent_groups is not None:
+            return self.concurrent_groups * self.group_size
         return len(self.environments) * self.instances_per_environment
 
     @model_validator(mode="after")
@@ -517,9 +538,18 @@ class CampaignSpec(_Spec):
                                  "Deployment (policy.base_url, a shared policy.sync_dir)")
             if (self.training.config.get("policy") or {}).get("kind") != "vllm":
                 raise ValueError("training.vllm needs training.config.policy.kind vllm")
-        if self.instances > MAX_REPLICAS:
+        if self.concurrent_groups is not None:
+            if self.groups_per_environment != 1:
+                raise ValueError("give concurrentGroups or groupsPerEnvironment, not both")
+            if self.catalog.url:
+                raise ValueError("concurrentGroups (late binding) needs an image catalog")
+            if self.instances > MAX_REPLICAS:
+                raise ValueError(f"the campaign needs {self.instances} instances (concurrentGroups x group size); "
+                                 f"at most {MAX_REPLICAS}")
+        elif self.instances > MAX_REPLICAS:
             raise ValueError(f"the campaign needs {self.instances} instances (environments x groupsPerEnvironment "
-                             f"x group size); at most {MAX_REPLICAS}")
+                             f"x group size); at most {MAX_REPLICAS}; set concurrentGroups to size it by "
+                             "concurrent episodes (late binding)")
         return self
 
 
