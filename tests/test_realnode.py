@@ -34,6 +34,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 import tempfile
 import threading
 import uuid
@@ -745,3 +746,85 @@ def _mean(values: Any) -> float:
 def _job_logs(cp: Any, job: str) -> str:
     r = cp.kubectl("-n", NS, "logs", f"job/{job}", "--all-containers", "--tail=200", check=False)
     return f"--- logs of job/{job}\n{r.stdout}{r.stderr}"
+
+
+LATE_ENVS = ["crm", "bike_shop", "project_tracker"]
+
+
+def test_a_late_binding_fleet_serves_every_environment_in_turn(chart: Cluster) -> None:
+    """binding: late on the real node: two pods, each with the catalog and a provisioner sidecar,
+    switched by the operator to each environment a claim names (GRPO groups of 2, every
+    environment in turn, twice): every episode on the switched pods sees that environment's tools,
+    replays its task to complete, and is reset pristine at release; databases stay bounded and
+    a killed pod's go with it."""
+    cp = chart.cp
+    name = "late"
+    small = {"requests": {"cpu": "20m", "memory": "96Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}}
+    chart.create("envfleets", name, {"environments": LATE_ENVS, "replicas": 2, "binding": "late", "catalog": {},
+                                     "database": {"secretName": f"{RELEASE}-database"},
+                                     "template": {"resources": small}})
+    try:
+        try:
+            wait_for("2 late-binding pods Ready", lambda: chart.ready(name, 2), timeout=300, interval=1)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{_describe(cp)}") from None
+        for p in chart.pods(name):
+            inits = {c["name"]: c for c in p["status"]["initContainerStatuses"]}
+            assert set(inits) == {"bundle", "provisioner"}
+            assert inits["provisioner"]["state"].get("running"), inits["provisioner"]  # a native sidecar
+        bundles = {b.name: b for b in catalog.load(None, LATE_ENVS)}
+        switches: list[float] = []
+
+        async def rounds() -> list[tuple[str, str, set[str]]]:
+            seen = []
+            async with AllocationClient(_operator_url(cp), NS, name) as alloc:
+                for env in LATE_ENVS * 2:
+                    t0 = time.perf_counter()
+                    got = await alloc.claim(count=2, group_size=2, environment=env, wait_seconds=120)
+                    switches.append(time.perf_counter() - t0)
+                    try:
+                        for inst in got["instances"]:
+                            assert inst["environment"] == env
+                            control = ControlClient(inst["controlUrl"])
+                            try:
+                                assert (await control.info())["env"] == env
+                                async with McpSession(inst["mcpUrl"]) as mcp:
+                                    tools = {t["name"] for t in await mcp.list_tools()}
+                                    task = bundles[env].tasks[0]
+                                    report = await replay(env, task, mcp, control)
+                                seen.append((env, report.verdict, tools))
+                            finally:
+                                await control.close()
+                    finally:
+                        released = await alloc.release(got["id"])
+                        assert released["replaced"] == 0, released  # every reset at release was pristine
+            return seen
+
+        seen = asyncio.run(rounds())
+        assert len(seen) == 2 * len(LATE_ENVS) * 2
+        for env, verdict, tools in seen:
+            assert verdict == "complete" and tools == {t.name for t in bundles[env].tools}, (env, verdict)
+        # Databases: each pod holds at most its cached environments (4) and the ones made ahead.
+        pods = [p["metadata"]["name"] for p in chart.pods(name)]
+        held = _databases(chart)
+        print(f"late binding on the real node: group claims with switch p50 "
+              f"{sorted(switches)[len(switches) // 2] * 1000:.0f} ms; {len(held)} instance databases in all")
+        victim = pods[0]
+        mine = _late_databases(chart, victim)
+        assert mine, "the pod's provisioner recorded its databases with the pod's name"
+        cp.kubectl("-n", NS, "delete", "pod", victim, "--wait=true", "--timeout=120s")
+        wait_for("the killed pod's databases dropped",
+                 lambda: not set(mine) & set(_databases(chart)), timeout=180, interval=2)
+    finally:
+        chart.delete("envfleets", name)
+        wait_for("the late fleet's pods gone", lambda: not chart.pods(name), timeout=180, interval=1)
+
+
+def _late_databases(chart: Cluster, pod: str) -> list[str]:
+    pg = next(p["metadata"]["name"] for p in chart.cp.api("GET", f"/api/v1/namespaces/{NS}/pods")["items"]
+              if p["metadata"]["name"].startswith(f"{RELEASE}-postgres"))
+    r = _exec(chart.cp, pg, "psql", "-h", "/var/run/postgresql", "-U", "postgres", "-Atc",
+              "select datname from pg_database where datname like 'awm_i_%' "
+              f"and shobj_description(oid, 'pg_database')::jsonb->>'pod' = '{pod}'")
+    assert r.returncode == 0, r.stderr
+    return r.stdout.split()
