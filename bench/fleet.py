@@ -108,8 +108,13 @@ async def stub_control_api() -> tuple[web.AppRunner, str]:
     async def reset(_: web.Request) -> web.Response:
         return web.json_response({"episode_id": "bench", "pristine": True, "reset_ms": 0.0})
 
+    async def bind(request: web.Request) -> web.Response:  # late binding: the operator's side only
+        env = (await request.json()).get("env")
+        return web.json_response({"env": env, "switched": True, "cached": False, "bind_ms": 0.0})
+
     app = web.Application()
     app.router.add_post("/reset", reset)
+    app.router.add_post("/bind", bind)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -346,6 +351,92 @@ class Bench:
             await self.k8s.delete(f"{API}/envclaims/{name}")
         return out
 
+    async def step(self, alloc: Any, fleet: str, envs: list[str], group: int) -> dict[str, Any]:
+        """One GRPO step: a group claim per environment, all at once (as a trainer's rollout
+        service starts a step's groups); the time until every group is bound, and per group."""
+        lat: list[float] = []
+
+        async def one(env: str) -> str:
+            t = time.perf_counter()
+            got = await alloc.claim(group, group_size=group, environment=env, wait_seconds=120)
+            lat.append((time.perf_counter() - t) * 1000)
+            assert all(i["environment"] == env for i in got["instances"]), got
+            return str(got["id"])
+
+        t0 = time.perf_counter()
+        ids = await asyncio.gather(*(one(env) for env in envs))
+        wall = (time.perf_counter() - t0) * 1000
+        await asyncio.gather(*(alloc.release(i) for i in ids))
+        return {"groups": len(envs), "group_size": group, "step_bound_ms": round(wall, 1),
+                "group_claim_p50_ms": pct(lat, 0.5), "group_claim_p99_ms": pct(lat, 0.99)}
+
+    async def run_late(self, catalog_envs: int, step_groups: int, group: int) -> dict[str, Any]:
+        """Late binding against today's per-environment fleet, on the same step: ``step_groups``
+        GRPO groups of ``group`` over as many distinct environments. The baseline fleet holds
+        ``group`` pods of each of the step's environments (the least a per-environment fleet
+        needs for it); the late fleet holds the same number of pods over a catalog of
+        ``catalog_envs`` environments, and every step draws new environments."""
+        import random
+
+        stub, control_url = await stub_control_api()
+        result: dict[str, Any] = {"catalog_envs": catalog_envs, "step": f"{step_groups} groups x {group}"}
+        catalog = [f"env{i:04d}" for i in range(catalog_envs)]
+        rng = random.Random(0)
+        template = {"annotations": {"awm.dev/control-url": control_url}}
+        try:
+            for mode in ("pinned", "late"):
+                step_envs = rng.sample(catalog, step_groups)
+                spec = {"environments": step_envs if mode == "pinned" else catalog, "replicas": self.n, "catalog": {},
+                        "database": {"secretName": "awm-db"}, "template": template,
+                        **({"binding": "late"} if mode == "late" else {})}
+                fleet = {"apiVersion": "awm.dev/v1alpha1", "kind": "EnvFleet", "metadata": {"name": "bench"},
+                         "spec": spec}
+                t0 = time.monotonic()
+                (await self.k8s.post(f"{API}/envfleets", json=fleet)).raise_for_status()
+                ready = round(await self.wait_ready(), 1)
+                self.log(f"{mode}: {self.n} ready in {ready} s")
+                await asyncio.sleep(max(0.0, 3 - (time.monotonic() - t0)))
+                out: dict[str, Any] = {"pods": self.n, "time_to_ready_s": ready, "steps": []}
+                async with AllocationClient(self.api, NS, "bench") as alloc:
+                    for n in range(3):
+                        envs = step_envs if mode == "pinned" else rng.sample(catalog, step_groups)
+                        out["steps"].append(await self.step(alloc, "bench", envs, group))
+                        self.log(f"{mode} step {n}: {out['steps'][-1]}")
+                    if mode == "late":  # single claims of any environment, 16 clients
+                        lat: list[float] = []
+                        stop = time.monotonic() + 10.0
+
+                        async def worker() -> int:
+                            done = 0
+                            while time.monotonic() < stop:
+                                t = time.perf_counter()
+                                got = await alloc.claim(1, environment=rng.choice(catalog), wait_seconds=60)
+                                lat.append((time.perf_counter() - t) * 1000)
+                                await alloc.release(got["id"])
+                                done += 1
+                            return done
+
+                        t1 = time.monotonic()
+                        total = sum(await asyncio.gather(*(worker() for _ in range(16))))
+                        out["claims_per_s_16_clients"] = round(total / (time.monotonic() - t1), 1)
+                        out["claim_p50_ms"], out["claim_p99_ms"] = pct(lat, 0.5), pct(lat, 0.99)
+                        out["switch_latency_count"] = await self.metric("awm_claim_switch_seconds_count")
+                        self.log(f"late: {out['claims_per_s_16_clients']} claims/s of random environments")
+                result[mode] = out
+                await self.k8s.delete(f"{API}/envfleets/bench")
+                deadline = time.monotonic() + 300
+                while time.monotonic() < deadline:
+                    r = await self.k8s.get(f"/api/v1/namespaces/{NS}/pods",
+                                           params={"labelSelector": "awm.dev/fleet=bench", "limit": "1"})
+                    if not r.json()["items"] and (await self.k8s.get(f"{API}/envfleets/bench")).status_code == 404:
+                        break
+                    await asyncio.sleep(0.5)
+            result["per_environment_pods_for_the_paper_step"] = 526 * group
+        finally:
+            await stub.cleanup()
+            await self.k8s.aclose()
+        return result
+
     async def run(self) -> dict[str, Any]:
         stub, control_url = await stub_control_api()
         cp, result = self.cp, {}
@@ -438,6 +529,14 @@ def main() -> int:
     ap.add_argument("--clients", default="16,32,64",
                     help="sustained claim loops to run, one 10 s window per count (the first is the headline)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--late", action="store_true",
+                    help="late binding instead: a GRPO step (--step-groups x 16 over distinct environments) on a "
+                         "late-binding fleet over --catalog-envs environments, against a per-environment fleet "
+                         "of the step's environments (the stub answers /bind at once: the operator's side only; "
+                         "bench/switch.py measures an env server's switch)")
+    ap.add_argument("--catalog-envs", type=int, default=1000)
+    ap.add_argument("--step-groups", type=int, default=64)
+    ap.add_argument("--group-size", type=int, default=16)
     args = ap.parse_args()
     log = (lambda msg: print(f"# {msg}", file=sys.stderr, flush=True))
     harness = load_harness()
@@ -485,7 +584,8 @@ def main() -> int:
         bench.clients = [int(c) for c in args.clients.split(",")]
         bench.api, bench.operator_pid = f"http://127.0.0.1:{port}", operator.pid
         bench.metrics_url = f"http://127.0.0.1:{metrics}/metrics"
-        result = asyncio.run(bench.run())
+        result = asyncio.run(bench.run_late(args.catalog_envs, args.step_groups, args.group_size) if args.late
+                             else bench.run())
     finally:
         if operator is not None:
             operator.terminate()
@@ -495,8 +595,9 @@ def main() -> int:
                 operator.kill()
         cp.stop()
     versions = harness.read_versions()
-    out = {"instances": args.instances, **result,
-           "targets": {"time_to_ready_s": 60, "claim_p50_ms": 50, "claim_p99_ms": 200, "claims_per_s": 100},
+    targets = ({"step_bound_ms": 1000, "group_claim_p99_ms": 100, "claims_per_s_16_clients": 1000} if args.late else
+               {"time_to_ready_s": 60, "claim_p50_ms": 50, "claim_p99_ms": 200, "claims_per_s": 100})
+    out = {"instances": args.instances, **result, "targets": targets,
            "machine": {**machine(), "loadavg_before": [round(x, 2) for x in load0],
                        "loadavg_after": [round(x, 2) for x in os.getloadavg()]},
            "control_plane": {"kubernetes": versions["K8S_VERSION"], "etcd": versions["ETCD_VERSION"],
