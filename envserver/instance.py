@@ -28,7 +28,7 @@ from typing import Any, Callable, TypeVar
 
 from awm.bundle import EnvBundle, Task, Verifier
 from awm.judge import Judge, Step
-from awm.postgres.provisioner import ProvisionerError
+from awm.postgres.provisioner import ProvisionerError, ProvisionerLost
 from awm.sandbox.forkserver import Zygote
 from awm.sandbox.pool import WeakIsolation, WorkerFailure, WorkerPool, make_zygote
 from awm.envserver.binding import Binding, BindError, DatabaseSource, FixedDatabase
@@ -153,7 +153,11 @@ class EnvInstance:
         loop = asyncio.get_running_loop()
         database, dsn = await loop.run_in_executor(None, self.databases.acquire, bundle.name)
         phase("acquire_database")
-        binding = await loop.run_in_executor(None, Binding.new, bundle, database, dsn, self.verifier_kind)
+        try:
+            binding = await loop.run_in_executor(None, Binding.new, bundle, database, dsn, self.verifier_kind)
+        except BaseException:
+            await self._release(bundle.name, database)
+            raise
         phase("tool_runtime")
         try:
             await self._db(binding.db.connect)
@@ -163,19 +167,26 @@ class EnvInstance:
             raise
         return binding
 
+    async def _release(self, env: str, database: str) -> None:
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, self.databases.release, database)
+        except ProvisionerLost as exc:
+            self._wedge(f"provisioner connection lost: {exc}")
+        except (ProvisionerError, OSError) as exc:  # dropped by the provisioner when we exit anyway
+            log.warning("could not release the database of %s: %s", env, exc)
+
     async def _drop(self, binding: Binding) -> None:
         """Forget a cached environment: its workers, its connection, its database."""
         await asyncio.get_running_loop().run_in_executor(None, binding.deactivate())
         await self._db(binding.db.close)
-        try:
-            await asyncio.get_running_loop().run_in_executor(None, self.databases.release, binding.database)
-        except (ProvisionerError, OSError) as exc:  # dropped by the provisioner when we exit anyway
-            log.warning("could not release the database of %s: %s", binding.name, exc)
+        await self._release(binding.name, binding.database)
 
     async def bind(self, env: str) -> dict[str, Any]:
         """Serve ``env`` from now on. The current episode ends; the instance database of ``env``
         is at its snapshot (a new one checked against the snapshot's checksum, a cached one reset);
-        the next tool call runs on a worker that has run nothing. Returns what it cost."""
+        the next tool call runs on a worker that has run nothing. Returns what it cost. A switch
+        that fails leaves the instance serving what it served (a cached environment whose reset
+        failed is forgotten)."""
         if not isinstance(env, str) or not env:
             raise ControlError(400, "env must be a non-empty string")
         if self.wedged:
@@ -198,33 +209,45 @@ class EnvInstance:
                 phases[name] = round((now - mark) * 1000, 3)
                 mark = now
 
+            made: Binding | None = None
             try:
                 if binding is None:
                     bundle = await asyncio.get_running_loop().run_in_executor(None, self._find, env)
                     phase("load_bundle")
-                    binding = await self._new_binding(bundle, phase)
-                    result = await self._db(lambda: binding.db.reset(verify=True))  # checksummed
+                    binding = made = await self._new_binding(bundle, phase)
+                    result = await self._db(lambda: made.db.reset(verify=True))  # checksummed
                     phase("checksum")
                 else:
                     result = await self._db(binding.db.reset)
                     phase("reset")
-            except BindError as exc:
-                raise ControlError(404, str(exc)) from None
-            except (ProvisionerError, DatabaseLost) as exc:
-                self.metrics.binds.labels("failed").inc()
-                raise ControlError(503, f"cannot bind {env!r}: {exc}") from None
-            except Exception as exc:  # noqa: BLE001 - NotPristine and the like: never serve it
-                self.metrics.binds.labels("failed").inc()
-                if not cached and binding is not None:
+                # The new environment's workers start before the old ones go: a failure here
+                # leaves the instance as it was.
+                binding.activate(self._zygote(binding.app), self.workers, self.allow_weak_isolation, wait=False)
+                phase("start_workers")
+            except BaseException as exc:
+                if not isinstance(exc, ControlError):
+                    self.metrics.binds.labels("failed").inc()
+                if made is not None:
+                    await self._drop(made)
+                elif cached and binding is not None and not isinstance(exc, asyncio.CancelledError):
+                    self._bindings.pop(env, None)  # its reset failed: never serve it again
                     await self._drop(binding)
-                raise ControlError(500, f"cannot bind {env!r}: {exc}") from None
+                if isinstance(exc, ProvisionerLost):
+                    self._wedge(f"provisioner connection lost: {exc}")
+                    raise ControlError(503, f"cannot bind {env!r}: the provisioner is gone; the instance "
+                                            "restarts") from None
+                if isinstance(exc, BindError):
+                    raise ControlError(409, str(exc)) from None
+                if isinstance(exc, (ProvisionerError, DatabaseLost)):
+                    raise ControlError(503, f"cannot bind {env!r}: {exc}") from None
+                if isinstance(exc, Exception) and not isinstance(exc, ControlError):
+                    raise ControlError(500, f"cannot bind {env!r}: {type(exc).__name__}: {exc}") from None
+                raise
             previous = self.binding
             # The previous environment's workers are detached now (nothing can reach them) and
             # killed off the claim path.
             asyncio.get_running_loop().run_in_executor(None, previous.deactivate())
             phase("stop_workers")
-            binding.activate(self._zygote(binding.app), self.workers, self.allow_weak_isolation, wait=False)
-            phase("start_workers")
             self.binding = binding
             self._bindings[env] = binding
             self._bindings.move_to_end(env)
@@ -246,11 +269,13 @@ class EnvInstance:
 
     def _find(self, env: str) -> EnvBundle:
         if self.catalog is None:
-            raise BindError(f"unknown environment {env!r} (this instance has no catalog)")
+            raise ControlError(404, f"unknown environment {env!r} (this instance has no catalog)")
         try:
             return self.catalog(env)
         except KeyError:
-            raise BindError(f"unknown environment {env!r}: not in this instance's catalog") from None
+            raise ControlError(404, f"unknown environment {env!r}: not in this instance's catalog") from None
+        except ValueError as exc:  # awm.catalog.CatalogError: a broken bundle
+            raise ControlError(422, f"environment {env!r} cannot be loaded: {exc}") from None
 
     async def close(self) -> None:
         if self.judge is not None:
@@ -411,7 +436,10 @@ class EnvInstance:
             raise ControlError(409, "no episode to verify: call reset first")
         if episode.task_id is None:
             raise ControlError(409, "the episode was reset without a task; nothing to verify")
-        task = self.bundle.task(episode.task_id)
+        try:
+            task = self.bundle.task(episode.task_id)
+        except KeyError:  # switched to another environment since the reset
+            raise ControlError(409, "the episode ended (switched) before it was verified") from None
         if episode.lost:
             verdict = Verdict("error", f"episode lost: {episode.lost}", "infra")
         elif not self.db.connected:
@@ -422,6 +450,8 @@ class EnvInstance:
             timeout_s = self.bundle.limits.verifier_timeout_s
             judged = verifier.kind == "judge"
             async with self._lock:
+                if self.episode is not episode:  # a reset or a switch came first: that episode is gone
+                    raise ControlError(409, "the episode ended (reset or switched) before it was verified")
                 try:
                     images = await self._sqlite_images() if verifier.inputs == "sqlite" else None
                     verdict = await self._db(lambda: verify_in_worker(

@@ -95,7 +95,7 @@ def _killed_fleet(admin_dsn: str, bundle_path: Path) -> tuple[list[str], dict[in
     for pid in left_running:  # do not leave them to the next test either
         os.kill(pid, signal.SIGKILL)
     assert not left_running, f"still running {GONE_WITHIN_S} s after their fleet was killed: {left_running}"
-    return [n for n in provision.list_instances(admin_dsn) if "_killed_" in n], tree
+    return [n for n in provision.list_instances(admin_dsn) if n.startswith("awm_i_killed")], tree
 
 
 def test_a_killed_fleet_leaves_no_process_behind(admin_dsn: str, notes_bundle, tmp_path: Path) -> None:
@@ -119,7 +119,7 @@ async def test_killed_fleet_databases_are_reaped_by_the_next_fleet(admin_dsn: st
         assert not set(left) & names  # reaped when the next fleet started
         assert {h.db.dbname for h in fleet.instances} <= names
         assert reap_abandoned(admin_dsn) == []  # a live fleet's databases are never reaped
-    assert not [n for n in provision.list_instances(admin_dsn) if "_next_" in n]
+    assert not [n for n in provision.list_instances(admin_dsn) if n.startswith("awm_i_next")]
 
 
 def test_gc_command_keeps_foreign_and_live_databases(admin_dsn: str, notes_bundle, tmp_path: Path) -> None:

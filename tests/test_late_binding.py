@@ -183,7 +183,13 @@ async def test_a_crashed_instance_leaks_no_database(fleet, admin_dsn):
 
 def test_the_provisioner_hands_each_database_to_one_connection(admin_dsn, bundles, tmp_path):
     by_name = {b.name: b for b in bundles}
-    provisioner = Provisioner(admin_dsn, by_name.__getitem__, "provtest", keep=1)
+
+    def find(env: str):
+        if env == "broken":
+            raise ValueError("broken.json: invalid bundle")  # what awm.catalog.find raises for one
+        return by_name[env]
+
+    provisioner = Provisioner(admin_dsn, find, "provtest", keep=1)
     server = ProvisionerServer(provisioner, tmp_path / "p.sock").start()
     assert oct(os.stat(server.path).st_mode & 0o777) == "0o600"
     one, two = ProvisionerClient(server.path, "one"), ProvisionerClient(server.path, "two")
@@ -196,6 +202,9 @@ def test_the_provisioner_hands_each_database_to_one_connection(admin_dsn, bundle
             two.release(got.database)  # never another instance's
         with pytest.raises(ProvisionerError, match="unknown environment"):
             two.acquire("../etc")
+        with pytest.raises(ProvisionerError, match="cannot be loaded"):  # answered, the connection kept
+            one.acquire("broken")
+        assert got.database in provision.list_instances(admin_dsn)
         for line in (b"not json\n", b"[1]\n", b'{"op": "drop_everything"}\n', b'{"op": "acquire"}\n',
                      b'{"op": "prefill", "env": "notes", "count": 100000}\n'):
             with socket.socket(socket.AF_UNIX) as raw:
@@ -280,5 +289,7 @@ async def test_grpo_groups_over_more_environments_than_instances(admin_dsn, bund
         assert sorted(g.task.env for g in groups) == sorted([b.name for b in bundles] * 2)
         for group in groups:
             assert len(group.trajectories) == 2 and all(t.pristine for t in group.trajectories)
-            assert {t.verdict["verdict"] for t in group.trajectories} == {"complete"}, group.task
+            assert {t.verdict["verdict"] for t in group.trajectories} == {"complete"}, (
+                group.task, [(t.instance, t.verdict, [m for m in t.messages if m.get("role") == "tool"])
+                             for t in group.trajectories])
         assert source.switches >= 4  # the two instances served all three environments

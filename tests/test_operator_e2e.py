@@ -84,7 +84,8 @@ async def late_server(admin_dsn: str, notes_bundle: Any) -> Any:
 def test_a_late_binding_fleet_switches_its_pods_to_the_claimed_environment(cluster: Cluster, operator: InThread,
                                                                           late_server: Any) -> None:
     control = late_server.control_url
-    cluster.create("envfleets", "late", fleet_spec(3, control, ["notes", "crm", "project_tracker"], binding="late"))
+    cluster.create("envfleets", "late", fleet_spec(3, control, ["notes", "crm", "project_tracker", "missing"],
+                                                   binding="late"))
     wait_for("3 ready", lambda: cluster.ready("late", 3))
     switches = metric(operator, "awm_claim_switch_seconds_count", fleet="late") or 0
     grpo = claim_of(cluster, "late-crm", {"fleet": "late", "count": 2, "groupSize": 2, "environment": "crm"})
@@ -111,6 +112,14 @@ def test_a_late_binding_fleet_switches_its_pods_to_the_claimed_environment(clust
     whole = claim_of(cluster, "late-all", {"fleet": "late", "count": 3, "environment": "notes"})
     assert whole["phase"] == "Bound" and {i["environment"] for i in whole["instances"]} == {"notes"}
     cluster.delete("envclaims", "late-all")
+    wait_for("all 3 back again", lambda: cluster.ready("late", 3) and not cluster.ledger("late"))
+    # An environment the pods refuse (not in their catalog): the claim fails; no pod is replaced.
+    pods = {p["metadata"]["name"] for p in cluster.pods("late")}
+    refused = claim_of(cluster, "late-missing", {"fleet": "late", "count": 1, "environment": "missing"})
+    assert refused["phase"] == "Failed" and "missing" in refused["message"], refused
+    assert {p["metadata"]["name"] for p in cluster.pods("late")} == pods and not cluster.ledger("late")
+    assert httpx.get(control + "/info").json()["env"] == "notes"  # it serves what it served
+    cluster.delete("envclaims", "late-missing")
     cluster.delete("envfleets", "late")
 
 

@@ -91,6 +91,11 @@ class Lease:
         return result
 
 
+class EnvironmentRefused(KeyError):
+    """A late-binding instance refused to switch to an environment (not in its catalog, broken,
+    or the instance is pinned): asking again will not help."""
+
+
 class InstancesUnavailable(RuntimeError):
     """No instance of an environment could be used for a long while: the fleet, not an episode,
     is broken, and the run stops with what it finished."""
@@ -217,12 +222,21 @@ class PoolSource(InstanceSource):
         return None
 
     async def _switch(self, lease: Lease, env: str) -> None:
-        """Bind a stolen late-binding instance to ``env``; on failure it goes to a check."""
-        previous = lease.env
+        """Bind a stolen late-binding instance to ``env``. On failure it goes to a check, filed
+        under what it serves (``lease.env`` changes only once the instance said it switched); an
+        environment the instance refuses (404, 409, 422: unknown, pinned, broken) is the caller's
+        error, :class:`EnvironmentRefused`, and the instance goes back as it was."""
+        from awm.client import ControlApiError
+
         try:
             await lease.bind(env, self._catalog.get(env, ""))
+        except ControlApiError as exc:
+            if exc.status in (404, 409, 422):
+                self._queues.setdefault(lease.env, asyncio.Queue()).put_nowait(lease)
+                raise EnvironmentRefused(f"{lease.name} cannot serve {env!r}: {exc}") from None
+            self._recheck(lease)
+            raise
         except BaseException:
-            lease.env = previous
             self._recheck(lease)
             raise
         self.switches += 1
@@ -242,6 +256,7 @@ class PoolSource(InstanceSource):
         queue = self._queues.setdefault(env, asyncio.Queue())
         down_since: float | None = None
         last = "every instance is being checked"
+        failed_switches = 0
         while True:
             now = time.monotonic()
             busy = sum(self._leased.values()) if late else self._leased.get(env, 0)
@@ -256,11 +271,15 @@ class PoolSource(InstanceSource):
             if stolen is not None:
                 try:
                     await self._switch(stolen, env)
-                except asyncio.CancelledError:
+                except (asyncio.CancelledError, EnvironmentRefused):
                     raise
                 except Exception as exc:  # noqa: BLE001 - checked in the background; try the next
                     last = f"{stolen.name}: switch to {env!r} failed: {type(exc).__name__}: {exc}"
                     log.warning("%s", last)
+                    failed_switches += 1
+                    if failed_switches >= max(3, len(self._all)):
+                        raise InstancesUnavailable(f"{failed_switches} instances failed to switch to {env!r} "
+                                                   f"(last: {last})") from None
                     continue
                 self._leased[env] = self._leased.get(env, 0) + 1
                 return stolen
@@ -311,18 +330,44 @@ class PoolSource(InstanceSource):
         stolen: list[Lease] = []
         while len(own) + len(stolen) < want and (lease := self._steal(env)) is not None:
             stolen.append(lease)
-        results = await asyncio.gather(*(self._switch(lease, env) for lease in stolen), return_exceptions=True)
+        try:
+            results = await asyncio.gather(*(self._switch(lease, env) for lease in stolen), return_exceptions=True)
+        except BaseException:  # cancelled: every lease taken goes back (a failed switch is checked)
+            for lease in own:
+                queue.put_nowait(lease)
+            for lease in stolen:
+                self._recheck(lease)
+            raise
+        refused = next((r for r in results if isinstance(r, EnvironmentRefused)), None)
         switched = [lease for lease, r in zip(stolen, results) if not isinstance(r, BaseException)]
         ready: list[Lease] = []
-        for lease in own:
-            try:
-                await lease.connect()
-                ready.append(lease)
-            except Exception:  # noqa: BLE001 - checked in the background
-                self._recheck(lease)
+        pending = list(own)
+        try:
+            while pending:
+                lease = pending.pop(0)
+                try:
+                    await lease.connect()
+                    ready.append(lease)
+                except Exception:  # noqa: BLE001 - checked in the background
+                    self._recheck(lease)
+        except BaseException:
+            for lease in ready + pending:
+                queue.put_nowait(lease)
+            for lease in switched:
+                self.release_nowait_unleased(lease)
+            raise
         ready.extend(switched)
         self._leased[env] = self._leased.get(env, 0) + len(ready)
+        if refused is not None:
+            for lease in ready:
+                self.release_nowait_unleased(lease)
+            self._leased[env] -= len(ready)
+            raise refused
         return ready
+
+    def release_nowait_unleased(self, lease: Lease) -> None:
+        """Back to the pool, never counted as leased."""
+        self._queues.setdefault(lease.env, asyncio.Queue()).put_nowait(lease)
 
     async def release(self, leases: Lease | list[Lease], healthy: bool = True) -> None:
         for lease in _leases(leases):
@@ -367,6 +412,16 @@ class PoolSource(InstanceSource):
         while not await self._wait_ready(lease):
             log.warning("instance %s is still not ready after %g s; it stays out of the pool", lease.name,
                         self.ready_timeout_s)
+        if lease.late:  # it may have restarted on its first environment: file it under what it serves
+            from awm.client import ControlClient
+
+            control = ControlClient(lease.control_url, timeout=30)
+            try:
+                lease.env = str((await control.info()).get("env") or lease.env)
+            except Exception as exc:  # noqa: BLE001 - the next claim's connect finds out
+                log.warning("instance %s: /info failed after a restart: %s", lease.name, exc)
+            finally:
+                await control.close()
         self._queues.setdefault(lease.env, asyncio.Queue()).put_nowait(lease)
 
     async def close(self) -> None:

@@ -60,6 +60,11 @@ class ProvisionerError(RuntimeError):
     """The provisioner refused or failed a request (the message says why)."""
 
 
+class ProvisionerLost(ProvisionerError):
+    """The connection to the provisioner broke: every database acquired on it is being dropped,
+    so the instance must start again (its supervisor restarts it)."""
+
+
 @dataclass
 class Acquired:
     env: str
@@ -108,7 +113,16 @@ class Provisioner:
     # -- templates and clones --------------------------------------------------------------------
 
     def template(self, env: str) -> provision.Template:
-        """The environment's template, made (or found complete) once per process."""
+        """The environment's template, made (or found complete) once per process; an
+        environment the catalog does not have (or holds broken) is a :class:`ProvisionerError`."""
+        try:
+            return self._template(env)
+        except KeyError:
+            raise ProvisionerError(f"unknown environment {env!r}") from None
+        except ValueError as exc:  # awm.catalog.CatalogError: a broken bundle
+            raise ProvisionerError(f"environment {env!r} cannot be loaded: {exc}") from None
+
+    def _template(self, env: str) -> provision.Template:
         with self._lock:
             found = self._templates.get(env)
             lock = self._template_locks.setdefault(env, threading.Lock())
@@ -123,9 +137,15 @@ class Provisioner:
         return found
 
     def _name(self, env: str) -> str:
+        """``awm_i_<prefix><token>_<env, cut>_<n>``: unique per provisioner and never over
+        PostgreSQL's 63-byte identifiers (a longer name would be cut, silently, into another's)."""
         with self._lock:
             self._counter += 1
-            return provision.instance_name(env, self._counter, f"{self.prefix[:8]}{self._token}")
+            counter = self._counter
+        name = f"{provision.INSTANCE_PREFIX}{self.prefix[:8]}{self._token}_{provision._slug(env, 28)}_{counter}"
+        if len(name.encode()) > 63:
+            raise ProvisionerError(f"database name {name!r} would exceed 63 bytes")
+        return name
 
     def _clone(self, env: str) -> provision.Instance:
         template = self.template(env)
@@ -157,10 +177,7 @@ class Provisioner:
         if self.closed:
             raise ProvisionerError("the provisioner is closing")
         start = time.perf_counter()
-        try:
-            template = self.template(env)
-        except KeyError:
-            raise ProvisionerError(f"unknown environment {env!r}") from None
+        template = self.template(env)
         with self._lock:
             ready = self._ready.get(env)
             instance = ready.popleft() if ready else None
@@ -179,12 +196,14 @@ class Provisioner:
     def release(self, database: str) -> None:
         """Drop a database this provisioner made (its role with it)."""
         with self._lock:
-            known = self._made.pop(database, None)
+            known = self._made.get(database)
             self._holders.pop(database, None)
         if known is None:
             raise ProvisionerError(f"not a database of this provisioner: {database!r}")
-        self.stats["released"] += 1
-        provision.drop_instance(self.admin_dsn, database)
+        provision.drop_instance(self.admin_dsn, database)  # forgotten only once it is gone
+        with self._lock:
+            self._made.pop(database, None)
+            self.stats["released"] += 1
 
     def prefill(self, env: str, count: int) -> None:
         """Make ``count`` databases of ``env`` ahead (in the background), e.g. for a GRPO step's
@@ -302,9 +321,10 @@ class _Handler(socketserver.StreamRequestHandler):
                 return {"ok": True}
         except ProvisionerError as exc:
             return {"ok": False, "error": str(exc)}
-        except (psycopg.Error, provision.ProvisionError, OSError) as exc:
-            log.warning("provisioner %s failed: %s", op, exc)
-            return {"ok": False, "error": f"{op} failed: {type(exc).__name__}: {str(exc)[:300]}"}
+        except Exception as exc:  # noqa: BLE001 - answered; never a reason to drop the connection's databases
+            log.warning("provisioner %s failed: %s: %s", op, type(exc).__name__, exc)
+            what = type(exc).__name__ if isinstance(exc, psycopg.OperationalError) else f"{type(exc).__name__}: {str(exc)[:300]}"
+            return {"ok": False, "error": f"{op} failed: {what}"}
         return {"ok": False, "error": f"unknown op {str(op)[:40]!r} (acquire, release, prefill)"}
 
 
@@ -341,13 +361,14 @@ class ProvisionerClient:
     """An env server's connection to its provisioner (blocking; thread-safe). The connection is
     the ownership of the databases acquired on it: keep it open for the process's life."""
 
-    def __init__(self, path: str, instance: str = "", timeout_s: float = 120.0) -> None:
+    def __init__(self, path: str, instance: str = "", timeout_s: float = 600.0) -> None:
         self.path = path
         self.instance = instance  # who asks (recorded with the database, for operators' eyes)
         self.timeout_s = timeout_s
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
         self._file: Any = None
+        self._lost = False
 
     def _connect(self, wait_s: float = 60.0) -> None:
         """Connect, waiting up to ``wait_s`` for the socket to appear (a pod's sidecar may start
@@ -372,6 +393,8 @@ class ProvisionerClient:
     def request(self, message: dict[str, Any]) -> dict[str, Any]:
         with self._lock:
             if self._sock is None:
+                if self._lost:  # a new connection would own nothing of what this process serves
+                    raise ProvisionerLost("the provisioner connection was lost earlier")
                 self._connect()
             try:
                 self._file.write(json.dumps(message).encode() + b"\n")
@@ -379,10 +402,10 @@ class ProvisionerClient:
                 line = self._file.readline(MAX_LINE * 4)
             except OSError as exc:
                 self._close()
-                raise ProvisionerError(f"provisioner connection failed: {exc}") from None
+                raise ProvisionerLost(f"provisioner connection failed: {exc}") from None
             if not line:
                 self._close()
-                raise ProvisionerError("provisioner closed the connection")
+                raise ProvisionerLost("provisioner closed the connection")
         reply = json.loads(line)
         if not reply.get("ok"):
             raise ProvisionerError(str(reply.get("error", "refused")))
@@ -399,6 +422,7 @@ class ProvisionerClient:
         self.request({"op": "prefill", "env": env, "count": count})
 
     def _close(self) -> None:
+        self._lost = self._lost or self._sock is not None
         for thing in (self._file, self._sock):
             with contextlib.suppress(Exception):
                 if thing is not None:

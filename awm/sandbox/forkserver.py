@@ -34,6 +34,7 @@ import socket
 import subprocess
 import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from awm.sandbox import confine
@@ -59,6 +60,9 @@ def _recv(sock: socket.socket, max_fds: int) -> tuple[dict[str, Any], list[int]]
     return json.loads(data), list(fds)
 
 
+_LAUNCHER = ThreadPoolExecutor(1, thread_name_prefix="awm-zygote-launcher")  # never shut down
+
+
 class Zygote:
     """The server's handle on one zygote process (thread-safe; respawned when it dies)."""
 
@@ -76,10 +80,14 @@ class Zygote:
         debug = bool(os.environ.get("AWM_DEBUG_ZYGOTE"))
         config = {**self._config, "parent": os.getpid(), "control_fd": theirs.fileno(), "debug": debug}
         try:
-            self._proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", "-c", _BOOT, json.dumps(config)],
+            # Started from one thread that lives as long as this process: the zygote dies with its
+            # parent through PR_SET_PDEATHSIG, which fires when the *thread* that forked it exits
+            # (a worker pool's spawner thread ends when the pool closes, e.g. at a switch of
+            # environment, and took the zygote with it).
+            self._proc = _LAUNCHER.submit(
+                subprocess.Popen, [sys.executable, "-I", "-S", "-c", _BOOT, json.dumps(config)],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=None if debug else subprocess.DEVNULL,
-                env={}, cwd="/", close_fds=True, pass_fds=(theirs.fileno(),))
+                env={}, cwd="/", close_fds=True, pass_fds=(theirs.fileno(),)).result()
         finally:
             theirs.close()
         self._sock = ours

@@ -30,6 +30,9 @@ from awm_operator.state import ClaimRecord, ClaimRequest, Fleet, plan, plan_late
 log = logging.getLogger("awm.operator.allocator")
 
 
+MAX_SWITCH_ROUNDS = 3  # binding: late - a claim whose pods fail to switch this often gives up
+
+
 class ClaimError(RuntimeError):
     """The claim can never be bound as asked (bad request, unknown fleet or environment)."""
 
@@ -77,6 +80,8 @@ class Allocator:
         self.metrics = metrics
         # aiohttp, not httpx: at a hundred releases a second the client's own CPU shows
         self.reset_timeout = aiohttp.ClientTimeout(total=reset_timeout)
+        # A switch may load the environment's template on its first claim on the cluster.
+        self.bind_timeout = aiohttp.ClientTimeout(total=max(reset_timeout, 300.0))
         self._http: aiohttp.ClientSession | None = None
 
     @property
@@ -102,6 +107,7 @@ class Allocator:
         if problem:
             self.metrics.claims.labels(fleet.namespace, fleet.name, source, "failed").inc()
             raise ClaimError(problem)
+        failed_switches = 0
         try:
             while True:
                 if fleet.deleted:
@@ -110,15 +116,28 @@ class Allocator:
                     # Bound already: by another replica acting on the same EnvClaim at the same
                     # time (the ledger keeps its binding), or by this one before a restart cut
                     # its status write short. A claim is bound once; asking again returns it.
+                    bound = [Bound(fleet.pods[n], i, fleet.env_of(n)) for i, g in enumerate(fleet.claims[claim_id].groups)
+                             for n in g if n in fleet.pods]
+                    if fleet.late:  # its pods may not have been switched yet (a restart, another replica)
+                        switched = await self._switch(fleet, claim_id, bound, req)
+                        if switched is None:
+                            continue
+                        bound = switched
                     self.metrics.claims.labels(fleet.namespace, fleet.name, source, "bound").inc()
-                    return [Bound(fleet.pods[n], i, fleet.env_of(n)) for i, g in enumerate(fleet.claims[claim_id].groups)
-                            for n in g if n in fleet.pods]
+                    return bound
                 if fleet.active and fleet.ledger is not None:
                     groups = plan_late(fleet.available, req, fleet.env_of) if fleet.late else plan(fleet.available, req)
                     if groups is not None:
                         bound = await self._bind(fleet, claim_id, groups, ttl, holder, owner)
                         if bound is not None and fleet.late:
                             bound = await self._switch(fleet, claim_id, bound, req)
+                            if bound is None:
+                                failed_switches += 1
+                                if failed_switches >= MAX_SWITCH_ROUNDS:  # not one pod after another
+                                    raise Unavailable(f"instances failed to switch to {req.environment!r} "
+                                                      f"{failed_switches} times; see the operator's log")
+                            elif claim_id not in fleet.claims:
+                                raise ClaimError(f"claim {claim_id} was released while its instances switched")
                         if bound is not None:
                             self.metrics.claims.labels(fleet.namespace, fleet.name, source, "bound").inc()
                             self.metrics.claim_latency.labels(source).observe(time.monotonic() - t0)
@@ -174,31 +193,41 @@ class Allocator:
         t0 = time.monotonic()
         results = await asyncio.gather(*(self._bind_env(pods[n], env) for n, env in targets.items()))
         self.metrics.switch_latency.labels(fleet.namespace, fleet.name).observe(time.monotonic() - t0)
-        failed = [n for n, ok in zip(targets, results) if not ok]
+        refused = {n: why for n, (ok, why) in zip(targets, results) if ok is None}
+        failed = [n for n, (ok, _) in zip(targets, results) if ok is False]
         for name, env in targets.items():
-            if name not in failed:
+            if name not in failed and name not in refused:
                 fleet.bound_env[name] = env
-        if failed:
-            log.warning("fleet %s/%s: claim %s: %d pods could not switch; replacing them and planning again",
-                        fleet.namespace, fleet.name, claim_id, len(failed))
-            await asyncio.gather(*(self._replace_pod(fleet, pods[name]) for name in failed))
+        if refused or failed:
             assert fleet.ledger is not None
-            await fleet.ledger.commit({claim_id: None})
+            await fleet.ledger.commit({claim_id: None})  # undone: its pods are free again
+            if failed:  # their state is unknown (no answer, a server error): replaced
+                log.warning("fleet %s/%s: claim %s: %d pods could not switch; replacing them", fleet.namespace,
+                            fleet.name, claim_id, len(failed))
+                await asyncio.gather(*(self._replace_pod(fleet, pods[name]) for name in failed))
+            if refused:  # the environment is the problem (unknown, broken): asking again will not help
+                raise ClaimError(next(iter(refused.values())))
             return None
         return [replace(b, env=targets.get(b.pod.name) or fleet.env_of(b.pod.name)) for b in bound]
 
-    async def _bind_env(self, pod: PodInfo, env: str) -> bool:
+    async def _bind_env(self, pod: PodInfo, env: str) -> tuple[bool | None, str]:
+        """Switch one pod: (True, ""), (False, why) when its state is unknown, (None, why) when it
+        refused the environment (4xx: the pod serves what it served)."""
         if not pod.control_url:
-            return False
+            return False, "no control URL"
         try:
-            async with self.http.post(pod.control_url.rstrip("/") + "/bind", json={"env": env}) as r:
+            async with self.http.post(pod.control_url.rstrip("/") + "/bind", json={"env": env},
+                                      timeout=self.bind_timeout) as r:
+                if 400 <= r.status < 500:
+                    return None, f"{pod.name} cannot serve {env!r}: {(await r.text())[:300]}"
                 if r.status != 200:
                     log.warning("switch of %s to %s failed: HTTP %s %s", pod.name, env, r.status, (await r.text())[:200])
-                    return False
-                return (await r.json(content_type=None)).get("env") == env
+                    return False, f"HTTP {r.status}"
+                ok = (await r.json(content_type=None)).get("env") == env
+                return ok, "" if ok else "it answered with another environment"
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
             log.warning("switch of %s to %s failed: %s", pod.name, env, exc)
-            return False
+            return False, str(exc)
 
     async def renew(self, fleet: Fleet, claim_id: str, ttl: float) -> float:
         """Push a claim's expiry to ``ttl`` seconds from now; returns the new expiry."""

@@ -148,7 +148,9 @@ class EnvFleetSpec(_Spec):
         {"rule": "!has(self.minReplicas) || !has(self.maxReplicas) || self.minReplicas <= self.maxReplicas",
          "message": "minReplicas must not exceed maxReplicas"},
         {"rule": "!has(self.binding) || self.binding != 'late' || !has(self.catalog.url)",
-         "message": "binding: late needs an image catalog (catalog.url is not supported with it yet)"}]})
+         "message": "binding: late needs an image catalog (catalog.url is not supported with it yet)"},
+        {"rule": "(has(self.binding) ? self.binding : 'pinned') == (has(oldSelf.binding) ? oldSelf.binding : 'pinned')",
+         "message": "binding cannot change on an existing fleet (its pods were made for the other kind)"}]})
 
     environments: list[str] = Field(default_factory=list, description="Environment names in the catalog; "
                                     "instances are spread evenly across them, except that waiting claims for "
