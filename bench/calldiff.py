@@ -26,7 +26,7 @@ from awm import catalog
 from awm.client import ControlClient, McpSession
 from awm.fleet import Database, LocalFleet
 from bench.runtime import machine
-from awm.trainer.calldiff import DiffTracker
+from awm.episode.calldiff import DiffTracker
 
 
 async def episode(mcp: McpSession, control: ControlClient, task: Any, record: bool,

@@ -58,7 +58,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "operator"))
 
 from awm_operator.cli import render  # noqa: E402
-from awm_operator.client import AllocationClient, bearer  # noqa: E402
+from awm.episode.allocation import AllocationClient, bearer  # noqa: E402
 from awm_operator.crds import definitions  # noqa: E402
 
 NS = "awm-bench"

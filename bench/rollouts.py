@@ -38,7 +38,7 @@ from awm import catalog
 from awm.fleet import Database
 from awm.trainer.agent import AgentConfig
 from awm.trainer.policy import ReplayPolicy
-from awm.trainer.reward import RewardConfig
+from awm.episode.reward import RewardConfig
 from awm.trainer.rollout import LocalFleetSource, RolloutConfig, RolloutService, TaskRef
 
 

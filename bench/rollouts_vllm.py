@@ -98,7 +98,7 @@ async def bench(args: argparse.Namespace, base_url: str, scratch: Path) -> dict[
     from awm.trainer.config import GRPOConfig
     from awm.trainer.learner import Learner
     from awm.trainer.local_policy import SamplingSpec
-    from awm.trainer.reward import RewardConfig
+    from awm.episode.reward import RewardConfig
     from awm.trainer.rollout import LocalFleetSource, RolloutConfig, RolloutService, TaskRef
     from awm.trainer.vllm_policy import LoraSpec, VllmPolicy
 

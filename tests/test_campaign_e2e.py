@@ -30,14 +30,14 @@ import pytest
 import yaml
 
 from awm.postgres import provision
-from awm_operator.client import bearer
+from awm.episode.allocation import bearer
 from awm_operator.main import InThread
 from awm_operator.pods import A_CONTROL_URL, A_MCP_URL
 from awm.trainer.agent import AgentConfig
 from awm.trainer.config import TrainConfig
 from awm.trainer.k8s_source import KubernetesSettings, KubernetesSource, ProgressReporter
 from awm.trainer.policy import ReplayPolicy
-from awm.trainer.reward import RewardConfig
+from awm.episode.reward import RewardConfig
 from awm.trainer.rollout import RolloutConfig, RolloutService, TaskRef
 from tests.k8s_e2e import api_url, apply_crds, metric, operator_config, setup_namespace, wait_for
 
@@ -217,7 +217,7 @@ def test_training_campaign_runs_reports_and_cleans_up(cluster: Cluster, operator
 
 EXTERNAL_TRAINER = """
 import asyncio, os
-from awm_operator.client import AllocationClient
+from awm.episode.allocation import AllocationClient
 
 async def main():
     async with AllocationClient(os.environ["AWM_OPERATOR_URL"], os.environ["AWM_NAMESPACE"],
@@ -444,7 +444,7 @@ def test_awm_train_in_a_campaign_job_claims_trains_and_reports(cluster: Cluster,
 async def _until_the_operator_serves(fleet: str, urls: dict[str, str], operator: InThread) -> None:
     """Claim both instances until the operator hands out the annotated endpoints (its pod watch
     has seen the annotations), then give them back."""
-    from awm_operator.client import AllocationClient
+    from awm.episode.allocation import AllocationClient
 
     async with AllocationClient(api_url(operator), NS, fleet) as alloc:
         for _ in range(100):

@@ -522,7 +522,7 @@ async def test_the_client_asks_again_when_a_standby_answers() -> None:
     on a new connection until the active one answers; other errors are not retried."""
     import httpx
 
-    from awm_operator.client import AllocationClient, AllocationError
+    from awm.episode.allocation import AllocationClient, AllocationError
 
     seen: list[tuple[str, str | None]] = []
 

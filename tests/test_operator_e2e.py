@@ -25,7 +25,7 @@ import httpx
 import pytest
 
 from awm.postgres import provision
-from awm_operator.client import AllocationClient, AllocationError, bearer
+from awm.episode.allocation import AllocationClient, AllocationError, bearer
 from awm_operator.config import OperatorConfig
 from awm_operator.main import InThread
 from awm_operator.pods import A_CONTROL_URL

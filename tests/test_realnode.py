@@ -48,7 +48,7 @@ import pytest
 from awm import catalog
 from awm.client import ControlClient, McpSession
 from awm.gates import replay
-from awm_operator.client import AllocationClient
+from awm.episode.allocation import AllocationClient
 from k8s import chart as chart_install
 from k8s.node import CLUSTER_DOMAIN
 from tests.conftest import _load_k8s_harness, require

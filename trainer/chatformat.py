@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 log = logging.getLogger("awm.trainer.chatformat")
 
-from awm.trainer.toolcalls import render_text_call
+from awm.episode.toolcalls import render_text_call
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 

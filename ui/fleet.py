@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel
 
 # the operator API's credentials (AWM_API_TOKEN or the pod's token); that module needs only httpx
-from awm_operator.client import bearer
+from awm.episode.allocation import bearer
 
 PROMQL = {  # fleet-wide, from a real Prometheus (checked by promtool in tests/test_ui_dashboard.py)
     "episodes_per_s": "sum(rate(awm_episodes_total[1m]))",

@@ -2,8 +2,7 @@
 where a run finds the operator (:class:`OperatorSettings`).
 
 It is in the core, not in ``awm_operator``: the trainer, the framework adapters and the UI claim
-instances through it without importing the operator (the operator re-exports it as
-``awm_operator.client``).
+instances through it without importing the operator.
 
     async with AllocationClient("http://awm-operator:8080", namespace="rl", fleet="train") as alloc:
         claim = await alloc.claim(count=64, group_size=8)     # 8 GRPO groups of 8

@@ -219,7 +219,7 @@ def diff_rows(conn: psycopg.Connection, keys: dict[str, list[str]], tables: list
     table (``truncated`` then says some are missing).
 
     A trainer that takes this after every tool call learns what each call did to the database
-    (trainer/calldiff.py); the counts alone cannot tell two calls' changes apart.
+    (awm/episode/calldiff.py); the counts alone cannot tell two calls' changes apart.
     """
     result: dict[str, Any] = {}
     for table in tables:

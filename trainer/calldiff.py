@@ -1,4 +1,0 @@
-"""Moved to :mod:`awm.episode.calldiff` (below the trainer, so adapters and the UI use it without
-importing the trainer); this name stays importable for code not yet switched."""
-
-from awm.episode.calldiff import *  # noqa: F401,F403
