@@ -36,7 +36,7 @@ from awm.postgres.server import EmbeddedPostgres
 log = logging.getLogger("awm.fleet")
 _INHERITED = ("PATH", "LANG", "LC_ALL", "TZ", "PYTHONPATH", "HOME", "MALLOC_ARENA_MAX",
               "AWM_ALLOW_WEAK_ISOLATION", "AWM_SANDBOX_LAYERS", "AWM_ALLOWED_HOSTS", "AWM_ALLOWED_ORIGINS",
-              "AWM_SERVER_LOOP", "AWM_SERVER_HTTP")
+              "AWM_SERVER_LOOP", "AWM_SERVER_HTTP", "AWM_HEAD_TIMEOUT_S")
 
 
 class FleetError(RuntimeError):

@@ -30,7 +30,7 @@ from awm import catalog
 from awm.bundle import EnvBundle
 from awm.judge import Judge, JudgeSettings
 from awm.postgres.provisioner import SOCKET_ENV, ProvisionerClient
-from awm.envserver import hostguard
+from awm.envserver import hostguard, listener
 from awm.envserver.binding import DatabaseSource, ProvisionedDatabases
 from awm.envserver.control import build_control
 from awm.envserver.instance import EnvInstance
@@ -103,13 +103,14 @@ async def serve(args: argparse.Namespace) -> None:
     control_host = args.control_host or args.host
     hosts = hostguard.allowed_hosts([args.host, control_host], args.allowed_host)
     origins = hostguard.allowed_origins(args.allowed_origin)
+    http_protocol = listener.protocol(args.http)  # uvicorn's, with a deadline on every request head
     mcp_app = hostguard.HostOriginGuard(McpApp(instance, json_response=args.json_response), hosts, origins)
     control_app = build_control(instance, middleware=[hostguard.guard(hosts, origins)])
     servers = [
-        uvicorn.Server(uvicorn.Config(mcp_app, host=args.host, port=args.mcp_port, log_level="warning", http=args.http,
+        uvicorn.Server(uvicorn.Config(mcp_app, host=args.host, port=args.mcp_port, log_level="warning", http=http_protocol,
                                       access_log=False, lifespan="off", timeout_graceful_shutdown=2)),
         uvicorn.Server(uvicorn.Config(control_app, host=control_host, port=args.control_port,
-                                      log_level="warning", http=args.http, access_log=False, lifespan="off",
+                                      log_level="warning", http=http_protocol, access_log=False, lifespan="off",
                                       timeout_graceful_shutdown=2)),
     ]
     for server in servers:

@@ -1,0 +1,83 @@
+"""uvicorn's HTTP/1.1 protocols with a deadline on a request's head.
+
+uvicorn closes a keep-alive connection that stays idle, but the first byte of a request cancels
+that timer and nothing else bounds the wait for the rest of the head: a client that sends a
+partial request line or trickles header bytes holds its connection (and a file descriptor of the
+env server) forever. Here every request head - the first on a connection and each one after a
+response - must be complete within ``HEAD_TIMEOUT_S`` of the moment the server started waiting
+for it, however the bytes arrive; otherwise the connection is closed. Bodies are bounded in size
+by the apps (control: 1 MiB, MCP: its body cap) and in time by the caller's own deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+HEAD_TIMEOUT_S = float(os.environ.get("AWM_HEAD_TIMEOUT_S", "10"))
+
+
+class _HeadDeadline:
+    """Mixin over a uvicorn HTTP protocol (which sets ``self.cycle`` once a request's head is
+    parsed, and calls ``on_response_complete`` when the server waits for the next one)."""
+
+    head_timeout_s = HEAD_TIMEOUT_S
+    _head_timer: asyncio.TimerHandle | None = None
+
+    def _arm_head_deadline(self) -> None:
+        self._disarm_head_deadline()
+        loop = asyncio.get_running_loop()
+        self._head_timer = loop.call_later(self.head_timeout_s, self._head_overdue)
+
+    def _disarm_head_deadline(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_overdue(self) -> None:
+        self._head_timer = None
+        transport = getattr(self, "transport", None)
+        if transport is not None and not transport.is_closing():
+            transport.close()
+
+    def _head_arrived(self) -> bool:
+        cycle = getattr(self, "cycle", None)
+        return cycle is not None and not cycle.response_complete
+
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)  # type: ignore[misc]
+        self._arm_head_deadline()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)  # type: ignore[misc]
+        if self._head_timer is not None and self._head_arrived():
+            self._disarm_head_deadline()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()  # type: ignore[misc]
+        if not self._head_arrived():  # a pipelined request may have started already
+            self._arm_head_deadline()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm_head_deadline()
+        super().connection_lost(exc)  # type: ignore[misc]
+
+
+class H11HeadDeadline(_HeadDeadline, H11Protocol):
+    pass
+
+
+def protocol(http: str) -> type[asyncio.Protocol]:
+    """The protocol class for uvicorn's ``http`` setting (auto: httptools when installed)."""
+    if http in ("auto", "httptools"):
+        try:
+            from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+        except ImportError:
+            if http == "httptools":
+                raise SystemExit("envserver: --http httptools: httptools is not installed") from None
+        else:
+            return type("HttpToolsHeadDeadline", (_HeadDeadline, HttpToolsProtocol), {})
+    return H11HeadDeadline
