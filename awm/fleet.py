@@ -205,7 +205,11 @@ class LocalFleet:
         reap_abandoned(self.database.admin_dsn)
         meta = owner_meta()
         handles = []
-        templates = provision.ensure_templates(self.database.admin_dsn, self.bundles, jobs=os.cpu_count() or 1)
+        if self.binding == "pinned":
+            starting = self.bundles
+        else:  # late: the environments instances start on; the provisioner makes others on demand
+            starting = self.bundles[: self.total] if self.total is not None else self.bundles
+        templates = provision.ensure_templates(self.database.admin_dsn, starting, jobs=os.cpu_count() or 1)
         catalog_dir = self._workdir / "catalog"
         catalog_dir.mkdir(exist_ok=True)
         catalog_dir.chmod(0o755)

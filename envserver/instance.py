@@ -105,11 +105,11 @@ class EnvInstance:
         return self.binding.bundle if self.binding is not None else self._first
 
     @property
-    def db(self):  # type: ignore[no-untyped-def]
+    def db(self) -> EpisodeDatabase:
         return self.binding.db
 
     @property
-    def runtime(self):  # type: ignore[no-untyped-def]
+    def runtime(self) -> ToolRuntime:
         return self.binding.runtime
 
     @property

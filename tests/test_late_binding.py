@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import socket
+import time
 
 import httpx
 import psycopg
@@ -220,7 +221,6 @@ def test_the_provisioner_hands_each_database_to_one_connection(admin_dsn, bundle
         for _ in range(200):
             if provisioner.ready_count("notes"):
                 break
-            import time
             time.sleep(0.05)
         second = two.acquire("notes")
         assert second.ready is True and second.database != got.database
@@ -228,7 +228,6 @@ def test_the_provisioner_hands_each_database_to_one_connection(admin_dsn, bundle
         for _ in range(100):
             if second.database not in provision.list_instances(admin_dsn):
                 break
-            import time
             time.sleep(0.05)
         assert second.database not in provision.list_instances(admin_dsn)
         one.release(got.database)

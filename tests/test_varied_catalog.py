@@ -107,3 +107,50 @@ async def test_served_environments_pass_both_gates(admin_dsn, tmp_path, monkeypa
         problems += [f"{r.name}/{e.task_id} solution: {e.verdict}: {e.reason}" for e in r.episodes if not e.ok]
     assert not problems, "\n".join(problems)
     assert totals["passed"] == totals["tasks"] == sum(len(b.tasks) for b in served) >= 6
+
+
+@pytest.mark.slow
+def test_awm_serve_two_instances_serve_the_whole_1000_environment_catalog(admin_dsn, tmp_path):
+    """Late binding end to end over the 1,000 distinct environments (the cached build): `awm serve
+    --instances 2` starts two env servers (templates only of the two they start on), and claims of
+    six environments spread over the catalog switch them; every episode replays its reference
+    solution to `complete` on the switched instance."""
+    import asyncio
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from awm.episode.sources import PoolSource
+    from awm.gates import replay
+
+    root = varied.cached_catalog(count=1000, seed=0)
+    env = dict(os.environ, AWM_DATABASE_URL=admin_dsn, AWM_HOME=str(tmp_path))
+    errors = (tmp_path / "serve.err").open("w")  # a line per ungated environment: more than a pipe holds
+    proc = subprocess.Popen([sys.executable, "-m", "awm.cli", "serve", "--instances", "2", "--catalog", str(root),
+                             "--allow-ungated", "--json"], stdout=subprocess.PIPE, stderr=errors, text=True, env=env)
+    lines = tmp_path / "serve.jsonl"
+    try:
+        lines.write_text("".join(proc.stdout.readline() for _ in range(2)))
+        source = PoolSource.from_json_lines(lines)
+        assert source.late and len(source.envs()) == 1000 and source.size == 2
+
+        async def episodes() -> list[str]:
+            verdicts = []
+            for name in source.envs()[::167]:  # six, from the whole catalog
+                bundle = catalog.find(root, name)
+                lease = await source.claim(name)
+                report = await replay(name, bundle.tasks[0], lease.handle.mcp, lease.handle.control)
+                verdicts.append(f"{name}: {report.verdict} {report.reason or ''}".strip())
+                await source.release(lease)
+            await source.close()
+            return verdicts
+
+        verdicts = asyncio.run(episodes())
+        assert all(": complete" in v for v in verdicts) and len(verdicts) == 6, verdicts
+        assert source.switches >= 4
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(60)
+    errors.close()
+    assert proc.returncode == 0, (tmp_path / "serve.err").read_text()[-2000:]
