@@ -533,6 +533,29 @@ def _gone(cluster: Cluster, what: str) -> bool:
         return exc.code == 404
 
 
+def test_a_late_binding_fleet_scales_with_concurrent_episodes_not_environments(cluster: Cluster, operator: InThread,
+                                                                               late_server: Any) -> None:
+    """Autoscaling a late-binding fleet: three GRPO claims of three environments waiting at once
+    need 6 instances in all (not 2 per environment kept for each): the fleet grows from 1 to 6
+    and every group is switched to its own environment."""
+    envs = ["notes", "crm", "project_tracker"]
+    cluster.create("envfleets", "lateauto", fleet_spec(1, late_server.control_url, envs, binding="late",
+                                                       autoscale=True, minReplicas=1, maxReplicas=8))
+    wait_for("1 ready", lambda: cluster.ready("lateauto", 1))
+    for env in envs:
+        cluster.create("envclaims", f"la-{env.replace('_', '-')}", {"fleet": "lateauto", "count": 2, "groupSize": 2,
+                                                                    "environment": env})
+    for env in envs:
+        bound = wait_for(f"the {env} group bound", lambda env=env: (s := cluster.status(
+            "envclaims", f"la-{env.replace('_', '-')}")).get("phase") == "Bound" and s, timeout=90)
+        assert {i["environment"] for i in bound["instances"]} == {env} and len(bound["instances"]) == 2
+    assert cluster.get("envfleets", "lateauto")["spec"]["replicas"] == 6  # demand in episodes, across the catalog
+    for env in envs:
+        cluster.delete("envclaims", f"la-{env.replace('_', '-')}")
+    cluster.delete("envfleets", "lateauto")
+    wait_for("the fleet gone", lambda: cluster.get("envfleets", "lateauto") is None)
+
+
 def test_autoscaling_follows_demand(cluster: Cluster, operator: InThread, env_server: str) -> None:
     cluster.create("envfleets", "auto", fleet_spec(1, env_server, ["crm"], autoscale=True, buffer=2,
                                                    minReplicas=1, maxReplicas=12))
