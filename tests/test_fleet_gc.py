@@ -168,3 +168,32 @@ def test_an_env_server_whose_parent_is_already_gone_exits_at_once(tmp_path: Path
                        capture_output=True, text=True, env=env, timeout=60)
     assert r.returncode != 0 and "is gone; exiting" in r.stderr, r.stderr
     assert r.stdout == ""
+
+
+def test_an_instance_whose_creator_died_before_its_database_comment_is_reaped(admin_dsn: str, notes_bundle) -> None:
+    """A fleet killed between CREATE DATABASE and the database's comment (its provisioner makes
+    databases ahead, in the background, at any moment) leaves a database without an owner record
+    of its own; its role carries one from its creation on, so reap_abandoned still finds it. So
+    does a role whose database was never made."""
+    import psycopg
+    from psycopg import sql
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    meta = {**owner_meta(), "pid": str(dead.pid), "pid_start": "1"}  # a process that is gone
+    template = provision.ensure_template(admin_dsn, notes_bundle)
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        for name, make_database in (("awm_i_gcdied_half", True), ("awm_i_gcdied_role", False)):
+            with conn.transaction():
+                conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(name)))
+                conn.execute(sql.SQL("COMMENT ON ROLE {} IS {}").format(sql.Identifier(name),
+                                                                       sql.Literal(json.dumps(meta))))
+            if make_database:
+                conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(name),
+                                                                              sql.Identifier(template.dbname)))
+    assert "awm_i_gcdied_half" in provision.list_instances(admin_dsn)
+    dropped = reap_abandoned(admin_dsn)
+    assert {"awm_i_gcdied_half", "awm_i_gcdied_role"} <= set(dropped)
+    with psycopg.connect(admin_dsn) as conn:
+        left = conn.execute("SELECT rolname FROM pg_roles WHERE rolname LIKE 'awm_i_gcdied%'").fetchall()
+    assert not left and "awm_i_gcdied_half" not in provision.list_instances(admin_dsn)

@@ -370,15 +370,24 @@ def _create_instance(conn: psycopg.Connection, admin_dsn: str, template: Templat
     password = secrets.token_urlsafe(24)
     db, role = sql.Identifier(name), sql.Identifier(name)
     _drop(conn, name)
-    # One connection: the env server's. A stolen password cannot open a second one beside it.
-    conn.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {} IN ROLE {}, {} CONNECTION LIMIT 1").format(
-        role, sql.Literal(password), sql.Identifier(TOOL_ROLE), sql.Identifier(READER_ROLE)))
-    # Temporary files are the cluster's disk, shared with every other instance: a sort or hash
-    # that spills is bounded (superuser-only setting: the role cannot raise it).
-    try:
-        conn.execute(sql.SQL("ALTER ROLE {} SET temp_file_limit = {}").format(role, sql.Literal(TEMP_FILE_LIMIT)))
-    except psycopg.errors.InsufficientPrivilege:
-        log.warning("cannot set temp_file_limit for instance roles (the admin role is not a superuser)")
+    comment = sql.Literal(json.dumps({**(meta or {}), "env": template.env, "template": template.dbname}))
+    # The role and its owner record (the comment) are made in one transaction, before the
+    # database exists: a process killed at any point of this function leaves nothing without an
+    # owner for reap_abandoned and the operator's sweeps to find (CREATE DATABASE cannot run in a
+    # transaction; its own comment follows it).
+    with conn.transaction():
+        # One connection: the env server's. A stolen password cannot open a second one beside it.
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {} IN ROLE {}, {} CONNECTION LIMIT 1").format(
+            role, sql.Literal(password), sql.Identifier(TOOL_ROLE), sql.Identifier(READER_ROLE)))
+        conn.execute(sql.SQL("COMMENT ON ROLE {} IS {}").format(role, comment))
+        # Temporary files are the cluster's disk, shared with every other instance: a sort or hash
+        # that spills is bounded (superuser-only setting: the role cannot raise it).
+        try:
+            with conn.transaction():
+                conn.execute(sql.SQL("ALTER ROLE {} SET temp_file_limit = {}").format(
+                    role, sql.Literal(TEMP_FILE_LIMIT)))
+        except psycopg.errors.InsufficientPrivilege:
+            log.warning("cannot set temp_file_limit for instance roles (the admin role is not a superuser)")
     clone = sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(db, sql.Identifier(template.dbname))
     if strategy is not None:
         if strategy.upper() not in ("FILE_COPY", "WAL_LOG"):
@@ -387,8 +396,7 @@ def _create_instance(conn: psycopg.Connection, admin_dsn: str, template: Templat
     conn.execute(clone)
     conn.execute(sql.SQL("REVOKE ALL ON DATABASE {} FROM PUBLIC").format(db))
     conn.execute(sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(db, role))
-    conn.execute(sql.SQL("COMMENT ON DATABASE {} IS {}").format(db, sql.Literal(json.dumps(
-        {**(meta or {}), "env": template.env, "template": template.dbname}))))
+    conn.execute(sql.SQL("COMMENT ON DATABASE {} IS {}").format(db, comment))
     params = conninfo_to_dict(admin_dsn)
     params.update(dbname=name, user=name, password=password)
     return Instance(template.env, name, name, make_conninfo(**params))
@@ -412,10 +420,15 @@ def list_instances(admin_dsn: str) -> list[str]:
 
 
 def instances_with_meta(admin_dsn: str) -> dict[str, dict[str, Any]]:
-    """Every instance database with the metadata in its comment (``{}`` if it has none)."""
+    """Every instance (a database, or a role whose database was never made: its creator died)
+    with the metadata in its comment - the database's, else its role's, which exists from the
+    role's creation on (``{}`` if neither has one)."""
     with _admin(admin_dsn) as conn:
-        rows = conn.execute("SELECT datname, shobj_description(oid, 'pg_database') FROM pg_database "
-                            "WHERE datname LIKE %s ORDER BY 1", (INSTANCE_PREFIX + "%",)).fetchall()
+        rows = conn.execute(
+            "SELECT name, coalesce(shobj_description(d.oid, 'pg_database'), shobj_description(r.oid, 'pg_authid')) "
+            "FROM (SELECT datname AS name FROM pg_database UNION SELECT rolname FROM pg_roles) n "
+            "LEFT JOIN pg_database d ON d.datname = n.name LEFT JOIN pg_roles r ON r.rolname = n.name "
+            "WHERE n.name LIKE %s ORDER BY 1", (INSTANCE_PREFIX + "%",)).fetchall()
     out: dict[str, dict[str, Any]] = {}
     for name, comment in rows:
         try:
