@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -233,6 +234,7 @@ def main() -> None:
         result = {"machine": machine(), **asyncio.run(run(args, admin_dsn, log))}
     finally:
         server.stop()
+        shutil.rmtree(tmp, ignore_errors=True)  # the private cluster's data directory
     print(json.dumps(result, indent=None if args.json else 2))
 
 
