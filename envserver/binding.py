@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Callable, Protocol
 
 from awm.bundle import EnvBundle
 from awm.gates import gate_status
@@ -124,6 +124,3 @@ class Binding:
             for pool in pools:
                 pool.close()
         return stop
-
-    def isolation(self) -> dict[str, Any]:
-        return self.pool.isolation if self.pool is not None else {}

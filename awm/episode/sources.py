@@ -191,6 +191,10 @@ class PoolSource(InstanceSource):
 
     def _add(self, lease: Lease) -> None:
         self._all.append(lease)
+        self._requeue(lease)
+
+    def _requeue(self, lease: Lease) -> None:
+        """Free again, filed under the environment the instance serves (never counted as leased)."""
         self._queues.setdefault(lease.env, asyncio.Queue()).put_nowait(lease)
 
     @property
@@ -232,7 +236,7 @@ class PoolSource(InstanceSource):
             await lease.bind(env, self._catalog.get(env, ""))
         except ControlApiError as exc:
             if exc.status in (404, 409, 422):
-                self._queues.setdefault(lease.env, asyncio.Queue()).put_nowait(lease)
+                self._requeue(lease)
                 raise EnvironmentRefused(f"{lease.name} cannot serve {env!r}: {exc}") from None
             self._recheck(lease)
             raise
@@ -354,20 +358,16 @@ class PoolSource(InstanceSource):
             for lease in ready + pending:
                 queue.put_nowait(lease)
             for lease in switched:
-                self.release_nowait_unleased(lease)
+                self._requeue(lease)
             raise
         ready.extend(switched)
         self._leased[env] = self._leased.get(env, 0) + len(ready)
         if refused is not None:
             for lease in ready:
-                self.release_nowait_unleased(lease)
+                self._requeue(lease)
             self._leased[env] -= len(ready)
             raise refused
         return ready
-
-    def release_nowait_unleased(self, lease: Lease) -> None:
-        """Back to the pool, never counted as leased."""
-        self._queues.setdefault(lease.env, asyncio.Queue()).put_nowait(lease)
 
     async def release(self, leases: Lease | list[Lease], healthy: bool = True) -> None:
         for lease in _leases(leases):
@@ -376,7 +376,7 @@ class PoolSource(InstanceSource):
     def release_nowait(self, lease: Lease, healthy: bool = True) -> None:
         self._leased[lease.env] = max(self._leased.get(lease.env, 0) - 1, 0)
         if healthy:
-            self._queues.setdefault(lease.env, asyncio.Queue()).put_nowait(lease)
+            self._requeue(lease)
         else:
             self._recheck(lease)
 
@@ -422,7 +422,7 @@ class PoolSource(InstanceSource):
                 log.warning("instance %s: /info failed after a restart: %s", lease.name, exc)
             finally:
                 await control.close()
-        self._queues.setdefault(lease.env, asyncio.Queue()).put_nowait(lease)
+        self._requeue(lease)
 
     async def close(self) -> None:
         for task in list(self._checks):
