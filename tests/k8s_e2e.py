@@ -96,6 +96,7 @@ def operator_config(namespace: str, **overrides: Any) -> OperatorConfig:
     settings: dict[str, Any] = dict(namespaces=[namespace], api_host="127.0.0.1", api_port=0, metrics_port=0,
                                     scale_down_delay=1.0, resync_interval=5.0, db_sweep_interval=3.0,
                                     reset_timeout=5.0, claim_wait_default=10.0,
+                                    shard_probe_interval=0.5, shard_lost_after=3.0,
                                     endpoint_annotations=True)  # env servers run on this machine
     return OperatorConfig(**{**settings, **overrides})
 

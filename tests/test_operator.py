@@ -26,6 +26,7 @@ from awm_operator import databases
 from awm_operator.autoscale import ScaleDownGate, desired_replicas
 from awm_operator.config import OperatorConfig
 from awm_operator.crds import EnvFleetSpec
+from awm_operator.databases import Shard, choose_shard, shard_keys
 from awm_operator.kube import ApiError
 from awm_operator.ledger import Ledger, LostRace, ledger_name
 from awm_operator.shards import CONFIGMAP_LIMIT, SHARD_BYTES, entry_size, place, shard_index, shard_name
@@ -53,7 +54,7 @@ def test_pod_manifest_follows_the_contract() -> None:
     meta, ps = pod["metadata"], pod["spec"]
     assert meta["generateName"] == "train-bike-shop-"
     assert meta["labels"] == {"team": "rl", "app.kubernetes.io/name": "awm-envserver", "app.kubernetes.io/instance": "rel",
-                              "awm.dev/fleet": "train", "awm.dev/environment": "bike_shop"}
+                              "awm.dev/fleet": "train", "awm.dev/environment": "bike_shop", "awm.dev/db-shard": "default"}
     assert meta["annotations"] == {"note": "x", A_ENV: "bike_shop",
                                    "cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}
     assert meta["ownerReferences"] == [{"apiVersion": "awm.dev/v1alpha1", "kind": "EnvFleet", "name": "train",
@@ -423,11 +424,11 @@ async def test_the_database_sweep_never_holds_up_a_pass(monkeypatch: pytest.Monk
         release.wait(60)
         return ["awm_i_gone"]
 
-    async def dsn(kube: object, fleet: object) -> str:
-        return "host=db"
+    async def shards(kube: object, fleet: object) -> dict[str, Shard]:
+        return {"default": Shard("default", "dsn", "host=db")}
 
     monkeypatch.setattr(reconcile.databases, "drop_orphans", hanging_drop)
-    monkeypatch.setattr(reconcile, "admin_dsn", dsn)
+    monkeypatch.setattr(reconcile, "read_shards", shards)
     ctx = Context(kube=None, allocator=None, metrics=None, config=OperatorConfig(db_sweep_interval=1.0))  # type: ignore[arg-type]
     ctx.started -= 60
     fleet = ledger_fleet(2)
@@ -444,6 +445,42 @@ async def test_the_database_sweep_never_holds_up_a_pass(monkeypatch: pytest.Monk
     assert rec.sweep_task is None and sweeps == [{"p0", "p1"}]
     for timer in rec.timers.values():
         timer.cancel()
+
+
+def test_database_shards_are_the_secrets_dsn_keys() -> None:
+    """Key `dsn` is the shard `default` (one server, as before shards); `dsn-<name>` are more;
+    other keys (the chart's postgres-password) and names that are no label value are not shards."""
+    keys = ["dsn", "dsn-1", "dsn-east-2", "postgres-password", "dsn-", "dsn-UPPER", "dsn-a_b", "dsnx"]
+    assert shard_keys(keys) == {"1": "dsn-1", "default": "dsn", "east-2": "dsn-east-2"}
+
+
+def test_a_new_pod_goes_to_the_up_shard_with_the_most_free_connection_slots() -> None:
+    a = Shard("a", "dsn-a", "host=a", up=True, max_connections=100, connections=10)
+    b = Shard("b", "dsn-b", "host=b", up=True, max_connections=100, connections=40)
+    assert choose_shard([a, b], {}).name == "a"
+    # pods placed on a and not Ready yet count as the slots they will take (2 each)
+    assert choose_shard([a, b], {"a": 16}).name == "b"
+    assert choose_shard([a, b], {"a": 15}).name == "a"
+    # a shard that is down, lost or never probed takes none; ties go to the first by name
+    b.up = False
+    assert choose_shard([a, b], {"a": 44}).name == "a" and choose_shard([a, b], {"a": 45}) is None  # 100-10-90 < 2
+    c = Shard("c", "dsn-c", "host=c", up=None)
+    assert choose_shard([c], {}) is None and choose_shard([], {}) is None
+    d = Shard("d", "dsn-d", "host=d", up=True, max_connections=100, connections=10)
+    b.up = True
+    b.connections = 10
+    assert choose_shard([d, b, a], {}).name == "a"
+
+
+def test_a_shard_is_lost_after_failing_its_probes_for_long_enough() -> None:
+    s = Shard("a", "dsn-a", "host=a")
+    assert s.observe((100, 3), now=0.0, lost_after=30) and s.up and s.connections == 3
+    assert s.observe(OSError("connection refused"), now=1.0, lost_after=30)  # up -> down
+    assert not s.up and not s.lost and "connection refused" in s.error
+    assert not s.observe(OSError("refused"), now=20.0, lost_after=30)        # still down
+    assert s.observe(OSError("refused"), now=31.0, lost_after=30) and s.lost  # 30 s after the first failure
+    assert s.observe((100, 0), now=40.0, lost_after=30)                        # back: up, not lost
+    assert s.up and not s.lost and s.down_since is None and s.error == ""
 
 
 async def test_claims_nudge_the_reconciler_pods_poke_it() -> None:

@@ -633,6 +633,85 @@ def test_fleet_deletion_drops_its_databases(cluster: Cluster, operator: InThread
     provision.drop_instance(admin_dsn, other)
 
 
+def test_pods_spread_over_database_shards_and_a_lost_shards_pods_are_replaced(
+        cluster: Cluster, operator: InThread, admin_dsn: str, notes_bundle: Any, env_server: str,
+        tmp_path: Any) -> None:
+    """Two real Postgres servers as the shards of one fleet (Secret keys `dsn` and `dsn-b`): new
+    pods go to the shard with the most free connection slots, each pod's provisioning reads its
+    own shard's key; shard b stopped for longer than shard_lost_after: its pods (also an
+    allocated one, which its EnvClaim reports lost) are replaced on the default shard, the
+    status and metrics say so; b back: up again, and the databases left there by the replaced
+    pods are swept."""
+    from awm.postgres.server import EmbeddedPostgres
+
+    b = EmbeddedPostgres(tmp_path / "shard-b")
+    b.start()
+    try:
+        provision.harden_cluster(b.admin_dsn())
+        cluster.cp.kubectl("-n", NS, "create", "secret", "generic", "awm-shards", f"--from-literal=dsn={admin_dsn}",
+                           f"--from-literal=dsn-b={b.admin_dsn()}")
+        spec = fleet_spec(4, env_server, ["notes"], database={"secretName": "awm-shards"})
+        cluster.create("envfleets", "sharded", spec)
+        wait_for("4 ready", lambda: cluster.ready("sharded", 4))
+
+        def shard_of(pod: dict[str, Any]) -> str:
+            return pod["metadata"]["labels"]["awm.dev/db-shard"]
+
+        pods = cluster.pods("sharded")
+        for pod in pods:  # the provisioning container reads the admin DSN of the pod's own shard
+            (prov,) = [c for c in pod["spec"]["initContainers"] if c["name"] == "provision"]
+            ref = next(e for e in prov["env"] if e["name"] == "AWM_ADMIN_DSN")["valueFrom"]["secretKeyRef"]
+            assert ref == {"name": "awm-shards", "key": "dsn" if shard_of(pod) == "default" else "dsn-b"}
+        # b has fewer backends open than the default shard (which the tests' env servers use): the
+        # first pod at least went there
+        on_b = sorted(p["metadata"]["name"] for p in pods if shard_of(p) == "b")
+        assert on_b, [shard_of(p) for p in pods]
+        status = wait_for("both shards up in the status", lambda: (s := cluster.status("envfleets", "sharded"))
+                          .get("shards") and all(x["state"] == "Up" for x in s["shards"]) and s)
+        assert {x["name"]: x["instances"] for x in status["shards"]} == {"b": len(on_b), "default": 4 - len(on_b)}
+        assert all(x["maxConnections"] > 0 for x in status["shards"])
+        db_cond = next(c for c in status["conditions"] if c["type"] == "DatabaseAvailable")
+        assert (db_cond["status"], db_cond["reason"]) == ("True", "AllShardsUp")
+        assert metric(operator, "awm_db_shard_up", fleet="sharded", shard="b") == 1
+        assert metric(operator, "awm_db_shard_instances", fleet="sharded", shard="b") == len(on_b)
+        # what a pod on b provisioned there (kwok runs no init containers: the test does it)
+        template = provision.ensure_template(b.admin_dsn(), notes_bundle)
+        left_on_b = provision.pod_instance_name(on_b[0])
+        provision.create_instance(b.admin_dsn(), template, left_on_b,
+                                  meta={"pod": on_b[0], "fleet": "sharded", "namespace": NS})
+        # an EnvClaim holding a pod on b
+        held = claim_of(cluster, "on-b", {"fleet": "sharded", "count": 4})
+        assert held["phase"] == "Bound"
+
+        b.stop()  # shard b is gone
+        down = wait_for("b down", lambda: any(x["name"] == "b" and x["state"] in ("Down", "Lost") for x in
+                                              cluster.status("envfleets", "sharded").get("shards", [])), timeout=30)
+        assert down
+        wait_for("b's pods replaced on the default shard", lambda: (ps := cluster.pods("sharded")) and
+                 len(ps) == 4 and all(shard_of(p) == "default" for p in ps), timeout=60)
+        status = wait_for("b lost in the status", lambda: (s := cluster.status("envfleets", "sharded")).get(
+            "shards") and any(x["name"] == "b" and x["state"] == "Lost" for x in s["shards"]) and s)
+        db_cond = next(c for c in status["conditions"] if c["type"] == "DatabaseAvailable")
+        assert (db_cond["status"], db_cond["reason"]) == ("False", "ShardLost") and "b: lost" in db_cond["message"]
+        assert metric(operator, "awm_db_shard_up", fleet="sharded", shard="b") == 0
+        assert metric(operator, "awm_db_shard_lost_total", fleet="sharded", shard="b") == 1
+        degraded = wait_for("the claim reports its instances on b lost", lambda: (
+            s := cluster.status("envclaims", "on-b")).get("phase") == "Degraded" and s)
+        assert set(degraded["lost"]) == set(on_b)
+        cluster.delete("envclaims", "on-b")
+        wait_for("4 ready on the default shard", lambda: cluster.ready("sharded", 4))
+
+        b.start()  # back: up again; what the replaced pods left there is swept
+        wait_for("b up again", lambda: any(x["name"] == "b" and x["state"] == "Up" for x in
+                                           cluster.status("envfleets", "sharded").get("shards", [])), timeout=30)
+        wait_for("the database a replaced pod left on b dropped",
+                 lambda: left_on_b not in provision.list_instances(b.admin_dsn()), timeout=30)
+        cluster.delete("envfleets", "sharded")
+        wait_for("the fleet gone", lambda: cluster.get("envfleets", "sharded") is None, timeout=60)
+    finally:
+        b.stop()
+
+
 # --------------------------------------------------------------------------- scale
 
 def test_a_ledger_spread_over_configmaps(control_plane: Any, cluster: Cluster, admin_dsn: str,

@@ -59,6 +59,8 @@ class OperatorConfig:
     status_min_interval: float = 0.5          # EnvFleet status patches at most this often
     scale_down_delay: float = 30.0            # autoscaler: demand must stay lower this long
     db_sweep_interval: float = 60.0           # dropping databases of pods that are gone
+    shard_probe_interval: float = 5.0         # connecting to each Postgres shard of a fleet
+    shard_lost_after: float = 30.0            # a shard down this long is lost: its pods are replaced elsewhere
     reset_timeout: float = 30.0               # control-API reset on release
     claim_wait_default: float = 30.0          # allocation API: wait for capacity this long
     claim_ttl_default: float = 3600.0         # allocation API: claims not renewed are released then
@@ -92,6 +94,7 @@ class OperatorConfig:
         cfg.image_pull_secrets = _json(e.get("AWM_IMAGE_PULL_SECRETS"), cfg.image_pull_secrets)
         cfg.endpoint_annotations = e.get("AWM_ENDPOINT_ANNOTATIONS", "").lower() in ("1", "true", "yes")
         for name in ("scale_down_delay", "resync_interval", "reset_timeout", "db_sweep_interval",
+                     "shard_probe_interval", "shard_lost_after",
                      "claim_ttl_default", "claim_ttl_max"):
             key = f"AWM_{name.upper()}"
             if key in e:

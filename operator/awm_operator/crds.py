@@ -62,8 +62,10 @@ class EnvironmentSelector(_Spec):
 
 class DatabaseRef(_Spec):
     secret_name: str = Field(alias="secretName", description=(
-        "Secret with key `dsn`: a Postgres role with CREATEDB and CREATEROLE. Only the pods' "
-        "provisioning init container and the operator read it; the env server never sees it."))
+        "Secret with the admin DSN of each Postgres shard (a role with CREATEDB and CREATEROLE): key "
+        "`dsn` (shard `default`) and/or `dsn-<name>` (shard `<name>`). A new pod's databases go to the "
+        "shard with the most free connection slots. Only the pods' provisioning containers and the "
+        "operator read it; the env server never sees it."))
 
 
 # Pod annotations that switch a container's confinement off (AppArmor, the legacy seccomp ones).
@@ -206,12 +208,23 @@ class Condition(_Spec):
     last_transition_time: str | None = Field(None, alias="lastTransitionTime")
 
 
+class ShardStatus(_Spec):
+    name: str = Field(description="`default` for the Secret's key `dsn`, `<name>` for `dsn-<name>`.")
+    state: Literal["Unknown", "Up", "Down", "Lost"] = Field(description=(
+        "Lost: down for longer than the operator tolerates; its pods are replaced on other shards."))
+    instances: int = Field(0, description="Pods of this fleet whose databases live on the shard.")
+    max_connections: int | None = Field(None, alias="maxConnections")
+    message: str = ""
+
+
 class EnvFleetStatus(_Spec):
     replicas: int = 0
     ready: int = 0
     allocated: int = 0
     selector: str = Field("", description="Label selector of the fleet's pods (scale subresource).")
     environments: list[str] | None = Field(None, description="The environments an environmentSelector chose.")
+    shards: list[ShardStatus] = Field(default_factory=list, description=(
+        "The Postgres shards of spec.database.secretName, as last probed."))
     conditions: list[Condition] = Field(default_factory=list)
     observed_generation: int = Field(0, alias="observedGeneration")
 

@@ -33,7 +33,7 @@ from awm_operator.crds import GROUP, VERSION, EnvClaimSpec
 from awm_operator.kube import ApiError, Kube, load_configuration
 from awm_operator.metrics import Metrics
 from awm_operator.pods import selector
-from awm_operator.reconcile import Context, Reconciler, admin_dsn
+from awm_operator.reconcile import Context, Reconciler, read_shards
 from awm_operator.state import ClaimRequest, Fleets
 from awm_operator.watch import PodWatcher, owner_fleet
 
@@ -149,16 +149,27 @@ async def fleet_deleted(namespace: str, name: str, body: kopf.Body, memo: kopf.M
         await asyncio.gather(*(ctx.kube.delete_pod(namespace, p["metadata"]["name"])
                                for p in pods if not p["metadata"].get("deletionTimestamp")))
         await asyncio.sleep(0.5)
+    dropped = 0
     try:
-        dsn = await admin_dsn(ctx.kube, fleet)
-        dropped = await asyncio.to_thread(databases.fleet_databases, dsn, namespace, name)
-        await asyncio.to_thread(databases.drop, dsn, list(dropped))
+        shards = await read_shards(ctx.kube, fleet)
     except Exception as exc:
         if retry < 3:
-            raise kopf.TemporaryError(f"cannot drop the fleet's databases yet: {exc}", delay=5) from exc
+            raise kopf.TemporaryError(f"cannot read the fleet's database Secret yet: {exc}", delay=5) from exc
         logger.error(f"giving up on dropping the databases of {namespace}/{name}: {exc}")
         return
-    logger.info(f"deleted fleet {namespace}/{name}: pods gone, {len(dropped)} databases dropped")
+    failed: list[str] = []
+    for shard in shards.values():  # every shard: a shard down now keeps the fleet's databases, said below
+        try:
+            found = await asyncio.to_thread(databases.fleet_databases, shard.dsn, namespace, name)
+            await asyncio.to_thread(databases.drop, shard.dsn, list(found))
+            dropped += len(found)
+        except Exception as exc:
+            failed.append(f"{shard.name}: {exc}")
+    if failed:
+        if retry < 3:
+            raise kopf.TemporaryError(f"cannot drop the fleet's databases yet ({'; '.join(failed)})", delay=5)
+        logger.error(f"giving up on dropping the databases of {namespace}/{name} on {'; '.join(failed)}")
+    logger.info(f"deleted fleet {namespace}/{name}: pods gone, {dropped} databases dropped")
 
 
 def _plain(body: Any) -> dict[str, Any]:

@@ -132,12 +132,10 @@ class Kube:
             pods += page.get("items") or []
         return pods
 
-    async def read_secret_key(self, namespace: str, name: str, key: str) -> str:
+    async def read_secret(self, namespace: str, name: str) -> dict[str, str]:
+        """A Secret's data, decoded."""
         data = await self.request("GET", f"/api/v1/namespaces/{namespace}/secrets/{name}")
-        value = (data.get("data") or {}).get(key)
-        if value is None:
-            raise KeyError(f"secret {namespace}/{name} has no key {key!r}")
-        return base64.b64decode(value).decode()
+        return {k: base64.b64decode(v).decode() for k, v in (data.get("data") or {}).items()}
 
     # ---- our resources
     def _path(self, plural: str, namespace: str, name: str) -> str:

@@ -50,6 +50,18 @@ class Metrics:
                                   "ledger spreads over several).", ["namespace", "fleet"], registry=r)
         self.ledger_shards = Gauge("awm_ledger_shards", "ConfigMaps a fleet's ledger is spread over.",
                                    ["namespace", "fleet"], registry=r)
+        self.shard_up = Gauge("awm_db_shard_up", "1 if a fleet's Postgres shard answered its last probe.",
+                              ["namespace", "fleet", "shard"], registry=r)
+        self.shard_connections = Gauge("awm_db_shard_connections", "Client backends open on a shard (all fleets).",
+                                       ["namespace", "fleet", "shard"], registry=r)
+        self.shard_max_connections = Gauge("awm_db_shard_max_connections",
+                                           "max_connections of a shard, less its superuser-reserved slots.",
+                                           ["namespace", "fleet", "shard"], registry=r)
+        self.shard_instances = Gauge("awm_db_shard_instances", "Pods of a fleet placed on a shard.",
+                                     ["namespace", "fleet", "shard"], registry=r)
+        self.shard_lost = Counter("awm_db_shard_lost_total",
+                                  "Times a shard stayed down long enough for its pods to be replaced.",
+                                  ["namespace", "fleet", "shard"], registry=r)
         self.claims_expired = Counter("awm_claims_expired_total", "Claims released because their TTL ran out.",
                                       ["namespace", "fleet"], registry=r)
 
@@ -85,6 +97,23 @@ class Metrics:
             for labels in [k for k in gauge._metrics if k[:2] == (namespace, campaign)]:  # noqa: SLF001
                 gauge.remove(*labels)
 
+    def observe_shard(self, namespace: str, fleet: str, shard: Any, instances: int) -> None:
+        """A shard's last probe (``databases.Shard``) and the fleet's pods on it."""
+        labels = (namespace, fleet, shard.name)
+        self.shard_up.labels(*labels).set(1 if shard.up else 0)
+        self.shard_instances.labels(*labels).set(instances)
+        if shard.up:
+            self.shard_connections.labels(*labels).set(shard.connections)
+            self.shard_max_connections.labels(*labels).set(shard.max_connections)
+
+    def forget_shard(self, namespace: str, fleet: str, shard: str) -> None:
+        for metric in (self.shard_up, self.shard_connections, self.shard_max_connections, self.shard_instances,
+                       self.shard_lost):
+            try:
+                metric.remove(namespace, fleet, shard)
+            except KeyError:
+                pass
+
     def forget_fleet(self, namespace: str, fleet: str) -> None:
         for state in ("starting", "ready", "allocated"):
             try:
@@ -96,3 +125,7 @@ class Metrics:
                 gauge.remove(namespace, fleet)
             except KeyError:
                 pass
+        for metric in (self.shard_up, self.shard_connections, self.shard_max_connections, self.shard_instances,
+                       self.shard_lost):
+            for labels in [k for k in metric._metrics if k[:2] == (namespace, fleet)]:  # noqa: SLF001
+                metric.remove(*labels)

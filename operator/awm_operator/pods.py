@@ -16,12 +16,14 @@ from typing import Any
 
 from awm_operator.config import OperatorConfig
 from awm_operator.crds import GROUP, VERSION, EnvFleetSpec
+from awm_operator.databases import DEFAULT_SHARD
 
 APP_NAME = "awm-envserver"
 L_NAME = "app.kubernetes.io/name"
 L_INSTANCE = "app.kubernetes.io/instance"
 L_FLEET = "awm.dev/fleet"
 L_ENV = "awm.dev/environment"
+L_SHARD = "awm.dev/db-shard"           # the Postgres shard its databases live on (databases.py)
 A_ENV = "awm.dev/environment"          # the full environment name (labels are limited to 63 chars)
 A_CONTROL_URL = "awm.dev/control-url"
 A_MCP_URL = "awm.dev/mcp-url"
@@ -84,13 +86,14 @@ def spread(replicas: int, environments: list[str], floors: Mapping[str, int] | N
 
 
 def pod_manifest(fleet: str, namespace: str, fleet_uid: str, spec: EnvFleetSpec, env: str,
-                 cfg: OperatorConfig) -> dict[str, Any]:
-    """One instance's pod: init containers fetch the bundle and provision the database, then the
-    env server runs from /bundle/env.json with its DSN in a file it alone reads."""
+                 cfg: OperatorConfig, shard: str = DEFAULT_SHARD, dsn_key: str = "dsn") -> dict[str, Any]:
+    """One instance's pod: init containers fetch the bundle and provision the database (on
+    ``shard``, whose admin DSN is key ``dsn_key`` of the fleet's Secret), then the env server runs
+    from /bundle/env.json with its DSN in a file it alone reads."""
     t = spec.template
     image = t.image or cfg.envserver_image
     labels = {**(t.labels or {}), L_NAME: APP_NAME, L_INSTANCE: cfg.release,
-              L_FLEET: label_value(fleet), L_ENV: label_value(env)}
+              L_FLEET: label_value(fleet), L_ENV: label_value(env), L_SHARD: label_value(shard)}
     # Like Agones' game servers: a node drain or the cluster autoscaler would kill an episode in
     # flight (the operator scales fleets itself). A template may say "true" for cheaper nodes.
     annotations = {A_SAFE_TO_EVICT: "false", **(t.annotations or {}), A_ENV: env}
@@ -130,7 +133,7 @@ def pod_manifest(fleet: str, namespace: str, fleet_uid: str, spec: EnvFleetSpec,
                                 "--name", "$(POD_NAME)", "--dsn-file", DSN_FILE],
                     "env": [
                         {"name": "AWM_ADMIN_DSN", "valueFrom": {"secretKeyRef": {
-                            "name": spec.database.secret_name, "key": "dsn"}}},
+                            "name": spec.database.secret_name, "key": dsn_key}}},
                         pod_name,
                         {"name": "AWM_FLEET", "value": fleet},
                         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
@@ -296,6 +299,7 @@ class PodInfo:
     mcp_url: str | None
     control_url: str | None
     problem: str | None = None  # why it cannot start, e.g. "bundle: CrashLoopBackOff: cp: can't stat ..."
+    shard: str = DEFAULT_SHARD  # the Postgres shard of its databases (pods of before shards: the default)
 
     @classmethod
     def from_pod(cls, pod: dict[str, Any]) -> "PodInfo":
@@ -310,6 +314,7 @@ class PodInfo:
             mcp_url=ann.get(A_MCP_URL) or (f"http://{ip}:{MCP_PORT}/mcp" if ip else None),
             control_url=ann.get(A_CONTROL_URL) or (f"http://{ip}:{CONTROL_PORT}" if ip else None),
             problem=None if ready else pod_problem(status),
+            shard=labels.get(L_SHARD) or DEFAULT_SHARD,
         )
 
     @property

@@ -13,7 +13,9 @@ delete pods to match ``replicas`` spread over the environments (each holding at 
 allocated instances and what waiting claims ask of it; never deleting allocated ones);
 release claims whose TTL ran out and claims whose EnvClaim is gone; report lost instances on
 their EnvClaims; autoscale; patch the EnvFleet status; now and then drop the databases of pods
-that are gone.
+that are gone. In the background, the fleet's Postgres shards are probed every few seconds: new
+pods go to the shard with the most free connection slots, none while no shard answers, and the
+pods of a shard that stayed down for ``shard_lost_after`` seconds are replaced on the others.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import asyncio
 import datetime as dt
 import logging
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
@@ -34,6 +37,7 @@ from awm_operator.kube import ApiError, Kube
 from awm_operator.ledger import Ledger
 from awm_operator.metrics import Metrics
 from awm_operator.catalog_index import REFRESH_S, RETRY_S, read_index
+from awm_operator.databases import Shard
 from awm_operator.pods import PodInfo, pod_manifest, selector, spread
 from awm_operator.state import Fleet
 
@@ -72,6 +76,10 @@ class Reconciler:
     index_error: str | None = None
     index_task: asyncio.Task[None] | None = None  # a catalog index read in flight
     sweep_task: asyncio.Task[None] | None = None  # a database sweep in flight
+    shard_task: asyncio.Task[None] | None = None  # a probe of the fleet's shards in flight
+    shards_probed_at: float = float("-inf")
+    shards_error: str | None = None    # the database Secret cannot be read, or names no shard
+    placement_error: str | None = None  # pods wanted and no shard could take one (last pass)
     expiring: set[str] = field(default_factory=set)  # claims being released in the background
     timers: dict[str, asyncio.TimerHandle] = field(default_factory=dict)  # wake_at's, by reason
 
@@ -122,7 +130,7 @@ class Reconciler:
                     fleet.poke()
         finally:
             halt.cancel()
-            for task in (self.index_task, self.sweep_task):
+            for task in (self.index_task, self.sweep_task, self.shard_task):
                 if task is not None:
                     task.cancel()
             for timer in self.timers.values():
@@ -168,13 +176,20 @@ class Reconciler:
             jobs.append(limited())
 
         environments = await self.environments(now)
+        self.probe_shards(now)
         pods = [p for p in fleet.pods.values() if not p.deleting]
-        # 1. failed pods are deleted (and so replaced below, on the next pass)
+        # 1. failed pods are deleted (and so replaced below, on the next pass); so are the pods
+        # of a lost database shard, allocated or not (their claims report them lost)
+        lost = {s.name for s in fleet.shards.values() if s.lost}
         for p in pods:
-            if p.failed:
+            if p.failed or p.shard in lost:
+                if not p.failed:
+                    log.warning("fleet %s/%s: replacing pod %s: its database shard %s is lost", fleet.namespace,
+                                fleet.name, p.name, p.shard)
                 fleet.doom(p)
                 job(lambda p=p: self.delete(p, guarded=False))
-        live = [p for p in pods if not p.failed]
+        live = [p for p in pods if not p.failed and p.shard not in lost]
+        starting = Counter(p.shard for p in live if not p.ready)
         # 2. count per environment (none while a selector's index was never read: pods stay as they are)
         by_env: dict[str, list[PodInfo]] = {}
         for p in live:
@@ -183,6 +198,7 @@ class Reconciler:
                          {env: len(ps) for env, ps in by_env.items()}) \
             if environments is not None else {p.env: 0 for p in live}
         more = False
+        self.placement_error = None
         budget = max(cfg.create_concurrency * 4, 64)  # writes per pass: passes stay short
         for env in list(by_env) + [e for e in desired if e not in by_env]:
             if environments is None:
@@ -193,7 +209,13 @@ class Reconciler:
                 budget -= n
                 more |= n < want - len(have)
                 for _ in range(n):
-                    job(lambda env=env: self.create(env))
+                    shard = databases.choose_shard(fleet.shards.values(), starting)
+                    if shard is None:  # no shard answers, or none has a free slot: say so, retry
+                        self.placement_error = self.no_shard_message()
+                        self.wake_at(self.ctx.config.shard_probe_interval, "placement")
+                        break
+                    starting[shard.name] += 1
+                    job(lambda env=env, shard=shard: self.create(env, shard))
             elif len(have) > want:
                 for p in self.victims(have, len(have) - want):
                     fleet.doom(p)  # now, so no claim picks it while the deletion is in flight
@@ -266,16 +288,87 @@ class Reconciler:
                 self.index_task = None
             fleet.poke()
 
+    def probe_shards(self, now: float) -> None:
+        """Every ``shard_probe_interval`` seconds, in the background: read the fleet's database
+        Secret (shards may be added or removed) and connect to every shard. A change of a shard's
+        state (up, down, lost) wakes the fleet."""
+        if self.shard_task is None and now - self.shards_probed_at >= self.ctx.config.shard_probe_interval:
+            self.shards_probed_at = now
+            self.shard_task = asyncio.create_task(self._probe_shards(),
+                                                  name=f"awm shards {self.fleet.namespace}/{self.fleet.name}")
+        self.wake_at(self.ctx.config.shard_probe_interval, "shards")
+
+    async def _probe_shards(self) -> None:
+        fleet, cfg, m = self.fleet, self.ctx.config, self.ctx.metrics
+        changed = not fleet.shards
+        try:
+            before = set(fleet.shards)
+            shards = await read_shards(self.ctx.kube, fleet)
+            for name in before - set(shards):
+                m.forget_shard(fleet.namespace, fleet.name, name)
+            results = await asyncio.gather(*(asyncio.to_thread(databases.probe, s.dsn) for s in shards.values()),
+                                           return_exceptions=True)
+            placed = Counter(p.shard for p in fleet.pods.values() if not p.deleting)
+            for shard, result in zip(shards.values(), results):
+                was_lost = shard.lost
+                if isinstance(result, BaseException) and not isinstance(result, Exception):
+                    raise result
+                if shard.observe(result, time.monotonic(), cfg.shard_lost_after):
+                    changed = True
+                    log.warning("fleet %s/%s: database shard %s is %s%s", fleet.namespace, fleet.name, shard.name,
+                                "up" if shard.up else "lost" if shard.lost else "down",
+                                f" ({shard.error})" if shard.error else "")
+                if shard.lost and not was_lost:
+                    m.shard_lost.labels(fleet.namespace, fleet.name, shard.name).inc()
+                m.observe_shard(fleet.namespace, fleet.name, shard, placed.get(shard.name, 0))
+            changed |= self.shards_error is not None
+            self.shards_error = None
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the Secret is missing or names no shard: said in the status
+            message = f"database secret: {exc}"
+            changed |= message != self.shards_error
+            self.shards_error = message
+        finally:
+            self.shard_task = None
+        if changed:
+            fleet.poke()
+
+    def no_shard_message(self) -> str:
+        shards = self.fleet.shards.values()
+        if self.shards_error:
+            return self.shards_error
+        if not shards or all(s.up is None for s in shards):
+            return "waiting for the first probe of the database shards"
+        down = [f"{s.name}: {s.error or 'down'}" for s in shards if not s.up]
+        if down and len(down) == len(self.fleet.shards):
+            return "no database shard answers: " + "; ".join(down[:3])
+        return "no database shard has a free connection slot for another instance"
+
+    def shard_status(self) -> list[dict[str, Any]]:
+        """``status.shards``: each shard's state and what this fleet has on it."""
+        placed = Counter(p.shard for p in self.fleet.pods.values() if not p.deleting)
+        out = []
+        for s in self.fleet.shards.values():
+            state = "Unknown" if s.up is None else "Up" if s.up else "Lost" if s.lost else "Down"
+            entry: dict[str, Any] = {"name": s.name, "state": state, "instances": placed.get(s.name, 0),
+                                     "message": s.error}
+            if s.up:  # (backends open change every probe: in the metrics, not in the status)
+                entry["maxConnections"] = s.max_connections
+            out.append(entry)
+        return out
+
     def victims(self, pods: list[PodInfo], n: int) -> list[PodInfo]:
         """Scale down: never allocated or reserved pods; not-ready ones first, then the newest."""
         free = [p for p in pods if p.name not in self.fleet.owner and p.name not in self.fleet.reserved]
         free.sort(key=lambda p: (p.ready, -p.rv))
         return free[:n]
 
-    async def create(self, env: str) -> None:
+    async def create(self, env: str, shard: Shard) -> None:
         fleet = self.fleet
         assert fleet.spec is not None
-        pod = pod_manifest(fleet.name, fleet.namespace, fleet.uid, fleet.spec, env, self.ctx.config)
+        pod = pod_manifest(fleet.name, fleet.namespace, fleet.uid, fleet.spec, env, self.ctx.config,
+                           shard=shard.name, dsn_key=shard.key)
         created = await self.ctx.kube.create_pod(fleet.namespace, pod)
         fleet.update_pod(PodInfo.from_pod(created))
         self.ctx.metrics.pod_operations.labels(fleet.namespace, fleet.name, "create").inc()
@@ -437,9 +530,21 @@ class Reconciler:
                 container = problem.split(":", 1)[0]
                 reason = {"bundle": "BundleUnavailable", "provision": "ProvisionFailed"}.get(container, "PodsFailing")
                 message += f"; {len(stuck)} stuck, e.g. {name}: {problem}"
+            elif self.placement_error is not None and not ready:
+                ready, reason = False, "DatabaseUnavailable"
+                message = f"{self.placement_error}; " + message
             cond = self._condition("Ready", ready, reason, message)
+            shards = self.shard_status()
+            up = [s for s in shards if s["state"] == "Up"]
+            db_ok = bool(shards) and len(up) == len(shards)
+            db_reason = "AllShardsUp" if db_ok else "SecretUnreadable" if self.shards_error else \
+                "Probing" if not shards or all(s["state"] == "Unknown" for s in shards) else \
+                "ShardLost" if any(s["state"] == "Lost" for s in shards) else "ShardDown"
+            db_message = self.shards_error or f"{len(up)} of {len(shards)} shards up" + "".join(
+                f"; {s['name']}: {s['state'].lower()} ({s['message']})" for s in shards if s["state"] != "Up")
+            db = self._condition("DatabaseAvailable", db_ok, db_reason, db_message[:1000])
             status = {"replicas": c.replicas, "ready": c.ready, "allocated": c.allocated,
-                      "selector": selector(fleet.name), "conditions": [cond],
+                      "selector": selector(fleet.name), "conditions": [cond, db], "shards": shards,
                       "observedGeneration": fleet.generation}
             # null when there is no selector: a merge patch removes what a removed selector chose
             status["environments"] = fleet.selected
@@ -479,14 +584,23 @@ class Reconciler:
         self.sweep_task = asyncio.create_task(self._sweep(), name=f"awm sweep {fleet.namespace}/{fleet.name}")
 
     async def _sweep(self) -> None:
+        """On every shard that answers (a shard down now is swept when it is back)."""
         fleet = self.fleet
+        dropped: list[str] = []
         try:
-            dsn = await admin_dsn(self.ctx.kube, fleet)
+            shards = await read_shards(self.ctx.kube, fleet)
             live = set(fleet.pods)
-            dropped = await asyncio.to_thread(databases.drop_orphans, dsn, fleet.namespace, fleet.name, live)
-        except Exception as exc:  # the database being unreachable must not stop the fleet
+            for shard in shards.values():
+                if shard.up is False:
+                    continue
+                try:
+                    dropped += await asyncio.to_thread(databases.drop_orphans, shard.dsn, fleet.namespace,
+                                                       fleet.name, live)
+                except Exception as exc:  # the database being unreachable must not stop the fleet
+                    log.warning("fleet %s/%s: database sweep of shard %s failed: %s", fleet.namespace, fleet.name,
+                                shard.name, exc)
+        except Exception as exc:
             log.warning("fleet %s/%s: database sweep failed: %s", fleet.namespace, fleet.name, exc)
-            return
         finally:
             self.sweep_task = None
         if dropped:
@@ -494,16 +608,26 @@ class Reconciler:
 
 
 def _comparable(observed: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
-    """The fields of ``status`` as ``observed`` has them, its Ready condition by status and
-    message (its transition time is not a change)."""
-    cond = next((c for c in observed.get("conditions") or [] if c.get("type") == "Ready"), {})
-    return {k: observed.get(k) for k in status if k != "conditions"} | {"cond": (cond.get("status"), cond.get("message"))}
+    """The fields of ``status`` as ``observed`` has them, its conditions by type, status and
+    message (a transition time is not a change)."""
+    conds = sorted((c.get("type"), c.get("status"), c.get("message")) for c in observed.get("conditions") or [])
+    return {k: observed.get(k) for k in status if k != "conditions"} | {"conditions": conds}
 
 
-async def admin_dsn(kube: Kube, fleet: Fleet) -> str:
-    """The admin DSN from the fleet's Secret (key ``dsn``), cached on the fleet."""
-    if fleet.admin_dsn is None:
-        if fleet.spec is None:
-            raise RuntimeError("fleet has no valid spec")
-        fleet.admin_dsn = await kube.read_secret_key(fleet.namespace, fleet.spec.database.secret_name, "dsn")
-    return fleet.admin_dsn
+async def read_shards(kube: Kube, fleet: Fleet) -> dict[str, Shard]:
+    """The fleet's shards from its database Secret (keys ``dsn`` and ``dsn-<name>``), merged into
+    ``fleet.shards``: a shard whose key and DSN are unchanged keeps what its probes found."""
+    if fleet.spec is None:
+        raise RuntimeError("fleet has no valid spec")
+    name = fleet.spec.database.secret_name
+    data = await kube.read_secret(fleet.namespace, name)
+    keys = databases.shard_keys(data)
+    if not keys:
+        raise KeyError(f"secret {fleet.namespace}/{name} has no key `dsn` or `dsn-<shard>`")
+    shards: dict[str, Shard] = {}
+    for shard, key in keys.items():
+        old = fleet.shards.get(shard)
+        shards[shard] = old if old is not None and (old.key, old.dsn) == (key, data[key]) else \
+            Shard(name=shard, key=key, dsn=data[key])
+    fleet.shards = shards
+    return shards

@@ -19,6 +19,7 @@ from itertools import islice
 from typing import Any, Callable, Collection, Iterable, Mapping
 
 from awm_operator.crds import EnvFleetSpec
+from awm_operator.databases import Shard
 from awm_operator.pods import PodInfo
 
 
@@ -168,7 +169,7 @@ class Fleet:
     ledger: Any = None  # ledger.Ledger while this replica acts on the fleet (ledger.py imports this module)
     active: bool = False                                    # this replica's daemon runs it
     deleted: bool = False
-    admin_dsn: str | None = None
+    shards: dict[str, Shard] = field(default_factory=dict)  # its Postgres shards, as last probed (databases.py)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     urgent: bool = False                                    # woken by poke(), not only nudge()
     _capacity: asyncio.Event = field(default_factory=asyncio.Event)
