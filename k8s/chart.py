@@ -52,3 +52,12 @@ def helm_install(cp: Any, refs: dict[str, str], *, release: str = "awm", namespa
                            "--create-namespace", "--wait", "--timeout", timeout,
                            *[a for s in args for a in ("--set", s)]],
                           capture_output=True, text=True, env=cp.env())
+
+
+def helm_upgrade(cp: Any, *, release: str = "awm", namespace: str = "awm", sets: tuple[str, ...] = (),
+                 timeout: str = "5m") -> subprocess.CompletedProcess:
+    """`helm upgrade --reuse-values --wait` of an installed release with more ``sets``."""
+    return subprocess.run([cp.bin("helm"), "upgrade", release, str(CHART), "--namespace", namespace,
+                           "--reuse-values", "--wait", "--timeout", timeout,
+                           *[a for s in sets for a in ("--set", s)]],
+                          capture_output=True, text=True, env=cp.env())

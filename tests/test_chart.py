@@ -116,6 +116,7 @@ def test_schema_rejects_bad_values(helm: str, bad: str, message: str) -> None:
 
 @pytest.mark.parametrize("sets", [
     ("postgres.enabled=false",),                                    # no database at all
+    ("externalDatabase.shards.a=postgresql://a/p",),                # the chart's and external shards
     ("externalDatabase.secretName=my-db",),                         # two of them
     ("postgres.enabled=false", "externalDatabase.secretName=a", "externalDatabase.dsn=postgresql://x"),
 ])
@@ -327,7 +328,7 @@ def test_operator_env_is_what_the_operator_reads(helm: str) -> None:
     cfg = config.OperatorConfig.from_env(env)
     assert cfg.namespaces == ["team-a", "team-b"]
     assert (cfg.release, cfg.peering, cfg.metrics_port, cfg.api_port) == (RELEASE, "awm", 9090, 8080)
-    assert cfg.log_level == "debug"
+    assert cfg.log_level == "debug" and cfg.shard_lost_after == 60
     assert cfg.envserver_image == "awm-envserver:0.1.0" and cfg.catalog_image == "awm-catalog:0.1.0"
     assert cfg.catalog_path == "/catalog" and cfg.catalog_pull_policy == "IfNotPresent"
     assert not cfg.endpoint_annotations  # a test-only switch the chart never sets
@@ -377,6 +378,38 @@ def test_database_secret_modes(helm: str) -> None:
 
     docs = render(helm, "postgres.enabled=false", "externalDatabase.secretName=my-db")
     assert not by_kind(docs, "Secret") and not by_kind(docs, "StatefulSet")
+
+    # external shards, with or without a `dsn` (keys dsn-<name>: what the operator reads as shards)
+    docs = render(helm, *EXTERNAL, "externalDatabase.shards.east=postgresql://awm:pw@east:5432/postgres")
+    data = one(docs, "Secret", "awm-database")["data"]
+    assert set(data) == {"dsn", "dsn-east"}
+    docs = render(helm, "postgres.enabled=false", "externalDatabase.shards.a=postgresql://a/p",
+                  "externalDatabase.shards.b=postgresql://b/p")
+    assert set(one(docs, "Secret", "awm-database")["data"]) == {"dsn-a", "dsn-b"}
+
+
+def test_postgres_shards(helm: str) -> None:
+    """postgres.shards=3: three servers of one StatefulSet, each behind a Service of its own pod,
+    and one Secret key per shard; the first keeps key `dsn` (pods made before shards use it)."""
+    sys.path.insert(0, str(ROOT / "operator"))
+    try:
+        from awm_operator.databases import shard_keys
+    finally:
+        sys.path.remove(str(ROOT / "operator"))
+    docs = render(helm, "postgres.shards=3")
+    assert one(docs, "StatefulSet", "awm-postgres")["spec"]["replicas"] == 3
+    data = one(docs, "Secret", "awm-database")["data"]
+    password = base64.b64decode(data["postgres-password"]).decode()
+    assert shard_keys(data) == {"default": "dsn", "1": "dsn-1", "2": "dsn-2"}
+    for i, key in enumerate(("dsn", "dsn-1", "dsn-2")):
+        assert base64.b64decode(data[key]).decode() == \
+            f"postgresql://postgres:{password}@awm-postgres-{i}.awm-system.svc:5432/postgres"
+        svc = one(docs, "Service", f"awm-postgres-{i}")["spec"]
+        assert svc["selector"]["statefulset.kubernetes.io/pod-name"] == f"awm-postgres-{i}"
+    # one shard: no per-shard Services, the one Service as before
+    docs = render(helm)
+    assert one(docs, "StatefulSet", "awm-postgres")["spec"]["replicas"] == 1
+    assert not [d for d in docs if d["kind"] == "Service" and d["metadata"]["name"].startswith("awm-postgres-")]
 
 
 def test_postgres_persistence(helm: str) -> None:

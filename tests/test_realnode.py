@@ -46,6 +46,7 @@ import httpx
 import pytest
 
 from awm import catalog
+from awm.postgres import provision
 from awm.client import ControlClient, McpSession
 from awm.gates import replay
 from awm.episode.allocation import AllocationClient
@@ -606,9 +607,9 @@ def test_pod_killed_mid_episode_is_replaced_without_leaking_a_database(chart: Cl
     assert not any(pod.replace("-", "_") in d for d in _databases(chart))
 
 
-def _databases(chart: Cluster) -> list[str]:
-    pg = next(p["metadata"]["name"] for p in chart.cp.api("GET", f"/api/v1/namespaces/{NS}/pods")["items"]
-              if p["metadata"]["name"].startswith(f"{RELEASE}-postgres"))
+def _databases(chart: Cluster, shard: int = 0) -> list[str]:
+    """Instance databases on the chart's Postgres (its ``shard``-th server)."""
+    pg = f"{RELEASE}-postgres-{shard}"
     r = _exec(chart.cp, pg, "psql", "-h", "/var/run/postgresql", "-U", "postgres", "-Atc",
               "select datname from pg_database where not datistemplate and datname like 'awm_i_%'")
     assert r.returncode == 0, r.stderr
@@ -818,6 +819,69 @@ def test_a_late_binding_fleet_serves_every_environment_in_turn(chart: Cluster) -
     finally:
         chart.delete("envfleets", name)
         wait_for("the late fleet's pods gone", lambda: not chart.pods(name), timeout=180, interval=1)
+
+
+def test_postgres_shards_a_lost_shards_pods_are_replaced_on_the_other(chart: Cluster) -> None:
+    """`helm upgrade --set postgres.shards=2`: a second Postgres pod with a Service of its own and
+    a Secret key `dsn-1`; a fleet's new pods go to the emptier shard (the new one) and provision
+    their databases there; episodes complete on them. The shard's server killed (its StatefulSet
+    scaled down, so it stays away): after shardLostAfterSeconds its pods are replaced by pods on
+    the first shard, their EnvClaim reports them lost, and episodes complete on the replacements.
+    Back: the shard is Up again. Runs last: it leaves the release with two shards."""
+    cp = chart.cp
+    r = chart_install.helm_upgrade(cp, release=RELEASE, namespace=NS,
+                                   sets=("postgres.shards=2", "operator.shardLostAfterSeconds=15"))
+    assert r.returncode == 0, f"helm upgrade failed: {r.stderr}\n{_describe(cp)}"
+    name = "sharded"
+    small = {"requests": {"cpu": "20m", "memory": "96Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}}
+    chart.create("envfleets", name, {"environments": ["crm"], "replicas": 2, "catalog": {},
+                                     "database": {"secretName": f"{RELEASE}-database"},
+                                     "template": {"resources": small}})
+    bundle = catalog.load(None, ["crm"])[0]
+
+    def shard_of(pod: dict[str, Any]) -> str:
+        return pod["metadata"]["labels"]["awm.dev/db-shard"]
+
+    async def episodes(claim: str) -> list[str]:
+        bound = claim_of(chart, claim, {"fleet": name, "count": 2})
+        assert bound["phase"] == "Bound", bound
+        verdicts = []
+        for inst in bound["instances"]:
+            control = ControlClient(inst["controlUrl"])
+            try:
+                async with McpSession(inst["mcpUrl"]) as mcp:
+                    verdicts.append((await replay("crm", bundle.tasks[0], mcp, control)).verdict)
+            finally:
+                await control.close()
+        return verdicts
+
+    try:
+        _wait_or_describe(cp, "2 pods Ready", lambda: chart.ready(name, 2), timeout=300)
+        pods = chart.pods(name)
+        on_new = [p["metadata"]["name"] for p in pods if shard_of(p) == "1"]
+        assert on_new, f"the new shard has the most free slots: {[shard_of(p) for p in pods]}"
+        assert set(_databases(chart, shard=1)) >= {provision.pod_instance_name(n) for n in on_new}
+        assert asyncio.run(episodes("before")) == ["complete", "complete"]
+        # shard 1 killed and kept away
+        cp.kubectl("-n", NS, "scale", "statefulset", f"{RELEASE}-postgres", "--replicas=1")
+        _wait_or_describe(cp, "the lost shard's pods replaced on the first shard", lambda: (
+            ps := chart.pods(name)) and len(ps) == 2 and all(shard_of(p) == "default" for p in ps)
+            and chart.ready(name, 2), timeout=240)
+        status = chart.status("envfleets", name)
+        assert {s["name"]: s["state"] for s in status["shards"]} == {"default": "Up", "1": "Lost"}, status
+        degraded = chart.status("envclaims", "before")
+        assert degraded["phase"] == "Degraded" and set(degraded["lost"]) >= set(on_new), degraded
+        chart.delete("envclaims", "before")
+        wait_for("the claim released", lambda: chart.ready(name, 2) and not chart.ledger(name), timeout=120)
+        assert asyncio.run(episodes("after")) == ["complete", "complete"]
+        chart.delete("envclaims", "after")
+        # back: Up again (its data was an emptyDir: the test chart has no volumes)
+        cp.kubectl("-n", NS, "scale", "statefulset", f"{RELEASE}-postgres", "--replicas=2")
+        _wait_or_describe(cp, "shard 1 up again", lambda: {s["name"]: s["state"] for s in chart.status(
+            "envfleets", name).get("shards", [])} == {"default": "Up", "1": "Up"}, timeout=180)
+    finally:
+        chart.delete("envfleets", name)
+        wait_for("the sharded fleet's pods gone", lambda: not chart.pods(name), timeout=180, interval=1)
 
 
 def _late_databases(chart: Cluster, pod: str) -> list[str]:

@@ -60,7 +60,7 @@ class OperatorConfig:
     scale_down_delay: float = 30.0            # autoscaler: demand must stay lower this long
     db_sweep_interval: float = 60.0           # dropping databases of pods that are gone
     shard_probe_interval: float = 5.0         # connecting to each Postgres shard of a fleet
-    shard_lost_after: float = 30.0            # a shard down this long is lost: its pods are replaced elsewhere
+    shard_lost_after: float = 60.0            # a shard down this long is lost: its pods are replaced elsewhere
     reset_timeout: float = 30.0               # control-API reset on release
     claim_wait_default: float = 30.0          # allocation API: wait for capacity this long
     claim_ttl_default: float = 3600.0         # allocation API: claims not renewed are released then

@@ -65,15 +65,16 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- toJson (uniq $ns) -}}
 {{- end -}}
 
-{{/* The Secret (key `dsn`) fleets name in spec.database.secretName. Fails on ambiguous values. */}}
+{{/* The Secret (keys `dsn`, `dsn-<shard>`) fleets name in spec.database.secretName. Fails on
+     ambiguous values. */}}
 {{- define "awm.databaseSecretName" -}}
 {{- $db := .Values.externalDatabase -}}
 {{- $n := 0 -}}
 {{- if .Values.postgres.enabled }}{{ $n = add1 $n }}{{ end -}}
 {{- if $db.secretName }}{{ $n = add1 $n }}{{ end -}}
-{{- if $db.dsn }}{{ $n = add1 $n }}{{ end -}}
+{{- if or $db.dsn $db.shards }}{{ $n = add1 $n }}{{ end -}}
 {{- if ne (int $n) 1 -}}
-{{- fail "set exactly one of postgres.enabled=true, externalDatabase.secretName, externalDatabase.dsn" -}}
+{{- fail "set exactly one of postgres.enabled=true, externalDatabase.secretName, externalDatabase.dsn (and/or externalDatabase.shards)" -}}
 {{- end -}}
 {{- if $db.secretName -}}
 {{- $db.secretName -}}
