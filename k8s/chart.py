@@ -44,20 +44,13 @@ def network_policy_sets(node_ip: str) -> list[str]:
 
 
 def helm_install(cp: Any, refs: dict[str, str], *, release: str = "awm", namespace: str = "awm",
-                 sets: tuple[str, ...] = (), timeout: str = "5m") -> subprocess.CompletedProcess:
-    """`helm install --wait` of the chart on a harness with a real node (``cp.node``); the result
-    (check returncode: the caller reports)."""
+                 sets: tuple[str, ...] = (), timeout: str = "5m", upgrade: bool = False) -> subprocess.CompletedProcess:
+    """`helm install --wait` of the chart on a harness with a real node (``cp.node``), or with
+    ``upgrade`` a `helm upgrade --wait` of the installed release to the same values plus ``sets``
+    (not --reuse-values: the nulls that remove the DNS peer's selectors would be kept as nulls,
+    which the schema refuses); the result (check returncode: the caller reports)."""
     args = [*SMALL, *image_sets(refs), *network_policy_sets(cp.node.ip), *sets]
-    return subprocess.run([cp.bin("helm"), "install", release, str(CHART), "--namespace", namespace,
-                           "--create-namespace", "--wait", "--timeout", timeout,
-                           *[a for s in args for a in ("--set", s)]],
-                          capture_output=True, text=True, env=cp.env())
-
-
-def helm_upgrade(cp: Any, *, release: str = "awm", namespace: str = "awm", sets: tuple[str, ...] = (),
-                 timeout: str = "5m") -> subprocess.CompletedProcess:
-    """`helm upgrade --reuse-values --wait` of an installed release with more ``sets``."""
-    return subprocess.run([cp.bin("helm"), "upgrade", release, str(CHART), "--namespace", namespace,
-                           "--reuse-values", "--wait", "--timeout", timeout,
-                           *[a for s in sets for a in ("--set", s)]],
+    verb = ["upgrade"] if upgrade else ["install", "--create-namespace"]
+    return subprocess.run([cp.bin("helm"), *verb, release, str(CHART), "--namespace", namespace,
+                           "--wait", "--timeout", timeout, *[a for s in args for a in ("--set", s)]],
                           capture_output=True, text=True, env=cp.env())

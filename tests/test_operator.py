@@ -447,6 +447,29 @@ async def test_the_database_sweep_never_holds_up_a_pass(monkeypatch: pytest.Monk
         timer.cancel()
 
 
+def test_conditions_keep_their_transition_time_while_their_status_stays() -> None:
+    from awm_operator.conditions import claim_conditions, condition
+
+    first = condition("Ready", False, "Reconciling", "0 of 2", generation=3, at="2026-01-01T00:00:00Z")
+    assert first == {"type": "Ready", "status": "False", "reason": "Reconciling", "message": "0 of 2",
+                     "lastTransitionTime": "2026-01-01T00:00:00Z", "observedGeneration": 3}
+    same = condition("Ready", False, "PodsFailing", "1 of 2", previous=[first], at="2026-01-02T00:00:00Z")
+    assert same["lastTransitionTime"] == "2026-01-01T00:00:00Z"  # a new reason or message is no transition
+    flipped = condition("Ready", True, "AllReady", "2 of 2", previous=[same], at="2026-01-03T00:00:00Z")
+    assert flipped["lastTransitionTime"] == "2026-01-03T00:00:00Z"
+    assert condition("X", None, "Probing", "")["status"] == "Unknown"
+    # an EnvClaim: Bound while Bound or Degraded (its time kept from Bound), Degraded when instances were lost
+    bound = claim_conditions("Bound", "2 instances bound", generation=1)
+    assert [(c["type"], c["status"], c["reason"]) for c in bound] == [("Bound", "True", "Bound"),
+                                                                      ("Degraded", "False", "AllInstances")]
+    degraded = claim_conditions("Degraded", "1 of 2 instances lost: p", bound)
+    assert [(c["type"], c["status"], c["reason"]) for c in degraded] == [("Bound", "True", "Bound"),
+                                                                         ("Degraded", "True", "InstancesLost")]
+    assert degraded[0]["lastTransitionTime"] == bound[0]["lastTransitionTime"]
+    for phase, reason in (("Pending", "Waiting"), ("Failed", "Failed"), ("Expired", "Expired")):
+        assert claim_conditions(phase, "")[0]["reason"] == reason and claim_conditions(phase, "")[0]["status"] == "False"
+
+
 def test_database_shards_are_the_secrets_dsn_keys() -> None:
     """Key `dsn` is the shard `default` (one server, as before shards); `dsn-<name>` are more;
     other keys (the chart's postgres-password) and names that are no label value are not shards."""

@@ -438,11 +438,15 @@ def test_claim_ttl_renewal_and_lost_instances(cluster: Cluster, operator: InThre
 
     # An EnvClaim whose instance is lost says so in its status.
     bound = claim_of(cluster, "deg", {"fleet": "ttl", "count": 2})
+    assert bound["observedGeneration"] == 1 and {c["type"]: c["status"] for c in bound["conditions"]} == {
+        "Bound": "True", "Degraded": "False"}
     victim = bound["instances"][1]["pod"]
     cluster.delete_pods([victim])
     degraded = wait_for("the claim degraded",
                         lambda: (s := cluster.status("envclaims", "deg")).get("phase") == "Degraded" and s)
     assert degraded["lost"] == [victim] and "1 of 2" in degraded["message"]
+    assert {c["type"]: (c["status"], c["reason"]) for c in degraded["conditions"]} == {
+        "Bound": ("True", "Bound"), "Degraded": ("True", "InstancesLost")}
     cluster.delete("envclaims", "deg")
     wait_for("released", lambda: not cluster.ledger("ttl") and cluster.ready("ttl", 6))
     cluster.delete("envfleets", "ttl")

@@ -821,7 +821,7 @@ def test_a_late_binding_fleet_serves_every_environment_in_turn(chart: Cluster) -
         wait_for("the late fleet's pods gone", lambda: not chart.pods(name), timeout=180, interval=1)
 
 
-def test_postgres_shards_a_lost_shards_pods_are_replaced_on_the_other(chart: Cluster) -> None:
+def test_postgres_shards_a_lost_shards_pods_are_replaced_on_the_other(chart: Cluster, images: dict[str, Any]) -> None:
     """`helm upgrade --set postgres.shards=2`: a second Postgres pod with a Service of its own and
     a Secret key `dsn-1`; a fleet's new pods go to the emptier shard (the new one) and provision
     their databases there; episodes complete on them. The shard's server killed (its StatefulSet
@@ -829,8 +829,9 @@ def test_postgres_shards_a_lost_shards_pods_are_replaced_on_the_other(chart: Clu
     the first shard, their EnvClaim reports them lost, and episodes complete on the replacements.
     Back: the shard is Up again. Runs last: it leaves the release with two shards."""
     cp = chart.cp
-    r = chart_install.helm_upgrade(cp, release=RELEASE, namespace=NS,
-                                   sets=("postgres.shards=2", "operator.shardLostAfterSeconds=15"))
+    r = chart_install.helm_install(cp, {n: b.ref for n, b in images.items()}, release=RELEASE, namespace=NS,
+                                   sets=("operator.replicas=2", "postgres.shards=2", "operator.shardLostAfterSeconds=15"),
+                                   upgrade=True)
     assert r.returncode == 0, f"helm upgrade failed: {r.stderr}\n{_describe(cp)}"
     name = "sharded"
     small = {"requests": {"cpu": "20m", "memory": "96Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}}

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import datetime as dt
 import hashlib
 import logging
 import os
@@ -43,6 +42,7 @@ import yaml
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from awm_operator import conditions
 from awm_operator.config import OperatorConfig
 from awm_operator.crds import GROUP, VERSION, CampaignSpec
 from awm_operator.kube import ApiError
@@ -78,10 +78,6 @@ NAME_LIMIT = 52  # Job names end up in pod labels (63 characters) with a suffix
 Phase = Literal["Pending", "Running", "Succeeded", "Failed"]
 _ORDER = {"": 0, "Pending": 1, "Running": 2, "Succeeded": 3, "Failed": 3}
 TERMINAL = ("Succeeded", "Failed")
-
-
-def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 # --------------------------------------------------------------------------- settings
@@ -462,12 +458,12 @@ def job_state(job: dict[str, Any]) -> JobState:
     if "Complete" in true:
         c = true["Complete"]
         return JobState("Succeeded", c.get("reason") or "Completed", c.get("message") or "the Job completed",
-                        started, status.get("completionTime") or c.get("lastTransitionTime") or _now())
+                        started, status.get("completionTime") or c.get("lastTransitionTime") or conditions.now())
     if "Failed" in true:
         c = true["Failed"]
         reason = c.get("reason") or "Failed"
         return JobState("Failed", reason, c.get("message") or f"the Job failed ({reason})", started,
-                        c.get("lastTransitionTime") or _now())
+                        c.get("lastTransitionTime") or conditions.now())
     if (status.get("ready") or 0) > 0:
         return JobState("Running", "PodReady", "the Job's pod is running", started)
     return JobState("Pending", "Waiting", "waiting for the Job's pod", started)
@@ -486,12 +482,12 @@ def owning_campaign(obj: dict[str, Any]) -> str | None:
     return None
 
 
-def condition(kind: str, ok: bool, reason: str, message: str) -> dict[str, Any]:
-    return {"type": kind, "status": "True" if ok else "False", "reason": reason, "message": message,
-            "lastTransitionTime": _now()}
+def condition(state: "CampaignState", kind: str, ok: bool, reason: str, message: str) -> dict[str, Any]:
+    """A campaign's condition (conditions.py), its transition time kept from the last status."""
+    return conditions.condition(kind, ok, reason, message, generation=state.generation,
+                                previous=state.status.get("conditions") or ())
 
 
-NO_FLEET = {"type": "FleetDeleted", "status": "False", "reason": "NotCreated", "message": "no fleet was created"}
 
 
 class ProgressReport(BaseModel):
@@ -530,6 +526,7 @@ class CampaignState:
     last_flush: float = float("-inf")  # never: the first report goes out at once (monotonic may be small)
     flush_scheduled: bool = False
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    generation: int = 0                       # metadata.generation of the last event (observedGeneration)
 
 
 class Campaigns:
@@ -556,6 +553,7 @@ class Campaigns:
             state.phase = status["phase"]
         state.status = {**state.status, **status, "phase": state.phase}
         state.spec = obj.get("spec") or {}
+        state.generation = int(meta.get("generation") or 0)
         return state
 
     def forget(self, namespace: str, name: str, uid: str) -> None:
@@ -578,6 +576,8 @@ class Campaigns:
     # ---- status writes
     async def patch(self, state: CampaignState, status: dict[str, Any]) -> bool:
         """One status patch; False if the campaign is gone (then it is forgotten)."""
+        if "phase" in status or "conditions" in status:  # acting on the spec, not a progress report
+            status = {**status, "observedGeneration": state.generation}
         try:
             await self.ctx.kube.patch_status(PLURAL, state.namespace, state.name, status)
         except ApiError as exc:
@@ -617,7 +617,7 @@ class Campaigns:
             if not body:
                 return
             if state.phase in ("", "Pending"):  # a run that reports progress is running
-                body = {**body, "phase": "Running", "startedAt": state.status.get("startedAt") or _now(),
+                body = {**body, "phase": "Running", "startedAt": state.status.get("startedAt") or conditions.now(),
                         "message": "the run reports progress"}
             state.last_flush = time.monotonic()
             try:
@@ -683,8 +683,10 @@ async def ensure(registry: Campaigns, state: CampaignState) -> None:
         except ValidationError as exc:
             message = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'spec'}: {e['msg']}" for e in exc.errors())
             await registry.patch(state, {"phase": "Failed", "message": f"invalid spec: {message}",
-                                         "finishedAt": _now(), "conditions": [
-                                             condition("Failed", True, "InvalidSpec", message), NO_FLEET]})
+                                         "finishedAt": conditions.now(), "conditions": [
+                                             condition(state, "Failed", True, "InvalidSpec", message),
+                                             condition(state, "FleetDeleted", False, "NotCreated",
+                                                       "no fleet was created")]})
             state.settled = True
             return
         names, base = Names.of(state.name), _api_base(state.namespace)
@@ -706,8 +708,8 @@ async def ensure(registry: Campaigns, state: CampaignState) -> None:
             if isinstance(exc, ApiError) and (exc.status >= 500 or exc.status == 429):
                 raise  # transient: the caller retries
             # The fleet may exist already (the Job failed): the finish path deletes it.
-            await registry.patch(state, {"phase": "Failed", "message": str(exc), "finishedAt": _now(),
-                                         "conditions": [condition("Failed", True, "CreateFailed", str(exc))]})
+            await registry.patch(state, {"phase": "Failed", "message": str(exc), "finishedAt": conditions.now(),
+                                         "conditions": [condition(state, "Failed", True, "CreateFailed", str(exc))]})
             return
         state.ensured = True
         if state.status.get("fleet") == names.fleet and state.status.get("job") == names.job:
@@ -715,7 +717,7 @@ async def ensure(registry: Campaigns, state: CampaignState) -> None:
         await registry.patch(state, {
             "phase": state.phase or "Pending", "fleet": names.fleet, "job": names.job, "instances": spec.instances,
             "message": f"fleet of {spec.instances} instances and Job {names.job} created",
-            "conditions": [condition("Created", True, "Created", "EnvFleet and Job created")]})
+            "conditions": [condition(state, "Created", True, "Created", "EnvFleet and Job created")]})
 
 
 async def ensure_with_retries(registry: Campaigns, state: CampaignState) -> None:
@@ -744,7 +746,7 @@ async def finish(registry: Campaigns, state: CampaignState, outcome: JobState) -
             return
         delete = bool((state.spec.get("cleanup") or {}).get("deleteFleet", True))
         fleet = state.status.get("fleet") or Names.of(state.name).fleet
-        conditions = [condition(outcome.phase if outcome.phase == "Failed" else "Complete", True,
+        conditions = [condition(state, outcome.phase if outcome.phase == "Failed" else "Complete", True,
                                 outcome.reason, outcome.message)]
         if delete:
             path = f"{_api_base(state.namespace)['fleets']}/{fleet}"
@@ -761,13 +763,13 @@ async def finish(registry: Campaigns, state: CampaignState, outcome: JobState) -
                 except ApiError as exc:
                     if exc.status != 404:
                         raise
-            conditions.append(condition("FleetDeleted", True, "Cleanup", f"EnvFleet {fleet} deleted"))
+            conditions.append(condition(state, "FleetDeleted", True, "Cleanup", f"EnvFleet {fleet} deleted"))
         else:
-            conditions.append(condition("FleetDeleted", False, "Kept", "spec.cleanup.deleteFleet is false"))
+            conditions.append(condition(state, "FleetDeleted", False, "Kept", "spec.cleanup.deleteFleet is false"))
         body: dict[str, Any] = {**state.pending, "message": outcome.message, "conditions": conditions}
         state.pending = {}
         if advances(state.phase, outcome.phase):
-            body |= {"phase": outcome.phase, "finishedAt": outcome.finished_at or _now()}
+            body |= {"phase": outcome.phase, "finishedAt": outcome.finished_at or conditions.now()}
             if not state.status.get("startedAt"):
                 body["startedAt"] = outcome.started_at or body["finishedAt"]
         if await registry.patch(state, body):
@@ -800,7 +802,7 @@ async def follow(registry: Campaigns, state: CampaignState, outcome: JobState) -
             return
         body: dict[str, Any] = {"phase": outcome.phase, "message": outcome.message}
         if outcome.phase == "Running":
-            body["startedAt"] = state.status.get("startedAt") or outcome.started_at or _now()
+            body["startedAt"] = state.status.get("startedAt") or outcome.started_at or conditions.now()
         await registry.patch(state, body)
 
 

@@ -201,11 +201,13 @@ class EnvFleetSpec(_Spec):
 
 
 class Condition(_Spec):
+    """metav1.Condition's fields (built by conditions.py)."""
     type: str
     status: Literal["True", "False", "Unknown"]
     reason: str = ""
     message: str = ""
     last_transition_time: str | None = Field(None, alias="lastTransitionTime")
+    observed_generation: int | None = Field(None, alias="observedGeneration")
 
 
 class ShardStatus(_Spec):
@@ -261,6 +263,9 @@ class EnvClaimStatus(_Spec):
     lost: list[str] = Field(default_factory=list, description="Pods of lost instances.")
     bound_at: str | None = Field(None, alias="boundAt")
     latency_ms: float | None = Field(None, alias="latencyMs", description="Creation to Bound.")
+    conditions: list[Condition] = Field(default_factory=list, description=(
+        "Bound (reasons Waiting, Bound, Failed, Expired) and Degraded (InstancesLost)."))
+    observed_generation: int = Field(0, alias="observedGeneration")
 
 
 def _structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
@@ -584,6 +589,7 @@ class CampaignStatus(_Spec):
     started_at: str | None = Field(None, alias="startedAt")
     finished_at: str | None = Field(None, alias="finishedAt")
     conditions: list[Condition] = Field(default_factory=list)
+    observed_generation: int = Field(0, alias="observedGeneration")
 
 
 def campaign_definition() -> dict[str, Any]:

@@ -24,7 +24,7 @@ from typing import Any
 import kopf
 
 from awm_operator import campaigns  # noqa: F401  (registers the Campaign and Job handlers)
-from awm_operator import databases
+from awm_operator import conditions, databases
 from awm_operator.allocator import Allocator, ClaimError, NotActive, Unavailable
 from awm_operator.api import bound_port, build_api, build_metrics, serve
 from awm_operator.auth import Authenticator
@@ -206,19 +206,29 @@ async def claim_event(event: kopf.RawEvent, namespace: str, name: str, memo: kop
     phase = (obj.get("status") or {}).get("phase")
     if phase in ("Bound", "Degraded", "Failed", "Expired") or uid in tasks or uid in memo.claims_done:
         return
-    tasks[uid] = asyncio.create_task(_bind(memo, namespace, name, uid, obj.get("spec") or {}))
+    generation = int(obj["metadata"].get("generation") or 0)
+    tasks[uid] = asyncio.create_task(_bind(memo, namespace, name, uid, obj.get("spec") or {}, generation))
 
 
-async def _bind(memo: kopf.Memo, namespace: str, name: str, uid: str, raw_spec: dict[str, Any]) -> None:
+async def _bind(memo: kopf.Memo, namespace: str, name: str, uid: str, raw_spec: dict[str, Any],
+                generation: int) -> None:
     """Bind at once if the pool allows, else mark the claim Pending and wait for capacity."""
     ctx: Context = memo.ctx
+    written: list[dict[str, Any]] = []  # the conditions last written (their transition times)
+
+    async def report(status: dict[str, Any]) -> None:
+        """A phase of this claim, with its conditions and the generation acted on."""
+        written[:] = conditions.claim_conditions(status["phase"], status.get("message", ""), written, generation)
+        await ctx.kube.patch_status("envclaims", namespace, name,
+                                    {**status, "conditions": written, "observedGeneration": generation})
+
     t0 = time.monotonic()
     cancelled = False
     try:
         try:
             spec = EnvClaimSpec.model_validate(raw_spec)
         except ValueError as exc:
-            await _status(ctx, namespace, name, {"phase": "Failed", "message": f"invalid spec: {exc}"})
+            await report({"phase": "Failed", "message": f"invalid spec: {exc}"})
             return
         fleet = memo.fleets.ensure(namespace, spec.fleet)
         req = ClaimRequest(spec.count, spec.environment, spec.group_size)
@@ -230,15 +240,15 @@ async def _bind(memo: kopf.Memo, namespace: str, name: str, uid: str, raw_spec: 
                 message = str(exc)
                 if fleet.spec is None and not fleet.uid:  # a typo, or a fleet applied after its claim
                     message = f"EnvFleet {spec.fleet!r} not found in namespace {namespace}: waiting for it"
-                await _status(ctx, namespace, name, {"phase": "Pending", "message": message})
+                await report({"phase": "Pending", "message": message})
                 bound = await ctx.allocator.claim(fleet, cid, req, wait=None, source="envclaim",
                                                   ttl=spec.ttl_seconds)
         except ClaimError as exc:
-            await _status(ctx, namespace, name, {"phase": "Failed", "message": str(exc)})
+            await report({"phase": "Failed", "message": str(exc)})
             return
         latency = round((time.monotonic() - t0) * 1000, 3)
         try:
-            await _status(ctx, namespace, name, {
+            await report({
                 "phase": "Bound", "message": f"{len(bound)} instances bound",
                 "instances": [b.as_status() for b in bound], "boundAt": _now(), "latencyMs": latency})
         except ApiError as exc:
@@ -254,6 +264,3 @@ async def _bind(memo: kopf.Memo, namespace: str, name: str, uid: str, raw_spec: 
         if not cancelled:
             memo.claims_done.add(uid)
 
-
-async def _status(ctx: Context, namespace: str, name: str, status: dict[str, Any]) -> None:
-    await ctx.kube.patch_status("envclaims", namespace, name, status)

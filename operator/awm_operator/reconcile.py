@@ -21,14 +21,13 @@ pods of a shard that stayed down for ``shard_lost_after`` seconds are replaced o
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import logging
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
-from awm_operator import databases
+from awm_operator import conditions, databases
 from awm_operator.allocator import Allocator
 from awm_operator.autoscale import ScaleDownGate, desired_replicas
 from awm_operator.config import OperatorConfig
@@ -433,8 +432,9 @@ class Reconciler:
         async def release() -> None:
             try:
                 if expired:
-                    status = {"phase": "Expired", "instances": [], "lost": [],
-                              "message": "ttlSeconds ran out: the instances went back to the pool"}
+                    message = "ttlSeconds ran out: the instances went back to the pool"
+                    status = {"phase": "Expired", "instances": [], "lost": [], "message": message,
+                              "conditions": conditions.claim_conditions("Expired", message)}
                     try:
                         await self.ctx.kube.patch_status("envclaims", fleet.namespace, claim.rsplit(".", 1)[0], status)
                     except ApiError as exc:
@@ -464,8 +464,9 @@ class Reconciler:
                 continue
             name = claim.rsplit(".", 1)[0]
             total = len(fleet.claims[claim].pods)
-            status = {"phase": "Degraded", "lost": list(lost),
-                      "message": f"{len(lost)} of {total} instances lost: {', '.join(lost[:5])}"}
+            message = f"{len(lost)} of {total} instances lost: {', '.join(lost[:5])}"
+            status = {"phase": "Degraded", "lost": list(lost), "message": message,
+                      "conditions": conditions.claim_conditions("Degraded", message)}
             try:
                 await self.ctx.kube.patch_status("envclaims", fleet.namespace, name, status)
             except ApiError as exc:
@@ -496,11 +497,8 @@ class Reconciler:
             self.wake_at(due + 0.01, "scale-down")
 
     def _condition(self, kind: str, ok: bool, reason: str, message: str) -> dict[str, Any]:
-        status = "True" if ok else "False"
-        old = self.conditions.get(kind)
-        when = old["lastTransitionTime"] if old and old["status"] == status else \
-            dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-        cond = {"type": kind, "status": status, "reason": reason, "message": message, "lastTransitionTime": when}
+        cond = conditions.condition(kind, ok, reason, message, generation=self.fleet.generation,
+                                    previous=self.conditions.values())
         self.conditions[kind] = cond
         return cond
 
