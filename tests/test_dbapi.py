@@ -1,4 +1,5 @@
-"""The tool-side database handle's statement guard and value conversion (no database)."""
+"""The tool-side database handle's statement guard and value conversion (no database; the
+allow-list against a real server's catalog: tests/test_sqlguard.py)."""
 
 import datetime as dt
 import decimal
@@ -13,6 +14,13 @@ from awm.envserver.dbapi import SqlForbidden, check_statement, to_json_value
     "SAVEPOINT x", "RELEASE SAVEPOINT x", "select set_config('role', 'postgres', false)",
     "SELECT pg_advisory_lock(1)", "COPY notes TO '/tmp/x'", "DO $$ BEGIN END $$", "grant all on notes to public",
     "ALTER ROLE x SUPERUSER", "CREATE DATABASE evil",
+    # the allow-list: functions however spelt or placed, writes to anything but the instance's tables
+    'SELECT U&"\\0070g_advisory_xact_lock"(1)', "SELECT * FROM notes ORDER BY set_config('a', 'b', true)",
+    "VALUES (pg_catalog.pg_sleep(1))", "SELECT public.evil()", "SELECT ts_stat('select 1')",
+    "UPDATE pg_settings SET setting = 0", "WITH d AS (DELETE FROM pg_catalog.pg_class RETURNING 1) SELECT 1",
+    "MERGE INTO pg_settings s USING (SELECT 1) v ON true WHEN MATCHED THEN UPDATE SET setting = '0'",
+    "select * into t2 from notes", "SELECT 1; SELECT 2", "SELECT 1 OPERATOR(public.+) 2", "", "   ",
+    "SELECT %q", "SELECT 1 FROM",
 ])
 def test_transaction_and_session_control_is_refused(sql):
     with pytest.raises(SqlForbidden):
@@ -22,9 +30,32 @@ def test_transaction_and_session_control_is_refused(sql):
 @pytest.mark.parametrize("sql", [
     "SELECT * FROM notes", "INSERT INTO notes (title) VALUES (%s)", "UPDATE notes SET settings = 1",
     "WITH x AS (SELECT 1) SELECT * FROM x", "DELETE FROM tags WHERE note_id = %s", "select 'commit'",
+    "SELECT count(*), lower(title) FROM notes WHERE title LIKE 'a%%' AND id BETWEEN 1 AND 3 GROUP BY 2",
+    "SELECT extract(year from now()), substring('abc' from 1 for 2), trim(' a '), pg_typeof(1)",
+    "SHOW statement_timeout", "VALUES (1)", "TABLE notes", "SELECT x FROM notes WHERE id = ANY(%(ids)s)",
+    'SELECT "title" FROM "public"."notes" FOR UPDATE', "SELECT jsonb_build_object('a', 1) ->> 'a'",
+    "INSERT INTO public.notes (title) VALUES (%s) ON CONFLICT DO NOTHING RETURNING id",
+    "SELECT row_number() OVER (ORDER BY id), coalesce(title, '') FROM notes",
 ])
 def test_ordinary_statements_pass(sql):
     check_statement(sql)
+
+
+def test_only_queries_that_read_may_be_capped():
+    """check_statement says whether a LIMIT may wrap the statement: a SELECT with no write in it."""
+    assert check_statement("SELECT * FROM notes") is True
+    assert check_statement("WITH d AS (DELETE FROM notes RETURNING id) SELECT * FROM d") is False
+    assert check_statement("UPDATE notes SET title = 'x' RETURNING id") is False
+    assert check_statement("SHOW work_mem") is False
+
+
+def test_placeholders_are_read_as_psycopg_sends_them():
+    """With parameters, %s and %(name)s are placeholders and %% a percent sign; without, the
+    text is parsed as it is (psycopg sends it unchanged)."""
+    assert check_statement("SELECT * FROM notes WHERE title LIKE %s AND id = %(id)s AND 5 %% 2 = 1")
+    assert check_statement("SELECT * FROM notes WHERE title LIKE 'a%'", with_params=False)
+    with pytest.raises(SqlForbidden):
+        check_statement("SELECT %s", with_params=False)
 
 
 def test_values_become_json_ready():

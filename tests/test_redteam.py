@@ -314,6 +314,58 @@ def search_path(db):
 def pg_sleep_past_timeout(db):
     return db.scalar("SELECT pg_sleep(30)")
 ''',
+    "long_query_past_timeout": '''
+def long_query_past_timeout(db):
+    return db.scalar("SELECT count(*) FROM generate_series(1, 100000000000) g")
+''',
+    "unicode_escaped_function": '''
+def unicode_escaped_function(db):
+    return db.scalar('SELECT U&"\\0070g_advisory_xact_lock"(1)')
+''',
+    "function_in_order_by": '''
+def function_in_order_by(db):
+    return db.query("SELECT title FROM notes ORDER BY set_config('statement_timeout', '0', true)")
+''',
+    "function_in_lateral": '''
+def function_in_lateral(db):
+    return db.query("SELECT * FROM notes, LATERAL (SELECT pg_catalog.set_config('statement_timeout', '0', true)) s")
+''',
+    "function_in_values": '''
+def function_in_values(db):
+    return db.query("VALUES (pg_catalog.pg_try_advisory_lock(7))")
+''',
+    "function_in_insert_default": '''
+def function_in_insert_default(db):
+    return db.execute("INSERT INTO notes (title) VALUES (pg_catalog.pg_notify('x', 'y')::text)")
+''',
+    "merge_into_catalog": '''
+def merge_into_catalog(db):
+    return db.execute("MERGE INTO pg_settings s USING (SELECT 1) v ON true WHEN MATCHED THEN UPDATE SET setting = '0'")
+''',
+    "sql_text_table_to_xml": '''
+def sql_text_table_to_xml(db):
+    return db.scalar("SELECT table_to_xml('pg_catalog.pg_authid', true, false, '')")
+''',
+    "sql_text_in_subquery": '''
+def sql_text_in_subquery(db):
+    return db.query("SELECT (SELECT query_to_xml('select set_config(''statement_timeout'', ''0'', false)', true, true, ''))")
+''',
+    "unknown_function": '''
+def unknown_function(db):
+    return db.scalar("SELECT public.awm_no_such_function()")
+''',
+    "operator_of_another_schema": '''
+def operator_of_another_schema(db):
+    return db.scalar("SELECT 1 OPERATOR(public.+) 2")
+''',
+    "server_report_function": '''
+def server_report_function(db):
+    return db.query("SELECT * FROM pg_stat_get_activity(NULL)")
+''',
+    "placeholder_smuggling": '''
+def placeholder_smuggling(db):
+    return db.query("SELECT %(x)s, pg_sleep(5) --", {"x": 1})
+''',
     "listen": '''
 def listen(db):
     return db.execute("LISTEN awm_channel")
@@ -860,7 +912,9 @@ async def test_the_database_refuses_what_the_guard_refuses(redteam, clients, adm
     for tool in ("pg_settings_timeout_off", "pg_settings_qualified", "ts_stat_runs_set_config", "xact_advisory_flood"):
         out = await mcp.call_tool(tool, {})
         assert out.is_error and out.error_kind in CLASSES, (tool, out.text[:300])
-    slow = await mcp.call_tool("pg_sleep_past_timeout", {})
+    # a statement that runs past the tool's deadline is cancelled by the server (pg_sleep itself
+    # is not on the allow-list: any long query of allowed functions is the same attack)
+    slow = await mcp.call_tool("long_query_past_timeout", {})
     assert slow.is_error and slow.error_kind == "timeout", slow.text[:300]
     await _after(control, mcp)
 
