@@ -12,8 +12,8 @@ the whole tree:
   or none, never a ``pg_`` relation (``UPDATE pg_settings`` would change session settings);
 * every function called is on the allow-list (``sql_allowlist.py``): the built-in functions that
   cannot change anything outside the episode's transaction (immutable and stable ones, less the
-  ones that execute SQL text or report on the server, plus a reviewed few volatile ones such as
-  ``random`` and ``nextval``), by name, unqualified or in ``pg_catalog``; every operator is a
+  ones that execute SQL text or report on the server and its other sessions, plus a reviewed few
+  volatile ones such as ``random`` and ``nextval``), by name, unqualified or in ``pg_catalog``; every operator is a
   built-in one. There is no list of bad functions to keep complete: an unknown name is refused.
 
 The second layer is the server's: the template database revokes from PUBLIC what this list
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from pglast import ast, enums, parse_sql
-from pglast.parser import ParseError
+from pglast.parser import ParseError, scan
 
 from awm.envserver.sql_allowlist import FUNCTIONS, OPERATORS
 
@@ -95,7 +95,7 @@ def _check(sql: str, with_params: bool) -> bool:
         raise SqlForbidden("one statement per call" if statements else "empty statement")
     stmt = statements[0].stmt
     if not isinstance(stmt, _DATA):
-        raise SqlForbidden(f"statement not allowed in an environment tool: {_kind(stmt)}")
+        raise SqlForbidden(f"statement not allowed in an environment tool: {_first_word(sql)}")
     reads_only = isinstance(stmt, ast.SelectStmt)
     for node in _walk(stmt):
         if isinstance(node, ast.SelectStmt) and node.intoClause is not None:
@@ -110,9 +110,12 @@ def _check(sql: str, with_params: bool) -> bool:
     return reads_only
 
 
-def _kind(node: Any) -> str:
-    """A statement's kind as a user would say it (``TransactionStmt`` -> ``Transaction``)."""
-    return type(node).__name__.removesuffix("Stmt")
+def _first_word(sql: str) -> str:
+    """The statement's first keyword as written (``COMMIT``, ``SET``), past comments."""
+    for token in scan(sql):
+        if not token.name.endswith("COMMENT"):
+            return sql[token.start:token.end + 1].upper()[:40]
+    return "(empty)"
 
 
 def _walk(node: Any) -> Any:
@@ -159,18 +162,25 @@ def _check_operator(name: Any) -> None:
 
 # --------------------------------------------------------------------------- the allow-list
 
-# Immutable and stable functions that still may not run: they execute SQL text (the *_to_xml
-# family runs a query string or whole tables, ts_stat and ts_rewrite a query) or take the
-# server's internal types.
-NOT_ALLOWED = re.compile(r"^(query_to_xml\w*|cursor_to_xml\w*|table_to_xml\w*|schema_to_xml\w*|database_to_xml\w*|"
-                         r"ts_stat|ts_rewrite)$")
-# Functions allowed whatever their volatility: they change only the episode's own data or nothing (reviewed one by one).
-# (pg_typeof: stable, and harmless; other non-immutable pg_* functions report on the server.)
+# Immutable and stable functions that still may not run: they execute SQL text or read whole
+# tables (the *_to_xml family runs a query string, ts_stat and ts_rewrite a query), or they report
+# on the server, its files and its other sessions (activity, locks, settings' sources, file
+# paths, replication, backend pids) rather than on the episode's data.
+NOT_ALLOWED = re.compile(
+    r"^(query_to_xml\w*|cursor_to_xml\w*|table_to_xml\w*|schema_to_xml\w*|database_to_xml\w*|ts_stat|ts_rewrite|"
+    r"pg_(stat_\w+|ls_\w+|show_\w+|settings_get_flags|conf_load_time|postmaster_start_time|config|cursor|"
+    r"prepared_statement|listening_channels|get_replication_slots|get_publication_tables|replication_origin_oid|"
+    r"tablespace_\w+|relation_filenode|relation_filepath|filenode_relation|current_logfile|event_trigger_\w+|"
+    r"available_\w+|extension_update_paths|numa_available|split_walfile_name|backend_pid|current_snapshot|"
+    r"current_xact_id\w*|get_backend_memory_contexts|get_shmem_allocations\w*|control_\w+|lock_status|"
+    r"blocking_pids|get_wal_\w+|walfile_name\w*))$")
+# Volatile functions allowed all the same: they change only the episode's own data (sequences,
+# which the reset restores) or nothing. Reviewed one by one.
 REVIEWED = frozenset({"random", "random_normal", "nextval", "currval", "setval", "lastval",
-                      "clock_timestamp", "timeofday", "gen_random_uuid", "uuidv4", "uuidv7", "pg_typeof"})
+                      "clock_timestamp", "timeofday", "gen_random_uuid", "uuidv4", "uuidv7"})
 
 _CATALOG_QUERY = """
-SELECT p.proname, bool_and(p.provolatile IN ('i', 's')) AS safe, bool_and(p.provolatile = 'i') AS pure
+SELECT p.proname, bool_and(p.provolatile IN ('i', 's')) AS safe
 FROM pg_proc p
 WHERE p.pronamespace = 'pg_catalog'::regnamespace AND p.prokind IN ('f', 'a', 'w')
   AND p.prorettype NOT IN ('internal'::regtype, 'cstring'::regtype, 'trigger'::regtype, 'event_trigger'::regtype,
@@ -183,8 +193,7 @@ GROUP BY p.proname
 
 def generate(admin_dsn: str) -> tuple[list[str], list[str], str]:
     """(functions, operators, server version) from a server's catalog, by the rules above: every
-    overload immutable or stable (``pg_*`` ones: immutable), not in ``NOT_ALLOWED``; or reviewed
-    volatile."""
+    overload immutable or stable and not in ``NOT_ALLOWED``; or one of ``REVIEWED``."""
     import psycopg
 
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
@@ -192,9 +201,7 @@ def generate(admin_dsn: str) -> tuple[list[str], list[str], str]:
         operators = sorted(r[0] for r in conn.execute(
             "SELECT DISTINCT oprname FROM pg_operator WHERE oprnamespace = 'pg_catalog'::regnamespace"))
         version = str(conn.execute("SHOW server_version").fetchone()[0])  # type: ignore[index]
-    functions = sorted(name for name, safe, pure in rows
-                       if name in REVIEWED or (safe and not NOT_ALLOWED.match(name)
-                                                      and (pure or not name.startswith("pg_"))))
+    functions = sorted(name for name, safe in rows if name in REVIEWED or (safe and not NOT_ALLOWED.match(name)))
     return functions, operators, version
 
 

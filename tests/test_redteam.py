@@ -316,7 +316,8 @@ def pg_sleep_past_timeout(db):
 ''',
     "long_query_past_timeout": '''
 def long_query_past_timeout(db):
-    return db.scalar("SELECT count(*) FROM generate_series(1, 100000000000) g")
+    return db.scalar("SELECT count(*) FROM generate_series(1, 10000) a, generate_series(1, 10000) b, "
+                     "generate_series(1, 10000) c")
 ''',
     "unicode_escaped_function": '''
 def unicode_escaped_function(db):
