@@ -19,6 +19,7 @@ import typer
 import yaml
 from pydantic import ValidationError
 
+from awm_operator import campaign_manifests as cm
 from awm_operator import campaigns as cp
 from awm_operator.config import OperatorConfig
 from awm_operator.crds import MAX_REPLICAS, CampaignSpec, CampaignStatus, definitions
@@ -94,10 +95,10 @@ def test_qwen3_campaign_examples_split_gpus_between_vllm_and_a_sharded_learner()
     assert one.training is not None and one.training.vllm is not None and one.training.learner.processes == 4
     gpus = int(one.job.resources["limits"]["nvidia.com/gpu"]) + int(one.training.vllm.resources["limits"]["nvidia.com/gpu"])
     assert gpus == 8
-    cfg = TrainConfig.from_dict(cp.train_config(one))
+    cfg = TrainConfig.from_dict(cm.train_config(one))
     assert cfg.learner.distributed and cfg.policy.base_url == "http://127.0.0.1:8000/v1"
-    assert cfg.policy.sync_dir == cp.WEIGHTS_DIR and cfg.policy.path == "/models/Qwen3-4B"
-    pod = cp.job_manifest("q", "rl", "u", one, OperatorConfig(), cp.CampaignSettings(), "http://op:8080")["spec"]["template"]["spec"]
+    assert cfg.policy.sync_dir == cm.WEIGHTS_DIR and cfg.policy.path == "/models/Qwen3-4B"
+    pod = cm.job_manifest("q", "rl", "u", one, OperatorConfig(), cm.CampaignSettings(), "http://op:8080")["spec"]["template"]["spec"]
     (trainer,) = pod["containers"]
     assert trainer["command"] == ["torchrun", "--standalone", "--nproc-per-node", "4", "--no-python", "awm"]
     vllm = pod["initContainers"][1]
@@ -106,13 +107,13 @@ def test_qwen3_campaign_examples_split_gpus_between_vllm_and_a_sharded_learner()
     assert vllm["args"][:4] == ["--model", "/models/Qwen3-4B", "--served-model-name", "policy"]
     assert "--enable-lora" in vllm["args"] and vllm["args"][vllm["args"].index("--max-lora-rank") + 1] == "32"
     shared = {m["mountPath"] for m in trainer["volumeMounts"]} & {m["mountPath"] for m in vllm["volumeMounts"]}
-    assert {cp.WEIGHTS_DIR, "/models"} <= shared  # the weight-sync path and the model, at the same paths
+    assert {cm.WEIGHTS_DIR, "/models"} <= shared  # the weight-sync path and the model, at the same paths
 
     two = CampaignSpec.model_validate(yaml.safe_load((EXAMPLES / "campaign-qwen3-4b-nodes.yaml").read_text())["spec"])
     assert two.training is not None and two.training.vllm is None and two.training.learner.processes == 16
-    cfg = TrainConfig.from_dict(cp.train_config(two))
+    cfg = TrainConfig.from_dict(cm.train_config(two))
     assert cfg.learner.distributed and cfg.policy.weight_sync == "full" and cfg.policy.sync_dir.startswith("/shared/")
-    job = cp.job_manifest("q", "rl", "u", two, OperatorConfig(), cp.CampaignSettings(), "http://op:8080")
+    job = cm.job_manifest("q", "rl", "u", two, OperatorConfig(), cm.CampaignSettings(), "http://op:8080")
     assert (job["spec"]["completionMode"], job["spec"]["completions"], job["spec"]["parallelism"]) == ("Indexed", 2, 2)
     pod = job["spec"]["template"]["spec"]
     assert pod["subdomain"] == "q-workers" and len(pod["initContainers"]) == 1
@@ -120,7 +121,7 @@ def test_qwen3_campaign_examples_split_gpus_between_vllm_and_a_sharded_learner()
     assert trainer["command"] == ["torchrun", "--nnodes", "2", "--node-rank", "$(NODE_RANK)", "--master-addr",
                                   "q-0.q-workers", "--master-port", "29500", "--nproc-per-node", "8", "--no-python", "awm"]
     assert container_env(job)["NODE_RANK"]["fieldRef"]["fieldPath"].endswith("['batch.kubernetes.io/job-completion-index']")
-    service = cp.workers_service_manifest("q", "rl", "u", two)
+    service = cm.workers_service_manifest("q", "rl", "u", two)
     assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"] is True
     assert service["spec"]["selector"] == {"batch.kubernetes.io/job-name": "q"}
     assert trainer["args"] == ["train", "--config", "/etc/awm/train.yaml"]  # awm's arguments after torchrun's
@@ -139,9 +140,9 @@ def test_training_processes_and_sidecar_rules(change: dict[str, Any], message: s
 
 def test_single_process_training_has_no_launcher() -> None:
     spec = training()
-    pod = cp.job_manifest("r", "rl", "u", spec, OperatorConfig(), cp.CampaignSettings(), "http://op")["spec"]["template"]["spec"]
+    pod = cm.job_manifest("r", "rl", "u", spec, OperatorConfig(), cm.CampaignSettings(), "http://op")["spec"]["template"]["spec"]
     assert pod["containers"][0]["command"] == ["awm"] and "subdomain" not in pod
-    assert "learner" not in cp.train_config(spec)
+    assert "learner" not in cm.train_config(spec)
 
 
 def test_examples_are_valid_campaigns() -> None:
@@ -152,7 +153,7 @@ def test_examples_are_valid_campaigns() -> None:
         assert spec.mode == mode and spec.database.secret_name == "awm-database"
     gpu = CampaignSpec.model_validate(yaml.safe_load((EXAMPLES / "campaign-training.yaml").read_text())["spec"])
     assert gpu.job.resources and "nvidia.com/gpu" in gpu.job.resources["limits"]
-    TrainConfig.from_dict(cp.train_config(gpu))  # its inline config is one `awm train` accepts
+    TrainConfig.from_dict(cm.train_config(gpu))  # its inline config is one `awm train` accepts
 
 
 # --------------------------------------------------------------------------- manifests
@@ -160,7 +161,7 @@ def test_examples_are_valid_campaigns() -> None:
 
 def test_fleet_manifest_is_owned_autoscaled_and_sized_to_demand() -> None:
     spec = training(fleetTemplate={"annotations": {"awm.dev/control-url": "http://x"}, "resources": {"limits": {"cpu": "2"}}})
-    fleet = cp.fleet_manifest("run-1", "rl", "uid-1", spec)
+    fleet = cm.fleet_manifest("run-1", "rl", "uid-1", spec)
     assert fleet["metadata"]["name"] == "run-1" and fleet["metadata"]["namespace"] == "rl"
     assert fleet["metadata"]["ownerReferences"] == [{"apiVersion": "awm.dev/v1alpha1", "kind": "Campaign", "name": "run-1",
                                                      "uid": "uid-1", "controller": True, "blockOwnerDeletion": True}]
@@ -174,15 +175,16 @@ def test_fleet_manifest_is_owned_autoscaled_and_sized_to_demand() -> None:
 
 def test_train_config_is_what_the_fleet_holds() -> None:
     spec = training()
-    cfg = cp.train_config(spec)
-    assert cfg["catalog"] == cp.CATALOG_DIR and cfg["envs"] == ["crm", "bike_shop"] and cfg["replicas"] == 16
+    cfg = cm.train_config(spec)
+    assert cfg["catalog"] == cm.CATALOG_DIR and cfg["envs"] == ["crm", "bike_shop"] and cfg["replicas"] == 16
     assert cfg["rollout"] == {"max_staleness": 2, "group_size": 8, "max_inflight_groups": 4}
     assert cfg["steps"] == 50 and cfg["run_dir"] == "/tmp/run"
     assert spec.training is not None and spec.training.config["rollout"]["group_size"] == 3  # the spec is untouched
-    cm = cp.config_map_manifest("run-1", "rl", "uid-1", spec)
-    assert cm["metadata"]["name"] == "run-1-train-config" and cm["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
-    parsed = TrainConfig.from_dict(yaml.safe_load(cm["data"][cp.CONFIG_FILE]))  # the trainer's own parser
-    assert (parsed.catalog, parsed.replicas, parsed.rollout.group_size) == (cp.CATALOG_DIR, 16, 8)
+    config_map = cm.config_map_manifest("run-1", "rl", "uid-1", spec)
+    assert config_map["metadata"]["name"] == "run-1-train-config" and \
+        config_map["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    parsed = TrainConfig.from_dict(yaml.safe_load(config_map["data"][cm.CONFIG_FILE]))  # the trainer's own parser
+    assert (parsed.catalog, parsed.replicas, parsed.rollout.group_size) == (cm.CATALOG_DIR, 16, 8)
 
 
 def container_env(job: dict[str, Any]) -> dict[str, Any]:
@@ -197,12 +199,12 @@ def test_training_job_manifest() -> None:
                          "volumes": [{"name": "models", "persistentVolumeClaim": {"claimName": "m"}}],
                          "volumeMounts": [{"name": "models", "mountPath": "/models"}], "labels": {"team": "rl"}})
     cfg = OperatorConfig(image_pull_secrets=[{"name": "regcred"}])
-    settings = cp.CampaignSettings(trainer_image="default/trainer:1")
-    job = cp.job_manifest("run-1", "rl", "uid-1", spec, cfg, settings, "http://awm-operator.awm.svc:8080")
+    settings = cm.CampaignSettings(trainer_image="default/trainer:1")
+    job = cm.job_manifest("run-1", "rl", "uid-1", spec, cfg, settings, "http://awm-operator.awm.svc:8080")
     meta, js = job["metadata"], job["spec"]
     assert (job["apiVersion"], job["kind"], meta["name"]) == ("batch/v1", "Job", "run-1")
     assert meta["ownerReferences"][0]["kind"] == "Campaign" and meta["labels"]["app.kubernetes.io/name"] == "awm-campaign"
-    assert cp.owning_campaign(job) == "run-1"
+    assert cm.owning_campaign(job) == "run-1"
     assert js["backoffLimit"] == 2
     pod = js["template"]["spec"]
     assert js["template"]["metadata"]["labels"]["awm.dev/client"] == "true"  # let in by the env pods' NetworkPolicy
@@ -216,12 +218,12 @@ def test_training_job_manifest() -> None:
     assert c["resources"] == {"limits": {"nvidia.com/gpu": 1}}
     assert c["securityContext"]["readOnlyRootFilesystem"] is True
     mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
-    assert mounts == {cp.CATALOG_DIR: "catalog", "/tmp": "tmp", "/etc/awm": "config", "/models": "models"}
+    assert mounts == {cm.CATALOG_DIR: "catalog", "/tmp": "tmp", "/etc/awm": "config", "/models": "models"}
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["config"]["configMap"]["name"] == "run-1-train-config" and "persistentVolumeClaim" in volumes["models"]
     (init,) = pod["initContainers"]
     assert init["image"] == cfg.catalog_image
-    assert init["command"] == ["cp", "/catalog/crm.json", "/catalog/bike_shop.json", f"{cp.CATALOG_DIR}/"]
+    assert init["command"] == ["cp", "/catalog/crm.json", "/catalog/bike_shop.json", f"{cm.CATALOG_DIR}/"]
     env = container_env(job)
     assert env["HF_HOME"] == "/models"
     # The trainer reads exactly these variables.
@@ -232,7 +234,7 @@ def test_training_job_manifest() -> None:
     annotations = js["template"]["metadata"]["annotations"]
     assert annotations["prometheus.io/scrape"] == "true" and annotations["prometheus.io/port"] == "9400"
     assert c["ports"] == [{"name": "metrics", "containerPort": 9400}]
-    parsed = TrainConfig.from_dict(yaml.safe_load(cp.config_map_manifest("run-1", "rl", "u", spec)["data"][cp.CONFIG_FILE]))
+    parsed = TrainConfig.from_dict(yaml.safe_load(cm.config_map_manifest("run-1", "rl", "u", spec)["data"][cm.CONFIG_FILE]))
     assert (parsed.metrics_port, parsed.metrics_host) == (9400, "0.0.0.0")
 
 
@@ -326,7 +328,7 @@ async def _per_connection_balancer(ports: list[int]) -> tuple[asyncio.Server, li
 
 def test_evaluation_job_runs_awm_eval_with_arguments_it_accepts() -> None:
     spec = evaluation()
-    job = cp.job_manifest("ev", "rl", "u", spec, OperatorConfig(), cp.CampaignSettings(), "http://op:8080")
+    job = cm.job_manifest("ev", "rl", "u", spec, OperatorConfig(), cm.CampaignSettings(), "http://op:8080")
     (c,) = job["spec"]["template"]["spec"]["containers"]
     assert c["name"] == "evaluator" and c["image"] == "awm-trainer:0.1.0"
     env = container_env(job)
@@ -338,15 +340,15 @@ def test_evaluation_job_runs_awm_eval_with_arguments_it_accepts() -> None:
     sub = command.get_command(ctx, c["args"][0])
     params = sub.make_context("eval", list(c["args"][1:])).params
     assert (params["base_url"], params["model"], params["k"], params["replicas"]) == ("http://vllm:8000/v1", "qwen", 4, 4)
-    assert params["env"] == ["crm"] and params["task"] == ["t1", "t2"] and params["catalog"] == cp.CATALOG_DIR
+    assert params["env"] == ["crm"] and params["task"] == ["t1", "t2"] and params["catalog"] == cm.CATALOG_DIR
     assert str(params["out"]) == "/tmp/eval"  # scratch unless evaluation.output points into a volume
     kept = evaluation(evaluation={**spec.evaluation.model_dump(by_alias=True), "output": "/results/ev"})
-    (c,) = cp.job_manifest("ev", "rl", "u", kept, OperatorConfig(), cp.CampaignSettings(),
+    (c,) = cm.job_manifest("ev", "rl", "u", kept, OperatorConfig(), cm.CampaignSettings(),
                            "http://op:8080")["spec"]["template"]["spec"]["containers"]
     assert c["args"][c["args"].index("--out") + 1] == "/results/ev" and "ports" not in c
     init = job["spec"]["template"]["spec"]["initContainers"][0]
     assert init["image"] == c["image"] and init["command"][:2] == ["python", "-c"]
-    assert init["command"][3:] == ["http://store/cat", cp.CATALOG_DIR, "crm"]
+    assert init["command"][3:] == ["http://store/cat", cm.CATALOG_DIR, "crm"]
     assert "volumes" in job["spec"]["template"]["spec"] and all(v["name"] != "config"
                                                                 for v in job["spec"]["template"]["spec"]["volumes"])
 
@@ -355,12 +357,12 @@ def test_evaluation_jobs_take_the_evaluation_image_when_the_chart_names_one() ->
     """An evaluation of an endpoint needs no torch: with AWM_EVAL_IMAGE set (the chart's
     trainer.evalImage) its Job and the Job's catalog download run that image; training keeps the
     trainer image, and a campaign's own job.image wins over both."""
-    settings = cp.CampaignSettings.from_env({"AWM_TRAINER_IMAGE": "reg/awm-trainer:1",
+    settings = cm.CampaignSettings.from_env({"AWM_TRAINER_IMAGE": "reg/awm-trainer:1",
                                              "AWM_EVAL_IMAGE": "reg/awm-trainer-eval:1",
                                              "AWM_EVAL_IMAGE_PULL_POLICY": "Never"})
 
     def pod(spec: Any) -> dict[str, Any]:
-        return cp.job_manifest("c", "rl", "u", spec, OperatorConfig(), settings, "http://op:8080")["spec"]["template"]["spec"]
+        return cm.job_manifest("c", "rl", "u", spec, OperatorConfig(), settings, "http://op:8080")["spec"]["template"]["spec"]
 
     ev = pod(evaluation())
     assert [(c["image"], c["imagePullPolicy"]) for c in ev["initContainers"] + ev["containers"]] == \
@@ -372,12 +374,12 @@ def test_evaluation_jobs_take_the_evaluation_image_when_the_chart_names_one() ->
 
 
 def test_child_names_fit() -> None:
-    assert cp.Names.of("run") == cp.Names("run", "run", "run-train-config", "run-trainer", "run-workers")
+    assert cm.Names.of("run") == cm.Names("run", "run", "run-train-config", "run-trainer", "run-workers")
     long = "a" * 200
-    names = cp.Names.of(long)
-    assert len(names.job) <= cp.NAME_LIMIT and len(names.config) <= cp.NAME_LIMIT
-    assert len(names.account) <= cp.NAME_LIMIT and names.account.endswith("-trainer")
-    assert names.config.endswith("-train-config") and names.job != cp.Names.of("a" * 199).job
+    names = cm.Names.of(long)
+    assert len(names.job) <= cm.NAME_LIMIT and len(names.config) <= cm.NAME_LIMIT
+    assert len(names.account) <= cm.NAME_LIMIT and names.account.endswith("-trainer")
+    assert names.config.endswith("-train-config") and names.job != cm.Names.of("a" * 199).job
 
 
 # --------------------------------------------------------------------------- Job -> phase
@@ -388,36 +390,36 @@ def job(conditions: list[dict[str, Any]] | None = None, **status: Any) -> dict[s
 
 
 def test_job_state_maps_to_phases() -> None:
-    assert cp.job_state({"metadata": {}}).phase == "Pending"
-    assert cp.job_state(job(active=1, ready=0, startTime="t0")).phase == "Pending"  # pulling the image
-    running = cp.job_state(job(active=1, ready=1, startTime="t0"))
+    assert cm.job_state({"metadata": {}}).phase == "Pending"
+    assert cm.job_state(job(active=1, ready=0, startTime="t0")).phase == "Pending"  # pulling the image
+    running = cm.job_state(job(active=1, ready=1, startTime="t0"))
     assert (running.phase, running.started_at) == ("Running", "t0")
     # FailureTarget / SuccessCriteriaMet come first; only the final conditions end a campaign.
-    assert cp.job_state(job([{"type": "FailureTarget", "status": "True"}], ready=1)).phase == "Running"
-    assert cp.job_state(job([{"type": "SuccessCriteriaMet", "status": "True"}])).phase == "Pending"
-    done = cp.job_state(job([{"type": "SuccessCriteriaMet", "status": "True"}, {"type": "Complete", "status": "True"}],
+    assert cm.job_state(job([{"type": "FailureTarget", "status": "True"}], ready=1)).phase == "Running"
+    assert cm.job_state(job([{"type": "SuccessCriteriaMet", "status": "True"}])).phase == "Pending"
+    done = cm.job_state(job([{"type": "SuccessCriteriaMet", "status": "True"}, {"type": "Complete", "status": "True"}],
                             startTime="t0", completionTime="t1"))
     assert (done.phase, done.started_at, done.finished_at) == ("Succeeded", "t0", "t1")
-    failed = cp.job_state(job([{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
+    failed = cm.job_state(job([{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
                                 "message": "Job has reached the specified backoff limit",
                                 "lastTransitionTime": "t2"}]))
     assert (failed.phase, failed.reason, failed.finished_at) == ("Failed", "BackoffLimitExceeded", "t2")
     assert "backoff limit" in failed.message
-    assert cp.job_state(job([{"type": "Complete", "status": "False"}], ready=1)).phase == "Running"
+    assert cm.job_state(job([{"type": "Complete", "status": "False"}], ready=1)).phase == "Running"
 
 
 def test_phases_only_move_forward() -> None:
-    assert cp.advances("", "Pending") and cp.advances("Pending", "Running") and cp.advances("Running", "Failed")
-    assert cp.advances("Pending", "Succeeded")
-    assert not cp.advances("Running", "Pending") and not cp.advances("Succeeded", "Running")
-    assert not cp.advances("Failed", "Succeeded") and not cp.advances("Running", "Running")
+    assert cm.advances("", "Pending") and cm.advances("Pending", "Running") and cm.advances("Running", "Failed")
+    assert cm.advances("Pending", "Succeeded")
+    assert not cm.advances("Running", "Pending") and not cm.advances("Succeeded", "Running")
+    assert not cm.advances("Failed", "Succeeded") and not cm.advances("Running", "Running")
 
 
 def test_settings_from_env() -> None:
-    s = cp.CampaignSettings.from_env({"AWM_OPERATOR_URL": "http://awm-operator.awm.svc:8080",
+    s = cm.CampaignSettings.from_env({"AWM_OPERATOR_URL": "http://awm-operator.awm.svc:8080",
                                       "AWM_TRAINER_IMAGE": "r/t:9", "AWM_CAMPAIGN_STATUS_INTERVAL": "5"})
     assert (s.operator_url, s.trainer_image, s.status_interval) == ("http://awm-operator.awm.svc:8080", "r/t:9", 5.0)
-    assert cp.CampaignSettings.from_env({}) == cp.CampaignSettings()
+    assert cm.CampaignSettings.from_env({}) == cm.CampaignSettings()
 
 
 # --------------------------------------------------------------------------- progress
@@ -460,7 +462,7 @@ class FakeContext:
 
 async def test_progress_is_coalesced_into_few_status_writes() -> None:
     ctx = FakeContext()
-    registry = cp.Campaigns(ctx, cp.CampaignSettings(status_interval=3600))  # type: ignore[arg-type]
+    registry = cp.Campaigns(ctx, cm.CampaignSettings(status_interval=3600))  # type: ignore[arg-type]
     state = registry.observe({"metadata": {"namespace": "rl", "name": "run", "uid": "u1"},
                               "status": {"phase": "Pending"}, "spec": {}})
     registry.report(state, {"step": 1, "rewardMean": 0.1})
@@ -497,7 +499,7 @@ async def test_the_first_report_goes_out_at_once_on_a_fresh_machine(monkeypatch:
     # the campaigns module's clock only (the event loop keeps its own)
     monkeypatch.setattr(cp, "time", SimpleNamespace(monotonic=lambda: 5.0, time=_time.time))
     ctx = FakeContext()
-    registry = cp.Campaigns(ctx, cp.CampaignSettings(status_interval=3600))  # type: ignore[arg-type]
+    registry = cp.Campaigns(ctx, cm.CampaignSettings(status_interval=3600))  # type: ignore[arg-type]
     state = registry.observe({"metadata": {"namespace": "rl", "name": "run", "uid": "u1"},
                               "status": {"phase": "Pending"}, "spec": {}})
     registry.report(state, {"step": 1})
@@ -520,7 +522,7 @@ async def test_a_replica_that_does_not_follow_the_campaign_answers_503() -> None
 
     class Campaigns(RecordingKube):
         async def get_object(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
-            assert plural == cp.PLURAL
+            assert plural == cm.PLURAL
             return {"metadata": {"namespace": namespace, "name": name}} if name == "run" else None
 
     ctx = FakeContext()
@@ -541,7 +543,7 @@ async def test_a_replica_that_does_not_follow_the_campaign_answers_503() -> None
 
 
 def test_observe_never_goes_back() -> None:
-    registry = cp.Campaigns(FakeContext(), cp.CampaignSettings())  # type: ignore[arg-type]
+    registry = cp.Campaigns(FakeContext(), cm.CampaignSettings())  # type: ignore[arg-type]
     obj = {"metadata": {"namespace": "rl", "name": "run", "uid": "u1"}, "status": {"phase": "Succeeded"}, "spec": {}}
     state = registry.observe(obj)
     assert registry.observe({**obj, "status": {"phase": "Running"}}).phase == "Succeeded"
@@ -557,9 +559,9 @@ def test_concurrent_groups_size_a_campaign_by_episodes_not_environments() -> Non
         CampaignSpec.model_validate(base)  # 526 x 16 = 8,416 instances
     spec = CampaignSpec.model_validate({**base, "concurrentGroups": 64})
     assert spec.late and spec.instances == 1024
-    fleet = cp.fleet_manifest("paper", "rl", "u", spec)["spec"]
+    fleet = cm.fleet_manifest("paper", "rl", "u", spec)["spec"]
     assert fleet["binding"] == "late" and fleet["replicas"] == fleet["maxReplicas"] == 1024
-    cfg = TrainConfig.from_dict(cp.train_config(spec))
+    cfg = TrainConfig.from_dict(cm.train_config(spec))
     assert cfg.instances == 1024 and cfg.rollout.max_inflight_groups == 64
     for bad, message in (({"concurrentGroups": 300}, "at most"), ({"concurrentGroups": 4, "groupsPerEnvironment": 2},
                                                                  "not both"),
@@ -568,5 +570,5 @@ def test_concurrent_groups_size_a_campaign_by_episodes_not_environments() -> Non
             CampaignSpec.model_validate({**base, **bad})
     evaluation = CampaignSpec.model_validate({**base, "mode": "evaluation", "training": None, "concurrentGroups": 8,
                                               "evaluation": {"baseUrl": "http://x/v1", "model": "m", "k": 4}})
-    args = cp.eval_args(evaluation)
+    args = cm.eval_args(evaluation)
     assert args[args.index("--instances") + 1] == "32" and "--replicas" not in args

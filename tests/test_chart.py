@@ -210,7 +210,7 @@ CAMPAIGN_RULES = {
     ("batch", "jobs"): {"get", "list", "watch", "create"},
     ("", "configmaps"): {"get", "create"},
     ("", "services"): {"get", "create"},  # the headless Service of a learner on several nodes
-    # Each campaign's trainer identity (campaigns.trainer_access): RBAC lets the operator grant only
+    # Each campaign's trainer identity (campaign_manifests.trainer_access): RBAC lets the operator grant only
     # what it holds, hence the envclaims and campaigns/status verbs it never uses itself.
     ("", "serviceaccounts"): {"create", "get"},
     ("rbac.authorization.k8s.io", "roles"): {"create", "get"},
@@ -780,8 +780,8 @@ def test_the_operator_works_under_the_charts_rbac(cluster, helm: str, admin_dsn:
 
 def test_operator_env_configures_campaigns(helm: str) -> None:
     """Campaign Jobs reach the allocation API at the operator's Service, and run the chart's
-    trainer image unless the campaign names one (read by campaigns.CampaignSettings)."""
-    from awm_operator.campaigns import CampaignSettings
+    trainer image unless the campaign names one (read by campaign_manifests.CampaignSettings)."""
+    from awm_operator.campaign_manifests import CampaignSettings
 
     docs = render(helm, "imageRegistry=registry.example/awm", "trainer.image.pullPolicy=Always")
     c = one(docs, "Deployment", "awm-operator")["spec"]["template"]["spec"]["containers"][0]

@@ -1154,7 +1154,7 @@ def test_reviews_are_cached_by_token_hash_and_expire() -> None:
 
 
 def test_a_campaign_job_runs_as_its_own_trainer_account() -> None:
-    from awm_operator.campaigns import CampaignSettings, Names, job_manifest, trainer_access
+    from awm_operator.campaign_manifests import CampaignSettings, Names, job_manifest, trainer_access
     from awm_operator.crds import CampaignSpec
 
     spec = CampaignSpec.model_validate({"mode": "evaluation", "environments": ["crm"], "catalog": {},
