@@ -7,6 +7,7 @@ The starter catalog ships inside the package; ``"starter"`` names it.
 
 from __future__ import annotations
 
+import random
 import re
 import tarfile
 import tempfile
@@ -138,3 +139,26 @@ def load(catalog: str | Path | None = None, names: list[str] | None = None) -> l
             raise CatalogError(f"not in the catalog: {', '.join(missing)} (have: {', '.join(sorted(bundles))})")
         return [bundles[n] for n in names]  # type: ignore[misc]
     return list(bundles.values())  # type: ignore[arg-type]
+
+
+def split(names: list[str], test_fraction: float = 0.1, seed: int = 0,
+          test_count: int | None = None) -> tuple[list[str], list[str]]:
+    """The paper's train/test protocol: environments (never tasks) held out whole. A seeded
+    shuffle of the sorted names, the first ``test_count`` (or ``round(n * test_fraction)``, at
+    least one when the fraction is above 0) for test, the rest for training; both sorted. The
+    same names, fraction and seed give the same split on any machine (``random.Random`` is
+    deterministic across platforms and Python versions for ``shuffle`` of a list)."""
+    unique = sorted(set(names))
+    if len(unique) != len(names):
+        raise CatalogError("the catalog names an environment twice")
+    n = len(unique)
+    if test_count is None:
+        if not 0.0 <= test_fraction < 1.0:
+            raise CatalogError(f"the test fraction must be in [0, 1), not {test_fraction}")
+        test_count = max(1, round(n * test_fraction)) if test_fraction > 0 else 0
+    if not 0 <= test_count < n:
+        raise CatalogError(f"cannot hold out {test_count} of {n} environments and train on the rest")
+    order = unique[:]
+    random.Random(seed).shuffle(order)
+    test = sorted(order[:test_count])
+    return sorted(set(unique) - set(test)), test

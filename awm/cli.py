@@ -403,6 +403,39 @@ def catalog_export(
     console.print(f"wrote {output / INDEX} ({len(bundles)} environments)")
 
 
+@catalog_app.command("split")
+def catalog_split(
+    catalog: Annotated[str, typer.Argument(help="Catalog directory or archive ('starter' = built in).")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Directory to write train/, test/ and split.json into.")],
+    test: Annotated[float, typer.Option("--test", help="Fraction of environments held out for test.")] = 0.1,
+    test_count: Annotated[Optional[int], typer.Option("--test-count", help="Hold out exactly this many "
+                                                      "environments (instead of --test).")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the shuffle: the same seed, the same split.")] = 0,
+) -> None:
+    """Split a catalog by environment into train/ and test/ catalogs (each <env>.json bundles and
+    index.json), seeded, for the paper's protocol: train on some environments, evaluate on
+    environments never seen. split.json records the seed and both lists."""
+    bundles = {b.name: b for b in _load(catalog)}
+    try:
+        train, held_out = catalog_mod.split(list(bundles), test, seed, test_count)
+    except catalog_mod.CatalogError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    for part, names in (("train", train), ("test", held_out)):
+        directory = out / part
+        directory.mkdir(parents=True, exist_ok=True)
+        for name in names:
+            (directory / f"{name}.json").write_text(bundles[name].model_dump_json(indent=1))
+        (directory / catalog_mod.INDEX).write_text(json.dumps(catalog_mod.index([bundles[n] for n in names]), indent=1))
+    record = {"catalog": str(catalog), "seed": seed, "test_fraction": None if test_count is not None else test,
+              "train": train, "test": held_out,
+              "tasks": {"train": sum(len(bundles[n].tasks) for n in train),
+                        "test": sum(len(bundles[n].tasks) for n in held_out)}}
+    (out / "split.json").write_text(json.dumps(record, indent=1))
+    console.print(f"{len(train)} environments ({record['tasks']['train']} tasks) in {out / 'train'}, "
+                  f"{len(held_out)} ({record['tasks']['test']} tasks) in {out / 'test'}; seed {seed}")
+
+
 @catalog_app.command("import")
 def catalog_import(
     src: Annotated[Path, typer.Argument(help="Directory in the AWM-1K release format (gen_*.jsonl).")],

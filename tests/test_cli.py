@@ -35,6 +35,38 @@ def test_catalog_list_and_show(home):
     assert missing.returncode == 2 and "not in the catalog" in missing.stderr
 
 
+def test_catalog_split_holds_out_whole_environments_reproducibly(home, tmp_path):
+    """`awm catalog split`: train/ and test/ are catalogs of whole environments (disjoint, all of
+    them), the same seed gives the same split, split.json records it; bad fractions are refused."""
+    from awm import catalog
+
+    names = [f"env_{i:03d}" for i in range(100)]
+    train, test = catalog.split(names, 0.1, seed=7)
+    assert len(test) == 10 and len(train) == 90 and not set(train) & set(test) and set(train) | set(test) == set(names)
+    assert catalog.split(list(reversed(names)), 0.1, seed=7) == (train, test)  # order of listing does not matter
+    assert catalog.split(names, 0.1, seed=8)[1] != test
+    assert catalog.split(names, 0.0)[1] == [] and len(catalog.split(names, 0.001)[1]) == 1
+    assert len(catalog.split(names, test_count=3)[1]) == 3
+    for bad in ({"test_fraction": 1.0}, {"test_fraction": -0.1}, {"test_count": 100}):
+        with pytest.raises(catalog.CatalogError):
+            catalog.split(names, **bad)
+
+    out = tmp_path / "split"
+    r = awm("catalog", "split", "starter", "--out", str(out), "--test-count", "1", "--seed", "3", home=home)
+    assert r.returncode == 0, r.stderr
+    record = json.loads((out / "split.json").read_text())
+    starter = {b.name for b in catalog.load("starter")}
+    assert set(record["train"]) | set(record["test"]) == starter and len(record["test"]) == 1
+    assert {b.name for b in catalog.load(out / "test")} == set(record["test"])
+    assert {b.name for b in catalog.load(out / "train")} == set(record["train"])
+    assert json.loads((out / "test" / "index.json").read_text())["environments"][0]["name"] == record["test"][0]
+    again = awm("catalog", "split", "starter", "--out", str(tmp_path / "again"), "--test-count", "1", "--seed", "3",
+                home=home)
+    assert again.returncode == 0 and json.loads((tmp_path / "again" / "split.json").read_text()) == record
+    bad = awm("catalog", "split", "starter", "--out", str(tmp_path / "bad"), "--test", "1.5", home=home)
+    assert bad.returncode == 2 and "test fraction" in bad.stderr
+
+
 @pytest.mark.slow
 def test_demo_json_on_a_fixture_catalog(home, tmp_path):
     result = awm("demo", "--json", "--catalog", str(FIXTURES / "notes"), home=home)
