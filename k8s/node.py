@@ -34,6 +34,7 @@ import base64
 import ipaddress
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -146,6 +147,27 @@ def _cgroup_v1_roots() -> dict[str, Path]:
             name = o.removeprefix("name=")
             if name in CGROUP_V1:
                 out[name] = Path(mnt)
+    return out
+
+
+def _cgroup_v2_roots() -> dict[str, Path]:
+    """The cgroup v2 (unified) mount, if any, as ``{"unified": path}``: on a hybrid host runc
+    makes the node's cgroups there too, beside the v1 hierarchies."""
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        dev, mnt, fstype, *_ = line.split()
+        if fstype == "cgroup2":
+            return {"unified": Path(mnt)}
+    return {}
+
+
+def _chains(save: str, prefixes: tuple[str, ...]) -> list[str]:
+    """Chains named with ``prefixes`` in any table of ``save`` (iptables-save, ip6tables-save)."""
+    if not shutil.which(save):
+        return []
+    out = []
+    for table in ("nat", "filter", "mangle"):
+        dump = _run(save, "-t", table, check=False).stdout.splitlines()
+        out += [f"{table}/{ln[1:].split()[0]}" for ln in dump if ln.startswith(":") and ln[1:].startswith(prefixes)]
     return out
 
 
@@ -330,7 +352,7 @@ class RealNode:
         veths = [d for d in os.listdir("/sys/class/net")
                  if d.startswith("veth") and (Path(f"/sys/class/net/{d}/master").resolve().name == self.bridge)]
         out += [f"veth {v}" for v in veths]
-        for ctrl, root in _cgroup_v1_roots().items():
+        for ctrl, root in {**_cgroup_v1_roots(), **_cgroup_v2_roots()}.items():
             if (root / self.cgroup_root.lstrip("/")).exists():
                 out.append(f"cgroup {ctrl}:{self.cgroup_root}")
         mounts = Path("/proc/self/mounts").read_text()
@@ -339,6 +361,9 @@ class RealNode:
         for line in _run("iptables-save", check=False).stdout.splitlines():
             if self.pod_cidr.split("/")[0].rsplit(".", 1)[0] in line and line.startswith("-A"):
                 out.append(f"iptables rule {line.strip()[:120]}")
+        # the kubelet's and kube-proxy's IPv6 chains (KUBE-FIREWALL, KUBE-KUBELET-CANARY...): the
+        # node is IPv4-only, so any is this node's
+        out += [f"ip6tables chain {c}" for c in _chains("ip6tables-save", ("KUBE-", "CNI-"))]
         if self.network_policy:  # else they are another node's
             out += [f"iptables chain {c}" for c in kube_router_chains()]
             out += [f"ipset {name}" for name in kube_router_ipsets()]
@@ -358,7 +383,7 @@ class RealNode:
                     (d / f).write_text((root / f).read_text())
 
     def _cgroups_remove(self) -> None:
-        for root in _cgroup_v1_roots().values():
+        for root in {**_cgroup_v1_roots(), **_cgroup_v2_roots()}.values():
             top = root / self.cgroup_root.lstrip("/")
             if not top.exists():
                 continue
@@ -417,6 +442,24 @@ class RealNode:
                 _run("iptables", "-t", table, "-F", chain, check=False)
             for chain in chains:
                 _run("iptables", "-t", table, "-X", chain, check=False)
+        self._ip6tables_cleanup()
+
+    @staticmethod
+    def _ip6tables_cleanup() -> None:
+        """The IPv6 chains the kubelet and kube-proxy make (KUBE-FIREWALL, KUBE-KUBELET-CANARY,
+        KUBE-PROXY-*...) although the node serves IPv4 only: the rules that jump to them first."""
+        for table in ("nat", "filter", "mangle"):
+            dump = _run("ip6tables-save", "-t", table, check=False).stdout.splitlines()
+            chains = [ln[1:].split()[0] for ln in dump if ln.startswith(":")]
+            chains = [c for c in chains if c.startswith(("KUBE-", "CNI-"))]
+            for line in dump:
+                jump = re.search(r" -j (\S+)", line)
+                if line.startswith("-A") and jump and jump.group(1) in chains:
+                    _run("ip6tables", "-t", table, *shlex.split(line.replace("-A", "-D", 1)), check=False)
+            for chain in chains:
+                _run("ip6tables", "-t", table, "-F", chain, check=False)
+            for chain in chains:
+                _run("ip6tables", "-t", table, "-X", chain, check=False)
 
     @staticmethod
     def _ipset_cleanup() -> None:

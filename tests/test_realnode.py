@@ -170,10 +170,16 @@ def test_node_teardown_removes_kube_router_chains_and_ipsets(tmp_path: Path) -> 
         running = set(node.leftovers())
         assert {f"iptables chain {c}" for c in chains} <= running, running   # what leftovers() would report
         assert {f"ipset {s}" for s in ipsets} <= running, running
+        # IPv6 and cgroup v2 too: the kubelet makes its IPv6 chains on an IPv4 node, runc the
+        # pods' cgroups in the unified hierarchy of a hybrid host
+        assert {f"ip6tables chain {c}" for c in node_module._chains("ip6tables-save", ("KUBE-",))} <= running
+        if node_module._cgroup_v2_roots():
+            assert f"cgroup unified:{node.cgroup_root}" in running, running
     finally:
         cp.stop()
     assert node.leftovers() == [], node.leftovers()
     assert node_module.kube_router_chains() == [] and node_module.kube_router_ipsets() == []
+    assert node_module._chains("ip6tables-save", ("KUBE-", "CNI-")) == []
     dump = subprocess.run(["iptables-save"], capture_output=True, text=True, check=True).stdout
     assert "kube-router" not in dump and not any(c in dump for c in chains), dump
 
