@@ -2,17 +2,27 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 # Sub-millisecond resets and a few-millisecond tool calls need fine low buckets.
 _FAST = (0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512, 1, 2, 5, 10)
 
 
+# Environments whose series a late-binding instance keeps: the most recently served ones. An
+# instance switched through hundreds of environments would otherwise export tools x environments
+# series for good; an environment last served this many switches ago has long been scraped.
+SERVED_ENVS = 64
+
+
 class Metrics:
-    def __init__(self, env: str, instance: str) -> None:
+    def __init__(self, env: str, instance: str, served_envs: int = SERVED_ENVS) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.instance = instance
+        self.served_envs = max(1, served_envs)
+        self._served: OrderedDict[str, None] = OrderedDict({env: None})
         self.info = Gauge("awm_instance_info", "Environment served by this instance (1: now; 0: served before).",
                           ["env", "instance"], registry=r)
         self.info.labels(env, instance).set(1)
@@ -65,3 +75,14 @@ class Metrics:
         self.info.labels(env, self.instance).set(1)
         for outcome in ("complete", "incomplete", "agent_error", "error"):
             self.episodes.labels(env, outcome)
+        self._served[env] = None
+        self._served.move_to_end(env)
+        while len(self._served) > self.served_envs:
+            old, _ = self._served.popitem(last=False)
+            self._forget(old)
+
+    def _forget(self, env: str) -> None:
+        """Remove every series labelled with ``env`` (its tools', episodes', info)."""
+        for metric in (self.info, self.tool_calls, self.tool_latency, self.episodes):
+            for labels in [k for k in metric._metrics if k[0] == env]:  # noqa: SLF001
+                metric.remove(*labels)

@@ -292,3 +292,25 @@ async def test_grpo_groups_over_more_environments_than_instances(admin_dsn, bund
                 group.task, [(t.instance, t.verdict, [m for m in t.messages if m.get("role") == "tool"])
                              for t in group.trajectories])
         assert source.switches >= 4  # the two instances served all three environments
+
+
+def test_an_instance_keeps_the_series_of_its_most_recently_served_environments() -> None:
+    """Metrics of a late-binding instance stay bounded: the series of an environment served more
+    than ``served_envs`` switches ago are removed (its tools', episodes', info), the recent ones kept."""
+    from prometheus_client import generate_latest
+
+    from awm.envserver.metrics import Metrics
+
+    m = Metrics("e0", "i0", served_envs=3)
+    for i in range(1, 6):
+        m.tool_calls.labels(f"e{i - 1}", "tool", "ok").inc()
+        m.tool_latency.labels(f"e{i - 1}", "tool").observe(0.001)
+        m.bound(f"e{i - 1}", f"e{i}")
+    text = generate_latest(m.registry).decode()
+    for gone in ("e0", "e1", "e2"):
+        assert f'env="{gone}"' not in text, gone
+    for kept in ("e3", "e4", "e5"):
+        assert f'awm_instance_info{{env="{kept}"' in text
+    assert 'awm_tool_calls_total{env="e4",outcome="ok",tool="tool"} 1.0' in text
+    m.bound("e5", "e3")  # served again: the most recent, nothing of it lost
+    assert 'env="e3"' in generate_latest(m.registry).decode()
