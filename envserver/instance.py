@@ -194,7 +194,8 @@ class EnvInstance:
         start = time.perf_counter()
         async with self._lock:
             if env == self.binding.name:
-                return {"env": env, "switched": False, "cached": True, "bind_ms": 0.0, "instance": self.name}
+                return {"env": env, "switched": False, "cached": True, "bind_ms": 0.0, "instance": self.name,
+                        "cached_envs": list(self._bindings)}
             if not self.databases.late:
                 raise ControlError(409, f"instance {self.name} is pinned to {self.binding.name!r}; it "
                                         f"cannot serve {env!r} (started without a provisioner)", env=self.binding.name)
@@ -265,7 +266,7 @@ class EnvInstance:
         self.metrics.bind_latency.labels(kind).observe(ms / 1000)
         return {"env": env, "switched": True, "cached": cached, "bind_ms": round(ms, 3), "phases_ms": phases,
                 "reset_ms": round(result.ms, 3), "pristine": result.pristine, "instance": self.name,
-                "previous": previous.name}
+                "previous": previous.name, "cached_envs": list(self._bindings)}
 
     def _find(self, env: str) -> EnvBundle:
         if self.catalog is None:

@@ -262,6 +262,20 @@ async def test_claims_bind_free_instances_to_the_environment_asked_for(admin_dsn
         await source.release(again)
 
 
+async def test_a_switch_prefers_an_instance_that_keeps_the_environment_cached():
+    """A claim of an environment no free instance serves takes, among free late-binding ones, one
+    whose last /bind said it keeps that environment cached (a reset there, not a new database);
+    else one from the environment with the most free."""
+    def lease(env: str, name: str, cached: set[str]) -> Lease:
+        return Lease(env, name, "http://127.0.0.1:1/mcp", "http://127.0.0.1:2", late=True, cached=frozenset(cached))
+
+    source = PoolSource([lease("a", "i0", {"a", "x"}), lease("b", "i1", {"b"}), lease("b", "i2", {"b"})],
+                        catalog={"a": "", "b": "", "x": "", "y": ""})
+    assert source._steal("x").name == "i0"   # cached there, though b has more free
+    assert source._steal("y").name in ("i1", "i2")  # cached nowhere: the most free
+    assert source.free() == 1
+
+
 async def test_awm_serve_json_lines_say_what_can_be_switched_to(tmp_path):
     lines = tmp_path / "serve.jsonl"
     lines.write_text(json.dumps({"env": "a", "instance": "i0", "mcp_url": "http://127.0.0.1:1/mcp",

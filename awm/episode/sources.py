@@ -63,6 +63,7 @@ class Lease:
     claim_id: str | None = None
     handle: EnvHandle | None = field(default=None, repr=False)
     late: bool = False  # the instance binds environments late: a claim of another one switches it
+    cached: frozenset[str] = frozenset()  # environments it keeps ready (its last /bind said so)
 
     async def connect(self) -> EnvHandle:
         if self.handle is None:
@@ -87,6 +88,7 @@ class Lease:
             await control.close()
         await self.disconnect()
         self.env, self.scenario = env, scenario
+        self.cached = frozenset(result.get("cached_envs") or (env,))
         await self.connect()
         return result
 
@@ -213,9 +215,17 @@ class PoolSource(InstanceSource):
         return sum(1 for lease in self._all if lease.env == env or lease.late)
 
     def _steal(self, env: str) -> Lease | None:
-        """A free late-binding instance of another environment (from the one with the most free),
-        to switch to ``env``; None if there is none."""
+        """A free late-binding instance of another environment, to switch to ``env``: one that
+        keeps ``env`` cached first (the switch is a reset there, not a new database), else one
+        from the environment with the most free; None if there is none."""
         queues = [(q.qsize(), e) for e, q in self._queues.items() if e != env and q.qsize()]
+        for _, other in queues:
+            queue = self._queues[other]
+            for _ in range(queue.qsize()):
+                lease = queue.get_nowait()
+                if lease.late and env in lease.cached:
+                    return lease
+                queue.put_nowait(lease)
         for _, other in sorted(queues, reverse=True):
             queue = self._queues[other]
             for _ in range(queue.qsize()):
