@@ -76,10 +76,15 @@ def _server_text(sql: str) -> str:
     return _PLACEHOLDER.sub(sub, sql)
 
 
+CACHED_TEXT = 8192  # statements up to this long are remembered (4,096 of them: at most 32 MiB)
+
+
 def check_statement(sql: str, with_params: bool = True) -> bool:
     """Refuse anything but one data statement that calls only allowed functions and writes only
     the instance's tables; True if it is a query that only reads (a ``SELECT``, ``VALUES`` or
     ``TABLE`` with no write anywhere in it: the caller may cap its rows with a ``LIMIT``)."""
+    if len(sql) > CACHED_TEXT:  # parsed every time: untrusted code cannot fill the cache with big texts
+        return _check.__wrapped__(sql, with_params)
     return _check(sql, with_params)
 
 

@@ -63,3 +63,16 @@ def test_values_become_json_ready():
     assert to_json_value(decimal.Decimal("3")) == 3
     assert to_json_value(dt.date(2026, 1, 2)) == "2026-01-02"
     assert to_json_value({"a": [dt.datetime(2026, 1, 2, 3, 4)]}) == {"a": ["2026-01-02T03:04:00"]}
+
+
+def test_the_guard_remembers_only_short_statements():
+    """Statements are remembered by text (tools repeat theirs), but not long ones: untrusted code
+    sending thousands of distinct large statements cannot grow the server's memory through it."""
+    from awm.envserver import sqlguard
+
+    sqlguard._check.cache_clear()
+    long_sql = "SELECT 1 WHERE " + " AND ".join(["1 = 1"] * 3000)
+    assert len(long_sql) > sqlguard.CACHED_TEXT and check_statement(long_sql)
+    check_statement("SELECT 2")
+    info = sqlguard._check.cache_info()
+    assert info.currsize == 1
