@@ -521,6 +521,22 @@ class Bench:
         return result
 
 
+def database_shard(instances: int) -> Any:
+    """A private embedded Postgres as the fleet's one database shard, sized like a production
+    shard for the fleet (two connection slots per instance): the operator places pods only on a
+    shard it can reach and that has room, so an unreachable DSN would create no pod at all."""
+    import psycopg
+
+    from awm.postgres.server import EmbeddedPostgres
+
+    server = EmbeddedPostgres(Path(tempfile.mkdtemp(prefix="awm-fleet-bench-")) / "postgres")
+    server.start()
+    with psycopg.connect(server.admin_dsn(), autocommit=True) as conn:
+        conn.execute(f"ALTER SYSTEM SET max_connections = {max(500, 2 * instances + 100)}")
+    server.restart()
+    return server
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--instances", type=int, default=1024)
@@ -547,13 +563,14 @@ def main() -> int:
     cp = harness.ControlPlane(nodes=nodes)
     kubeconfig = cp.start()
     operator = None
+    shard = database_shard(args.instances)  # kwok pods never connect; the operator probes it to place them
     try:
         with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
             f.write("---\n".join(render(c) for c in definitions()))
         cp.kubectl("apply", "--server-side", "-f", f.name)
         cp.kubectl("wait", "--for=condition=Established", "crd/envfleets.awm.dev", "crd/envclaims.awm.dev")
         cp.kubectl("create", "namespace", NS)
-        cp.kubectl("-n", NS, "create", "secret", "generic", "awm-db", "--from-literal=dsn=postgresql://unused")
+        cp.kubectl("-n", NS, "create", "secret", "generic", "awm-db", f"--from-literal=dsn={shard.admin_dsn()}")
         while cp.kubectl("-n", NS, "get", "serviceaccount", "default", check=False).returncode:
             time.sleep(0.2)
         # The clients authenticate as a trainer would (a ServiceAccount token, RBAC on envclaims):
@@ -594,6 +611,8 @@ def main() -> int:
             except subprocess.TimeoutExpired:
                 operator.kill()
         cp.stop()
+        shard.stop()
+        shutil.rmtree(shard.root.parent, ignore_errors=True)
     versions = harness.read_versions()
     targets = ({"step_bound_ms": 1000, "group_claim_p99_ms": 100, "claims_per_s_16_clients": 1000} if args.late else
                {"time_to_ready_s": 60, "claim_p50_ms": 50, "claim_p99_ms": 200, "claims_per_s": 100})
