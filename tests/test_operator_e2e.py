@@ -440,6 +440,8 @@ def test_claim_ttl_renewal_and_lost_instances(cluster: Cluster, operator: InThre
     bound = claim_of(cluster, "deg", {"fleet": "ttl", "count": 2})
     assert bound["observedGeneration"] == 1 and {c["type"]: c["status"] for c in bound["conditions"]} == {
         "Bound": "True", "Degraded": "False"}
+    r = cluster.cp.kubectl("-n", NS, "wait", "--for=condition=Bound", "envclaim/deg", "--timeout=20s", check=False)
+    assert r.returncode == 0, r.stderr  # what docs/kubernetes.md tells users to wait on
     victim = bound["instances"][1]["pod"]
     cluster.delete_pods([victim])
     degraded = wait_for("the claim degraded",
