@@ -144,3 +144,15 @@ def test_the_vllm_example_loads_and_bad_vllm_settings_are_refused() -> None:
                        ({"kind": "vllm", "path": "m", "base_url": "u", "weight_sync": "nccl"}, "weight_sync")):
         with pytest.raises(ValueError, match=words):
             PolicyConfig.from_dict(bad)
+
+
+def test_the_catalog_scale_example_loads() -> None:
+    """examples/train-catalog-1000.yaml: 16 late-binding instances over a catalog built next to
+    the repository (run as its comment says; measured in docs/benchmarks.md)."""
+    from pathlib import Path
+
+    from awm.trainer.config import TrainConfig
+
+    cfg = TrainConfig.load(Path(__file__).parent.parent / "examples" / "train-catalog-1000.yaml")
+    assert cfg.instances == 16 and cfg.allow_ungated and cfg.mode == "sync"
+    assert cfg.catalog.endswith("catalogs/varied-1000")  # resolved against the file once it is built
