@@ -38,6 +38,11 @@ ENV_CAMPAIGN = "AWM_CAMPAIGN"
 CATALOG_DIR = "/campaign/catalog"
 WEIGHTS_DIR = "/weights"  # the weight-sync path of a vLLM sidecar: an emptyDir both containers mount
 CONFIG_DIR = "/etc/awm"
+# Paths inside the Job's containers (never this machine's): the trainer's run directory and the
+# vLLM sidecar's cache, both on the container's own /tmp (the images' scratch space).
+POD_SCRATCH = "/tmp"
+RUN_DIR = f"{POD_SCRATCH}/run"
+VLLM_CACHE_DIR = f"{POD_SCRATCH}/vllm"
 CONFIG_FILE = "train.yaml"
 TRAINER_METRICS_PORT = 9400
 UID = 10001  # the trainer image's user
@@ -180,7 +185,7 @@ def train_config(spec: CampaignSpec) -> dict[str, Any]:
     cfg["rollout"] = rollout
     cfg["allow_ungated"] = spec.serving.allow_ungated  # the trainer picks tasks as the fleet serves them
     cfg["verifier_kind"] = spec.serving.verifier_kind
-    cfg.setdefault("run_dir", "/tmp/run")
+    cfg.setdefault("run_dir", RUN_DIR)
     cfg.setdefault("metrics_port", TRAINER_METRICS_PORT)  # scraped through the pod's annotations
     cfg.setdefault("metrics_host", "0.0.0.0")
     if spec.training.learner.processes > 1:
@@ -237,8 +242,8 @@ def vllm_sidecar(spec: CampaignSpec, security: dict[str, Any], mounts: list[dict
         rank = int((policy.get("lora") or {}).get("rank") or 16)
         args += ["--enable-lora", "--max-lora-rank", str(rank), "--max-loras", "2"]
     env = [{"name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "value": "True"}, {"name": "VLLM_SERVER_DEV_MODE", "value": "1"},
-           {"name": "HF_HUB_OFFLINE", "value": "1"}, {"name": "HOME", "value": "/tmp"},
-           {"name": "VLLM_CACHE_ROOT", "value": "/tmp/vllm"}, {"name": "VLLM_NO_USAGE_STATS", "value": "1"}]
+           {"name": "HF_HUB_OFFLINE", "value": "1"}, {"name": "HOME", "value": POD_SCRATCH},
+           {"name": "VLLM_CACHE_ROOT", "value": VLLM_CACHE_DIR}, {"name": "VLLM_NO_USAGE_STATS", "value": "1"}]
     # Bound to 127.0.0.1 (its reload and adapter endpoints are for the trainer beside it only), so
     # the kubelet, which probes the pod's IP, checks /health from inside the container.
     health = {"exec": {"command": ["python3", "-c", "import urllib.request; urllib.request.urlopen("
