@@ -53,6 +53,7 @@ SUITE = "bookworm"
 # Images of the chart; `trainer` (torch with its CUDA wheels from PyPI: several GB) and
 # `trainer-eval` (evaluation Campaigns against an endpoint) only on request.
 DEFAULT = ["envserver", "operator", "catalog", "postgres"]
+KEEP = 2  # builds kept per image name: the current one and the one before
 # Images built from another image's Dockerfile with build arguments of their own: name ->
 # (Dockerfile directory, build arguments). The Dockerfile stays the one description.
 VARIANTS: dict[str, tuple[str, dict[str, str]]] = {"trainer-eval": ("trainer", {"EXTRAS": "eval"})}
@@ -361,10 +362,34 @@ class Builder:
                 self.say(f"    {n}: {b.ref} {b.size_bytes / 1e6:.0f} MB "
                          f"{'cached' if b.cached else f'built in {b.build_seconds:.0f} s'}")
                 out.append(b)
+            self.prune(out)
             return out
         finally:
             lock.close()
             shutil.rmtree(self._tmp, ignore_errors=True)
+
+
+    def prune(self, current: list[Built], keep: int = KEEP) -> None:
+        """Drop what superseded builds left: every image name keeps its current build and the
+        newest `keep - 1` others (switching back a commit stays a cache hit). Without this the
+        cache grows by ~1.5 GB per source change (one archive and one storage copy per image) until
+        a shared machine's disk is full, which is how a CI run once failed."""
+        for b in current:
+            records = sorted((r for r in self.cache.glob(f"{b.name}-*.json")
+                              if re.fullmatch(rf"{re.escape(b.name)}-[0-9a-f]{{16}}", r.stem)),  # not trainer-eval for trainer
+                             key=lambda r: r.stat().st_mtime, reverse=True)
+            old = [r for r in records if r.stem != f"{b.name}-{b.key}"][max(keep - 1, 0):]
+            kept = {b.ref} | {f"localhost/awm-{b.name}:{r.stem[len(b.name) + 1:]}" for r in records if r not in old}
+            for r in old:
+                key = r.stem[len(b.name) + 1:]
+                for f in (r, r.with_suffix(".tar"), self.logs / f"{b.name}-{key}.log"):
+                    f.unlink(missing_ok=True)
+            # storage: every tag of this name not kept (also tags whose records are long gone)
+            tags = self.buildah("images", "--format", "{{.Name}}:{{.Tag}}").split()
+            stale = [t for t in tags if t.rpartition(":")[0] == f"localhost/awm-{b.name}" and t not in kept]
+            if stale:
+                self.buildah("rmi", *stale)  # a tag sharing its image with a kept one is only untagged
+                self.say(f"    {b.name}: pruned {len(stale)} superseded build(s)")
 
 
 def _uses_busybox(name: str) -> bool:

@@ -407,3 +407,40 @@ def test_catalog_image_build(tmp_path: Path) -> None:
     assert any(c.split()[-1] == "/catalog" for c in final.all("COPY"))
     bundle_cmd = pod_commands()["bundle"]
     assert bundle_cmd[:2] == ["cp", "/catalog/crm.json"], bundle_cmd
+
+
+def test_builder_prunes_superseded_builds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """images/build.py keeps, per image name, the current build and the one before (archive,
+    record, log, storage tag) and drops the rest; another name sharing a prefix (trainer-eval for
+    trainer) is left alone. A unit test: buildah is replaced by a recorder of its commands (the
+    real builds run in tests/test_realnode.py and .ci/run)."""
+    mod = _build_script()
+    calls: list[tuple[str, ...]] = []
+
+    class FakeBuildah:
+        def __call__(self, *args: str, **_: object) -> str:
+            calls.append(args)
+            if args[0] == "images":
+                return "\n".join(f"localhost/awm-{n}:{k}" for n, k in [
+                    ("trainer", "a" * 16), ("trainer", "b" * 16), ("trainer", "c" * 16),
+                    ("trainer", "d" * 16), ("trainer-eval", "e" * 16)])
+            return ""
+
+    monkeypatch.setattr(mod, "Buildah", lambda cache: FakeBuildah())
+    builder = mod.Builder(tmp_path)
+    for i, key in enumerate(["a" * 16, "b" * 16, "c" * 16, "e" * 16]):
+        name = "trainer-eval" if key == "e" * 16 else "trainer"
+        for suffix in (".json", ".tar"):
+            f = tmp_path / f"{name}-{key}{suffix}"
+            f.write_text("x")
+            os.utime(f, (1000 + i, 1000 + i))
+    current = mod.Built(name="trainer", ref=f"localhost/awm-trainer:{'a' * 16}", key="a" * 16,
+                        archive=str(tmp_path / f"trainer-{'a' * 16}.tar"), image_id="", size_bytes=1,
+                        build_seconds=0.0)
+    builder.prune([current])
+    left = sorted(p.name for p in tmp_path.glob("*-*.*"))
+    # current (a, oldest by mtime), the newest other (c), and trainer-eval untouched; b gone
+    assert left == sorted(f"{n}-{k}{s}" for n, k in [("trainer", "a" * 16), ("trainer", "c" * 16),
+                                                        ("trainer-eval", "e" * 16)] for s in (".json", ".tar"))
+    rmi = [c for c in calls if c[0] == "rmi"]
+    assert rmi == [("rmi", f"localhost/awm-trainer:{'b' * 16}", f"localhost/awm-trainer:{'d' * 16}")]
