@@ -891,7 +891,11 @@ async def test_isolation_is_reported_strong(redteam, clients):
     control, _ = clients
     info = await control.info()
     assert info["isolation"]["strong"] is True, info["isolation"]
-    assert {"landlock", "seccomp", "rlimits"} <= set(info["isolation"]["applied"])
+    applied = set(info["isolation"]["applied"])
+    if os.environ.get("AWM_SANDBOX_LAYERS") == WITHOUT_LANDLOCK:
+        assert {"fsview", "seccomp", "rlimits"} <= applied and "landlock" not in applied
+    else:  # both file rules where the kernel has both (as root and as a non-root user)
+        assert {"fsview", "landlock", "seccomp", "rlimits"} <= applied
 
 
 async def test_the_database_refuses_what_the_guard_refuses(redteam, clients, admin_dsn):
@@ -1096,6 +1100,33 @@ def test_the_suite_passes_as_an_unprivileged_user():
     try:
         done = subprocess.run(["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--clear-groups", "--",
                                *command], cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+    tail = (done.stdout + done.stderr)[-4000:]
+    assert done.returncode == 0, tail
+    assert " passed" in tail and " failed" not in tail, tail
+
+
+# The layers a gVisor sandbox offers: namespaces, mounts and seccomp, but no Landlock.
+WITHOUT_LANDLOCK = "namespaces,fsview,rlimits,seccomp"
+
+
+def test_the_suite_passes_with_the_file_view_instead_of_landlock():
+    """Under gVisor (the stronger runtime tier for env pods) Landlock does not exist; the file rule
+    is then the file view alone (awm.sandbox.confine._fsview: a mount namespace whose read-only root
+    holds only what Landlock would allow). Re-run this module with Landlock switched off, and
+    require every attack to fail as before (the file reads of the credential, the catalog and the
+    project's code included)."""
+    if os.environ.get("AWM_SANDBOX_LAYERS") or os.geteuid() != 0:
+        return  # this run *is* the re-run (or the unprivileged one, which re-runs nothing)
+    env = {**os.environ, "AWM_SANDBOX_LAYERS": WITHOUT_LANDLOCK}
+    env.pop("PYTEST_ADDOPTS", None)
+    home = Path(tempfile.mkdtemp(prefix="awm-rt-fsview-"))
+    env["AWM_HOME"] = str(home / "awm")
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp", str(home / "pytest"),
+               str(Path(__file__)), "-k", "not unprivileged and not file_view"]
+    try:
+        done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     finally:
         shutil.rmtree(home, ignore_errors=True)
     tail = (done.stdout + done.stderr)[-4000:]

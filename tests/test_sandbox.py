@@ -41,6 +41,58 @@ def test_this_machine_confines_workers_with_every_required_layer():
         pool.close()
 
 
+_VIEW_PROBE = '''
+def probe(db):
+    import os
+    try:
+        out = {"root": sorted(os.listdir("/"))}
+    except OSError as exc:
+        out = {"root": type(exc).__name__}
+    for i, path in enumerate(SECRETS):  # by index: the worker's output has host paths redacted
+        try:
+            with open(path) as f:
+                f.read(1)
+            out[f"secret{i}"] = "read"
+        except OSError as exc:
+            out[f"secret{i}"] = type(exc).__name__
+    for i, path in enumerate(("/planted", os.path.dirname(os.__file__) + "/planted.py")):
+        try:
+            open(path, "w").close()
+            out[f"create{i}"] = "created"
+        except OSError as exc:
+            out[f"create{i}"] = type(exc).__name__
+    import datetime, decimal, sqlite3, statistics, zoneinfo  # imported late: the standard library is in the view
+    out["tz"] = str(datetime.datetime(2026, 1, 1, tzinfo=zoneinfo.ZoneInfo("Europe/Paris")).utcoffset())
+    return out
+'''
+
+
+@pytest.mark.parametrize("layers", ["namespaces,fsview,rlimits,seccomp", ",".join(confine.LAYERS)])
+def test_the_file_view_keeps_every_file_out_of_reach_without_landlock(layers, monkeypatch, tmp_path):
+    """The file view (a mount namespace whose read-only root holds only the read paths) is the file
+    rule where Landlock is missing (gVisor); on this machine it is applied beside Landlock. Either
+    way a worker reads nothing else (a credential file, the project's code, /etc, /proc), creates
+    nothing (the next worker would see it), and the standard library and time zones still load."""
+    secret = tmp_path / "dsn"
+    secret.write_text("postgresql://awm:secret@db/awm")
+    secrets = [str(secret), os.path.abspath(confine.__file__), "/etc/passwd", "/proc/self/environ", "/proc/1/cmdline"]
+    monkeypatch.setenv("AWM_SANDBOX_LAYERS", layers)
+    pool = _pool({"probe": f"SECRETS = {secrets!r}\n" + _VIEW_PROBE})
+    try:
+        assert pool.isolation["strong"] is True, pool.isolation
+        assert "fsview" in pool.isolation["applied"], pool.isolation
+        reply = pool.run({"op": "call", "tool": "probe", "arguments": {}}, _no_sql, 30)
+        assert "value" in reply, reply
+        out = reply["value"]
+    finally:
+        pool.close()
+    # the view's own directories are search-only and the worker holds no capability: no listing
+    assert out["root"] == "PermissionError", out
+    assert all(out[f"secret{i}"] in ("FileNotFoundError", "PermissionError") for i in range(len(secrets))), out
+    assert not any(v == "created" for v in out.values()), out
+    assert out["tz"] == "1:00:00", out
+
+
 def test_missing_layers_are_refused_unless_accepted(monkeypatch):
     monkeypatch.setenv("AWM_SANDBOX_LAYERS", "rlimits")
     pool = WorkerPool(WorkerSpec(load={"prelude": "", "tools": []}))

@@ -3,10 +3,14 @@
 Applied once, in the worker, after its imports and before it reads any untrusted code. Every
 layer is enforced by the kernel; nothing depends on the confined Python code behaving:
 
-1. **User and network namespaces** (``unshare(CLONE_NEWUSER | CLONE_NEWNET)``): the worker keeps
-   no capability in the host's namespaces (even when started as root) and sees no network
-   interface. Kubernetes' ``RuntimeDefault`` seccomp profile forbids ``unshare``; the other layers
-   do not need it, and the report says it is missing.
+1. **User, mount and network namespaces** (``unshare(CLONE_NEWUSER | CLONE_NEWNS |
+   CLONE_NEWNET)``): the worker keeps no capability in the host's namespaces (even when started as
+   root) and sees no network interface. Kubernetes' ``RuntimeDefault`` seccomp profile forbids
+   ``unshare``; the other layers do not need it, and the report says it is missing.
+   **File view** (``fsview``, in the new mount namespace): the root becomes a read-only tmpfs that
+   holds only the given paths, each a read-only bind mount (the same paths Landlock allows). It is
+   the file rule where Landlock is missing - gVisor implements namespaces and mounts but not
+   Landlock - and a second, independent one where both exist.
 2. **rlimits**: address space, CPU seconds, no file writes (``RLIMIT_FSIZE = 0``), no core files,
    a handful of descriptors, no new processes (``RLIMIT_NPROC = 0``).
 3. **Landlock** (kernel ≥ 5.13): the filesystem is read-only and limited to the given paths (the
@@ -37,11 +41,21 @@ import resource
 import signal
 from dataclasses import dataclass, field
 
-# Layers without which untrusted code is not run (unless the operator accepts weaker isolation).
-REQUIRED = ("seccomp", "landlock")
+# Layers without which untrusted code is not run (unless the operator accepts weaker isolation):
+# seccomp, and a file rule - Landlock or the file view (either keeps the credential, the catalog and
+# the project's code out of reach).
+REQUIRED = ("seccomp",)
+FILE_RULES = ("landlock", "fsview")
 
 _CLONE_NEWUSER = 0x10000000
+_CLONE_NEWNS = 0x00020000
 _CLONE_NEWNET = 0x40000000
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
+_MS_REMOUNT, _MS_BIND, _MS_NOATIME, _MS_NODIRATIME, _MS_PRIVATE, _MS_REC = 32, 4096, 1024, 2048, 1 << 18, 1 << 14
+_MS_RELATIME, _ST_RELATIME = 1 << 21, 4096
+_MNT_DETACH = 2
+_PR_CAPBSET_DROP = 24
+_CAP_VERSION_3 = 0x20080522
 _PR_SET_NO_NEW_PRIVS = 38
 _PR_SET_PDEATHSIG = 1
 _PR_SET_SECCOMP = 22
@@ -117,7 +131,8 @@ class Report:
 
     @property
     def strong(self) -> bool:
-        return all(layer in self.applied for layer in REQUIRED)
+        return (all(layer in self.applied for layer in REQUIRED)
+                and any(layer in self.applied for layer in FILE_RULES))
 
     def as_dict(self) -> dict[str, object]:
         return {"applied": self.applied, "missing": self.missing, "landlock_abi": self.landlock_abi,
@@ -190,22 +205,123 @@ def die_with_parent(parent_pid: int) -> None:
         os._exit(0)
 
 
-def enter_namespaces(report: Report) -> None:
-    """A new user and network namespace for this process (and every child it forks later)."""
-    _namespaces(report)
+def enter_namespaces(report: Report, read_paths: list[str] | None = None) -> None:
+    """New user, mount and network namespaces for this process (and every child it forks later);
+    with ``read_paths``, the file view too."""
+    _namespaces(report, read_paths)
 
 
-def _namespaces(report: Report) -> None:
+def _namespaces(report: Report, read_paths: list[str] | None = None) -> None:
     libc = _libc()
-    if libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNET) == 0:
+    uid, gid = os.getuid(), os.getgid()
+    if libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNS | _CLONE_NEWNET) == 0:
         report.applied += ["userns", "netns"]
+        if read_paths is not None:
+            try:
+                _fsview(libc, read_paths, uid, gid)
+                report.applied.append("fsview")
+            except OSError as exc:
+                report.missing["fsview"] = f"file view: {exc}"
+            drop_capabilities(libc)
         return
+    problem = os.strerror(ctypes.get_errno())
+    if read_paths is not None:
+        report.missing["fsview"] = f"no user namespace: {problem}"
     # As root without a user namespace a network namespace alone still works.
     if libc.unshare(_CLONE_NEWNET) == 0:
         report.applied.append("netns")
-        report.missing["userns"] = os.strerror(ctypes.get_errno())
+        report.missing["userns"] = problem
     else:
         report.missing["userns"] = report.missing["netns"] = os.strerror(ctypes.get_errno())
+
+
+def _mount(libc: ctypes.CDLL, source: str | None, target: str, fstype: str | None, flags: int,
+           data: str | None = None) -> None:
+    enc = (lambda v: v.encode() if v is not None else None)
+    if libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount {source or ''} {target}: {os.strerror(err)}")
+
+
+def _syscall_number(name: str) -> int:
+    import platform
+
+    numbers = {"pivot_root": {"x86_64": 155, "aarch64": 41}, "capset": {"x86_64": 126, "aarch64": 91}}
+    number = numbers[name].get(platform.machine())
+    if number is None:
+        raise OSError(errno.ENOSYS, f"{name}: unknown syscall number on {platform.machine()}")
+    return number
+
+
+def drop_capabilities(libc: ctypes.CDLL | None = None) -> None:
+    """No capability left, in any set, for this process and what it forks. Inside its own user
+    namespace a process holds every capability of that namespace (``CAP_DAC_READ_SEARCH`` would
+    list the file view's directories whatever their mode); it needs none once the view is built."""
+    libc = libc or _libc()
+    for cap in range(64):
+        libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0)  # EINVAL past the kernel's last capability
+    header = (ctypes.c_uint32 * 2)(_CAP_VERSION_3, 0)
+    data = (ctypes.c_uint32 * 6)()  # effective, permitted, inheritable x 2: all zero
+    _syscall(libc, _syscall_number("capset"), ctypes.byref(header), ctypes.byref(data))
+
+
+def _search_only_dirs(root: str, path: str) -> None:
+    """``root + path`` and its missing parents, each mode 0111 (``os.makedirs`` gives its mode to
+    the last directory only)."""
+    current = root
+    for part in path.strip("/").split("/"):
+        current = f"{current}/{part}" if part else current
+        if not os.path.lexists(current):
+            os.mkdir(current, 0o111)
+            os.chmod(current, 0o111)  # whatever the umask
+
+
+def _fsview(libc: ctypes.CDLL, read_paths: list[str], uid: int, gid: int) -> None:
+    """Make this mount namespace's root a read-only tmpfs holding only ``read_paths`` (read-only
+    bind mounts at the same absolute paths). Needs a fresh user and mount namespace (this process
+    is their owner, so it may mount); every child inherits the view, and seccomp keeps children
+    from mounting, unsharing or pivoting again."""
+    for name, line in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+        with open(f"/proc/self/{name}", "w") as f:  # identity maps: files keep their owners
+            f.write(line)
+    _mount(libc, None, "/", None, _MS_REC | _MS_PRIVATE)  # nothing propagates back to the host
+    root = next((d for d in ("/tmp", "/mnt", "/proc") if os.path.isdir(d) and not os.path.islink(d)), None)
+    if root is None:
+        raise OSError(errno.ENOENT, "no directory to build the file view on (/tmp, /mnt, /proc)")
+    # The view's own directories are search-only (mode 0111): paths through them resolve, nothing
+    # lists them (the bound paths keep their modes, as under Landlock). Capabilities are dropped
+    # after the view is built, so no DAC override reads them either.
+    _mount(libc, "awm-view", root, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0111,size=64k,nr_inodes=4096")
+    bound: list[str] = []
+    for path in sorted({os.path.realpath(p) for p in read_paths}):
+        if not os.path.exists(path) or any(path == b or path.startswith(b + "/") for b in bound):
+            continue  # missing here, or already visible through a bound parent
+        target = root + path
+        if os.path.isdir(path):
+            _search_only_dirs(root, path)
+        else:
+            _search_only_dirs(root, os.path.dirname(path))
+            os.close(os.open(target, os.O_WRONLY | os.O_CREAT, 0o444))
+        _mount(libc, path, target, None, _MS_BIND)
+        # Read-only; a remount in a user namespace must keep the flags the host locked on the source.
+        f = os.statvfs(path).f_flag
+        kept = (f & (_MS_NOSUID | _MS_NODEV | _MS_NOEXEC | _MS_NOATIME | _MS_NODIRATIME)) | \
+            (_MS_RELATIME if f & _ST_RELATIME else 0)
+        _mount(libc, None, target, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | kept)
+        bound.append(path)
+    # Merged-/usr systems reach libraries through /lib -> usr/lib and the like (ld.so's default
+    # search path, paths recorded in extension modules): the same symlinks in the view.
+    for link in ("/lib", "/lib32", "/lib64", "/libx32", "/bin", "/sbin"):
+        if os.path.islink(link) and not os.path.lexists(root + link):
+            os.symlink(os.readlink(link), root + link)
+    old = root + "/.old"
+    os.mkdir(old)
+    _syscall(libc, _syscall_number("pivot_root"), root.encode(), old.encode())
+    os.chdir("/")
+    if libc.umount2(b"/.old", _MNT_DETACH) != 0:
+        raise OSError(ctypes.get_errno(), "umount2 /.old")
+    os.rmdir("/.old")
+    _mount(libc, None, "/", None, _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
 
 
 def _rlimits(limits: Limits, report: Report) -> None:
@@ -359,7 +475,7 @@ def _seccomp(report: Report, program: bytes | None = None) -> None:
     report.applied.append("seccomp")
 
 
-LAYERS = ("namespaces", "rlimits", "landlock", "seccomp")
+LAYERS = ("namespaces", "fsview", "rlimits", "landlock", "seccomp")
 
 
 def confine(read_paths: list[str], limits: Limits, layers: tuple[str, ...] = LAYERS,
@@ -376,7 +492,7 @@ def confine(read_paths: list[str], limits: Limits, layers: tuple[str, ...] = LAY
         report.applied += namespaces.applied
         report.missing.update(namespaces.missing)
     elif "namespaces" in layers:
-        _namespaces(report)
+        _namespaces(report, read_paths if "fsview" in layers else None)
     if "rlimits" in layers:
         _rlimits(limits, report)
     if "landlock" in layers:

@@ -6,7 +6,8 @@ yet a reset must stay sub-millisecond. Starting an interpreter per episode costs
 ``fork`` of a process that has already imported everything costs about a millisecond. So each env
 server keeps one **zygote**: started like a worker (``python -I -S``, empty environment, no
 database connection, no credential), it imports the worker's modules (and, for imported apps,
-FastAPI and SQLAlchemy), enters its own user and network namespaces once, and then only forks. It
+FastAPI and SQLAlchemy), enters its own user, mount and network namespaces and builds the file
+view (:func:`awm.sandbox.confine._fsview`) once, and then only forks. It
 never runs untrusted code: every child confines itself (rlimits, Landlock, seccomp) before it
 reads any, and a child's memory is its own copy, so nothing a child does reaches the zygote or a
 later child.
@@ -66,8 +67,10 @@ _LAUNCHER = ThreadPoolExecutor(1, thread_name_prefix="awm-zygote-launcher")  # n
 class Zygote:
     """The server's handle on one zygote process (thread-safe; respawned when it dies)."""
 
-    def __init__(self, sys_path: list[str], drop_paths: list[str], app: bool, layers: list[str]) -> None:
-        self._config = {"sys_path": sys_path, "drop_paths": drop_paths, "app": app, "layers": layers}
+    def __init__(self, sys_path: list[str], drop_paths: list[str], app: bool, layers: list[str],
+                 read_paths: list[str] | None = None) -> None:
+        self._config = {"sys_path": sys_path, "drop_paths": drop_paths, "app": app, "layers": layers,
+                        "read_paths": list(read_paths or [])}
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
         self._sock: socket.socket | None = None
@@ -242,8 +245,10 @@ def main() -> None:
             sys.path.remove(entry)
     confine.seccomp_problem()  # loads libseccomp while files may still be read
     namespaces = confine.Report()
-    if "namespaces" in config.get("layers", confine.LAYERS):
-        confine.enter_namespaces(namespaces)
+    layers = config.get("layers", confine.LAYERS)
+    if "namespaces" in layers:
+        # the file view too: the zygote builds it once, every child lives in it
+        confine.enter_namespaces(namespaces, config.get("read_paths") if "fsview" in layers else None)
     worker.SECCOMP_PROGRAM = confine.seccomp_program()  # built once, inherited by every child  # once: every child shares them (a new netns per fork is slow)
     socket.send_fds(control, [json.dumps({"op": "ready", "isolation": namespaces.as_dict()}).encode()], [])
     me = os.getpid()

@@ -129,7 +129,7 @@ def make_zygote(app: bool) -> Zygote:
     sites = _site_dirs()
     root = _package_root()
     return Zygote([root, *sites] if root not in sites else sites, [root] if root not in sites else [], app,
-                  _layers())
+                  _layers(), read_paths(app))
 
 
 class Worker:
