@@ -144,7 +144,27 @@ async def measure_instance(bundle: EnvBundle, handle, n_resets: int, n_calls: in
 # What each confinement layer costs: the same instance measured with layers switched off (weak
 # isolation accepted for the measurement only). "none" is a worker process with no confinement.
 LAYER_STEPS = [("none", ""), ("+namespaces+rlimits", "namespaces,rlimits"),
-               ("+landlock", "namespaces,rlimits,landlock"), ("+seccomp (all)", "namespaces,rlimits,landlock,seccomp")]
+               ("+fsview", "namespaces,fsview,rlimits"), ("+landlock", "namespaces,fsview,rlimits,landlock"),
+               ("+seccomp (all)", "namespaces,fsview,rlimits,landlock,seccomp")]
+
+
+def zygote_start_ms(layers: str, n: int = 5) -> float:
+    """Median time to a fork server's "ready" (imports, namespaces, the file view): paid once per
+    env server start, never per episode."""
+    from awm.sandbox.pool import make_zygote
+
+    os.environ["AWM_SANDBOX_LAYERS"] = layers
+    try:
+        times = []
+        for _ in range(n):
+            zygote = make_zygote(False)
+            t0 = time.perf_counter()
+            zygote._request({"op": "reap", "pid": 0}, [], 0)  # starts it; the reply comes once it is ready
+            times.append((time.perf_counter() - t0) * 1000)
+            zygote.close()
+    finally:
+        os.environ.pop("AWM_SANDBOX_LAYERS")
+    return pct(times, 0.5)
 
 
 async def layer_costs(bundle: EnvBundle, database: Database, n_calls: int) -> dict[str, Any]:
@@ -174,7 +194,8 @@ async def layer_costs(bundle: EnvBundle, database: Database, n_calls: int) -> di
                     verifies.append((await control.verify(writer.final_answer))["verify_ms"])
             await control.close()
             out[label] = {"tool_call_p50_ms": pct(calls, 0.5), "verify_p50_ms": pct(verifies, 0.5),
-                          "worker_pss_mb": round(sum(pss_mb(c) for c in children(handle.pid)), 1)}
+                          "worker_pss_mb": round(sum(pss_mb(c) for c in children(handle.pid)), 1),
+                          "zygote_start_ms": zygote_start_ms(layers)}
         finally:
             await fleet.stop()
     return {"layers": out}

@@ -222,7 +222,10 @@ def _namespaces(report: Report, read_paths: list[str] | None = None) -> None:
                 report.applied.append("fsview")
             except OSError as exc:
                 report.missing["fsview"] = f"file view: {exc}"
-            drop_capabilities(libc)
+            try:
+                drop_capabilities(libc)
+            except OSError as exc:  # the view's directories could then be listed (not read beyond it)
+                report.missing["nocaps"] = f"capabilities not dropped: {exc}"
         return
     problem = os.strerror(ctypes.get_errno())
     if read_paths is not None:
