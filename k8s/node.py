@@ -160,21 +160,24 @@ def _cgroup_v2_roots() -> dict[str, Path]:
     return {}
 
 
+def _table_chains(save: str, table: str, prefixes: tuple[str, ...]) -> tuple[list[str], list[str]]:
+    """One table of ``save`` (iptables-save, ip6tables-save): its dump's lines, and the chains
+    in it named with ``prefixes``."""
+    dump = _run(save, "-t", table, check=False).stdout.splitlines()
+    return dump, [ln[1:].split()[0] for ln in dump if ln.startswith(":") and ln[1:].startswith(prefixes)]
+
+
 def _chains(save: str, prefixes: tuple[str, ...]) -> list[str]:
     """Chains named with ``prefixes`` in any table of ``save`` (iptables-save, ip6tables-save)."""
     if not shutil.which(save):
         return []
-    out = []
-    for table in ("nat", "filter", "mangle"):
-        dump = _run(save, "-t", table, check=False).stdout.splitlines()
-        out += [f"{table}/{ln[1:].split()[0]}" for ln in dump if ln.startswith(":") and ln[1:].startswith(prefixes)]
-    return out
+    return [f"{table}/{chain}" for table in ("nat", "filter", "mangle")
+            for chain in _table_chains(save, table, prefixes)[1]]
 
 
 def kube_router_chains() -> list[str]:
     """kube-router's filter-table chains on this host, in the iptables backend the node uses."""
-    dump = _run("iptables-save", "-t", "filter", check=False).stdout.splitlines()
-    return [ln[1:].split()[0] for ln in dump if ln.startswith(":") and ln[1:].startswith(KUBE_ROUTER_CHAINS)]
+    return _table_chains("iptables-save", "filter", KUBE_ROUTER_CHAINS)[1]
 
 
 def kube_router_ipsets() -> list[str]:
@@ -449,9 +452,7 @@ class RealNode:
         """The IPv6 chains the kubelet and kube-proxy make (KUBE-FIREWALL, KUBE-KUBELET-CANARY,
         KUBE-PROXY-*...) although the node serves IPv4 only: the rules that jump to them first."""
         for table in ("nat", "filter", "mangle"):
-            dump = _run("ip6tables-save", "-t", table, check=False).stdout.splitlines()
-            chains = [ln[1:].split()[0] for ln in dump if ln.startswith(":")]
-            chains = [c for c in chains if c.startswith(("KUBE-", "CNI-"))]
+            dump, chains = _table_chains("ip6tables-save", table, ("KUBE-", "CNI-"))
             for line in dump:
                 jump = re.search(r" -j (\S+)", line)
                 if line.startswith("-A") and jump and jump.group(1) in chains:

@@ -106,9 +106,14 @@ class Metrics:
             self.shard_connections.labels(*labels).set(shard.connections)
             self.shard_max_connections.labels(*labels).set(shard.max_connections)
 
+    def _shard_metrics(self) -> tuple:
+        """Every series labelled by (namespace, fleet, shard): one list, so forgetting a shard and
+        forgetting a fleet remove the same ones."""
+        return (self.shard_up, self.shard_connections, self.shard_max_connections, self.shard_instances,
+                self.shard_lost)
+
     def forget_shard(self, namespace: str, fleet: str, shard: str) -> None:
-        for metric in (self.shard_up, self.shard_connections, self.shard_max_connections, self.shard_instances,
-                       self.shard_lost):
+        for metric in self._shard_metrics():
             try:
                 metric.remove(namespace, fleet, shard)
             except KeyError:
@@ -125,7 +130,6 @@ class Metrics:
                 gauge.remove(namespace, fleet)
             except KeyError:
                 pass
-        for metric in (self.shard_up, self.shard_connections, self.shard_max_connections, self.shard_instances,
-                       self.shard_lost):
+        for metric in self._shard_metrics():
             for labels in [k for k in metric._metrics if k[:2] == (namespace, fleet)]:  # noqa: SLF001
                 metric.remove(*labels)
