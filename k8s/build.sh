@@ -2,7 +2,8 @@
 # Build the binaries of the test control plane from their Go modules (Go module proxy only):
 #   etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok, helm
 # and of its real node (k8s/node.py): kubelet, kube-proxy, coredns (cluster DNS),
-# kube-router (its network-policy controller only: NetworkPolicy enforced with iptables + ipset)
+# kube-router (its network-policy controller only: NetworkPolicy enforced with iptables + ipset),
+# runsc and containerd-shim-runsc-v1 (gVisor: the sandboxed runtime of RuntimeClass gvisor)
 # into ${AWM_K8S_CACHE:-$HOME/.cache/awm/k8s}/<versions-key>/bin (outside the repo).
 #
 # Versions are pinned in k8s/versions.env. Idempotent: a binary that is already in the cache
@@ -25,16 +26,22 @@ KEY="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}_helm-${HELM_VE
 ROOT="${AWM_K8S_CACHE:-$HOME/.cache/awm/k8s}/$KEY"
 BIN="$ROOT/bin"
 SRC="$ROOT/src"
-BINARIES=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok helm kubelet kube-proxy coredns kube-router)
+BINARIES=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok helm kubelet kube-proxy coredns kube-router
+          runsc containerd-shim-runsc-v1)
 
 STAGES=kwok-stages.yaml   # kwok >= 0.8 has no built-in stages: config written below
 # current NAME: $BIN/NAME is there, and for the node's add-ons (coredns, kube-router), reports its
 # pinned version. Their pins are not in KEY (a new one would rebuild everything): checking the
 # binary's own report instead means changing such a pin rebuilds just that binary.
 current() {
+  # The version report is read whole, then matched: `... | grep -q` under pipefail fails at random
+  # when grep exits at its match and the binary dies of SIGPIPE writing its next line.
+  local out
   case "$1" in
-    coredns) "$BIN/coredns" -version 2>/dev/null | grep -qxF "CoreDNS-${COREDNS_VERSION#v}" ;;
-    kube-router) "$BIN/kube-router" --version 2>&1 | grep -qF "version $KUBE_ROUTER_VERSION," ;;
+    coredns) out="$("$BIN/coredns" -version 2>/dev/null)" && grep -qxF "CoreDNS-${COREDNS_VERSION#v}" <<<"$out" ;;
+    kube-router) out="$("$BIN/kube-router" --version 2>&1)" && grep -qF "version $KUBE_ROUTER_VERSION," <<<"$out" ;;
+    runsc) out="$("$BIN/runsc" --version 2>/dev/null)" && grep -qxF "runsc version $GVISOR_VERSION" <<<"$out" ;;
+    containerd-shim-runsc-v1) [ -x "$BIN/$1" ] && current runsc ;;  # built with runsc, from the same pin
     *) [ -x "$BIN/$1" ] ;;
   esac
 }
@@ -219,6 +226,21 @@ if ! current kube-router; then
   mv -f "$t/kube-router" "$BIN/.kube-router.tmp"; rm -rf "$t"
   install_tmp kube-router --version
   finish kube-router
+fi
+
+# ---------------------------------------------------------------- gVisor (no tags: a pseudo-version)
+# runsc and the containerd shim that drives it (containerd finds `containerd-shim-runsc-v1` on its
+# PATH for runtime_type io.containerd.runsc.v1). Pure Go (CGO_ENABLED=0 above): a cgo build
+# re-executes its gofer through /proc/self/exe inside a new PID namespace, which fails.
+if ! current runsc || ! current containerd-shim-runsc-v1; then
+  begin "gvisor $GVISOR_VERSION"
+  t="$SRC/gvisor-gobin"; rm -rf "$t"; mkdir -p "$t"
+  GOBIN="$t" go install -p "$P" -ldflags "-s -w -X gvisor.dev/gvisor/runsc/version.version=$GVISOR_VERSION" \
+    "gvisor.dev/gvisor/runsc@$GVISOR_VERSION" "gvisor.dev/gvisor/shim@$GVISOR_VERSION"
+  mv -f "$t/shim" "$BIN/containerd-shim-runsc-v1"
+  mv -f "$t/runsc" "$BIN/.runsc.tmp"; rm -rf "$t"
+  install_tmp runsc --version
+  finish gvisor
 fi
 
 m="$(missing)"

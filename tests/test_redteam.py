@@ -892,7 +892,9 @@ async def test_isolation_is_reported_strong(redteam, clients):
     info = await control.info()
     assert info["isolation"]["strong"] is True, info["isolation"]
     applied = set(info["isolation"]["applied"])
-    if os.environ.get("AWM_SANDBOX_LAYERS") == WITHOUT_LANDLOCK:
+    from awm.sandbox.confine import landlock_abi
+
+    if os.environ.get("AWM_SANDBOX_LAYERS") == WITHOUT_LANDLOCK or not landlock_abi():  # or under gVisor
         assert {"fsview", "seccomp", "rlimits"} <= applied and "landlock" not in applied
     else:  # both file rules where the kernel has both (as root and as a non-root user)
         assert {"fsview", "landlock", "seccomp", "rlimits"} <= applied
@@ -1111,13 +1113,43 @@ def test_the_suite_passes_as_an_unprivileged_user():
 WITHOUT_LANDLOCK = "namespaces,fsview,rlimits,seccomp"
 
 
+def test_the_suite_passes_under_gvisor():
+    """The stronger runtime tier for env pods is gVisor (RuntimeClass `gvisor` on the real node,
+    tests/test_realnode.py). Here the whole stack of this module - embedded Postgres, env servers,
+    fork servers, workers - runs inside one gVisor sandbox (`runsc do`, runsc from k8s/build.sh),
+    where Landlock does not exist, and every attack must fail as on the host kernel."""
+    if os.environ.get("AWM_SANDBOX_LAYERS") or os.environ.get("AWM_UNDER_GVISOR") or os.geteuid() != 0:
+        return  # a re-run (this one, the unprivileged one or the file-view one) re-runs nothing
+    runsc = _k8s_bin() / "runsc"
+    require(runsc.is_file(), f"runsc is not built ({runsc}): run k8s/build.sh")
+    home = Path(tempfile.mkdtemp(prefix="awm-rt-gvisor-"))  # the sandbox writes to a memory overlay
+    inner = (f"mkdir -p {home}/awm && exec env AWM_UNDER_GVISOR=1 AWM_HOME={home}/awm "
+             f"{sys.executable} -m pytest -q -p no:cacheprovider --basetemp {home}/pytest {Path(__file__)} "
+             "-k 'not unprivileged and not file_view and not gvisor'")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_ADDOPTS", "AWM_HOME")}
+    try:
+        done = subprocess.run([str(runsc), "--rootless=false", "--network=none", "--ignore-cgroups",
+                               f"--root={home}/runsc", "do", "sh", "-c", inner],
+                              cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+    tail = (done.stdout + done.stderr)[-4000:]
+    assert done.returncode == 0, tail
+    assert " passed" in tail and " failed" not in tail, tail
+
+
+def _k8s_bin() -> Path:
+    done = subprocess.run(["bash", str(REPO / "k8s" / "build.sh"), "--print-bin"], capture_output=True, text=True)
+    return Path(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 and done.stdout.strip() else Path("/nonexistent")
+
+
 def test_the_suite_passes_with_the_file_view_instead_of_landlock():
     """Under gVisor (the stronger runtime tier for env pods) Landlock does not exist; the file rule
     is then the file view alone (awm.sandbox.confine._fsview: a mount namespace whose read-only root
     holds only what Landlock would allow). Re-run this module with Landlock switched off, and
     require every attack to fail as before (the file reads of the credential, the catalog and the
     project's code included)."""
-    if os.environ.get("AWM_SANDBOX_LAYERS") or os.geteuid() != 0:
+    if os.environ.get("AWM_SANDBOX_LAYERS") or os.environ.get("AWM_UNDER_GVISOR") or os.geteuid() != 0:
         return  # this run *is* the re-run (or the unprivileged one, which re-runs nothing)
     env = {**os.environ, "AWM_SANDBOX_LAYERS": WITHOUT_LANDLOCK}
     env.pop("PYTEST_ADDOPTS", None)

@@ -190,12 +190,30 @@ def probe() -> Report:
         report.applied.append("landlock")
     else:
         report.missing["landlock"] = "kernel without Landlock (needs Linux >= 5.13 with landlock in lsm=)"
+    problem = fsview_problem()
+    if problem is None:
+        report.applied.append("fsview")
+    else:
+        report.missing["fsview"] = problem
     problem = seccomp_problem()
     if problem is None:
         report.applied.append("seccomp")
     else:
         report.missing["seccomp"] = problem
     return report
+
+
+def fsview_problem() -> str | None:
+    """Why the file view cannot be built here (no user and mount namespace for this process, as
+    under Kubernetes' ``RuntimeDefault`` seccomp profile), or None. Tried in a forked child that
+    exits at once: nothing here is changed."""
+    pid = os.fork()
+    if pid == 0:
+        code = 0 if _libc().unshare(_CLONE_NEWUSER | _CLONE_NEWNS) == 0 else min(ctypes.get_errno(), 255) or 1
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    return None if code == 0 else f"no user and mount namespace: {os.strerror(code) if code > 0 else 'killed'}"
 
 
 def die_with_parent(parent_pid: int) -> None:
@@ -327,12 +345,26 @@ def _fsview(libc: ctypes.CDLL, read_paths: list[str], uid: int, gid: int) -> Non
     _mount(libc, None, "/", None, _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
 
 
+# Limits that only back up seccomp (mq_open is refused; mlock pins at most the worker's own memory):
+# where a runtime refuses to change them (gVisor refuses RLIMIT_MSGQUEUE) the report says so.
+_BACKUP_RLIMITS = ("RLIMIT_MEMLOCK", "RLIMIT_MSGQUEUE")
+
+
 def _rlimits(limits: Limits, report: Report) -> None:
     memory = limits.memory_mb * 1024 * 1024
     for name, value in (("RLIMIT_AS", memory), ("RLIMIT_CPU", limits.cpu_s), ("RLIMIT_FSIZE", 0),
                         ("RLIMIT_CORE", 0), ("RLIMIT_NOFILE", limits.open_files), ("RLIMIT_NPROC", 0),
                         ("RLIMIT_MEMLOCK", 0), ("RLIMIT_MSGQUEUE", 0)):
-        resource.setrlimit(getattr(resource, name), (value, value))
+        which = getattr(resource, name)
+        hard = resource.getrlimit(which)[1]
+        if hard != resource.RLIM_INFINITY:
+            value = min(value, hard)  # lowering only: a runtime may already hold it lower
+        try:
+            resource.setrlimit(which, (value, value))
+        except (ValueError, OSError) as exc:
+            if name not in _BACKUP_RLIMITS:
+                raise ConfinementError(f"setrlimit {name}={value}: {exc}") from None
+            report.missing[name.lower()] = f"not lowered: {exc}"
     report.applied.append("rlimits")
 
 
