@@ -75,6 +75,7 @@ SYSCTLS = ("net/ipv4/ip_forward", "net/ipv4/conf/all/route_localnet")
 BRIDGE_NF = "net/bridge/bridge-nf-call-iptables"
 # What kube-router's network-policy controller makes (v2 pkg/controllers/netpol): filter-table
 # chains and ipsets, named by these prefixes whichever node made them.
+GVISOR_RUNTIME_CLASS = "gvisor"
 KUBE_ROUTER_CHAINS = ("KUBE-ROUTER-", "KUBE-NWPLCY-", "KUBE-POD-FW-")
 KUBE_ROUTER_IPSETS = ("KUBE-SRC-", "KUBE-DST-")
 # What kube-router reads through the API server (its informers start for all of these).
@@ -298,6 +299,8 @@ class RealNode:
         self._kube_proxy()
         self._wait("node Ready", self._ready, timeout=90)
         self.timings["ready"] = time.monotonic() - t0
+        if self.gvisor:
+            self._runtime_class()
         if self.network_policy:
             self._kube_router()  # after the Node exists: its address says which pods are this node's
             self._wait("kube-router's policy chains", self._kube_router_ready, timeout=60)
@@ -548,13 +551,42 @@ state = "{r / 'containerd-state'}"
       runtime_type = "io.containerd.runc.v2"
       [{cri}.containerd.runtimes.runc.options]
         SystemdCgroup = false
+{self._runsc_runtime(cri)}
   [{cri}.cni]
     bin_dir = "{cni_bin_dir()}"
     conf_dir = "{cni_conf}"
 """)
-        self._spawn("containerd", ["containerd", "--config", str(r / "containerd.toml")])
+        # containerd finds a runtime's shim (containerd-shim-runsc-v1) on its PATH
+        self._spawn("containerd", ["containerd", "--config", str(r / "containerd.toml")],
+                    env={"PATH": f"{self.cp.bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}"})
         self._wait("containerd", lambda: _run("ctr", "--address", str(r / "containerd.sock"), "version",
                                               check=False).returncode == 0)
+
+    @property
+    def gvisor(self) -> bool:
+        """Whether this node offers the gVisor runtime (handler ``runsc``, RuntimeClass ``gvisor``):
+        runsc and its shim are in the control plane's bin dir (k8s/build.sh builds them)."""
+        return all(os.access(self.cp.bin_dir / b, os.X_OK) for b in ("runsc", "containerd-shim-runsc-v1"))
+
+    def _runsc_runtime(self, cri: str) -> str:
+        """containerd's runtime entry for gVisor, and the shim's own config (runsc's flags): its
+        state under this node's run dir; cgroups are left to the kubelet's (the pod's cgroup is
+        set up by containerd before runsc starts)."""
+        if not self.gvisor:
+            return ""
+        r = self.run
+        (r / "runsc.toml").write_text(f"""binary_name = "{self.cp.bin_dir / 'runsc'}"
+root = "{r / 'runsc-root'}"
+log_path = "{r / 'logs'}/runsc-shim-%ID%.log"
+[runsc_config]
+  platform = "systrap"
+""")
+        return f"""    [{cri}.containerd.runtimes.runsc]
+      runtime_type = "io.containerd.runsc.v1"
+      [{cri}.containerd.runtimes.runsc.options]
+        TypeUrl = "io.containerd.runsc.v1.options"
+        ConfigPath = "{r / 'runsc.toml'}"
+"""
 
     @property
     def _pause_ref(self) -> str:
@@ -710,6 +742,17 @@ state = "{r / 'containerd-state'}"
             "--iptables-sync-period=10s",
             "--health-port=0", "--metrics-port=0", "--v=1"])
 
+    def _runtime_class(self) -> None:
+        """RuntimeClass ``gvisor`` (handler ``runsc``): what a pod names to run under gVisor, as on
+        GKE Sandbox or a cluster with gVisor installed (the chart's ``envserver.runtimeClassName``)."""
+        body = {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": GVISOR_RUNTIME_CLASS},
+                "handler": "runsc"}
+        try:
+            self.cp.api("POST", "/apis/node.k8s.io/v1/runtimeclasses", body)
+        except urllib.error.HTTPError as exc:
+            if exc.code != 409:
+                raise
+
     def _grant(self, name: str, user: str, rules: list[dict]) -> None:
         """A ClusterRole with ``rules`` bound to ``user`` (already there: left as it is)."""
         rbac = "/apis/rbac.authorization.k8s.io/v1"
@@ -793,7 +836,21 @@ state = "{r / 'containerd-state'}"
                 cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if cmd and cmd[0].endswith(b"containerd-shim-runc-v2") and sock.encode() in b" ".join(cmd):
+            shims = (b"containerd-shim-runc-v2", b"containerd-shim-runsc-v1")
+            if cmd and cmd[0].endswith(shims) and sock.encode() in b" ".join(cmd):
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except OSError:
+                    pass
+        # gVisor's sandbox and gofer processes outlive a killed shim: every process of this node's
+        # runsc root
+        runsc_root = f"--root={self.run / 'runsc-root'}".encode()
+        for pid in os.listdir("/proc"):
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if pid.isdigit() else []
+            except OSError:
+                continue
+            if runsc_root in cmd:
                 try:
                     os.kill(int(pid), signal.SIGKILL)
                 except OSError:

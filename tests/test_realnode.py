@@ -899,3 +899,79 @@ def _late_databases(chart: Cluster, pod: str) -> list[str]:
               f"and shobj_description(oid, 'pg_database')::jsonb->>'pod' = '{pod}'")
     assert r.returncode == 0, r.stderr
     return r.stdout.split()
+
+
+def _ready_seconds(pod: dict[str, Any]) -> int:
+    ready = next(c for c in pod["status"]["conditions"] if c["type"] == "Ready")
+    return _seconds(pod["metadata"]["creationTimestamp"], ready["lastTransitionTime"])
+
+
+def _episode_costs(inst: dict[str, Any], bundle: Any, n: int = 30) -> dict[str, float]:
+    """p50 of a read-only tool call (MCP) and of a reset (control API) on one instance, after one
+    task's replay (verified complete): the same measurement for a runc and a gVisor pod."""
+
+    async def run() -> dict[str, float]:
+        control = ControlClient(inst["controlUrl"])
+        try:
+            async with McpSession(inst["mcpUrl"]) as mcp:
+                task = bundle.tasks[0]
+                report = await replay(bundle.name, task, mcp, control)
+                assert report.verdict == "complete", (report.verdict, report.reason)
+                step = task.solution[0]
+                calls, resets = [], []
+                for _ in range(n):
+                    t0 = time.perf_counter()
+                    await mcp.call_tool(step.tool, step.arguments)
+                    calls.append((time.perf_counter() - t0) * 1000)
+                    t0 = time.perf_counter()
+                    await control.reset(None)
+                    resets.append((time.perf_counter() - t0) * 1000)
+        finally:
+            await control.close()
+        return {"tool_call_p50_ms": round(sorted(calls)[n // 2], 2), "reset_http_p50_ms": round(sorted(resets)[n // 2], 2)}
+
+    return asyncio.run(run())
+
+
+def test_env_pods_under_the_gvisor_runtime_class(chart: Cluster, fleet: str) -> None:
+    """The stronger tier: an EnvFleet whose pods name RuntimeClass `gvisor` (the node's runsc
+    handler, k8s/build.sh + k8s/node.py) runs them in gVisor's user-space kernel. There Landlock
+    does not exist: the env server's workers must be confined by seccomp and the file view, report
+    it, and serve whole episodes; pod start, tool call and reset are measured beside a runc pod of
+    the same chart (printed as JSON for docs/benchmarks.md)."""
+    cp = chart.cp
+    require(cp.node.gvisor, "runsc and containerd-shim-runsc-v1 are not built: run k8s/build.sh")
+    name = "gvisor"
+    chart.create("envfleets", name, {"environments": ["crm"], "replicas": 1,
+                                     "database": {"secretName": f"{RELEASE}-database"},
+                                     "template": {"runtimeClassName": "gvisor"}})
+    try:
+        _wait_or_describe(cp, "the gVisor pod Ready", lambda: chart.ready(name, 1), timeout=300)
+        pod = chart.pods(name)[0]
+        assert pod["spec"]["runtimeClassName"] == "gvisor"
+        # gVisor's kernel answers, not the host's
+        version = _exec(cp, pod["metadata"]["name"], "cat", "/proc/version")
+        assert version.returncode == 0, version.stderr
+        assert os.uname().release not in version.stdout, version.stdout
+        ip = pod["status"]["podIP"]
+        info = httpx.get(f"http://{ip}:8001/info", timeout=30).json()
+        isolation = info["isolation"]
+        assert isolation["strong"] is True, isolation
+        assert {"seccomp", "fsview", "rlimits"} <= set(isolation["applied"]), isolation
+        assert "landlock" not in isolation["applied"], isolation
+        bundle = catalog.load(None, ["crm"])[0]
+        gv = claim_of(chart, "gv", {"fleet": name, "count": 1, "environment": "crm"})
+        rc = claim_of(chart, "rc", {"fleet": fleet, "count": 1, "environment": "crm"})
+        try:
+            costs = {"gvisor": _episode_costs(gv["instances"][0], bundle),
+                     "runc": _episode_costs(rc["instances"][0], bundle)}
+        finally:
+            chart.delete("envclaims", "gv")
+            chart.delete("envclaims", "rc")
+        runc_pod = next(p for p in chart.pods(fleet) if p["metadata"]["name"] == rc["instances"][0]["pod"])
+        costs["gvisor"]["pod_ready_s"] = _ready_seconds(pod)
+        costs["runc"]["pod_ready_s"] = _ready_seconds(runc_pod)
+        print("gvisor vs runc on the real node:", json.dumps(costs))
+    finally:
+        chart.delete("envfleets", name)
+        wait_for("the gVisor fleet's pods gone", lambda: not chart.pods(name), timeout=180, interval=1)
