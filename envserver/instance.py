@@ -33,7 +33,7 @@ from awm.sandbox.forkserver import Zygote
 from awm.sandbox.pool import WeakIsolation, WorkerFailure, WorkerPool, make_zygote
 from awm.envserver.binding import Binding, BindError, DatabaseSource, FixedDatabase
 from awm.envserver.metrics import Metrics
-from awm.envserver.reset import DatabaseLost, EpisodeDatabase
+from awm.envserver.reset import DatabaseLost, EpisodeDatabase, ResetResult
 from awm.envserver.tools import AGENT_FAULTS, ToolFailure, ToolRuntime, render
 from awm.envserver.verify import Verdict, from_judgement, verify_in_worker
 
@@ -187,86 +187,91 @@ class EnvInstance:
         the next tool call runs on a worker that has run nothing. Returns what it cost. A switch
         that fails leaves the instance serving what it served (a cached environment whose reset
         failed is forgotten)."""
+        async with self._lock:
+            return (await self._bind_locked(env))[0]
+
+    async def _bind_locked(self, env: str) -> tuple[dict[str, Any], ResetResult | None]:
+        """:meth:`bind` with the instance's lock held; also the reset it made (None when ``env``
+        is already served), so that a reset that asked for ``env`` need not reset again."""
         if not isinstance(env, str) or not env:
             raise ControlError(400, "env must be a non-empty string")
         if self.wedged:
             raise ControlError(503, "instance is restarting")
         start = time.perf_counter()
-        async with self._lock:
-            if env == self.binding.name:
-                return {"env": env, "switched": False, "cached": True, "bind_ms": 0.0, "instance": self.name,
-                        "cached_envs": list(self._bindings)}
-            if not self.databases.late:
-                raise ControlError(409, f"instance {self.name} is pinned to {self.binding.name!r}; it "
-                                        f"cannot serve {env!r} (started without a provisioner)", env=self.binding.name)
-            binding = self._bindings.get(env)
-            cached = binding is not None
-            phases: dict[str, float] = {}
-            mark = time.perf_counter()
+        if env == self.binding.name:
+            return {"env": env, "switched": False, "cached": True, "bind_ms": 0.0, "instance": self.name,
+                    "cached_envs": list(self._bindings)}, None
+        if not self.databases.late:
+            raise ControlError(409, f"instance {self.name} is pinned to {self.binding.name!r}; it "
+                                    f"cannot serve {env!r} (started without a provisioner)", env=self.binding.name)
+        binding = self._bindings.get(env)
+        cached = binding is not None
+        phases: dict[str, float] = {}
+        mark = time.perf_counter()
 
-            def phase(name: str) -> None:
-                nonlocal mark
-                now = time.perf_counter()
-                phases[name] = round((now - mark) * 1000, 3)
-                mark = now
+        def phase(name: str) -> None:
+            nonlocal mark
+            now = time.perf_counter()
+            phases[name] = round((now - mark) * 1000, 3)
+            mark = now
 
-            made: Binding | None = None
-            try:
-                if binding is None:
-                    bundle = await asyncio.get_running_loop().run_in_executor(None, self._find, env)
-                    phase("load_bundle")
-                    binding = made = await self._new_binding(bundle, phase)
-                    result = await self._db(lambda: made.db.reset(verify=True))  # checksummed
-                    phase("checksum")
-                else:
-                    result = await self._db(binding.db.reset)
-                    phase("reset")
-                # The new environment's workers start before the old ones go: a failure here
-                # leaves the instance as it was.
-                binding.activate(self._zygote(binding.app), self.workers, self.allow_weak_isolation, wait=False)
-                phase("start_workers")
-            except BaseException as exc:
-                if not isinstance(exc, ControlError):
-                    self.metrics.binds.labels("failed").inc()
-                if made is not None:
-                    await self._drop(made)
-                elif cached and binding is not None and not isinstance(exc, asyncio.CancelledError):
-                    self._bindings.pop(env, None)  # its reset failed: never serve it again
-                    await self._drop(binding)
-                if isinstance(exc, ProvisionerLost):
-                    self._wedge(f"provisioner connection lost: {exc}")
-                    raise ControlError(503, f"cannot bind {env!r}: the provisioner is gone; the instance "
-                                            "restarts") from None
-                if isinstance(exc, BindError):
-                    raise ControlError(409, str(exc)) from None
-                if isinstance(exc, (ProvisionerError, DatabaseLost)):
-                    raise ControlError(503, f"cannot bind {env!r}: {exc}") from None
-                if isinstance(exc, Exception) and not isinstance(exc, ControlError):
-                    raise ControlError(500, f"cannot bind {env!r}: {type(exc).__name__}: {exc}") from None
-                raise
-            previous = self.binding
-            # The previous environment's workers are detached now (nothing can reach them) and
-            # killed off the claim path.
-            asyncio.get_running_loop().run_in_executor(None, previous.deactivate())
-            phase("stop_workers")
-            self.binding = binding
-            self._bindings[env] = binding
-            self._bindings.move_to_end(env)
-            self.episode = None
-            self.switches += 1
-            for callback in self.on_switch:
-                callback()
-            self.metrics.bound(previous.name, env)
-            while len(self._bindings) > self.cache_envs:
-                _, evicted = self._bindings.popitem(last=False)
-                await self._drop(evicted)
+        made: Binding | None = None
+        try:
+            if binding is None:
+                bundle = await asyncio.get_running_loop().run_in_executor(None, self._find, env)
+                phase("load_bundle")
+                binding = made = await self._new_binding(bundle, phase)
+                result = await self._db(lambda: made.db.reset(verify=True))  # checksummed
+                phase("checksum")
+            else:
+                result = await self._db(binding.db.reset)
+                phase("reset")
+            # The new environment's workers start before the old ones go: a failure here
+            # leaves the instance as it was.
+            binding.activate(self._zygote(binding.app), self.workers, self.allow_weak_isolation, wait=False)
+            phase("start_workers")
+        except BaseException as exc:
+            if not isinstance(exc, ControlError):
+                self.metrics.binds.labels("failed").inc()
+            if made is not None:
+                await self._drop(made)
+            elif cached and binding is not None and not isinstance(exc, asyncio.CancelledError):
+                self._bindings.pop(env, None)  # its reset failed: never serve it again
+                await self._drop(binding)
+            if isinstance(exc, ProvisionerLost):
+                self._wedge(f"provisioner connection lost: {exc}")
+                raise ControlError(503, f"cannot bind {env!r}: the provisioner is gone; the instance "
+                                        "restarts") from None
+            if isinstance(exc, BindError):
+                raise ControlError(409, str(exc)) from None
+            if isinstance(exc, (ProvisionerError, DatabaseLost)):
+                raise ControlError(503, f"cannot bind {env!r}: {exc}") from None
+            if isinstance(exc, Exception) and not isinstance(exc, ControlError):
+                raise ControlError(500, f"cannot bind {env!r}: {type(exc).__name__}: {exc}") from None
+            raise
+        previous = self.binding
+        # The previous environment's workers are detached now (nothing can reach them) and
+        # killed off the claim path.
+        asyncio.get_running_loop().run_in_executor(None, previous.deactivate())
+        phase("stop_workers")
+        self.binding = binding
+        self._bindings[env] = binding
+        self._bindings.move_to_end(env)
+        self.episode = None
+        self.switches += 1
+        for callback in self.on_switch:
+            callback()
+        self.metrics.bound(previous.name, env)
+        while len(self._bindings) > self.cache_envs:
+            _, evicted = self._bindings.popitem(last=False)
+            await self._drop(evicted)
         ms = (time.perf_counter() - start) * 1000
         kind = "cached" if cached else "new"
         self.metrics.binds.labels(kind).inc()
         self.metrics.bind_latency.labels(kind).observe(ms / 1000)
         return {"env": env, "switched": True, "cached": cached, "bind_ms": round(ms, 3), "phases_ms": phases,
                 "reset_ms": round(result.ms, 3), "pristine": result.pristine, "instance": self.name,
-                "previous": previous.name, "cached_envs": list(self._bindings)}
+                "previous": previous.name, "cached_envs": list(self._bindings)}, result
 
     def _find(self, env: str) -> EnvBundle:
         if self.catalog is None:
@@ -371,21 +376,25 @@ class EnvInstance:
     async def reset(self, task_id: str | None, verify: bool = False, env: str | None = None) -> dict[str, Any]:
         """A new episode (of ``task_id``); with ``env``, of that environment (bound first if
         the instance serves another one: late binding's claim in one request)."""
-        bound = await self.bind(env) if env is not None else None
-        task = None
-        if task_id is not None:
-            try:
-                task = self.bundle.task(task_id)
-            except KeyError:
-                raise ControlError(404, f"unknown task id {task_id!r}",
-                                   known=[t.id for t in self.bundle.tasks]) from None
-            self._servable(task)
-        if self.wedged:
-            raise ControlError(503, "instance is restarting")
-        async with self._lock:
+        async with self._lock:  # one hold: no call reaches the new environment between bind and reset
+            bound, switch_reset = await self._bind_locked(env) if env is not None else (None, None)
+            task = None
+            if task_id is not None:
+                try:
+                    task = self.bundle.task(task_id)
+                except KeyError:
+                    raise ControlError(404, f"unknown task id {task_id!r}",
+                                       known=[t.id for t in self.bundle.tasks]) from None
+                self._servable(task)
+            if self.wedged:
+                raise ControlError(503, "instance is restarting")
             was_connected = self.db.connected
             try:
-                result = await self._db(lambda: self.db.reset(verify=verify))
+                # A switch has just reset (or checksummed) the new environment's database and
+                # started fresh workers: again would only repeat it, unless a checksum was asked
+                # of a cached one.
+                result = switch_reset if switch_reset is not None and (not verify or not bound["cached"]) \
+                    else await self._db(lambda: self.db.reset(verify=verify))
             except DatabaseLost as exc:
                 raise ControlError(503, f"database unavailable: {exc}") from exc
             except Exception as exc:  # noqa: BLE001 - e.g. NotPristine: never serve a wrong state
