@@ -942,7 +942,7 @@ def test_env_pods_under_the_gvisor_runtime_class(chart: Cluster, fleet: str) -> 
     cp = chart.cp
     require(cp.node.gvisor, "runsc and containerd-shim-runsc-v1 are not built: run k8s/build.sh")
     name = "gvisor"
-    chart.create("envfleets", name, {"environments": ["crm"], "replicas": 1,
+    chart.create("envfleets", name, {"environments": ["crm"], "replicas": 1, "catalog": {},
                                      "database": {"secretName": f"{RELEASE}-database"},
                                      "template": {"runtimeClassName": "gvisor"}})
     try:

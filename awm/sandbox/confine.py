@@ -302,7 +302,12 @@ def _fsview(libc: ctypes.CDLL, read_paths: list[str], uid: int, gid: int) -> Non
     bind mounts at the same absolute paths). Needs a fresh user and mount namespace (this process
     is their owner, so it may mount); every child inherits the view, and seccomp keeps children
     from mounting, unsharing or pivoting again."""
-    for name, line in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+    try:
+        with open("/proc/self/setgroups", "w") as f:  # needed before gid_map by Linux, not by gVisor
+            f.write("deny")
+    except OSError:
+        pass  # gVisor (spring 2026) has no writable setgroups; the maps below are what matters
+    for name, line in (("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
         with open(f"/proc/self/{name}", "w") as f:  # identity maps: files keep their owners
             f.write(line)
     _mount(libc, None, "/", None, _MS_REC | _MS_PRIVATE)  # nothing propagates back to the host
@@ -312,7 +317,12 @@ def _fsview(libc: ctypes.CDLL, read_paths: list[str], uid: int, gid: int) -> Non
     # The view's own directories are search-only (mode 0111): paths through them resolve, nothing
     # lists them (the bound paths keep their modes, as under Landlock). Capabilities are dropped
     # after the view is built, so no DAC override reads them either.
-    _mount(libc, "awm-view", root, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0111,size=64k,nr_inodes=4096")
+    try:
+        _mount(libc, "awm-view", root, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0111,size=64k,nr_inodes=4096")
+    except OSError as exc:  # gVisor of spring 2026 knows no size options (the root goes read-only anyway)
+        if exc.errno != errno.EINVAL:
+            raise
+        _mount(libc, "awm-view", root, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0111")
     bound: list[str] = []
     for path in sorted({os.path.realpath(p) for p in read_paths}):
         if not os.path.exists(path) or any(path == b or path.startswith(b + "/") for b in bound):
