@@ -933,22 +933,23 @@ def _episode_costs(inst: dict[str, Any], bundle: Any, n: int = 30) -> dict[str, 
     return asyncio.run(run())
 
 
-def test_env_pods_under_the_gvisor_runtime_class(chart: Cluster, fleet: str) -> None:
+def test_env_pods_under_the_gvisor_runtime_class(chart: Cluster) -> None:
     """The stronger tier: an EnvFleet whose pods name RuntimeClass `gvisor` (the node's runsc
     handler, k8s/build.sh + k8s/node.py) runs them in gVisor's user-space kernel. There Landlock
     does not exist: the env server's workers must be confined by seccomp and the file view, report
-    it, and serve whole episodes; pod start, tool call and reset are measured beside a runc pod of
-    the same chart (printed as JSON for docs/benchmarks.md)."""
+    it, and serve whole episodes. Pod start, tool call and reset are measured beside a one-pod runc
+    fleet created at the same moment (printed as JSON for docs/benchmarks.md)."""
     cp = chart.cp
     require(cp.node.gvisor, "runsc and containerd-shim-runsc-v1 are not built: run k8s/build.sh")
-    name = "gvisor"
-    chart.create("envfleets", name, {"environments": ["crm"], "replicas": 1, "catalog": {},
-                                     "database": {"secretName": f"{RELEASE}-database"},
-                                     "template": {"runtimeClassName": "gvisor"}})
+    fleets = {"gvisor": {"runtimeClassName": "gvisor"}, "runc1": {}}
+    for name, template in fleets.items():
+        chart.create("envfleets", name, {"environments": ["crm"], "replicas": 1, "catalog": {},
+                                         "database": {"secretName": f"{RELEASE}-database"}, "template": template})
     try:
-        _wait_or_describe(cp, "the gVisor pod Ready", lambda: chart.ready(name, 1), timeout=300)
-        pod = chart.pods(name)[0]
-        assert pod["spec"]["runtimeClassName"] == "gvisor"
+        for name in fleets:
+            _wait_or_describe(cp, f"the {name} pod Ready", lambda: chart.ready(name, 1), timeout=300)
+        pod, runc_pod = chart.pods("gvisor")[0], chart.pods("runc1")[0]
+        assert pod["spec"]["runtimeClassName"] == "gvisor" and not runc_pod["spec"].get("runtimeClassName")
         # gVisor's kernel answers, not the host's
         version = _exec(cp, pod["metadata"]["name"], "cat", "/proc/version")
         assert version.returncode == 0, version.stderr
@@ -960,18 +961,17 @@ def test_env_pods_under_the_gvisor_runtime_class(chart: Cluster, fleet: str) -> 
         assert {"seccomp", "fsview", "rlimits"} <= set(isolation["applied"]), isolation
         assert "landlock" not in isolation["applied"], isolation
         bundle = catalog.load(None, ["crm"])[0]
-        gv = claim_of(chart, "gv", {"fleet": name, "count": 1, "environment": "crm"})
-        rc = claim_of(chart, "rc", {"fleet": fleet, "count": 1, "environment": "crm"})
-        try:
-            costs = {"gvisor": _episode_costs(gv["instances"][0], bundle),
-                     "runc": _episode_costs(rc["instances"][0], bundle)}
-        finally:
-            chart.delete("envclaims", "gv")
-            chart.delete("envclaims", "rc")
-        runc_pod = next(p for p in chart.pods(fleet) if p["metadata"]["name"] == rc["instances"][0]["pod"])
+        costs = {}
+        for runtime, fleet_name in (("gvisor", "gvisor"), ("runc", "runc1")):
+            bound = claim_of(chart, fleet_name, {"fleet": fleet_name, "count": 1, "environment": "crm"})
+            try:
+                costs[runtime] = _episode_costs(bound["instances"][0], bundle)
+            finally:
+                chart.delete("envclaims", fleet_name)
         costs["gvisor"]["pod_ready_s"] = _ready_seconds(pod)
         costs["runc"]["pod_ready_s"] = _ready_seconds(runc_pod)
         print("gvisor vs runc on the real node:", json.dumps(costs))
     finally:
-        chart.delete("envfleets", name)
-        wait_for("the gVisor fleet's pods gone", lambda: not chart.pods(name), timeout=180, interval=1)
+        for name in fleets:
+            chart.delete("envfleets", name)
+        wait_for("the two fleets' pods gone", lambda: not any(chart.pods(n) for n in fleets), timeout=180, interval=1)
