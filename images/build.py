@@ -368,7 +368,6 @@ class Builder:
             lock.close()
             shutil.rmtree(self._tmp, ignore_errors=True)
 
-
     def prune(self, current: list[Built], keep: int = KEEP) -> None:
         """Drop what superseded builds left: every image name keeps its current build and the
         newest `keep - 1` others (switching back a commit stays a cache hit). Without this the

@@ -73,9 +73,10 @@ SYSCTLS = ("net/ipv4/ip_forward", "net/ipv4/conf/all/route_localnet")
 # Pods on one bridge talk at layer 2: only with this on do their packets cross iptables, where
 # kube-router's policy chains are (turned on, and back, by the node that runs kube-router).
 BRIDGE_NF = "net/bridge/bridge-nf-call-iptables"
+# The RuntimeClass of the node's gVisor runtime (handler runsc), when k8s/build.sh built it.
+GVISOR_RUNTIME_CLASS = "gvisor"
 # What kube-router's network-policy controller makes (v2 pkg/controllers/netpol): filter-table
 # chains and ipsets, named by these prefixes whichever node made them.
-GVISOR_RUNTIME_CLASS = "gvisor"
 KUBE_ROUTER_CHAINS = ("KUBE-ROUTER-", "KUBE-NWPLCY-", "KUBE-POD-FW-")
 KUBE_ROUTER_IPSETS = ("KUBE-SRC-", "KUBE-DST-")
 # What kube-router reads through the API server (its informers start for all of these).
@@ -829,6 +830,10 @@ log_path = "{r / 'logs'}/runsc-shim-%ID%.log"
         sock = str(self.run / "containerd.sock") if self.run else None
         if sock is None:
             return
+        # This node's shims (those of its containerd socket), and gVisor's sandbox and gofer
+        # processes, which outlive a killed shim (every process of this node's runsc root).
+        shims = (b"containerd-shim-runc-v2", b"containerd-shim-runsc-v1")
+        runsc_root = f"--root={self.run / 'runsc-root'}".encode()
         for pid in os.listdir("/proc"):
             if not pid.isdigit():
                 continue
@@ -836,21 +841,7 @@ log_path = "{r / 'logs'}/runsc-shim-%ID%.log"
                 cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            shims = (b"containerd-shim-runc-v2", b"containerd-shim-runsc-v1")
-            if cmd and cmd[0].endswith(shims) and sock.encode() in b" ".join(cmd):
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except OSError:
-                    pass
-        # gVisor's sandbox and gofer processes outlive a killed shim: every process of this node's
-        # runsc root
-        runsc_root = f"--root={self.run / 'runsc-root'}".encode()
-        for pid in os.listdir("/proc"):
-            try:
-                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if pid.isdigit() else []
-            except OSError:
-                continue
-            if runsc_root in cmd:
+            if (cmd and cmd[0].endswith(shims) and sock.encode() in b" ".join(cmd)) or runsc_root in cmd:
                 try:
                     os.kill(int(pid), signal.SIGKILL)
                 except OSError:

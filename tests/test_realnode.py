@@ -51,7 +51,7 @@ from awm.client import ControlClient, McpSession
 from awm.gates import replay
 from awm.episode.allocation import AllocationClient
 from k8s import chart as chart_install
-from k8s.node import CLUSTER_DOMAIN
+from k8s.node import CLUSTER_DOMAIN, GVISOR_RUNTIME_CLASS
 from tests.conftest import _load_k8s_harness, require
 from tests.k8s_e2e import CLIENTS_NS, Cluster, claim_of, client_token, grant_claims, wait_for
 from tests.llm_server import Reply, ScriptedLLM, user_text
@@ -941,7 +941,7 @@ def test_env_pods_under_the_gvisor_runtime_class(chart: Cluster) -> None:
     fleet created at the same moment (printed as JSON for docs/benchmarks.md)."""
     cp = chart.cp
     require(cp.node.gvisor, "runsc and containerd-shim-runsc-v1 are not built: run k8s/build.sh")
-    fleets = {"gvisor": {"runtimeClassName": "gvisor"}, "runc1": {}}
+    fleets = {"gvisor": {"runtimeClassName": GVISOR_RUNTIME_CLASS}, "runc1": {}}
     for name, template in fleets.items():
         chart.create("envfleets", name, {"environments": ["crm"], "replicas": 1, "catalog": {},
                                          "database": {"secretName": f"{RELEASE}-database"}, "template": template})
@@ -949,7 +949,7 @@ def test_env_pods_under_the_gvisor_runtime_class(chart: Cluster) -> None:
         for name in fleets:
             _wait_or_describe(cp, f"the {name} pod Ready", lambda: chart.ready(name, 1), timeout=300)
         pod, runc_pod = chart.pods("gvisor")[0], chart.pods("runc1")[0]
-        assert pod["spec"]["runtimeClassName"] == "gvisor" and not runc_pod["spec"].get("runtimeClassName")
+        assert pod["spec"]["runtimeClassName"] == GVISOR_RUNTIME_CLASS and not runc_pod["spec"].get("runtimeClassName")
         # gVisor's kernel answers, not the host's
         version = _exec(cp, pod["metadata"]["name"], "cat", "/proc/version")
         assert version.returncode == 0, version.stderr
