@@ -197,6 +197,32 @@ def test_learner_gradient_accumulation_matches_full_batch():
     assert torch.allclose(grads[0], grads[1], atol=1e-6)
 
 
+def test_log_probs_from_the_first_trained_token_equal_the_whole_sequence_s():
+    # The learner applies the output layer from the first trained token on (logits_to_keep):
+    # the log-probs it reads and their gradients must be those of the whole sequence.
+    from awm.trainer.config import GRPOConfig
+    from awm.trainer.learner import Learner, _first_trained
+    from awm.trainer.local_policy import SamplingSpec
+    from awm.trainer.tiny import TinySpec, build_model
+
+    model = build_model(16, TinySpec(hidden_size=16, layers=2, heads=2), seed=3)
+    learner = Learner(model, GRPOConfig(lr=0.0), SamplingSpec(temperature=0.7))
+    ids = torch.tensor([[3, 5, 7, 9, 11, 2], [3, 5, 8, 4, 0, 0]])
+    attention = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]])
+    mask = torch.tensor([[0, 0, 0, 1, 1.0], [0, 0, 1, 0, 0]])  # targets 1..5: rows train from 4 and 3
+    first = _first_trained(mask)
+    assert first == 2 and _first_trained(torch.zeros(2, 5)) == 0
+    results = []
+    for start in (0, first):
+        model.zero_grad()
+        logp = learner.sequence_logprobs(model, ids, attention, start)
+        assert logp.shape == (2, 5)
+        (logp * mask).sum().backward()
+        results.append(((logp * mask).detach(), torch.cat([p.grad.flatten() for p in model.parameters()])))
+    assert torch.allclose(results[0][0], results[1][0], atol=1e-6)
+    assert torch.allclose(results[0][1], results[1][1], atol=1e-6)
+
+
 def test_policy_device_and_dtype_reach_the_learner_and_the_sampler(tmp_path):
     """What a GPU run does with ``policy.device``/``policy.dtype``, on the CPU with bfloat16:
     the learner keeps float32 master weights and computes under autocast, the reference and an
@@ -276,12 +302,63 @@ def test_bfloat16_compute_keeps_small_updates():
 @pytest.mark.parametrize("section, bad, message", [
     ("policy", {"dtype": "fp8"}, "policy.dtype"), ("policy", {"device": "gpu"}, "policy.device"),
     ("policy", {"kind": "vllm"}, "policy.kind"), ("grpo", {"loss_agg": "sum"}, "grpo.loss_agg"),
-    ("agent", {"tool_format": "txt"}, "tool_format")])
+    ("agent", {"tool_format": "txt"}, "tool_format"), ("agent", {"tool_descriptions": "brief"}, "tool_descriptions"),
+    ("policy", {"extra_body": {"tool_choice": "required"}}, "policy.kind vllm only"),
+    ("policy", {"kind": "vllm", "path": "m", "base_url": "http://x/v1", "extra_body": "required"}, "mapping")])
 def test_bad_settings_are_refused_when_the_config_loads(section, bad, message):
     from awm.trainer.config import TrainConfig
 
     with pytest.raises(ValueError, match=message):
         TrainConfig.from_dict({section: bad})
+
+
+def test_config_paths_name_environment_variables(tmp_path, monkeypatch):
+    from awm.trainer.config import TrainConfig
+
+    model = tmp_path / "model"
+    model.mkdir()
+    config = tmp_path / "run.yaml"
+    config.write_text("policy:\n  kind: vllm\n  path: ${AWM_TEST_MODEL}\n  extra_body: {tool_choice: required}\n"
+                      "  server: {python: $AWM_TEST_PY, args: [--chat-template, '${AWM_TEST_MODEL}/t.jinja']}\n")
+    monkeypatch.setenv("AWM_TEST_MODEL", str(model))
+    monkeypatch.setenv("AWM_TEST_PY", "/opt/vllm/bin/python")
+    cfg = TrainConfig.load(config)
+    assert cfg.policy.path == str(model) and cfg.policy.extra_body == {"tool_choice": "required"}
+    assert cfg.policy.server == {"python": "/opt/vllm/bin/python", "args": ["--chat-template", f"{model}/t.jinja"]}
+    monkeypatch.delenv("AWM_TEST_MODEL")
+    with pytest.raises(ValueError, match="environment variable AWM_TEST_MODEL is not set"):
+        TrainConfig.load(config)
+
+
+def test_short_tool_descriptions_keep_what_makes_arguments_valid():
+    import jsonschema
+
+    from awm.episode.toolcalls import first_sentence, short_tools
+
+    full = {"name": "list_users", "description": "List sales users. Each with their team.\n\nArgs: ...",
+            "inputSchema": {"type": "object", "additionalProperties": False, "required": ["title"], "properties": {
+                "title": {"type": "string", "description": "A parameter called title.", "minLength": 1},
+                "role": {"anyOf": [{"enum": ["rep", "manager"], "type": "string"}, {"type": "null"}],
+                         "default": None, "description": "Only users with this role.", "title": "Role"},
+                "team": {"anyOf": [{"type": "integer", "minimum": 1}, {"type": "null"}], "default": None},
+                "ids": {"type": "array", "items": {"type": "integer", "description": "An id."}},
+                "either": {"anyOf": [{"type": "integer"}, {"type": "string"}]}}}}
+    short = short_tools([full])[0]
+    assert short["description"] == "List sales users."
+    schema = short["inputSchema"]
+    assert "description" not in str(schema) and "Role" not in str(schema)
+    assert schema["properties"]["role"] == {"type": ["string", "null"], "enum": ["rep", "manager", None], "default": None}
+    assert schema["properties"]["team"] == {"type": ["integer", "null"], "minimum": 1, "default": None}
+    assert schema["properties"]["either"] == full["inputSchema"]["properties"]["either"]  # not an Optional
+    assert schema["required"] == ["title"] and schema["additionalProperties"] is False
+    # the same arguments are valid, and invalid, under both
+    for args in ({"title": "x"}, {"title": "x", "role": None, "team": 3}, {"title": "x", "role": "boss"},
+                 {"title": ""}, {"role": "rep"}, {"title": "x", "team": 0}, {"title": "x", "extra": 1},
+                 {"title": "x", "ids": [1, "2"]}, {"title": "x", "either": 1.5}):
+        verdicts = [jsonschema.Draft202012Validator(s).is_valid(args) for s in (full["inputSchema"], schema)]
+        assert verdicts[0] == verdicts[1], args
+    assert first_sentence("x" * 200, 50) == "x" * 49 + "…"
+    assert first_sentence("Version 2.1 of it. More.") == "Version 2.1 of it."
 
 
 # -- what becomes a training sequence ----------------------------------------------------------

@@ -56,11 +56,16 @@ class AgentConfig:
     # after; at most this many per table) in its result's "diff" (trainer/calldiff.py): one more
     # control-API round trip per call. 0: off.
     call_diff_rows: int = 50
+    # full: the tools as the environment describes them | short: first sentence of each
+    # description, parameter schemas without their prose (toolcalls.short_tools; small models)
+    tool_descriptions: str = "full"
 
     def __post_init__(self) -> None:
         # A misspelt format would send the model no tools at all: every episode would fail quietly.
         if self.tool_format not in ("native", "text", "awm"):
             raise ValueError(f"tool_format must be native, text or awm, not {self.tool_format!r}")
+        if self.tool_descriptions not in ("full", "short"):
+            raise ValueError(f"tool_descriptions must be full or short, not {self.tool_descriptions!r}")
         if self.max_turns < 1:
             raise ValueError("max_turns must be at least 1")
         if self.history_window is not None and self.history_window < 1:
@@ -97,8 +102,9 @@ async def run_episode(policy: Policy, env: EnvHandle, task_id: str, cfg: AgentCo
     traj.episode_id = session.episode_id or traj.episode_id
     if log:
         log.start(traj)
-    traj.messages = _opening(cfg, env, traj.instruction)
-    native_tools = toolcalls.openai_tools(env.tools) if cfg.tool_format == "native" else None
+    tools = toolcalls.short_tools(env.tools) if cfg.tool_descriptions == "short" else env.tools
+    traj.messages = _opening(cfg, env, traj.instruction, tools)
+    native_tools = toolcalls.openai_tools(tools) if cfg.tool_format == "native" else None
     traj.tools = native_tools
     traj.stop_reason = "max_turns"
     for index in range(cfg.max_turns):
@@ -147,7 +153,8 @@ async def run_episode(policy: Policy, env: EnvHandle, task_id: str, cfg: AgentCo
     return await _finish(traj, session, timings, start, log, answer=traj.final_answer)
 
 
-def _opening(cfg: AgentConfig, env: EnvHandle, instruction: str) -> list[dict[str, Any]]:
+def _opening(cfg: AgentConfig, env: EnvHandle, instruction: str,
+             tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
     if cfg.tool_format == "awm":  # the reference's own kind of prompt, its meta-tools in it
         return [{"role": "system", "content": awm_format.system_prompt(env.scenario)},
                 {"role": "user", "content": instruction}]
@@ -155,7 +162,7 @@ def _opening(cfg: AgentConfig, env: EnvHandle, instruction: str) -> list[dict[st
     if env.scenario:
         system += "\n\nEnvironment: " + env.scenario.strip()
     if cfg.tool_format == "text":
-        system += "\n\n" + toolcalls.text_tools_prompt(env.tools)
+        system += "\n\n" + toolcalls.text_tools_prompt(tools)
     return [{"role": "system", "content": system}, {"role": "user", "content": instruction}]
 
 
@@ -187,7 +194,7 @@ async def _execute(session: EpisodeSession, calls: list[toolcalls.Parsed], turn:
     limit = 1 if awm else cfg.max_calls_per_turn  # the reference executes one call per turn
     for n, call in enumerate(calls):
         if awm and n < limit:
-            call = _awm_call(session, call, turn, n)
+            call = _awm_call(session, call, turn, n, cfg.tool_descriptions == "short")
             if call is None:
                 continue
         if isinstance(call, toolcalls.MalformedCall):
@@ -210,7 +217,8 @@ async def _execute(session: EpisodeSession, calls: list[toolcalls.Parsed], turn:
     turn.tools_ms = round(turn.tools_ms, 3)
 
 
-def _awm_call(session: EpisodeSession, call: toolcalls.Parsed, turn: Turn, n: int) -> toolcalls.Parsed | None:
+def _awm_call(session: EpisodeSession, call: toolcalls.Parsed, turn: Turn, n: int,
+              short: bool = False) -> toolcalls.Parsed | None:
     """A meta-tool call of the AWM format: ``list_tools`` is answered here (None: done), ``call_tool``
     becomes the real tool's call, anything else is an unknown tool (the agent's error)."""
     resolved = awm_format.resolve(call)
@@ -220,7 +228,8 @@ def _awm_call(session: EpisodeSession, call: toolcalls.Parsed, turn: Turn, n: in
     kind, real = resolved
     if kind == "list":
         turn.results.append({"tool_call_id": call.id, "name": awm_format.LIST_TOOLS, "is_error": False,
-                             "error_kind": None, "text": awm_format.list_tools_text(session.tools), "ms": 0.0})
+                             "error_kind": None, "text": awm_format.list_tools_text(
+                                 toolcalls.short_tools(session.tools) if short else session.tools), "ms": 0.0})
         return None
     if kind == "unknown" or real is None or real.name not in {t["name"] for t in session.tools}:
         name = real.name if real is not None else getattr(call, "name", "")

@@ -43,6 +43,14 @@ FormatOpt = Annotated[ToolFormat, typer.Option("--tool-format", case_sensitive=F
 ThinkingOpt = Annotated[Optional[bool], typer.Option(
     "--thinking/--no-thinking", help="Qwen3-style thinking on or off (chat_template_kwargs.enable_thinking); "
                                      "default: the template's own (on for Qwen3).")]
+class ToolDescriptions(str, Enum):
+    full = "full"
+    short = "short"
+
+
+DescriptionsOpt = Annotated[ToolDescriptions, typer.Option(
+    "--tool-descriptions", case_sensitive=False,
+    help="short: each tool's first sentence, parameter schemas without their prose (small models).")]
 StopFormatOpt = Annotated[bool, typer.Option(
     "--stop-on-format-error", help="End an episode at its first malformed call, scored reward format_error (-1).")]
 
@@ -85,6 +93,7 @@ def agent(
     max_tokens: MaxTokOpt = 2048,
     thinking: ThinkingOpt = None,
     stop_on_format_error: StopFormatOpt = False,
+    tool_descriptions: DescriptionsOpt = ToolDescriptions.full,
     out: Annotated[Path, typer.Option("--out", help="Trajectory JSONL (appended, one line per turn).")] = Path(
         "runs/agent/trajectories.jsonl"),
     as_json: Annotated[bool, typer.Option("--json", help="Print the finished trajectory as JSON.")] = False,
@@ -97,7 +106,7 @@ def agent(
 
     url, name = _endpoint(base_url, model)
     cfg = AgentConfig(max_turns=max_turns, history_window=history_window, tool_format=tool_format.value,
-                      stop_on_format_error=stop_on_format_error)
+                      stop_on_format_error=stop_on_format_error, tool_descriptions=tool_descriptions.value)
 
     def show(traj: Any, turn: Any) -> None:
         if as_json:
@@ -239,6 +248,7 @@ def eval_command(
     max_tokens: MaxTokOpt = 2048,
     thinking: ThinkingOpt = None,
     stop_on_format_error: StopFormatOpt = False,
+    tool_descriptions: DescriptionsOpt = ToolDescriptions.full,
     retries: Annotated[int, typer.Option("--retries", min=1, help="Attempts per request on 429/5xx/unreachable "
                                          "(backoff 0.5 s doubling to 30 s, or the server's Retry-After).")] = 6,
     request_timeout: Annotated[float, typer.Option("--request-timeout", min=1, help="Seconds per request.")] = 300.0,
@@ -313,7 +323,7 @@ def eval_command(
         policy = OpenAIPolicy(url, name, api_key or "", temperature=temperature, max_tokens=max_tokens,
                               timeout_s=request_timeout, retries=retries, extra_body=_thinking_body(thinking, extra))
     cfg = AgentConfig(max_turns=max_turns, history_window=history_window, tool_format=tool_format.value,
-                      stop_on_format_error=stop_on_format_error)
+                      stop_on_format_error=stop_on_format_error, tool_descriptions=tool_descriptions.value)
     out.mkdir(parents=True, exist_ok=True)
 
     def progress(score: Any) -> None:

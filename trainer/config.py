@@ -2,11 +2,14 @@
 
 Relative paths in the file (``catalog``, ``policy.path``) are resolved against the file's own
 directory when they exist there, so ``examples/train-tiny.yaml`` works from any directory;
-``run_dir`` is relative to the current directory.
+``run_dir`` is relative to the current directory. Those paths, ``policy.server.python`` and its ``args`` may
+name environment variables (``${AWM_REAL_MODEL}``) and ``~``: a model or an interpreter that lives
+in a cache outside the repository is named without writing a machine's path into the file.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -44,6 +47,9 @@ class PolicyConfig:
     lora: LoraSpec = field(default_factory=LoraSpec)
     sync_dir: str | None = None  # where versions are written for the server to read (default run_dir/weights)
     request_timeout_s: float = 300.0
+    # JSON merged into every generation request (null drops a field), e.g. {tool_choice: required}
+    # for guided tool calls (vLLM's structured outputs), or {chat_template: ...}
+    extra_body: dict[str, Any] = field(default_factory=dict)
     # start the server here (same machine or pod): {python: vLLM's interpreter, args: [extra flags],
     # port: 0}; without it, base_url names a server that runs already
     server: dict[str, Any] | None = None
@@ -63,6 +69,10 @@ class PolicyConfig:
                 raise ValueError("policy.kind vllm needs policy.base_url (a running server) or policy.server")
             if cfg.weight_sync not in ("lora", "full"):
                 raise ValueError(f"policy.weight_sync must be lora or full, not {cfg.weight_sync!r}")
+        if not isinstance(cfg.extra_body, dict):
+            raise ValueError("policy.extra_body must be a mapping (JSON merged into every request)")
+        if cfg.extra_body and cfg.kind != "vllm":
+            raise ValueError("policy.extra_body applies to policy.kind vllm only (requests to a server)")
         if cfg.dtype == "float16":
             raise ValueError("policy.dtype float16 is not supported for training: its gradients underflow "
                              "without loss scaling; use bfloat16 (or auto)")
@@ -177,8 +187,13 @@ class TrainConfig:
         cfg = cls(**data)
         if base_dir is not None:
             cfg.catalog = _resolve(cfg.catalog, base_dir)
+            if cfg.policy.server:
+                server = cfg.policy.server
+                if server.get("python"):
+                    server["python"] = _expand(str(server["python"]), "policy.server.python")
+                server["args"] = [_expand(str(arg), "policy.server.args") for arg in server.get("args") or []]
             if cfg.policy.path:
-                cfg.policy.path = _resolve(cfg.policy.path, base_dir)
+                cfg.policy.path = _resolve(cfg.policy.path, base_dir, "policy.path")
             if cfg.policy.sync_dir:
                 cfg.policy.sync_dir = _resolve(cfg.policy.sync_dir, base_dir)
         if cfg.mode not in ("async", "sync"):
@@ -223,7 +238,18 @@ def redact_dsn(dsn: str) -> str:
     return make_conninfo(**params)
 
 
-def _resolve(value: str, base_dir: Path) -> str:
+def _expand(value: str, what: str) -> str:
+    """``~`` and ``$VAR``/``${VAR}`` expanded; a variable that is not set is an error here, not a
+    path that does not exist later."""
+    expanded = os.path.expandvars(os.path.expanduser(value))
+    missing = re.findall(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)", expanded)
+    if missing:
+        raise ValueError(f"{what}: environment variable {missing[0]} is not set ({value!r})")
+    return expanded
+
+
+def _resolve(value: str, base_dir: Path, what: str = "path") -> str:
+    value = _expand(value, what)
     if value == "starter" or Path(value).is_absolute():
         return value
     candidate = base_dir / value

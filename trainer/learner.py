@@ -54,11 +54,18 @@ class Learner:
         # several processes (trainer/distributed.py): the model is FSDP-sharded, rank 0 leads
         self.coordinator = coordinator
 
-    def sequence_logprobs(self, model: Any, ids: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
-        """Log-prob of token t given tokens < t, for t = 1..T-1 (shape ``[B, T-1]``)."""
+    def sequence_logprobs(self, model: Any, ids: torch.Tensor, attention: torch.Tensor, first: int = 0) -> torch.Tensor:
+        """Log-prob of token t given tokens < t, for t = 1..T-1 (shape ``[B, T-1]``), computed only
+        for the targets from ``first + 1`` on; the ones before are 0 (the prompt, which no loss
+        reads). The vocabulary-wide logits are the learner's largest tensors (``B x T x V`` floats,
+        several copies through the softmax and its backward): over a whole prompt of tool
+        descriptions they took 19 GB for 16 sequences of a 49k-token vocabulary, where the
+        completions alone need a tenth of it. ``logits_to_keep`` makes the model apply its output
+        layer to the kept positions only."""
         with autocast(self.device, self.compute_dtype):
-            logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1]
-        return token_logprobs(self.sampling.logits_to_logprobs(logits), ids[:, 1:])
+            logits = model(input_ids=ids, attention_mask=attention, logits_to_keep=ids.shape[1] - first).logits[:, :-1]
+        logp = token_logprobs(self.sampling.logits_to_logprobs(logits), ids[:, first + 1:])
+        return torch.nn.functional.pad(logp, (first, 0))
 
     def _pad(self, seqs: list[Sequence], episode_tokens: Counter[Any]) -> tuple[torch.Tensor, ...]:
         width = max(len(s.input_ids) for s in seqs)
@@ -103,7 +110,8 @@ class Learner:
         gap = {"abs": 0.0, "diff": 0.0, "tokens": 0, "truncated": 0}
         for micro in _micro_batches(seqs, cfg.micro_batch_size, shards):
             ids, attention, mask, old, advantages, seq_tokens = self._pad(micro, episode_tokens)
-            logp = self.sequence_logprobs(self.model, ids, attention)
+            first = _first_trained(mask)
+            logp = self.sequence_logprobs(self.model, ids, attention, first)
             # Unknown sampling log-probs (an endpoint that returns none): on-policy, ratio 1.
             known = ~torch.isnan(old) & mask.bool()
             old = torch.where(torch.isnan(old), logp.detach(), old)
@@ -122,7 +130,7 @@ class Learner:
             ref = None
             if self.ref_model is not None and cfg.kl_coef:
                 with torch.no_grad():
-                    ref = self.sequence_logprobs(self.ref_model, ids, attention)
+                    ref = self.sequence_logprobs(self.ref_model, ids, attention, first)
             loss, stats = grpo_loss(logp, old, advantages, mask, cfg.clip_eps, cfg.clip_eps_high, ref,
                                     cfg.kl_coef, cfg.loss_agg, normalizer, seq_tokens, weights)
             loss.backward()
@@ -211,6 +219,13 @@ class Learner:
             except (RuntimeError, ValueError) as exc:  # another GPU count or kind than the checkpoint's
                 log.warning("not restoring the CUDA random state (%s): resumed on different hardware", exc)
         return int(state["step"]), dict(state.get("extra") or {})
+
+
+def _first_trained(mask: torch.Tensor) -> int:
+    """The first target column (of ``[B, T-1]``) that any row's loss reads: every column before it
+    is prompt in every row."""
+    columns = mask.bool().any(dim=0).nonzero()
+    return int(columns[0]) if len(columns) else 0
 
 
 def _micro_batches(seqs: list[Sequence], size: int, shards: Coordinator | None) -> Iterator[list[Sequence]]:

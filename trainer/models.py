@@ -115,7 +115,7 @@ async def vllm_policy(cfg: TrainConfig, tokenizer: Any, version: int, run_dir: P
     policy = VllmPolicy(str(base_url), pc.served_model, temperature=pc.temperature, max_tokens=pc.max_new_tokens,
                         timeout_s=pc.request_timeout_s, version=version,
                         sync_dir=pc.sync_dir or str(run_dir / "weights"), weight_sync=pc.weight_sync,
-                        thinking=pc.thinking, format=chat_format(tokenizer, pc.thinking))
+                        thinking=pc.thinking, format=chat_format(tokenizer, pc.thinking), extra_body=dict(pc.extra_body))
     return policy, server
 
 

@@ -134,6 +134,58 @@ def render_text_call(name: str, arguments: dict[str, Any]) -> str:
 
 # -- tool specifications -----------------------------------------------------------------------
 
+# What a short schema keeps of a JSON schema: what constrains a value, not what explains it.
+_SCHEMA_PROSE = ("description", "title", "examples", "$comment")
+_NAMED = ("properties", "patternProperties", "$defs", "definitions")
+
+
+def short_tools(mcp_tools: list[dict[str, Any]], max_chars: int = 120) -> list[dict[str, Any]]:
+    """The tools with shorter descriptions, for models whose context or attention a long tool list
+    swamps (a 135M model sees ~5,900 prompt tokens of bike_shop's 47 tools): each description cut
+    to its first sentence (at most ``max_chars``), and the prose of the parameter schemas (their
+    descriptions, titles, examples) dropped. Types, enums, formats, bounds, ``required`` and
+    defaults stay: what makes an argument valid is never removed."""
+    return [{**t, "description": first_sentence(t.get("description") or "", max_chars),
+             "inputSchema": _strip_prose(t.get("inputSchema") or {"type": "object", "properties": {}})}
+            for t in mcp_tools]
+
+
+def first_sentence(text: str, max_chars: int = 120) -> str:
+    """The first sentence of a docstring-like text (up to its first ". " or blank line)."""
+    text = " ".join(text.strip().split("\n\n", 1)[0].split())
+    end = re.search(r"[.!?](\s|$)", text)
+    sentence = text[:end.start() + 1] if end else text
+    return sentence if len(sentence) <= max_chars else sentence[:max_chars - 1].rstrip() + "…"
+
+
+def _strip_prose(schema: Any, key: str = "") -> Any:
+    if isinstance(schema, dict):
+        # under these the keys are names (a parameter may be called "title"), not keywords
+        keep = schema.items() if key in _NAMED else ((k, v) for k, v in schema.items() if k not in _SCHEMA_PROSE)
+        stripped = {k: _strip_prose(v, k) for k, v in keep}
+        return stripped if key in _NAMED else _fold_optional(stripped)
+    if isinstance(schema, list):
+        return [_strip_prose(v) for v in schema]
+    return schema
+
+
+def _fold_optional(schema: dict[str, Any]) -> dict[str, Any]:
+    """pydantic's ``Optional[X]`` (``anyOf: [{type: X, ...}, {type: null}]``) as the same schema
+    in one object (``type: [X, "null"]``; an enum gains ``null``): a third of a long tool list's
+    tokens went to that wrapping. Anything else is left as it is."""
+    branches = schema.get("anyOf")
+    if not isinstance(branches, list) or len(branches) != 2 or {"type": "null"} not in branches:
+        return schema
+    other = branches[0] if branches[1] == {"type": "null"} else branches[1]
+    if not isinstance(other, dict) or not isinstance(other.get("type"), str) or set(other) & set(schema):
+        return schema
+    folded = {k: v for k, v in schema.items() if k != "anyOf"}
+    folded.update(other, type=[other["type"], "null"])
+    if isinstance(other.get("enum"), list):
+        folded["enum"] = [*other["enum"], None]
+    return folded
+
+
 def openai_tools(mcp_tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """MCP ``tools/list`` entries as the OpenAI ``tools`` request parameter."""
     return [{"type": "function", "function": {
