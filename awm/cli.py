@@ -40,6 +40,7 @@ LAZY_COMMANDS: dict[str, tuple[str, str, bool]] = {
     "train": ("awm.trainer.cli", "trainer_app", True),
     "eval": ("awm.trainer.cli", "trainer_app", True),
     "verify": ("awm.trainer.cli", "trainer_app", True),
+    "warmstart": ("awm.trainer.cli", "trainer_app", True),
     "operator": ("awm_operator.cli", "operator_app", False),  # kopf loads lazily inside
     "openenv": ("awm.integrations.cli", "openenv_app", False),  # openenv-core loads lazily inside
     "ui": ("awm.ui.cli", "ui_command", False),               # starlette and uvicorn when it runs

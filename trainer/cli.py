@@ -418,6 +418,78 @@ def _suite(suite: str, base_url: str | None, model: str | None, api_key: str | N
         raise typer.Exit(2 if isinstance(exc, ValueError) else 1) from exc
 
 
+@trainer_app.command("warmstart")
+def warmstart_command(
+    model: Annotated[Path, typer.Option("--model", exists=True, file_okay=False,
+                                        help="The model directory to start from (transformers; local files only).")],
+    out: Annotated[Path, typer.Option("--out", help="Where the fine-tuned model directory is written.")],
+    catalog: Annotated[str, typer.Option("--catalog", "-c", help="Catalog whose reference solutions teach.")] = "starter",
+    env: Annotated[Optional[list[str]], typer.Option("--env", "-e", help="Only these environments.")] = None,
+    task: Annotated[Optional[list[str]], typer.Option("--task", help="Only these task ids.")] = None,
+    chat_template: Annotated[Optional[Path], typer.Option(
+        "--chat-template", exists=True, dir_okay=False,
+        help="The template the server applies (its --chat-template); default: the tokenizer's own.")] = None,
+    epochs: Annotated[int, typer.Option("--epochs", min=1)] = 3,
+    lr: Annotated[float, typer.Option("--lr", min=0.0)] = 2e-4,
+    batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Sequences per optimiser step.")] = 4,
+    lora_rank: Annotated[int, typer.Option("--lora-rank", min=0, help="0: train every weight.")] = 16,
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+    tool_format: FormatOpt = ToolFormat.native,
+    tool_descriptions: DescriptionsOpt = ToolDescriptions.full,
+    instances: Annotated[int, typer.Option("--instances", min=1, help="Instances that replay the solutions.")] = 2,
+    database_url: Annotated[Optional[str], typer.Option("--database-url", envvar="AWM_DATABASE_URL",
+                                                       help="External Postgres admin DSN (default: embedded).")] = None,
+    allow_ungated: UngatedOpt = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the record as JSON.")] = False,
+) -> None:
+    """A supervised warm start: fine-tune a model on the catalog's reference solutions, replayed
+    through the agent loop as the policy will see them (trainer/warmstart.py)."""
+    from awm import catalog as catalog_mod
+    from awm.episode.sources import run_source
+    from awm.trainer import warmstart as ws
+    from awm.trainer.agent import AgentConfig
+
+    try:
+        bundles = catalog_mod.load(catalog, env or None)
+        cfg = ws.WarmStartConfig(epochs=epochs, lr=lr, batch_size=batch_size, lora_rank=lora_rank, seed=seed)
+    except (catalog_mod.CatalogError, ValueError) as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from exc
+    tasks, skipped = ws.demonstration_tasks(bundles, task, allow_ungated)
+    if not tasks:
+        err.print("[red]error:[/red] no task with a reference solution selected (only gated tasks unless "
+                  f"--allow-ungated){': ' + '; '.join(f'{k}: {v}' for k, v in skipped.items()) if skipped else ''}")
+        raise typer.Exit(2)
+    agent = AgentConfig(max_turns=max(len(t.solution) for b in bundles for t in b.tasks) + 1,
+                        tool_format=tool_format.value, tool_descriptions=tool_descriptions.value, call_diff_rows=0)
+
+    def on_step(epoch: int, step: int, loss: float) -> None:
+        if not as_json:
+            console.print(f"epoch {epoch + 1}  step {step:4d}  loss {loss:.4f}")
+
+    async def run() -> dict[str, Any]:
+        async with run_source(bundles, 1, 1, database_url=database_url, instances=min(instances, len(tasks)),
+                              allow_ungated=allow_ungated) as source:
+            return await ws.warm_start(source, bundles, tasks, agent, model, out, cfg, chat_template, skipped, on_step)
+
+    if not as_json:
+        console.print(f"awm warmstart: {model} · {len(tasks)} demonstrations · {epochs} epochs -> {out}")
+    from awm.fleet import FleetError
+
+    try:
+        record = asyncio.run(run())
+    except (FleetError, ValueError) as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from exc
+    if as_json:
+        print(json.dumps({k: v for k, v in record.items() if k != "losses"} | {"losses": record["losses"]}))
+    else:
+        console.print(f"{len(record['demonstrations'])} demonstrations, {record['trained_tokens']} trained tokens, "
+                      f"loss {record['losses'][0]:.4f} -> {record['losses'][-1]:.4f} in {record['seconds']} s: {out}")
+        for name, why in record["skipped"].items():
+            console.print(f"  skipped {name}: {why}")
+
+
 @trainer_app.command("verify")
 def verify_command(
     run_dir: Annotated[Path, typer.Argument(help="A run directory of awm train or awm eval (trajectories.jsonl).")],
