@@ -22,7 +22,8 @@ synthesis run needs.
 Settings (flags override): ``AWM_LLM_BASE_URL`` (or ``OPENAI_BASE_URL``), ``AWM_LLM_API_KEY``
 (or ``OPENAI_API_KEY``), ``AWM_LLM_MODEL``, ``AWM_LLM_REASONING`` (``1``/``0``: force the reasoning
 request shape on or off; unset: by the model's name), ``AWM_LLM_REASONING_EFFORT`` (``minimal``,
-``low``, ``medium``, ``high``; sent to reasoning models only); embeddings: ``AWM_EMBED_BASE_URL``,
+``low``, ``medium``, ``high``; sent to reasoning models only), ``AWM_LLM_STRUCTURED_OUTPUT``
+(``0``: never send ``response_format``; default on); embeddings: ``AWM_EMBED_BASE_URL``,
 ``AWM_EMBED_API_KEY``, ``AWM_EMBED_MODEL`` (defaulting to the chat endpoint's URL and key).
 """
 
@@ -122,6 +123,10 @@ class LLMSettings:
     temperature: float = 0.7
     reasoning: bool | None = None  # None: by the model's name (is_reasoning_model)
     reasoning_effort: str | None = None
+    # Ask for each stage's JSON by its schema (response_format json_schema): vLLM and SGLang then
+    # guide decoding to it, OpenAI follows it best-effort; an endpoint that refuses it is asked
+    # without it from then on. Off: AWM_LLM_STRUCTURED_OUTPUT=0.
+    structured_output: bool = True
 
     def __post_init__(self) -> None:
         if self.reasoning_effort is not None and self.reasoning_effort not in REASONING_EFFORTS:
@@ -148,6 +153,7 @@ class LLMSettings:
             embed_model=env.get("AWM_EMBED_MODEL") or "text-embedding-3-small",
             concurrency=concurrency or int(env.get("AWM_LLM_CONCURRENCY", "8")),
             reasoning=reasoning, reasoning_effort=reasoning_effort or env.get("AWM_LLM_REASONING_EFFORT") or None,
+            structured_output=parse_flag(env.get("AWM_LLM_STRUCTURED_OUTPUT") or "1", "AWM_LLM_STRUCTURED_OUTPUT"),
         )
 
 
@@ -235,12 +241,15 @@ class LLMClient:
 
     async def structured(self, stage: str, system: str, user: str, model: type[M], attempts: int = 3,
                          max_tokens: int = 16000) -> M:
-        """Ask for JSON matching ``model``; on a parse or validation error, show the model its
-        error and ask again (``attempts`` in all)."""
+        """Ask for JSON matching ``model`` (by its schema, where the endpoint takes one: a small
+        model guided to the schema writes parseable JSON where it would write prose); on a parse
+        or validation error, show the model its error and ask again (``attempts`` in all)."""
         messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
         last_error = ""
+        schema = json_schema_format(stage, model.model_json_schema(), strict=False) \
+            if self.settings.structured_output else None
         for attempt in range(attempts):
-            text = await self.complete(stage, messages, max_tokens)
+            text = (await self.chat(stage, messages, max_tokens, response_format=schema)).text
             try:
                 return model.model_validate(extract_json(text))
             except (ValueError, ValidationError) as exc:

@@ -230,6 +230,43 @@ async def test_structured_output_is_sent_and_a_refusal_falls_back_once(openai):
         await other.close()
 
 
+async def test_synthesis_asks_for_each_stage_s_schema(openai):
+    # awm gen's stages (LLMClient.structured) send their pydantic model's schema, so a small model
+    # served by vLLM is guided to parseable JSON; AWM_LLM_STRUCTURED_OUTPUT=0 sends none.
+    from typing import Literal
+
+    from pydantic import BaseModel
+
+    class Judgement(BaseModel):
+        reasoning: str
+        classification: Literal["complete", "incomplete", "agent_error", "server_error"]
+
+    for structured in (True, False):
+        llm = client(openai, "gpt-4.1-mini", structured_output=structured)
+        try:
+            reply = await llm.structured("task", "system", "user", Judgement)
+            assert reply.classification in ("complete", "incomplete", "agent_error", "server_error")
+            sent = openai.requests[-1][1].get("response_format")
+            if structured:
+                assert sent == {"type": "json_schema", "json_schema": {
+                    "name": "task", "schema": Judgement.model_json_schema(), "strict": False}}
+            else:
+                assert sent is None
+        finally:
+            await llm.close()
+
+
+def test_structured_output_setting_from_the_environment(monkeypatch):
+    from awm.llm import LLMSettings
+
+    assert LLMSettings.from_env("http://x/v1", "k", "m").structured_output is True
+    monkeypatch.setenv("AWM_LLM_STRUCTURED_OUTPUT", "0")
+    assert LLMSettings.from_env("http://x/v1", "k", "m").structured_output is False
+    monkeypatch.setenv("AWM_LLM_STRUCTURED_OUTPUT", "maybe")
+    with pytest.raises(ValueError, match="AWM_LLM_STRUCTURED_OUTPUT"):
+        LLMSettings.from_env("http://x/v1", "k", "m")
+
+
 @pytest.mark.parametrize("model, settings, shape", [
     ("gpt-5", {}, {"max_completion_tokens": 8192}),
     ("my-judge", {"reasoning": True, "reasoning_effort": "low"}, {"max_completion_tokens": 8192,
