@@ -103,6 +103,20 @@ def json_schema_format(name: str, schema: dict[str, Any], strict: bool = True) -
     return {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": strict}}
 
 
+# How a server says the output budget exceeds what the model can produce at all: vLLM
+# ("max_tokens=16000 cannot be greater than max_model_len=8192"), OpenAI ("max_tokens is too
+# large: 16000. This model supports at most 4096 completion tokens"). The number is the cap.
+_OUTPUT_CAP = re.compile(r"max_(?:completion_)?tokens\W.{0,80}?(?:max_model_len\s*=\s*|at most\s+)(\d+)",
+                         re.IGNORECASE | re.DOTALL)
+_BUDGET_KEYS = ("max_tokens", "max_completion_tokens")
+
+
+def output_cap(exc: LLMRefused) -> int | None:
+    """The most output tokens the endpoint allows, when ``exc`` refused a larger budget."""
+    match = _OUTPUT_CAP.search(exc.body) if exc.status in (400, 422) else None
+    return int(match.group(1)) if match and int(match.group(1)) > 0 else None
+
+
 def _refuses_response_format(exc: LLMRefused) -> bool:
     text = exc.body.lower()
     return exc.status in (400, 422) and any(w in text for w in ("response_format", "json_schema",
@@ -193,6 +207,7 @@ class LLMClient:
         self._semaphore = asyncio.Semaphore(self.settings.concurrency)
         self._http = httpx.AsyncClient(timeout=self.settings.timeout_s)
         self.response_format_refused = False  # the endpoint refused response_format once: not offered again
+        self.output_cap: int | None = None  # the most output tokens the endpoint said it allows
 
     async def close(self) -> None:
         await self._http.aclose()
@@ -214,15 +229,15 @@ class LLMClient:
         url = s.base_url + "/chat/completions"
         if response_format is not None and not self.response_format_refused:
             try:
-                data = await self._post(stage, url, s.api_key, {**body, "response_format": response_format})
+                data = await self._post_fitted(stage, url, {**body, "response_format": response_format})
             except LLMRefused as exc:
                 if not _refuses_response_format(exc):
                     raise
                 self.response_format_refused = True
                 self.usage[stage].format_fallbacks += 1
-                data = await self._post(stage, url, s.api_key, body)
+                data = await self._post_fitted(stage, url, body)
         else:
-            data = await self._post(stage, url, s.api_key, body)
+            data = await self._post_fitted(stage, url, body)
         usage = data.get("usage") or {}
         done = Completion("", int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0))
         record = self.usage[stage]
@@ -259,6 +274,24 @@ class LLMClient:
                              {"role": "user", "content": "Your reply could not be used: " + last_error +
                               "\nReply again with only the corrected JSON object."}]
         raise LLMBadOutput(f"{stage}: no valid {model.__name__} after {attempts} attempts: {last_error}")
+
+    async def _post_fitted(self, stage: str, url: str, body: dict[str, Any]) -> dict[str, Any]:
+        """The request with its output budget within what the endpoint allows: the stages ask
+        for up to 16,000 tokens, which a model of a smaller context (SmolLM2: 8,192) refuses
+        outright. A refusal that names the cap is sent again once at the cap, and the cap is
+        kept for this client's later requests; the server still ends a reply at its context."""
+        def fitted(body: dict[str, Any]) -> dict[str, Any]:
+            cap = self.output_cap
+            return {k: (min(v, cap) if k in _BUDGET_KEYS and cap and isinstance(v, int) else v) for k, v in body.items()}
+
+        try:
+            return await self._post(stage, url, self.settings.api_key, fitted(body))
+        except LLMRefused as exc:
+            cap = output_cap(exc)
+            if cap is None or (self.output_cap is not None and cap >= self.output_cap):
+                raise
+            self.output_cap = cap
+            return await self._post(stage, url, self.settings.api_key, fitted(body))
 
     # -- embeddings ----------------------------------------------------------------------------
 

@@ -35,6 +35,10 @@ def _error(message: str, param: str | None, code: str | None) -> JSONResponse:
                                    "code": code}}, status_code=400)
 
 
+# Completion-token limits of older models, as OpenAI enforces them.
+COMPLETION_CAPS = {"gpt-3.5-turbo": 4096}
+
+
 def openai_rules(body: dict[str, Any], deployment_model: str | None = None) -> JSONResponse | None:
     """The 400 OpenAI answers for this request, or None when it would accept it.
     ``deployment_model``: the real model behind a deployment name (Azure-style aliases)."""
@@ -62,6 +66,10 @@ def openai_rules(body: dict[str, Any], deployment_model: str | None = None) -> J
     else:
         if "reasoning_effort" in body:
             return _error("Unrecognized request argument supplied: reasoning_effort", None, None)
+        cap = COMPLETION_CAPS.get(model)
+        if cap and body.get("max_tokens", 0) > cap:
+            return _error(f"max_tokens is too large: {body['max_tokens']}. This model supports at most {cap} "
+                          f"completion tokens, whereas you provided {body['max_tokens']}.", "max_tokens", "invalid_value")
         if "max_tokens" in body and "max_completion_tokens" in body:
             return _error("max_tokens and max_completion_tokens cannot both be set", "max_tokens", None)
     fmt = body.get("response_format")
@@ -254,6 +262,29 @@ async def test_synthesis_asks_for_each_stage_s_schema(openai):
                 assert sent is None
         finally:
             await llm.close()
+
+
+async def test_an_output_budget_beyond_the_model_s_is_fitted_once(openai):
+    # awm gen's stages ask for 16,000 tokens; a model that allows fewer refuses the request and
+    # names its cap: sent again at the cap, and later requests go out at it without a refusal.
+    llm = client(openai, "gpt-3.5-turbo")
+    try:
+        n = len(openai.requests)
+        for _ in range(2):
+            assert (await llm.chat("t", [{"role": "user", "content": "hi"}], 16000)).text == VERDICT
+        sent = [(status, body["max_tokens"]) for status, body in openai.requests[n:]]
+        assert sent == [(400, 16000), (200, 4096), (200, 4096)] and llm.output_cap == 4096
+        assert (await llm.chat("t", [{"role": "user", "content": "hi"}], 100)).text == VERDICT
+        assert openai.requests[-1][1]["max_tokens"] == 100  # a smaller budget is left as it is
+    finally:
+        await llm.close()
+    from awm.llm import LLMRefused, output_cap
+
+    vllm = '{"error":{"message":"max_tokens=16000 cannot be greater than max_model_len=8192. Please request fewer"}}'
+    assert output_cap(LLMRefused("", 400, vllm)) == 8192
+    assert output_cap(LLMRefused("", 400, '{"error": "max_completion_tokens: at most 32768"}')) == 32768
+    assert output_cap(LLMRefused("", 400, '{"error": "tool name too long: at most 64"}')) is None
+    assert output_cap(LLMRefused("", 500, vllm)) is None
 
 
 def test_structured_output_setting_from_the_environment(monkeypatch):
