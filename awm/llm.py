@@ -284,13 +284,16 @@ class LLMClient:
             cap = self.output_cap
             return {k: (min(v, cap) if k in _BUDGET_KEYS and cap and isinstance(v, int) else v) for k, v in body.items()}
 
+        sent = fitted(body)
         try:
-            return await self._post(stage, url, self.settings.api_key, fitted(body))
+            return await self._post(stage, url, self.settings.api_key, sent)
         except LLMRefused as exc:
             cap = output_cap(exc)
-            if cap is None or (self.output_cap is not None and cap >= self.output_cap):
+            budget = max((v for k, v in sent.items() if k in _BUDGET_KEYS and isinstance(v, int)), default=0)
+            if cap is None or budget <= cap:  # refused for something else, or already at the cap
                 raise
-            self.output_cap = cap
+            # concurrent requests may all be refused at once: the smallest cap named wins
+            self.output_cap = cap if self.output_cap is None else min(cap, self.output_cap)
             return await self._post(stage, url, self.settings.api_key, fitted(body))
 
     # -- embeddings ----------------------------------------------------------------------------

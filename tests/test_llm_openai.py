@@ -13,6 +13,8 @@ client under test is the real one over real HTTP.
 
 from __future__ import annotations
 
+import asyncio
+
 import json
 import re
 from typing import Any
@@ -276,6 +278,12 @@ async def test_an_output_budget_beyond_the_model_s_is_fitted_once(openai):
         assert sent == [(400, 16000), (200, 4096), (200, 4096)] and llm.output_cap == 4096
         assert (await llm.chat("t", [{"role": "user", "content": "hi"}], 100)).text == VERDICT
         assert openai.requests[-1][1]["max_tokens"] == 100  # a smaller budget is left as it is
+    finally:
+        await llm.close()
+    llm = client(openai, "gpt-3.5-turbo")  # concurrent requests are all refused before the cap is known
+    try:
+        replies = await asyncio.gather(*(llm.chat("t", [{"role": "user", "content": "hi"}], 16000) for _ in range(4)))
+        assert [r.text for r in replies] == [VERDICT] * 4 and llm.output_cap == 4096
     finally:
         await llm.close()
     from awm.llm import LLMRefused, output_cap
