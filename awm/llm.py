@@ -23,7 +23,8 @@ Settings (flags override): ``AWM_LLM_BASE_URL`` (or ``OPENAI_BASE_URL``), ``AWM_
 (or ``OPENAI_API_KEY``), ``AWM_LLM_MODEL``, ``AWM_LLM_REASONING`` (``1``/``0``: force the reasoning
 request shape on or off; unset: by the model's name), ``AWM_LLM_REASONING_EFFORT`` (``minimal``,
 ``low``, ``medium``, ``high``; sent to reasoning models only), ``AWM_LLM_STRUCTURED_OUTPUT``
-(``0``: never send ``response_format``; default on); embeddings: ``AWM_EMBED_BASE_URL``,
+(``0``: never send ``response_format``; default on), ``AWM_LLM_MAX_TOKENS`` (a cap on every
+request's output tokens); embeddings: ``AWM_EMBED_BASE_URL``,
 ``AWM_EMBED_API_KEY``, ``AWM_EMBED_MODEL`` (defaulting to the chat endpoint's URL and key).
 """
 
@@ -141,6 +142,10 @@ class LLMSettings:
     # guide decoding to it, OpenAI follows it best-effort; an endpoint that refuses it is asked
     # without it from then on. Off: AWM_LLM_STRUCTURED_OUTPUT=0.
     structured_output: bool = True
+    # At most this many output tokens per request, whatever a stage asks for (up to 16,000 for
+    # code): a small model guided into a JSON string that never ends otherwise writes until its
+    # context is full. None: as asked (and as the endpoint allows). AWM_LLM_MAX_TOKENS.
+    max_output_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.reasoning_effort is not None and self.reasoning_effort not in REASONING_EFFORTS:
@@ -168,7 +173,20 @@ class LLMSettings:
             concurrency=concurrency or int(env.get("AWM_LLM_CONCURRENCY", "8")),
             reasoning=reasoning, reasoning_effort=reasoning_effort or env.get("AWM_LLM_REASONING_EFFORT") or None,
             structured_output=parse_flag(env.get("AWM_LLM_STRUCTURED_OUTPUT") or "1", "AWM_LLM_STRUCTURED_OUTPUT"),
+            max_output_tokens=_positive_int(env.get("AWM_LLM_MAX_TOKENS"), "AWM_LLM_MAX_TOKENS"),
         )
+
+
+def _positive_int(value: str | None, name: str) -> int | None:
+    if not (value or "").strip():
+        return None
+    try:
+        number = int(str(value).strip())
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise ValueError(f"{name} must be a positive integer, not {value!r}")
+    return number
 
 
 def parse_flag(value: str, name: str) -> bool:
@@ -207,7 +225,8 @@ class LLMClient:
         self._semaphore = asyncio.Semaphore(self.settings.concurrency)
         self._http = httpx.AsyncClient(timeout=self.settings.timeout_s)
         self.response_format_refused = False  # the endpoint refused response_format once: not offered again
-        self.output_cap: int | None = None  # the most output tokens the endpoint said it allows
+        # the most output tokens a request asks for: the setting, or less once the endpoint names its cap
+        self.output_cap: int | None = self.settings.max_output_tokens
 
     async def close(self) -> None:
         await self._http.aclose()

@@ -280,6 +280,12 @@ async def test_an_output_budget_beyond_the_model_s_is_fitted_once(openai):
         assert openai.requests[-1][1]["max_tokens"] == 100  # a smaller budget is left as it is
     finally:
         await llm.close()
+    llm = client(openai, "gpt-4.1-mini", max_output_tokens=2048)  # a user's cap (AWM_LLM_MAX_TOKENS)
+    try:
+        await llm.chat("t", [{"role": "user", "content": "hi"}], 16000)
+        assert openai.requests[-1][0] == 200 and openai.requests[-1][1]["max_tokens"] == 2048
+    finally:
+        await llm.close()
     llm = client(openai, "gpt-3.5-turbo")  # concurrent requests are all refused before the cap is known
     try:
         replies = await asyncio.gather(*(llm.chat("t", [{"role": "user", "content": "hi"}], 16000) for _ in range(4)))
@@ -304,6 +310,14 @@ def test_structured_output_setting_from_the_environment(monkeypatch):
     monkeypatch.setenv("AWM_LLM_STRUCTURED_OUTPUT", "maybe")
     with pytest.raises(ValueError, match="AWM_LLM_STRUCTURED_OUTPUT"):
         LLMSettings.from_env("http://x/v1", "k", "m")
+    monkeypatch.delenv("AWM_LLM_STRUCTURED_OUTPUT")
+    assert LLMSettings.from_env("http://x/v1", "k", "m").max_output_tokens is None
+    monkeypatch.setenv("AWM_LLM_MAX_TOKENS", "2048")
+    assert LLMSettings.from_env("http://x/v1", "k", "m").max_output_tokens == 2048
+    for bad in ("0", "-5", "lots"):
+        monkeypatch.setenv("AWM_LLM_MAX_TOKENS", bad)
+        with pytest.raises(ValueError, match="AWM_LLM_MAX_TOKENS must be a positive integer"):
+            LLMSettings.from_env("http://x/v1", "k", "m")
 
 
 @pytest.mark.parametrize("model, settings, shape", [
