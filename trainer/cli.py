@@ -281,12 +281,14 @@ def eval_command(
     user_model: Annotated[Optional[str], typer.Option("--user-model", help="tau2's user simulator model.")] = None,
     benchmark_config: Annotated[Optional[list[str]], typer.Option(
         "--benchmark-config", help="MCP-Universe: its benchmark YAML files (from its repository).")] = None,
+    max_steps: Annotated[int, typer.Option(
+        "--max-steps", min=1, help="tau2: steps (agent and user turns) before a conversation is cut.")] = 100,
 ) -> None:
     """pass@1 and pass@k per environment for a model endpoint (k samples of every task); with
     --suite, a published benchmark's own harness and evaluator, in a table shaped like the AWM paper's."""
     if suite is not None:
         _suite(suite, base_url, model, api_key, temperature, out, suite_python, category, case, num_tasks, k,
-               user_base_url, user_model, benchmark_config)
+               user_base_url, user_model, benchmark_config, max_steps)
         return
     from awm import catalog as catalog_mod
     from awm.episode.allocation import OperatorSettings
@@ -398,7 +400,8 @@ def eval_command(
 
 def _suite(suite: str, base_url: str | None, model: str | None, api_key: str | None, temperature: float, out: Path,
            python: str | None, categories: list[str] | None, cases: list[str] | None, num_tasks: int | None,
-           trials: int, user_base_url: str | None, user_model: str | None, configs: list[str] | None) -> None:
+           trials: int, user_base_url: str | None, user_model: str | None, configs: list[str] | None,
+           max_steps: int = 100) -> None:
     from awm.trainer.suites.proc import HarnessError
     from awm.trainer.suites.run import SUITES, run_suite
     from awm.trainer.suites.table import Endpoint
@@ -412,7 +415,7 @@ def _suite(suite: str, base_url: str | None, model: str | None, api_key: str | N
     user = Endpoint(user_base_url or url, user_model or name, key, temperature)
     try:
         run_suite(suite, policy, out, console, python=python, categories=categories, cases=cases,
-                  num_tasks=num_tasks, trials=trials, user=user, configs=configs)
+                  num_tasks=num_tasks, trials=trials, user=user, configs=configs, max_steps=max_steps)
     except (ValueError, HarnessError, RuntimeError) as exc:  # bad input: 2; the harness failed: 1
         err.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2 if isinstance(exc, ValueError) else 1) from exc
