@@ -254,6 +254,28 @@ async def test_scenarios_are_classified_and_unsuitable_ones_are_not_synthesised(
     assert server.counts["classify"] == 2  # the seeds, then the generated batch
 
 
+async def test_a_task_list_carried_on_by_keep_best_is_marked_unvalidated(tmp_path, admin_dsn):
+    # Found with a real model (SmolLM2-135M): one repetitive "task" where three were asked for went
+    # on as a validated task list under --keep-best, so nothing stopped it reaching the catalog.
+    (tmp_path / "gen_scenario.jsonl").write_text(json.dumps(
+        {"name": "library", "description": "A library.", "category": "seed", "seed": True}) + "\n")
+    with ScriptedLLM(Script()) as server:
+        llm = _llm(server.base_url)
+        for keep_best in (True, False):
+            run = stages.Run(tmp_path / str(keep_best), llm, admin_dsn, attempts=2, num_tasks=5, keep_best=keep_best)
+            run.dir.mkdir()
+            (run.dir / "gen_scenario.jsonl").write_text((tmp_path / "gen_scenario.jsonl").read_text())
+            await stages.stage_task(run)
+            kept = read_jsonl(run.dir / "gen_tasks.jsonl") if (run.dir / "gen_tasks.jsonl").exists() else []
+            if keep_best:  # the script writes 2 tasks: the best attempt goes on, marked
+                (record,) = kept
+                assert "need 5 distinct tasks, got 2" in record["unvalidated"][0]
+                assert run.report["task"]["unvalidated"] == 1 and run.report["task"]["kept"] == 0
+            else:
+                assert kept == [] and len(read_jsonl(run.dir / "gen_tasks.rejected.jsonl")) == 1
+        await llm.close()
+
+
 @pytest.mark.slow
 async def test_keep_best_carries_a_failed_stage_on_but_never_into_the_catalog(tmp_path, admin_dsn):
     """--keep-best: the todo app's tools never stop crashing, so its env stage keeps its best

@@ -340,13 +340,10 @@ async def stage_task(run: Run) -> None:
         reply, errors = await _repair_loop(run, "task", prompts.TASK,
                                            prompts.task_user(s["name"], s["description"], run.num_tasks), _Tasks,
                                            validate)
-        if reply is None:
-            rejected.append({"scenario": s["name"], "errors": errors})
-            run.note("task", "rejected", s["name"], errors)
-            return
-        tasks = list(dict.fromkeys(t.strip() for t in reply.tasks if t.strip()))[: run.num_tasks]
-        out.append({"scenario": s["name"], "tasks": tasks})
-        run.note("task", "kept", s["name"])
+        # a best attempt carried on by --keep-best is marked unvalidated, as every stage's is
+        tasks = list(dict.fromkeys(t.strip() for t in reply.tasks if t.strip()))[: run.num_tasks] if reply else []
+        _record(run, "task", out, rejected, s["name"], {"scenario": s["name"], "tasks": tasks} if reply else None,
+                errors)
 
     await _each(scenarios, one, run, "task")
 
