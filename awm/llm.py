@@ -104,18 +104,28 @@ def json_schema_format(name: str, schema: dict[str, Any], strict: bool = True) -
     return {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": strict}}
 
 
-# How a server says the output budget exceeds what the model can produce at all: vLLM
-# ("max_tokens=16000 cannot be greater than max_model_len=8192"), OpenAI ("max_tokens is too
-# large: 16000. This model supports at most 4096 completion tokens"). The number is the cap.
-_OUTPUT_CAP = re.compile(r"max_(?:completion_)?tokens\W.{0,80}?(?:max_model_len\s*=\s*|at most\s+)(\d+)",
-                         re.IGNORECASE | re.DOTALL)
+# How a server says the output budget exceeds what the model can produce at all, in the two
+# wordings known (anchored: an error listing several fields must not lend us another's bound):
+# vLLM/SGLang "max_tokens=16000 cannot be greater than max_model_len=8192" (or
+# "max_model_len=max_total_tokens=3072"), OpenAI "max_tokens is too large: 16000. This model
+# supports at most 4096 completion tokens". The number is the cap.
+_OUTPUT_CAP = (
+    re.compile(r"max_(?:completion_)?tokens\s*=\s*\d+ cannot be greater than max_model_len"
+               r"(?:\s*=\s*max_total_tokens)?\s*=\s*(\d+)"),
+    re.compile(r"max_(?:completion_)?tokens is too large: \d+\. This model supports at most (\d+) completion tokens"),
+)
 _BUDGET_KEYS = ("max_tokens", "max_completion_tokens")
 
 
 def output_cap(exc: LLMRefused) -> int | None:
     """The most output tokens the endpoint allows, when ``exc`` refused a larger budget."""
-    match = _OUTPUT_CAP.search(exc.body) if exc.status in (400, 422) else None
-    return int(match.group(1)) if match and int(match.group(1)) > 0 else None
+    if exc.status not in (400, 422):
+        return None
+    for pattern in _OUTPUT_CAP:
+        match = pattern.search(exc.body)
+        if match and int(match.group(1)) > 0:
+            return int(match.group(1))
+    return None
 
 
 def _refuses_response_format(exc: LLMRefused) -> bool:

@@ -296,7 +296,13 @@ async def test_an_output_budget_beyond_the_model_s_is_fitted_once(openai):
 
     vllm = '{"error":{"message":"max_tokens=16000 cannot be greater than max_model_len=8192. Please request fewer"}}'
     assert output_cap(LLMRefused("", 400, vllm)) == 8192
-    assert output_cap(LLMRefused("", 400, '{"error": "max_completion_tokens: at most 32768"}')) == 32768
+    assert output_cap(LLMRefused("", 400, "max_completion_tokens is too large: 90000. This model supports at most "
+                                          "32768 completion tokens, whereas you provided 90000.")) == 32768
+    assert output_cap(LLMRefused("", 400, "max_tokens=8888 cannot be greater than "
+                                          "max_model_len=max_total_tokens=3072.")) == 3072
+    # another field's bound in the same error is not the output cap
+    assert output_cap(LLMRefused("", 400, '{"error": "max_tokens: must be <= 4096; top_logprobs must be at most 20"}')) is None
+    assert output_cap(LLMRefused("", 422, '[{"loc": ["max_tokens"]}, {"loc": ["n"], "msg": "at most 1"}]')) is None
     assert output_cap(LLMRefused("", 400, '{"error": "tool name too long: at most 64"}')) is None
     assert output_cap(LLMRefused("", 500, vllm)) is None
 

@@ -201,7 +201,7 @@ def test_log_probs_from_the_first_trained_token_equal_the_whole_sequence_s():
     # The learner applies the output layer from the first trained token on (logits_to_keep):
     # the log-probs it reads and their gradients must be those of the whole sequence.
     from awm.trainer.config import GRPOConfig
-    from awm.trainer.learner import Learner, _first_trained
+    from awm.trainer.learner import Learner, first_trained
     from awm.trainer.local_policy import SamplingSpec
     from awm.trainer.tiny import TinySpec, build_model
 
@@ -210,8 +210,8 @@ def test_log_probs_from_the_first_trained_token_equal_the_whole_sequence_s():
     ids = torch.tensor([[3, 5, 7, 9, 11, 2], [3, 5, 8, 4, 0, 0]])
     attention = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]])
     mask = torch.tensor([[0, 0, 0, 1, 1.0], [0, 0, 1, 0, 0]])  # targets 1..5: rows train from 4 and 3
-    first = _first_trained(mask)
-    assert first == 2 and _first_trained(torch.zeros(2, 5)) == 0
+    first = first_trained(mask)
+    assert first == 2 and first_trained(torch.zeros(2, 5)) == 0
     results = []
     for start in (0, first):
         model.zero_grad()
@@ -304,7 +304,9 @@ def test_bfloat16_compute_keeps_small_updates():
     ("policy", {"kind": "vllm"}, "policy.kind"), ("grpo", {"loss_agg": "sum"}, "grpo.loss_agg"),
     ("agent", {"tool_format": "txt"}, "tool_format"), ("agent", {"tool_descriptions": "brief"}, "tool_descriptions"),
     ("policy", {"extra_body": {"tool_choice": "required"}}, "policy.kind vllm only"),
-    ("policy", {"kind": "vllm", "path": "m", "base_url": "http://x/v1", "extra_body": "required"}, "mapping")])
+    ("policy", {"kind": "vllm", "path": "m", "base_url": "http://x/v1", "extra_body": "required"}, "mapping"),
+    ("policy", {"kind": "vllm", "path": "m", "base_url": "http://x/v1", "extra_body": {"logprobs": False}},
+     "cannot set logprobs")])
 def test_bad_settings_are_refused_when_the_config_loads(section, bad, message):
     from awm.trainer.config import TrainConfig
 
@@ -342,19 +344,27 @@ def test_short_tool_descriptions_keep_what_makes_arguments_valid():
                          "default": None, "description": "Only users with this role.", "title": "Role"},
                 "team": {"anyOf": [{"type": "integer", "minimum": 1}, {"type": "null"}], "default": None},
                 "ids": {"type": "array", "items": {"type": "integer", "description": "An id."}},
-                "either": {"anyOf": [{"type": "integer"}, {"type": "string"}]}}}}
+                "either": {"anyOf": [{"type": "integer"}, {"type": "string"}]},
+                "fixed": {"anyOf": [{"type": "string", "const": "x"}, {"type": "null"}]},
+                "level": {"anyOf": [{"type": "string", "enum": ["a", None]}, {"type": "null"}]},
+                "filter": {"type": "object", "default": {"title": "t", "description": "d"}}}}}
     short = short_tools([full])[0]
     assert short["description"] == "List sales users."
     schema = short["inputSchema"]
-    assert "description" not in str(schema) and "Role" not in str(schema)
+    described = [p for p, v in schema["properties"].items() if "description" in v or "title" in v]
+    assert not described and "description" not in schema["properties"]["ids"]["items"]
     assert schema["properties"]["role"] == {"type": ["string", "null"], "enum": ["rep", "manager", None], "default": None}
     assert schema["properties"]["team"] == {"type": ["integer", "null"], "minimum": 1, "default": None}
     assert schema["properties"]["either"] == full["inputSchema"]["properties"]["either"]  # not an Optional
     assert schema["required"] == ["title"] and schema["additionalProperties"] is False
+    assert schema["properties"]["fixed"] == full["inputSchema"]["properties"]["fixed"]  # null must stay valid
+    assert schema["properties"]["level"]["enum"] == ["a", None]
+    assert schema["properties"]["filter"]["default"] == {"title": "t", "description": "d"}  # data, not prose
     # the same arguments are valid, and invalid, under both
     for args in ({"title": "x"}, {"title": "x", "role": None, "team": 3}, {"title": "x", "role": "boss"},
                  {"title": ""}, {"role": "rep"}, {"title": "x", "team": 0}, {"title": "x", "extra": 1},
-                 {"title": "x", "ids": [1, "2"]}, {"title": "x", "either": 1.5}):
+                 {"title": "x", "ids": [1, "2"]}, {"title": "x", "either": 1.5}, {"title": "x", "fixed": None},
+                 {"title": "x", "fixed": "y"}, {"title": "x", "level": None}, {"title": "x", "level": "b"}):
         verdicts = [jsonschema.Draft202012Validator(s).is_valid(args) for s in (full["inputSchema"], schema)]
         assert verdicts[0] == verdicts[1], args
     assert first_sentence("x" * 200, 50) == "x" * 49 + "…"

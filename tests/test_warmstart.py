@@ -65,17 +65,25 @@ async def test_a_warm_start_trains_and_writes_a_model_that_loads(admin_dsn, tmp_
     from awm.trainer import warmstart as ws
     from awm.trainer.agent import AgentConfig
 
-    bundles, chosen, skipped, _ = await _demonstrations(admin_dsn, ["green_on"])
+    bundles, chosen, skipped, demos = await _demonstrations(admin_dsn, ["green_on"])
     out = tmp_path / "warm"
-    async with _source(bundles, admin_dsn) as source:
-        record = await ws.warm_start(source, bundles, chosen, AgentConfig(max_turns=4, call_diff_rows=0),
-                                     FIXTURES / "tiny-qwen", out, ws.WarmStartConfig(epochs=6, lr=3e-3, lora_rank=4))
+    record = ws.fine_tune(demos, chosen, AgentConfig(max_turns=4, call_diff_rows=0), FIXTURES / "tiny-qwen", out,
+                          ws.WarmStartConfig(epochs=6, lr=3e-3, lora_rank=4))
     assert record["demonstrations"] == ["lamps/green_on"] and record["trained_tokens"] > 0
     assert len(record["losses"]) == 6 and record["losses"][-1] < record["losses"][0]
     assert json.loads((out / "warmstart.json").read_text())["losses"] == record["losses"]
     assert not (tmp_path / "warm.partial").exists()
     model = AutoModelForCausalLM.from_pretrained(out)  # the LoRA is merged: a plain model
     assert not any("lora" in name for name, _ in model.named_parameters())
+    # a directory that is not a warm start's, or the base model itself, is never replaced
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me")
+    for target in (tmp_path / "mine", FIXTURES / "tiny-qwen"):
+        with pytest.raises(ValueError, match="--out"):
+            ws.fine_tune(demos, chosen, AgentConfig(max_turns=4), FIXTURES / "tiny-qwen", target, ws.WarmStartConfig())
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
+    with pytest.raises(ValueError, match="not a model directory"):
+        ws.fine_tune(demos, chosen, AgentConfig(max_turns=4), tmp_path / "mine", tmp_path / "w2", ws.WarmStartConfig())
 
 
 def test_a_bad_warm_start_config_is_refused():
@@ -109,11 +117,10 @@ async def test_one_demonstration_teaches_the_real_model_to_call_on_a_task_it_was
     template = base / "tool_chat_template.jinja"
     bundles, _, _, demos = await _demonstrations(admin_dsn)
     held_out = next(t for t in demos.trajectories if t.task_id == "green_on")
-    taught = [t for t in ws.demonstration_tasks(bundles, ["blue_on"], allow_ungated=True)[0]]
+    taught = ws.Demonstrations([t for t in demos.trajectories if t.task_id == "blue_on"])
     out = tmp_path / "smollm2-warm"
-    async with _source(bundles, admin_dsn) as source:
-        record = await ws.warm_start(source, bundles, taught, AgentConfig(max_turns=4, call_diff_rows=0), base, out,
-                                     ws.WarmStartConfig(epochs=4, lr=5e-4), chat_template=template)
+    record = ws.fine_tune(taught, [], AgentConfig(max_turns=4, call_diff_rows=0), base, out,
+                          ws.WarmStartConfig(epochs=4, lr=5e-4), chat_template=template)
     assert record["demonstrations"] == ["lamps/blue_on"]
 
     def reply(model_dir: Path) -> str:

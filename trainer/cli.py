@@ -455,6 +455,9 @@ def warmstart_command(
     try:
         bundles = catalog_mod.load(catalog, env or None)
         cfg = ws.WarmStartConfig(epochs=epochs, lr=lr, batch_size=batch_size, lora_rank=lora_rank, seed=seed)
+        if tool_format != ToolFormat.native:  # the replay answers with native tool calls
+            raise ValueError(f"--tool-format {tool_format.value}: demonstrations are native tool calls for now")
+        ws.check_output(out, model)
     except (catalog_mod.CatalogError, ValueError) as exc:
         err.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from exc
@@ -470,17 +473,18 @@ def warmstart_command(
         if not as_json:
             console.print(f"epoch {epoch + 1}  step {step:4d}  loss {loss:.4f}")
 
-    async def run() -> dict[str, Any]:
+    async def replay() -> Any:
         async with run_source(bundles, 1, 1, database_url=database_url, instances=min(instances, len(tasks)),
                               allow_ungated=allow_ungated) as source:
-            return await ws.warm_start(source, bundles, tasks, agent, model, out, cfg, chat_template, skipped, on_step)
+            return await ws.demonstrations(source, bundles, tasks, agent)
 
     if not as_json:
-        console.print(f"awm warmstart: {model} · {len(tasks)} demonstrations · {epochs} epochs -> {out}")
+        console.print(f"awm warmstart: {model} · {len(tasks)} tasks · {epochs} epochs -> {out}")
     from awm.fleet import FleetError
 
     try:
-        record = asyncio.run(run())
+        demos = asyncio.run(replay())  # the fleet stops before training starts
+        record = ws.fine_tune(demos, tasks, agent, model, out, cfg, chat_template, skipped, on_step)
     except (FleetError, ValueError) as exc:
         err.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from exc

@@ -71,6 +71,9 @@ class PolicyConfig:
                 raise ValueError(f"policy.weight_sync must be lora or full, not {cfg.weight_sync!r}")
         if not isinstance(cfg.extra_body, dict):
             raise ValueError("policy.extra_body must be a mapping (JSON merged into every request)")
+        reserved = {"return_token_ids", "logprobs", "model", "messages", "tools"} & set(cfg.extra_body)
+        if reserved:  # the learner trains on the ids and log-probs the server returns
+            raise ValueError(f"policy.extra_body cannot set {', '.join(sorted(reserved))}: the trainer sets them")
         if cfg.extra_body and cfg.kind != "vllm":
             raise ValueError("policy.extra_body applies to policy.kind vllm only (requests to a server)")
         if cfg.dtype == "float16":

@@ -63,7 +63,7 @@ class Learner:
         completions alone need a tenth of it. ``logits_to_keep`` makes the model apply its output
         layer to the kept positions only."""
         with autocast(self.device, self.compute_dtype):
-            logits = model(input_ids=ids, attention_mask=attention, logits_to_keep=ids.shape[1] - first).logits[:, :-1]
+            logits = output_logits(model, ids, attention, first)
         logp = token_logprobs(self.sampling.logits_to_logprobs(logits), ids[:, first + 1:])
         return torch.nn.functional.pad(logp, (first, 0))
 
@@ -110,7 +110,7 @@ class Learner:
         gap = {"abs": 0.0, "diff": 0.0, "tokens": 0, "truncated": 0}
         for micro in _micro_batches(seqs, cfg.micro_batch_size, shards):
             ids, attention, mask, old, advantages, seq_tokens = self._pad(micro, episode_tokens)
-            first = _first_trained(mask)
+            first = first_trained(mask)
             logp = self.sequence_logprobs(self.model, ids, attention, first)
             # Unknown sampling log-probs (an endpoint that returns none): on-policy, ratio 1.
             known = ~torch.isnan(old) & mask.bool()
@@ -221,11 +221,22 @@ class Learner:
         return int(state["step"]), dict(state.get("extra") or {})
 
 
-def _first_trained(mask: torch.Tensor) -> int:
+def first_trained(mask: torch.Tensor) -> int:
     """The first target column (of ``[B, T-1]``) that any row's loss reads: every column before it
     is prompt in every row."""
     columns = mask.bool().any(dim=0).nonzero()
     return int(columns[0]) if len(columns) else 0
+
+
+def output_logits(model: Any, ids: torch.Tensor, attention: torch.Tensor, first: int) -> torch.Tensor:
+    """The logits that predict targets ``first + 1 .. T-1`` (``[B, T-1-first, V]``): the model's
+    output layer applied from position ``first`` on only (transformers' ``logits_to_keep``)."""
+    logits = model(input_ids=ids, attention_mask=attention, logits_to_keep=ids.shape[1] - first).logits[:, :-1]
+    # A model that ignores logits_to_keep would pair every logit with the wrong target, silently.
+    if logits.shape[1] != ids.shape[1] - 1 - first:
+        raise RuntimeError(f"{type(model).__name__} ignored logits_to_keep ({logits.shape[1]} positions, expected "
+                           f"{ids.shape[1] - 1 - first}): transformers >= 4.50 is needed")
+    return logits
 
 
 def _micro_batches(seqs: list[Sequence], size: int, shards: Coordinator | None) -> Iterator[list[Sequence]]:

@@ -17,8 +17,9 @@ How:
    (:func:`awm.trainer.samples.episode_sequences`, rendered with the chat template the server
    will apply: ``chat_template`` when the server is given ``--chat-template``); the loss reads
    the assistant's tokens only (its calls and its final answer), never the prompt or results.
-3. **Training** - cross-entropy over those tokens, AdamW, a LoRA (merged into the weights at
-   the end) or all weights; the output is an ordinary model directory (safetensors, tokenizer,
+3. **Training** (:func:`fine_tune`, after the fleet has stopped) - cross-entropy over those
+   tokens, one sequence per forward pass, AdamW, a LoRA (merged into the weights at the end) or
+   all weights, on the CPU or wherever ``torch`` puts the model; the output is an ordinary model directory (safetensors, tokenizer,
    the chat template, ``warmstart.json`` with the losses) that vLLM serves and ``policy.path``
    names.
 """
@@ -40,6 +41,7 @@ from awm.bundle import EnvBundle
 from awm.episode.reward import RewardConfig
 from awm.trainer.agent import AgentConfig
 from awm.trainer.eval import select_tasks
+from awm.trainer.learner import first_trained, output_logits
 from awm.trainer.policy import ReplayPolicy
 from awm.trainer.rollout import InstanceSource, RolloutConfig, RolloutService, TaskRef
 from awm.trainer.samples import Sequence, episode_sequences
@@ -98,32 +100,19 @@ def sequences(trajectories: list[Trajectory], fmt: Any) -> list[Sequence]:
     return [s for traj in trajectories for s in episode_sequences(traj, fmt) if s.generated]
 
 
-def _batch(seqs: list[Sequence], pad_id: int, device: torch.device) -> tuple[torch.Tensor, ...]:
-    width = max(len(s.input_ids) for s in seqs)
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    attention = torch.zeros((len(seqs), width), dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.float32)
-    for i, s in enumerate(seqs):
-        ids[i, :len(s.input_ids)] = torch.tensor(s.input_ids)
-        attention[i, :len(s.input_ids)] = 1
-        mask[i, :len(s.input_ids)] = torch.tensor(s.loss_mask, dtype=torch.float32)
-    return ids.to(device), attention.to(device), mask[:, 1:].to(device)
-
-
-def token_loss(model: Any, ids: torch.Tensor, attention: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy of the masked target tokens (``mask`` aligned with targets 1..T-1); the
-    output layer runs from the first target any row trains on (the prompt needs no logits)."""
-    columns = mask.bool().any(dim=0).nonzero()
-    first = int(columns[0]) if len(columns) else 0
-    logits = model(input_ids=ids, attention_mask=attention, logits_to_keep=ids.shape[1] - first).logits[:, :-1]
-    targets = ids[:, first + 1:]
-    losses = torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), targets, reduction="none")
+def token_loss(model: Any, seq: Sequence, device: torch.device) -> torch.Tensor:
+    """Mean cross-entropy of one sequence's trained tokens; the output layer runs from its first
+    trained token on (the prompt needs no logits)."""
+    ids = torch.tensor([seq.input_ids], device=device)
+    mask = torch.tensor([seq.loss_mask[1:]], dtype=torch.float32, device=device)  # aligned with targets 1..T-1
+    first = first_trained(mask)
+    logits = output_logits(model, ids, torch.ones_like(ids), first)
+    losses = torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), ids[:, first + 1:], reduction="none")
     kept = mask[:, first:]
     return (losses * kept).sum() / kept.sum().clamp(min=1)
 
 
-def train(model: Any, seqs: list[Sequence], cfg: WarmStartConfig, pad_id: int,
-          on_step: Any = None) -> list[float]:
+def train(model: Any, seqs: list[Sequence], cfg: WarmStartConfig, on_step: Any = None) -> list[float]:
     """Supervised steps over ``seqs``; returns the loss of every step."""
     if not seqs:
         raise ValueError("warm start: no demonstration sequences to train on")
@@ -143,7 +132,7 @@ def train(model: Any, seqs: list[Sequence], cfg: WarmStartConfig, pad_id: int,
             tokens = sum(s.generated for s in chosen)
             total = 0.0
             for s in chosen:
-                loss = token_loss(model, *_batch([s], pad_id, device)) * (s.generated / tokens)
+                loss = token_loss(model, s, device) * (s.generated / tokens)
                 loss.backward()
                 total += float(loss.detach())
             torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
@@ -160,7 +149,10 @@ def load(model_dir: Path, chat_template: Path | None, lora_rank: int, lora_alpha
     template the server will use."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{model_dir} is not a model directory transformers can load: {exc}") from None
     if chat_template is not None:
         tokenizer.chat_template = chat_template.read_text()
     if not getattr(tokenizer, "chat_template", None):
@@ -187,32 +179,42 @@ def save(model: Any, tokenizer: Any, out: Path, chat_template: Path | None, reco
         shutil.copyfile(chat_template, tmp / chat_template.name)
     (tmp / "warmstart.json").write_text(json.dumps(record, indent=1) + "\n")
     if out.exists():
-        shutil.rmtree(out)
+        shutil.rmtree(out)  # an earlier warm start (check_output refused anything else)
     tmp.rename(out)
     return out
 
 
-async def warm_start(source: InstanceSource, bundles: list[EnvBundle], tasks: list[TaskRef], agent: AgentConfig,
-                     model_dir: Path, out: Path, cfg: WarmStartConfig, chat_template: Path | None = None,
-                     skipped: dict[str, str] | None = None, on_step: Any = None) -> dict[str, Any]:
-    """Demonstrations, training and the saved model; returns the record written beside it."""
-    start = time.perf_counter()
-    torch.manual_seed(cfg.seed)
-    model, tokenizer = await asyncio.to_thread(load, model_dir, chat_template, cfg.lora_rank, cfg.lora_alpha)
-    demos = await demonstrations(source, bundles, tasks, agent)
+def check_output(out: Path, model_dir: Path) -> None:
+    """``out`` may be new or an earlier warm start's directory, never anything else (a typo must
+    not delete a directory of someone's), and never the model trained from."""
+    if out.resolve() == model_dir.resolve():
+        raise ValueError(f"--out {out} is the model being fine-tuned: write the warm start elsewhere")
+    if out.exists() and not (out / "warmstart.json").is_file():
+        raise ValueError(f"--out {out} exists and is not a warm start's directory (no warmstart.json): "
+                         "choose a new directory")
+
+
+def fine_tune(demos: Demonstrations, tasks: list[TaskRef], agent: AgentConfig, model_dir: Path, out: Path,
+              cfg: WarmStartConfig, chat_template: Path | None = None, skipped: dict[str, str] | None = None,
+              on_step: Any = None) -> dict[str, Any]:
+    """Training on the demonstrations and the saved model; returns the record written beside it.
+    No instance is needed any more (run it after the fleet that replayed them has stopped)."""
     from awm.trainer.chatformat import chat_format
 
+    check_output(out, model_dir)
+    start = time.perf_counter()
+    torch.manual_seed(cfg.seed)
+    model, tokenizer = load(model_dir, chat_template, cfg.lora_rank, cfg.lora_alpha)
     seqs = sequences(demos.trajectories, chat_format(tokenizer))
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
-    losses = await asyncio.to_thread(train, model, seqs, cfg, pad_id, on_step)
-    record = {"base_model": str(model_dir), "config": asdict(cfg), "agent": {
+    losses = train(model, seqs, cfg, on_step)
+    record = {"base_model": model_dir.name, "config": asdict(cfg), "agent": {
                   "tool_format": agent.tool_format, "tool_descriptions": agent.tool_descriptions},
               "tasks": [f"{t.env}/{t.task_id}" for t in tasks],
               "demonstrations": [f"{t.env}/{t.task_id}" for t in demos.trajectories],
               "skipped": {**(skipped or {}), **demos.skipped}, "sequences": len(seqs),
               "trained_tokens": sum(s.generated for s in seqs), "tokens": sum(len(s.input_ids) for s in seqs),
-              "losses": losses, "seconds": 0.0}
-    await asyncio.to_thread(save, model, tokenizer, out, chat_template, record)
+              "losses": losses}
+    save(model, tokenizer, out, chat_template, record)
     record["seconds"] = round(time.perf_counter() - start, 1)
     (out / "warmstart.json").write_text(json.dumps(record, indent=1) + "\n")
     return record

@@ -137,6 +137,9 @@ def render_text_call(name: str, arguments: dict[str, Any]) -> str:
 # What a short schema keeps of a JSON schema: what constrains a value, not what explains it.
 _SCHEMA_PROSE = ("description", "title", "examples", "$comment")
 _NAMED = ("properties", "patternProperties", "$defs", "definitions")
+_VALUES = ("default", "const", "enum")
+# an Optional's other branch is folded only when it holds nothing that "null" would then have to meet
+_UNFOLDABLE = ("const", "allOf", "anyOf", "oneOf", "not", "$ref", "if")
 
 
 def short_tools(mcp_tools: list[dict[str, Any]], max_chars: int = 120) -> list[dict[str, Any]]:
@@ -162,7 +165,8 @@ def _strip_prose(schema: Any, key: str = "") -> Any:
     if isinstance(schema, dict):
         # under these the keys are names (a parameter may be called "title"), not keywords
         keep = schema.items() if key in _NAMED else ((k, v) for k, v in schema.items() if k not in _SCHEMA_PROSE)
-        stripped = {k: _strip_prose(v, k) for k, v in keep}
+        # values (a default, a const, an enum's members) are data, not schema: kept as they are
+        stripped = {k: v if k in _VALUES else _strip_prose(v, k) for k, v in keep}
         return stripped if key in _NAMED else _fold_optional(stripped)
     if isinstance(schema, list):
         return [_strip_prose(v) for v in schema]
@@ -177,11 +181,12 @@ def _fold_optional(schema: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(branches, list) or len(branches) != 2 or {"type": "null"} not in branches:
         return schema
     other = branches[0] if branches[1] == {"type": "null"} else branches[1]
-    if not isinstance(other, dict) or not isinstance(other.get("type"), str) or set(other) & set(schema):
+    if not isinstance(other, dict) or not isinstance(other.get("type"), str) or set(other) & set(schema) \
+            or set(other) & set(_UNFOLDABLE):
         return schema
     folded = {k: v for k, v in schema.items() if k != "anyOf"}
     folded.update(other, type=[other["type"], "null"])
-    if isinstance(other.get("enum"), list):
+    if isinstance(other.get("enum"), list) and None not in other["enum"]:
         folded["enum"] = [*other["enum"], None]
     return folded
 
