@@ -254,6 +254,32 @@ async def test_scenarios_are_classified_and_unsuitable_ones_are_not_synthesised(
     assert server.counts["classify"] == 2  # the seeds, then the generated batch
 
 
+def test_rows_for_a_schema_that_does_not_run_are_an_error_not_a_crash(admin_dsn):
+    # --keep-best carries an unvalidated schema to the sample stage: found with a real model, whose
+    # "DDL" was a numbered list of sentences; the seed check raised and ended the whole run.
+    from awm.bundle import SeedTable
+    from awm.synth.validate import check_seed
+
+    errors = check_seed(admin_dsn, "2. Add a new task. 3. Add a new task.", [SeedTable(table="t", rows=[{"a": 1}])])
+    assert len(errors) == 1 and "does not run" in errors[0] and "syntax error" in errors[0]
+
+
+async def test_a_check_that_raises_fails_the_candidate_not_the_run(tmp_path, admin_dsn):
+    from awm.synth import prompts
+
+    with ScriptedLLM(Script(faults=False)) as server:
+        llm = _llm(server.base_url)
+        run = stages.Run(tmp_path, llm, admin_dsn, attempts=2, num_tasks=2)
+
+        async def broken(reply):
+            raise RuntimeError("the check itself failed")
+
+        reply, errors = await stages._repair_loop(run, "task", prompts.TASK, prompts.task_user("library", "A library.", 2),
+                                                  stages._Tasks, broken)
+        await llm.close()
+    assert reply is None and errors == ["validation failed: RuntimeError: the check itself failed"]
+
+
 async def test_a_task_list_carried_on_by_keep_best_is_marked_unvalidated(tmp_path, admin_dsn):
     # Found with a real model (SmolLM2-135M): one repetitive "task" where three were asked for went
     # on as a validated task list under --keep-best, so nothing stopped it reaching the catalog.

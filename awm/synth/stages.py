@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import re
 from dataclasses import dataclass, field
@@ -25,6 +26,8 @@ from awm.synth.embed import Embedder, dedup
 from awm.judge import JudgeSettings
 from awm.llm import LLMBadOutput, LLMClient, LLMUnavailable
 from awm.synth.store import StageOutput, read_jsonl
+
+log = logging.getLogger("awm.synth")
 
 STAGES = ["scenario", "task", "db", "sample", "spec", "env", "verifier", "solution"]
 FILES = {"scenario": "gen_scenario.jsonl", "task": "gen_tasks.jsonl", "db": "gen_db.jsonl",
@@ -208,7 +211,13 @@ async def _repair_loop(run: Run, stage: str, system: str, user: str, model: type
         except LLMBadOutput as exc:
             errors = [str(exc)]
             continue
-        errors = await validate(candidate)
+        try:
+            errors = await validate(candidate)
+        except (LLMUnavailable, asyncio.CancelledError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - generated input that breaks a check fails the item, not the run
+            log.warning("%s: validating a candidate failed", stage, exc_info=True)
+            errors = [f"validation failed: {type(exc).__name__}: {str(exc)[:500]}"]
         if not errors:
             return candidate, []
         if best is None or len(errors) < len(best[1]):

@@ -53,8 +53,11 @@ def check_seed(admin_dsn: str, ddl: str, seed: list[SeedTable]) -> list[str]:
     """Every row must insert. All failing tables are reported, each with its first bad row."""
     errors = []
     with scratch_database(admin_dsn) as conn:
-        with conn.transaction():
-            conn.execute(ddl)
+        try:
+            with conn.transaction():
+                conn.execute(ddl)
+        except psycopg.Error as exc:  # an unvalidated schema carried on by --keep-best
+            return [f"the schema these rows are for does not run: {_pg_message(exc)}"]
         known = {r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")}
         for table in seed:
             if table.table not in known:
