@@ -264,6 +264,20 @@ def test_rows_for_a_schema_that_does_not_run_are_an_error_not_a_crash(admin_dsn)
     assert len(errors) == 1 and "does not run" in errors[0] and "syntax error" in errors[0]
 
 
+async def test_a_stage_that_keeps_nothing_stops_the_run_with_a_report(tmp_path, admin_dsn):
+    # Found with a real model: its one scenario's rows were rejected, and the next stage then
+    # ended the run with "gen_sample.jsonl does not exist (run the previous stage first)".
+    (tmp_path / "gen_scenario.jsonl").write_text(json.dumps(
+        {"name": "library", "description": "A library.", "category": "seed", "seed": True}) + "\n")
+    with ScriptedLLM(Script(faults=False)) as server:
+        llm = _llm(server.base_url)
+        run = stages.Run(tmp_path, llm, admin_dsn, attempts=1, num_tasks=5)  # the script writes 2 tasks
+        summary = await run_stages(run, ["task", "db", "sample"])
+        await llm.close()
+    assert summary["stopped_after"] == "task" and "db" not in summary["stages"]
+    assert json.loads((tmp_path / "report.json").read_text())["stopped_after"] == "task"
+
+
 async def test_a_check_that_raises_fails_the_candidate_not_the_run(tmp_path, admin_dsn):
     from awm.synth import prompts
 

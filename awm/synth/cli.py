@@ -57,6 +57,8 @@ def _run_stages(which: list[str], directory: Path, base_url: str | None, model: 
         err.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from exc
     print_summary(summary, Console())
+    if summary.get("stopped_after"):
+        raise typer.Exit(1)
 
 
 def _stage_command(stage: str) -> None:

@@ -51,7 +51,8 @@ async def run_stages(run: stages.Run, which: list[str], *, seeds: Path | None = 
             progress.update(bars[stage], completed=done, total=max(total, 1))
 
         run.on_progress = on_progress
-        for stage in which:
+        stopped = None
+        for index, stage in enumerate(which):
             if stage == "scenario":
                 seed_path = seeds or SEEDS
                 if seed_path.resolve() == run.path("scenario").resolve():
@@ -60,8 +61,13 @@ async def run_stages(run: stages.Run, which: list[str], *, seeds: Path | None = 
                                             threshold, max_per_category)
             else:
                 await getattr(stages, f"stage_{stage}")(run)
+            if index + 1 < len(which) and not _kept(run, stage):
+                stopped = stage  # the next stages would have nothing to work on
+                break
     summary = summarize(run, time.perf_counter() - started)
-    if "solution" in which:
+    if stopped is not None:
+        summary["stopped_after"] = stopped
+    if "solution" in which and stopped is None:
         bundles = stages.assemble(run, run.dir / "catalog")
         summary["gates"] = await record_gates(run, bundles, run.dir / "catalog")
         summary["catalog"] = str(run.dir / "catalog")
@@ -69,6 +75,12 @@ async def run_stages(run: stages.Run, which: list[str], *, seeds: Path | None = 
                                     "tables": len(b.database.seed)} for b in bundles]
     (run.dir / "report.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def _kept(run: stages.Run, stage: str) -> bool:
+    """Whether ``stage`` has anything for the next stage (its rejections are in their own file)."""
+    path = run.path(stage)
+    return path.exists() and bool(read_jsonl(path))
 
 
 async def record_gates(run: stages.Run, bundles: list[EnvBundle], catalog_dir: Path) -> dict[str, int]:
@@ -120,4 +132,7 @@ def print_summary(summary: dict[str, Any], console: Console) -> None:
         for e in summary["environments"]:
             envs.add_row(e["name"], str(e["tools"]), str(e["tasks"]), str(e["tables"]))
         console.print(envs)
+    if summary.get("stopped_after"):
+        console.print(f"[red]stopped:[/red] nothing survived the {summary['stopped_after']} stage, so the later stages "
+                      "had nothing to work on (its reasons above, all in gen_*.rejected.jsonl); no catalog was made")
     console.print(f"tokens: {summary['total_tokens']}, wall time: {summary['wall_s']} s")
