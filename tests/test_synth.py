@@ -275,6 +275,7 @@ async def test_a_stage_that_keeps_nothing_stops_the_run_with_a_report(tmp_path, 
         summary = await run_stages(run, ["task", "db", "sample"])
         await llm.close()
     assert summary["stopped_after"] == "task" and "db" not in summary["stages"]
+    assert summary["stopped_because"] == ["library: need 5 distinct tasks, got 2"]
     assert json.loads((tmp_path / "report.json").read_text())["stopped_after"] == "task"
 
 

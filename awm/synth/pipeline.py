@@ -67,6 +67,10 @@ async def run_stages(run: stages.Run, which: list[str], *, seeds: Path | None = 
     summary = summarize(run, time.perf_counter() - started)
     if stopped is not None:
         summary["stopped_after"] = stopped
+        rejected = run.dir / stages.FILES[stopped].replace(".jsonl", ".rejected.jsonl")
+        summary["stopped_because"] = [  # what the stage's rejections say, also when this run only resumed
+            f"{r.get('scenario') or r.get('name')}: {'; '.join(map(str, r.get('errors') or []))[:300]}"
+            for r in (read_jsonl(rejected) if rejected.exists() else [])[:5]]
     if "solution" in which and stopped is None:
         bundles = stages.assemble(run, run.dir / "catalog")
         summary["gates"] = await record_gates(run, bundles, run.dir / "catalog")
@@ -134,5 +138,7 @@ def print_summary(summary: dict[str, Any], console: Console) -> None:
         console.print(envs)
     if summary.get("stopped_after"):
         console.print(f"[red]stopped:[/red] nothing survived the {summary['stopped_after']} stage, so the later stages "
-                      "had nothing to work on (its reasons above, all in gen_*.rejected.jsonl); no catalog was made")
+                      "had nothing to work on; no catalog was made")
+        for reason in summary.get("stopped_because", []):
+            console.print(f"  [yellow]rejected[/yellow] {reason}")
     console.print(f"tokens: {summary['total_tokens']}, wall time: {summary['wall_s']} s")
