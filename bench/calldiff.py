@@ -1,6 +1,6 @@
 """What recording each tool call's database change costs (trainer/calldiff.py, agent.call_diff_rows).
 
-    python bench/calldiff.py [--env bike_shop] [--episodes 200]     # prints JSON
+    python -m bench.calldiff [--env bike_shop] [--episodes 200]     # prints JSON
 
 One instance of a starter environment; every episode resets to a task and replays its reference
 solution through MCP. After each call the agent's recording asks ``GET /diff?rows=50``; here each
