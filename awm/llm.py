@@ -311,7 +311,8 @@ class LLMClient:
         kept for this client's later requests; the server still ends a reply at its context."""
         def fitted(body: dict[str, Any]) -> dict[str, Any]:
             cap = self.output_cap
-            return {k: (min(v, cap) if k in _BUDGET_KEYS and cap and isinstance(v, int) else v) for k, v in body.items()}
+            return {k: (min(v, cap) if k in _BUDGET_KEYS and cap and isinstance(v, int) else v)
+                    for k, v in body.items()}
 
         sent = fitted(body)
         try:

@@ -19,9 +19,9 @@ How:
    the assistant's tokens only (its calls and its final answer), never the prompt or results.
 3. **Training** (:func:`fine_tune`, after the fleet has stopped) - cross-entropy over those
    tokens, one sequence per forward pass, AdamW, a LoRA (merged into the weights at the end) or
-   all weights, on the CPU or wherever ``torch`` puts the model; the output is an ordinary model directory (safetensors, tokenizer,
-   the chat template, ``warmstart.json`` with the losses) that vLLM serves and ``policy.path``
-   names.
+   all weights, wherever ``torch`` puts the model (the CPU here); the output is an ordinary model
+   directory (safetensors, tokenizer, the chat template, ``warmstart.json`` with the losses) that
+   vLLM serves and ``policy.path`` names.
 """
 
 from __future__ import annotations
