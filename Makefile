@@ -28,7 +28,7 @@ test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -q
 
 bench: $(VENV)/.installed-test
-	$(BIN)/python bench/runtime.py --json
+	$(BIN)/python -m bench.runtime --json
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -16,9 +16,7 @@ import asyncio
 import json
 import os
 import statistics
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 

@@ -1,6 +1,6 @@
 """Catalog scale: a 1,000-environment AWM-format catalog, from import to serving.
 
-    python bench/catalog_scale.py [--envs 1000] [--import-sample 40] [--serve 64] [--json]
+    python -m bench.catalog_scale [--envs 1000] [--import-sample 40] [--serve 64] [--json]
 
 The catalog is generated from the AWM fixture (tests/fixtures/awm1k: two environments, a library
 and a pet clinic) by renaming its scenarios: 1,000 environments of the published shape (an app,
@@ -25,8 +25,6 @@ import json
 import os
 import platform
 import shutil
-import subprocess
-import sys
 import tarfile
 import tempfile
 import time

@@ -1,6 +1,6 @@
 """Instance databases made at claim time: which way is fast enough, and what an open episode costs.
 
-    python bench/claimdb.py [--quick] [--json] [--n 30] [--threads 8] [--database-url DSN]
+    python -m bench.claimdb [--quick] [--json] [--n 30] [--threads 8] [--database-url DSN]
 
 Late binding (issue 22) gives an instance its environment when it is claimed, so the instance's
 database may have to be made then. Measured here, in one run, on the embedded PostgreSQL (a
@@ -43,19 +43,17 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-import psycopg  # noqa: E402
-from psycopg import sql  # noqa: E402
-from psycopg.conninfo import conninfo_to_dict, make_conninfo  # noqa: E402
-
-from awm import catalog  # noqa: E402
-from awm.bundle import EnvBundle  # noqa: E402
-from awm.postgres import provision  # noqa: E402
-from awm.postgres.server import EmbeddedPostgres  # noqa: E402
-from awm.synth import varied  # noqa: E402
+from awm import catalog
+from awm.bundle import EnvBundle
+from awm.postgres import provision
+from awm.postgres.server import EmbeddedPostgres
+from awm.synth import varied
 
 TOOL, READER = provision.TOOL_ROLE, provision.READER_ROLE
 SHARED_DB = "awm_bench_shared"

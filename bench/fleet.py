@@ -1,7 +1,7 @@
 """Fleet benchmark: the operator on a real control plane (k8s/harness.py; kwok fakes the pods).
 
-    .venv/bin/python bench/fleet.py --json            # 1,024 instances (about 3-4 minutes)
-    .venv/bin/python bench/fleet.py --instances 256   # smaller
+    .venv/bin/python -m bench.fleet --json            # 1,024 instances (about 3-4 minutes)
+    .venv/bin/python -m bench.fleet --instances 256   # smaller
 
 What it measures (the operator runs as its own process, ``python -m awm_operator``, as in a
 cluster; the clients run in this process):
@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import json
 import os
 import platform
@@ -54,22 +53,15 @@ import httpx
 import aiohttp
 from aiohttp import web
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "operator"))
+from awm.episode.allocation import AllocationClient, bearer
+from awm_operator.cli import render
+from awm_operator.crds import definitions
+from k8s import harness
+from tests.k8s_e2e import CLIENTS_NS, client_token, grant_claims
 
-from awm_operator.cli import render  # noqa: E402
-from awm.episode.allocation import AllocationClient, bearer  # noqa: E402
-from awm_operator.crds import definitions  # noqa: E402
 
 NS = "awm-bench"
 API = f"/apis/awm.dev/v1alpha1/namespaces/{NS}"
-
-
-def load_harness() -> Any:
-    spec = importlib.util.spec_from_file_location("awm_k8s_harness", ROOT / "k8s" / "harness.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module
 
 
 def pct(values: list[float], q: float) -> float:
@@ -439,7 +431,7 @@ class Bench:
 
     async def run(self) -> dict[str, Any]:
         stub, control_url = await stub_control_api()
-        cp, result = self.cp, {}
+        result: dict[str, Any] = {}
         try:
             fleet = {"apiVersion": "awm.dev/v1alpha1", "kind": "EnvFleet", "metadata": {"name": "bench"},
                      "spec": {"environments": [f"env{i}" for i in range(8)], "replicas": self.n, "catalog": {},
@@ -555,7 +547,6 @@ def main() -> int:
     ap.add_argument("--group-size", type=int, default=16)
     args = ap.parse_args()
     log = (lambda msg: print(f"# {msg}", file=sys.stderr, flush=True))
-    harness = load_harness()
     if not harness.binaries_present():
         sys.exit(f"missing Kubernetes binaries in {harness.default_bin_dir()}: run k8s/build.sh")
     load0 = os.getloadavg()
@@ -575,16 +566,12 @@ def main() -> int:
             time.sleep(0.2)
         # The clients authenticate as a trainer would (a ServiceAccount token, RBAC on envclaims):
         # the claim latencies include the operator's token and access reviews (cached).
-        sys.path.insert(0, str(ROOT))
-        from tests.k8s_e2e import CLIENTS_NS, client_token, grant_claims
-
         os.environ["AWM_API_TOKEN"] = client_token(cp)
         grant_claims(cp, NS, CLIENTS_NS, "trainer")
         port, metrics = harness.free_port(), harness.free_port()
         env = {**os.environ, "KUBECONFIG": kubeconfig, "AWM_NAMESPACES": NS, "AWM_HEALTH_PORT": str(port),
                "AWM_METRICS_PORT": str(metrics), "AWM_LOG_LEVEL": "warning",
-               "AWM_ENDPOINT_ANNOTATIONS": "1", "AWM_DB_SWEEP_INTERVAL": "3600",
-               "PYTHONPATH": str(ROOT / "operator")}
+               "AWM_ENDPOINT_ANNOTATIONS": "1", "AWM_DB_SWEEP_INTERVAL": "3600"}
         operator = subprocess.Popen([sys.executable, "-m", "awm_operator"], env=env, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + 60
         while True:

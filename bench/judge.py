@@ -1,6 +1,6 @@
 """The LLM judge's cost per verdict, and what judging adds to /verify.
 
-    python bench/judge.py [--episodes 30] [--json]
+    python -m bench.judge [--episodes 30] [--json]
 
 * Prompt size per verdict for episodes of 1 to 200 tool calls (results of 400 characters, a
   realistic evidence dict): characters, and tokens estimated at 4 characters per token (the
@@ -20,7 +20,6 @@ import json
 import os
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any

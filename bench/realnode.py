@@ -1,7 +1,7 @@
 """Real-pod benchmark: env pods on a real kubelet node (k8s/node.py), the chart's images.
 
-    sudo .venv/bin/python bench/realnode.py --json            # 1, 8, 32 and 64 env pods
-    sudo .venv/bin/python bench/realnode.py --sizes 8 --json
+    sudo .venv/bin/python -m bench.realnode --json            # 1, 8, 32 and 64 env pods
+    sudo .venv/bin/python -m bench.realnode --sizes 8 --json
 
 What it measures, each against a baseline taken in the same run:
 
@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
-import importlib.util
 import json
 import os
 import platform
@@ -43,12 +42,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
 
 from awm import catalog
 from awm.client import ControlClient, McpSession
 from awm.fleet import Database, LocalFleet
-from k8s import chart
+from images import build as image_build
+from k8s import chart, harness
 
 NS = "awm"
 API = f"/apis/awm.dev/v1alpha1/namespaces/{NS}"
@@ -56,14 +55,6 @@ ENVS = ["crm", "bike_shop"]
 # Requests small enough for 64 env pods on one 2-CPU node (the chart's default, 100m, fits 16):
 # what a dense fleet on small nodes would set in its template.
 POD_RESOURCES = {"requests": {"cpu": "20m", "memory": "128Mi"}, "limits": {"cpu": "1", "memory": "512Mi"}}
-
-
-def load(name: str, path: Path) -> Any:
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module
 
 
 def pct(values: list[float], q: float) -> float:
@@ -310,9 +301,8 @@ def main() -> int:
     a = ap.parse_args()
     # SIGTERM (a timeout, a Ctrl-C from a runner) must still stop the node and restore the host
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    images = {b.name: b for b in load("awm_images_build", ROOT / "images" / "build.py").Builder(quiet=True).build(
+    images = {b.name: b for b in image_build.Builder(quiet=True).build(
         list(chart.COMPONENTS))}
-    harness = load("awm_k8s_harness", ROOT / "k8s" / "harness.py")
     cp = harness.ControlPlane(nodes=0, real_node=True)
     out: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "kernel": platform.release(),
                                        "python": platform.python_version(), "load_before": os.getloadavg()[0]}}

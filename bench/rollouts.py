@@ -1,8 +1,8 @@
 """Rollout benchmark: how much of a training step the learner spends waiting on environments,
 asynchronous collection (bounded staleness) against synchronous collection.
 
-    python bench/rollouts.py [--quick] [--json] [--env bike_shop] [--instances 8] [--learner-ms 1000]
-    python bench/rollouts.py --policy vllm [--quick] [--json] [--base-url URL] [--learner-ms 0]
+    python -m bench.rollouts [--quick] [--json] [--env bike_shop] [--instances 8] [--learner-ms 1000]
+    python -m bench.rollouts --policy vllm [--quick] [--json] [--base-url URL] [--learner-ms 0]
 
 ``--policy vllm`` measures a real policy instead: a vLLM server, a real learner and weight sync
 (bench/rollouts_vllm.py has what it reports). The default, ``--policy replay``:

@@ -1,7 +1,7 @@
 """Runtime benchmark: reset, tool calls, episode overhead against the reference-style baseline,
 memory per instance, and episode throughput with 16 concurrent instances.
 
-    python bench/runtime.py [--quick] [--json] [--env bike_shop] [--database-url DSN]
+    python -m bench.runtime [--quick] [--json] [--env bike_shop] [--database-url DSN]
 
 Everything is measured in this run, on this machine, against the embedded Postgres (or the given
 server). The baseline is what the reference system pays per episode: a database rebuilt from its
@@ -15,8 +15,6 @@ import asyncio
 import json
 import os
 import platform
-import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any

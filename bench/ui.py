@@ -1,6 +1,6 @@
 """`awm ui` on a large run: first paint of a run page with 100,000 episodes, indexed against not.
 
-    python bench/ui.py [--episodes 100000]     # prints JSON
+    python -m bench.ui [--episodes 100000]     # prints JSON
 
 Writes a synthetic run directory (trajectories.jsonl in the trainer's own format, written with
 awm.trainer.trajectory.TrajectoryLog, 16 episodes per step, two turns each with a tool call and its

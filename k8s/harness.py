@@ -90,11 +90,8 @@ def node_module():
     path (the harness also runs as a script)."""
     try:
         from k8s import node
-    except ImportError:
-        import importlib.util
-        spec = importlib.util.spec_from_file_location("awm_k8s_node", HERE / "node.py")
-        node = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(node)
+    except ImportError:  # run as a script: its own folder is first on sys.path
+        import node  # type: ignore[no-redef]
     return node
 
 

@@ -64,25 +64,12 @@ def notes(notes_fleet: LocalFleet) -> InstanceHandle:
     return notes_fleet.instances[0]
 
 
-def _load_k8s_harness():  # k8s/harness.py is a script directory, not a package
-    import importlib.util
-    import sys
-
-    path = Path(__file__).resolve().parent.parent / "k8s" / "harness.py"
-    module = sys.modules.get("awm_k8s_harness")
-    if module is None:
-        spec = importlib.util.spec_from_file_location("awm_k8s_harness", path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["awm_k8s_harness"] = module
-        spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="session")
 def control_plane(tmp_path_factory: pytest.TempPathFactory):
     """A real Kubernetes control plane (k8s/harness.py: etcd, apiserver, controller-manager,
     scheduler, kwok nodes). Skipped without the binaries (k8s/build.sh), except under CI=true."""
-    harness = _load_k8s_harness()
+    from k8s import harness  # the repository's k8s/ (also run as a script: python3 k8s/harness.py)
+
     require(harness.binaries_present(),
             f"Kubernetes test binaries missing in {harness.default_bin_dir()}: run k8s/build.sh")
     cp = harness.ControlPlane()

@@ -1,6 +1,6 @@
 """Two learner steps on a fixed batch, the same in one process and sharded under torchrun.
 
-    torchrun --nproc-per-node 2 tests/distributed_step.py OUT.pt
+    torchrun --nproc-per-node 2 -m tests.distributed_step OUT.pt     # from the repository's root
 
 Under torchrun every rank builds the tiny Qwen3 test model (tests/fixtures/tiny-qwen), shards it
 with FSDP2 (trainer/distributed.py, gloo on CPU) and runs the learner - the full model, then a
@@ -20,14 +20,11 @@ from typing import Any
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from tests.tiny_qwen import MODEL_DIR  # noqa: E402
-from awm.trainer.config import GRPOConfig  # noqa: E402
-from awm.trainer.learner import Learner  # noqa: E402
-from awm.trainer.local_policy import SamplingSpec  # noqa: E402
-from awm.trainer.samples import Sequence  # noqa: E402
+from awm.trainer.config import GRPOConfig
+from awm.trainer.learner import Learner
+from awm.trainer.local_policy import SamplingSpec
+from awm.trainer.samples import Sequence
+from tests.tiny_qwen import MODEL_DIR
 
 GRPO = GRPOConfig(lr=1e-3, micro_batch_size=2, tis_cap=2.0, max_grad_norm=1.0)
 

@@ -445,10 +445,10 @@ class RecordingKube:
         self.patches: list[dict[str, Any]] = []
         self.gone = False
 
-    async def patch_status(self, plural: str, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
+    async def patch_status(self, plural: str, namespace: str, name: str, status: Any) -> dict[str, Any]:
         if self.gone:
             raise ApiError(404, '{"message": "not found"}')
-        self.patches.append(status)
+        self.patches.append(status.patch())  # the merge patch the real client sends
         return {}
 
 

@@ -17,13 +17,11 @@ except under CI=true, where that is a failure.
 from __future__ import annotations
 
 import base64
-import importlib.util
 import json
 import os
 import re
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -31,6 +29,7 @@ from typing import Any
 import pytest
 import yaml
 
+from k8s import harness
 from tests.conftest import require
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,15 +38,6 @@ EXAMPLES = CHART / "examples"
 RELEASE = "awm"
 
 
-def _load_harness():
-    spec = importlib.util.spec_from_file_location("awm_k8s_harness", ROOT / "k8s" / "harness.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("awm_k8s_harness", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-harness = _load_harness()
 BIN = harness.default_bin_dir()
 
 
@@ -317,11 +307,7 @@ def test_operator_deployment(helm: str) -> None:
 
 def test_operator_env_is_what_the_operator_reads(helm: str) -> None:
     """The Deployment's variables, parsed by the operator's own OperatorConfig.from_env."""
-    sys.path.insert(0, str(ROOT / "operator"))
-    try:
-        from awm_operator import config
-    finally:
-        sys.path.remove(str(ROOT / "operator"))
+    from awm_operator import config
     docs = render(helm, "operator.watchNamespaces={team-a,team-b}", "operator.logLevel=debug")
     c = one(docs, "Deployment", "awm-operator")["spec"]["template"]["spec"]["containers"][0]
     env = {e["name"]: e["value"] for e in c["env"] if "value" in e}
@@ -391,11 +377,7 @@ def test_database_secret_modes(helm: str) -> None:
 def test_postgres_shards(helm: str) -> None:
     """postgres.shards=3: three servers of one StatefulSet, each behind a Service of its own pod,
     and one Secret key per shard; the first keeps key `dsn` (pods made before shards use it)."""
-    sys.path.insert(0, str(ROOT / "operator"))
-    try:
-        from awm_operator.databases import shard_keys
-    finally:
-        sys.path.remove(str(ROOT / "operator"))
+    from awm_operator.databases import shard_keys
     docs = render(helm, "postgres.shards=3")
     assert one(docs, "StatefulSet", "awm-postgres")["spec"]["replicas"] == 3
     data = one(docs, "Secret", "awm-database")["data"]
@@ -548,11 +530,7 @@ def test_metrics_service_monitors_and_dashboard(helm: str) -> None:
 
 
 def _operator_crds():
-    sys.path.insert(0, str(ROOT / "operator"))
-    try:
-        from awm_operator import crds
-    finally:
-        sys.path.remove(str(ROOT / "operator"))
+    from awm_operator import crds
     return crds
 
 

@@ -23,7 +23,7 @@ import torch
 from tests import distributed_step
 from tests.conftest import require
 
-SCRIPT = Path(distributed_step.__file__)
+ROOT = Path(distributed_step.__file__).resolve().parents[1]  # torchrun -m runs it from here
 pytestmark = pytest.mark.slow
 
 
@@ -33,9 +33,9 @@ def sharded(tmp_path_factory: pytest.TempPathFactory) -> dict:
     exe = shutil.which("torchrun", path=str(Path(sys.executable).parent))
     require(exe, "torchrun is not installed next to this interpreter (torch's console script)")
     out = tmp_path_factory.mktemp("fsdp") / "sharded.pt"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(SCRIPT.parents[1])}
-    r = subprocess.run([str(exe), "--standalone", "--nproc-per-node", "2", str(SCRIPT), str(out)],
-                       capture_output=True, text=True, timeout=900, env=env)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([str(exe), "--standalone", "--nproc-per-node", "2", "-m", distributed_step.__name__, str(out)],
+                       capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     result = torch.load(out, weights_only=False)
     assert result["world"] == 2

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pytest
 
+from images import build as image_build
 from tests.conftest import require
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -210,13 +211,9 @@ def command_head(argv: list[str]) -> list[str]:
 
 def pod_commands() -> dict[str, list[str]]:
     """container name -> command, from the operator's env-pod manifest (catalog from an image)."""
-    sys.path.insert(0, str(ROOT / "operator"))
-    try:
-        from awm_operator.config import OperatorConfig
-        from awm_operator.crds import EnvFleetSpec
-        from awm_operator.pods import pod_manifest
-    finally:
-        sys.path.remove(str(ROOT / "operator"))
+    from awm_operator.config import OperatorConfig
+    from awm_operator.crds import EnvFleetSpec
+    from awm_operator.pods import pod_manifest
     spec = EnvFleetSpec.model_validate({"environments": ["crm"], "catalog": {"image": "awm-catalog:0.1.0"},
                                         "database": {"secretName": "awm-database"}})
     pod = pod_manifest("demo", "default", "uid", spec, "crm", OperatorConfig())
@@ -259,7 +256,7 @@ def test_operator_image_entrypoint(tmp_path: Path) -> None:
     r = built.run("python", "-c", "import awm_operator.main, awm_operator.handlers")
     assert r.returncode == 0, r.stderr
 
-    from tests.test_chart import harness
+    from k8s import harness
 
     require(harness.binaries_present(), f"Kubernetes test binaries missing in {harness.default_bin_dir()}: "
             "run k8s/build.sh (the entrypoint's imports were checked)")
@@ -348,23 +345,12 @@ def test_trainer_image_entrypoint(tmp_path: Path) -> None:
     assert r.returncode == 0 and r.stdout.split() == [torch_version, "3"], r.stdout + r.stderr
 
 
-def _build_script():
-    """images/build.py, loaded by path (it is a script, not a package module)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("awm_images_build", IMAGES / "build.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.slow
 def test_trainer_eval_image_runs_awm_eval_without_torch(tmp_path: Path) -> None:
     """The evaluation image (images/build.py's `trainer-eval`: the trainer Dockerfile with the
     build arguments below) installs no torch, and what an evaluation Campaign's Job runs works:
     `awm eval` and the modules of its path inside a Job (the operator's allocation client)."""
-    dockerfile_dir, build_args = _build_script().VARIANTS["trainer-eval"]
+    dockerfile_dir, build_args = image_build.VARIANTS["trainer-eval"]
     assert dockerfile_dir == "trainer" and build_args == {"EXTRAS": "eval"}
     built = replay("trainer", tmp_path, build_args=build_args)
     argv = entrypoint("trainer")
@@ -414,7 +400,7 @@ def test_builder_prunes_superseded_builds(tmp_path: Path, monkeypatch: pytest.Mo
     record, log, storage tag) and drops the rest; another name sharing a prefix (trainer-eval for
     trainer) is left alone. A unit test: buildah is replaced by a recorder of its commands (the
     real builds run in tests/test_realnode.py and .ci/run)."""
-    mod = _build_script()
+    mod = image_build
     calls: list[tuple[str, ...]] = []
 
     class FakeBuildah:

@@ -80,3 +80,23 @@ def test_importing_the_cli_loads_no_component() -> None:
             "assert not up, up\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
+
+
+def test_the_repository_tools_import_by_name() -> None:
+    """bench/, tests/ and k8s/ import each other and the installed packages by module name (run
+    from the repository's root: ``python -m bench.fleet``, pytest), never by inserting folders
+    into sys.path or loading a file by its path: such a module is a second copy of one that may
+    be imported normally too (two registries, two harness singletons), and the import graph above
+    cannot see it."""
+    import ast
+
+    found = []
+    for folder in ("bench", "tests", "k8s", "images"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.Attribute) and node.attr == "spec_from_file_location":
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}: spec_from_file_location")
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                        and node.func.attr in ("insert", "append") and ast.unparse(node.func.value) == "sys.path":
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}: sys.path.{node.func.attr}")
+    assert not found, "\n".join(found)

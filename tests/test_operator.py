@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -451,23 +452,57 @@ def test_conditions_keep_their_transition_time_while_their_status_stays() -> Non
     from awm_operator.conditions import claim_conditions, condition
 
     first = condition("Ready", False, "Reconciling", "0 of 2", generation=3, at="2026-01-01T00:00:00Z")
-    assert first == {"type": "Ready", "status": "False", "reason": "Reconciling", "message": "0 of 2",
-                     "lastTransitionTime": "2026-01-01T00:00:00Z", "observedGeneration": 3}
+    assert first.model_dump(by_alias=True) == {
+        "type": "Ready", "status": "False", "reason": "Reconciling", "message": "0 of 2",
+        "lastTransitionTime": "2026-01-01T00:00:00Z", "observedGeneration": 3}
     same = condition("Ready", False, "PodsFailing", "1 of 2", previous=[first], at="2026-01-02T00:00:00Z")
-    assert same["lastTransitionTime"] == "2026-01-01T00:00:00Z"  # a new reason or message is no transition
+    assert same.last_transition_time == "2026-01-01T00:00:00Z"  # a new reason or message is no transition
     flipped = condition("Ready", True, "AllReady", "2 of 2", previous=[same], at="2026-01-03T00:00:00Z")
-    assert flipped["lastTransitionTime"] == "2026-01-03T00:00:00Z"
-    assert condition("X", None, "Probing", "")["status"] == "Unknown"
+    assert flipped.last_transition_time == "2026-01-03T00:00:00Z"
+    assert condition("X", None, "Probing", "").status == "Unknown"
+    # previous conditions as read from an object count the same; one that is not a condition is ignored
+    read = condition("Ready", True, "AllReady", "2 of 2", at="2026-01-04T00:00:00Z", previous=[
+        {"type": "Ready", "bogus": 1},
+        {"type": "Ready", "status": "True", "lastTransitionTime": "2026-01-03T00:00:00Z"}])
+    assert read.last_transition_time == "2026-01-03T00:00:00Z"
     # an EnvClaim: Bound while Bound or Degraded (its time kept from Bound), Degraded when instances were lost
     bound = claim_conditions("Bound", "2 instances bound", generation=1)
-    assert [(c["type"], c["status"], c["reason"]) for c in bound] == [("Bound", "True", "Bound"),
-                                                                      ("Degraded", "False", "AllInstances")]
+    assert [(c.type, c.status, c.reason) for c in bound] == [("Bound", "True", "Bound"),
+                                                             ("Degraded", "False", "AllInstances")]
     degraded = claim_conditions("Degraded", "1 of 2 instances lost: p", bound)
-    assert [(c["type"], c["status"], c["reason"]) for c in degraded] == [("Bound", "True", "Bound"),
-                                                                         ("Degraded", "True", "InstancesLost")]
-    assert degraded[0]["lastTransitionTime"] == bound[0]["lastTransitionTime"]
+    assert [(c.type, c.status, c.reason) for c in degraded] == [("Bound", "True", "Bound"),
+                                                                ("Degraded", "True", "InstancesLost")]
+    assert degraded[0].last_transition_time == bound[0].last_transition_time
     for phase, reason in (("Pending", "Waiting"), ("Failed", "Failed"), ("Expired", "Expired")):
-        assert claim_conditions(phase, "")[0]["reason"] == reason and claim_conditions(phase, "")[0]["status"] == "False"
+        assert claim_conditions(phase, "")[0].reason == reason and claim_conditions(phase, "")[0].status == "False"
+
+
+def test_status_is_written_as_the_kinds_typed_status() -> None:
+    """Every status write is one of the kinds' status models: only the fields given go into the
+    merge patch (a progress report does not reset the phase), by their API names, a None set on
+    purpose is written as null (it removes the field), and a value the kind does not have is an
+    error in the operator rather than a field the API server silently prunes."""
+    from pydantic import ValidationError
+
+    from awm_operator.conditions import condition
+    from awm_operator.crds import CampaignStatus, EnvClaimStatus, EnvFleetStatus, ShardStatus
+
+    assert CampaignStatus.model_validate({"step": 3, "rewardMean": 0.5}).patch() == {"step": 3, "rewardMean": 0.5}
+    cond = condition("Ready", True, "AllReady", "2 of 2", at="2026-01-01T00:00:00Z")
+    fleet = EnvFleetStatus(ready=2, environments=None, conditions=[cond],
+                           shards=[ShardStatus(name="default", state="Down", message="refused")])
+    assert fleet.patch() == {
+        "ready": 2, "environments": None,
+        "shards": [{"name": "default", "state": "Down", "instances": 0, "message": "refused"}],
+        "conditions": [{"type": "Ready", "status": "True", "reason": "AllReady", "message": "2 of 2",
+                        "lastTransitionTime": "2026-01-01T00:00:00Z"}]}
+    claim = EnvClaimStatus(phase="Bound", instances=[{"pod": "p", "environment": "crm", "mcpUrl": "http://p/mcp",
+                                                      "controlUrl": "http://p:8001"}], latency_ms=1.5)
+    assert claim.patch()["instances"][0]["mcpUrl"] == "http://p/mcp" and claim.patch()["latencyMs"] == 1.5
+    for bad in ({"phase": "Bond"}, {"boundAt": 3, "phase": "Bound", "lost": "p"}, {"instances": [{"pod": "p"}]},
+                {"readyy": 1}):
+        with pytest.raises(ValidationError):
+            EnvClaimStatus.model_validate(bad)
 
 
 def test_database_shards_are_the_secrets_dsn_keys() -> None:
@@ -1229,8 +1264,8 @@ async def test_a_status_another_replica_wrote_over_is_written_again() -> None:
     writes: list[dict] = []
 
     class Kube:
-        async def patch_status(self, plural: str, namespace: str, name: str, status: dict) -> dict:
-            writes.append(status)
+        async def patch_status(self, plural: str, namespace: str, name: str, status: Any) -> dict:
+            writes.append(status.patch())
             return {}
 
     ctx = Context(kube=Kube(), allocator=None, metrics=Metrics(),  # type: ignore[arg-type]

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import importlib.util
 import json
 import os
 import re
@@ -52,7 +51,9 @@ from awm.gates import replay
 from awm.episode.allocation import AllocationClient
 from k8s import chart as chart_install
 from k8s.node import CLUSTER_DOMAIN, GVISOR_RUNTIME_CLASS
-from tests.conftest import _load_k8s_harness, require
+from images import build as image_build
+from k8s import harness as k8s_harness
+from tests.conftest import require
 from tests.k8s_e2e import CLIENTS_NS, Cluster, claim_of, client_token, grant_claims, wait_for
 from tests.llm_server import Reply, ScriptedLLM, user_text
 
@@ -67,18 +68,10 @@ ENVS = ["crm", "bike_shop"]
 IMAGES = ["envserver", "operator", "catalog", "postgres", "trainer-eval"]
 
 
-def _image_builder():
-    spec = importlib.util.spec_from_file_location("awm_images_build", ROOT / "images" / "build.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["awm_images_build"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def images() -> dict[str, Any]:
     """The chart's images, built (or taken from the cache) by images/build.py."""
-    build = _image_builder()
+    build = image_build
     require(os.geteuid() == 0, "images/build.py needs root (mmdebstrap, buildah chroot builds)")
     for tool in ("buildah", "mmdebstrap"):
         require(bool(shutil_which(tool)), f"{tool} not found (Debian package {tool}; .ci/run installs it)")
@@ -101,7 +94,7 @@ def walkthrough() -> str:
 def test_walkthrough(images: dict[str, Any]) -> None:
     """docs/kubernetes.md "From zero on one machine", every command as written (first in this
     module: it brings up and tears down its own cluster before the module's cluster starts)."""
-    harness = _load_k8s_harness()
+    harness = k8s_harness
     require(harness.binaries_present(), f"Kubernetes test binaries missing in {harness.default_bin_dir()}: run k8s/build.sh")
     lacking = harness.node_module().missing_prerequisites(harness.default_bin_dir())
     require(not lacking, f"a real node needs: {'; '.join(lacking)}")
@@ -117,7 +110,7 @@ def test_walkthrough(images: dict[str, Any]) -> None:
 
 def _real_node_harness() -> Any:
     """k8s/harness.py, once this machine can run a real node (else skip; under CI=true fail)."""
-    harness = _load_k8s_harness()
+    harness = k8s_harness
     require(harness.binaries_present(), f"Kubernetes test binaries missing in {harness.default_bin_dir()}: run k8s/build.sh")
     lacking = harness.node_module().missing_prerequisites(harness.default_bin_dir())
     require(not lacking, f"a real node needs: {'; '.join(lacking)}")
@@ -583,7 +576,7 @@ def _results_dir() -> Path:
 
 
 def harness_node() -> Any:
-    return _load_k8s_harness().node_module()
+    return k8s_harness.node_module()
 
 
 def _job_pods(chart: Cluster, job: str) -> list[dict[str, Any]]:

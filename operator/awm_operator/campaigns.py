@@ -47,14 +47,14 @@ from awm_operator.campaign_manifests import (
     APP_NAME, JOB_SELECTOR, L_NAME, PLURAL, TERMINAL, CampaignSettings, JobState, Names, advances,
     config_map_manifest, fleet_manifest, job_manifest, job_state, owning_campaign, trainer_access,
     workers_service_manifest)
-from awm_operator.crds import GROUP, VERSION, CampaignSpec
+from awm_operator.crds import GROUP, VERSION, CampaignSpec, CampaignStatus, Condition
 from awm_operator.kube import ApiError
 from awm_operator.reconcile import Context
 from awm_operator.state import Fleets
 
 log = logging.getLogger("awm.operator.campaigns")
 
-def condition(state: "CampaignState", kind: str, ok: bool, reason: str, message: str) -> dict[str, Any]:
+def condition(state: "CampaignState", kind: str, ok: bool, reason: str, message: str) -> Condition:
     """A campaign's condition (conditions.py), its transition time kept from the last status."""
     return conditions.condition(kind, ok, reason, message, generation=state.generation,
                                 previous=state.status.get("conditions") or ())
@@ -146,10 +146,10 @@ class Campaigns:
             timer.cancel()
 
     # ---- status writes
-    async def patch(self, state: CampaignState, status: dict[str, Any]) -> bool:
+    async def patch(self, state: CampaignState, status: CampaignStatus) -> bool:
         """One status patch; False if the campaign is gone (then it is forgotten)."""
-        if "phase" in status or "conditions" in status:  # acting on the spec, not a progress report
-            status = {**status, "observedGeneration": state.generation}
+        if status.model_fields_set & {"phase", "conditions"}:  # acting on the spec, not a progress report
+            status = status.model_copy(update={"observed_generation": state.generation})
         try:
             await self.ctx.kube.patch_status(PLURAL, state.namespace, state.name, status)
         except ApiError as exc:
@@ -157,9 +157,9 @@ class Campaigns:
                 self.forget(state.namespace, state.name, state.uid)
                 return False
             raise
-        state.status.update(status)
-        if "phase" in status:
-            state.phase = status["phase"]
+        state.status.update(status.patch())
+        if "phase" in status.model_fields_set:
+            state.phase = status.phase
         self.ctx.metrics.observe_campaign(state.namespace, state.name, state.status)
         return True
 
@@ -193,7 +193,7 @@ class Campaigns:
                         "message": "the run reports progress"}
             state.last_flush = time.monotonic()
             try:
-                await self.patch(state, body)
+                await self.patch(state, CampaignStatus.model_validate(body))
             except (ApiError, OSError, asyncio.TimeoutError) as exc:
                 log.warning("campaign %s/%s: progress not written: %s", state.namespace, state.name, exc)
                 state.pending = {**body, **state.pending}
@@ -254,11 +254,10 @@ async def ensure(registry: Campaigns, state: CampaignState) -> None:
             spec = CampaignSpec.model_validate(state.spec)
         except ValidationError as exc:
             message = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'spec'}: {e['msg']}" for e in exc.errors())
-            await registry.patch(state, {"phase": "Failed", "message": f"invalid spec: {message}",
-                                         "finishedAt": conditions.now(), "conditions": [
-                                             condition(state, "Failed", True, "InvalidSpec", message),
-                                             condition(state, "FleetDeleted", False, "NotCreated",
-                                                       "no fleet was created")]})
+            await registry.patch(state, CampaignStatus(
+                phase="Failed", message=f"invalid spec: {message}", finished_at=conditions.now(), conditions=[
+                    condition(state, "Failed", True, "InvalidSpec", message),
+                    condition(state, "FleetDeleted", False, "NotCreated", "no fleet was created")]))
             state.settled = True
             return
         names, base = Names.of(state.name), _api_base(state.namespace)
@@ -280,16 +279,17 @@ async def ensure(registry: Campaigns, state: CampaignState) -> None:
             if isinstance(exc, ApiError) and (exc.status >= 500 or exc.status == 429):
                 raise  # transient: the caller retries
             # The fleet may exist already (the Job failed): the finish path deletes it.
-            await registry.patch(state, {"phase": "Failed", "message": str(exc), "finishedAt": conditions.now(),
-                                         "conditions": [condition(state, "Failed", True, "CreateFailed", str(exc))]})
+            await registry.patch(state, CampaignStatus(
+                phase="Failed", message=str(exc), finished_at=conditions.now(),
+                conditions=[condition(state, "Failed", True, "CreateFailed", str(exc))]))
             return
         state.ensured = True
         if state.status.get("fleet") == names.fleet and state.status.get("job") == names.job:
             return  # resumed: the status already says so
-        await registry.patch(state, {
-            "phase": state.phase or "Pending", "fleet": names.fleet, "job": names.job, "instances": spec.instances,
-            "message": f"fleet of {spec.instances} instances and Job {names.job} created",
-            "conditions": [condition(state, "Created", True, "Created", "EnvFleet and Job created")]})
+        await registry.patch(state, CampaignStatus(
+            phase=state.phase or "Pending", fleet=names.fleet, job=names.job, instances=spec.instances,
+            message=f"fleet of {spec.instances} instances and Job {names.job} created",
+            conditions=[condition(state, "Created", True, "Created", "EnvFleet and Job created")]))
 
 
 async def ensure_with_retries(registry: Campaigns, state: CampaignState) -> None:
@@ -318,8 +318,9 @@ async def finish(registry: Campaigns, state: CampaignState, outcome: JobState) -
             return
         delete = bool((state.spec.get("cleanup") or {}).get("deleteFleet", True))
         fleet = state.status.get("fleet") or Names.of(state.name).fleet
-        conditions = [condition(state, outcome.phase if outcome.phase == "Failed" else "Complete", True,
-                                outcome.reason, outcome.message)]
+        # (not named `conditions`: that is the module, whose now() stamps finishedAt below)
+        conds = [condition(state, outcome.phase if outcome.phase == "Failed" else "Complete", True,
+                           outcome.reason, outcome.message)]
         if delete:
             path = f"{_api_base(state.namespace)['fleets']}/{fleet}"
             try:
@@ -335,16 +336,16 @@ async def finish(registry: Campaigns, state: CampaignState, outcome: JobState) -
                 except ApiError as exc:
                     if exc.status != 404:
                         raise
-            conditions.append(condition(state, "FleetDeleted", True, "Cleanup", f"EnvFleet {fleet} deleted"))
+            conds.append(condition(state, "FleetDeleted", True, "Cleanup", f"EnvFleet {fleet} deleted"))
         else:
-            conditions.append(condition(state, "FleetDeleted", False, "Kept", "spec.cleanup.deleteFleet is false"))
-        body: dict[str, Any] = {**state.pending, "message": outcome.message, "conditions": conditions}
+            conds.append(condition(state, "FleetDeleted", False, "Kept", "spec.cleanup.deleteFleet is false"))
+        body: dict[str, Any] = {**state.pending, "message": outcome.message, "conditions": conds}
         state.pending = {}
         if advances(state.phase, outcome.phase):
             body |= {"phase": outcome.phase, "finishedAt": outcome.finished_at or conditions.now()}
             if not state.status.get("startedAt"):
                 body["startedAt"] = outcome.started_at or body["finishedAt"]
-        if await registry.patch(state, body):
+        if await registry.patch(state, CampaignStatus.model_validate(body)):
             state.settled = True
         log.info("campaign %s/%s: %s (%s)", state.namespace, state.name, outcome.phase, outcome.message)
 
@@ -372,10 +373,10 @@ async def follow(registry: Campaigns, state: CampaignState, outcome: JobState) -
     async with state.lock:
         if not advances(state.phase, outcome.phase):
             return
-        body: dict[str, Any] = {"phase": outcome.phase, "message": outcome.message}
+        status = CampaignStatus(phase=outcome.phase, message=outcome.message)
         if outcome.phase == "Running":
-            body["startedAt"] = state.status.get("startedAt") or outcome.started_at or conditions.now()
-        await registry.patch(state, body)
+            status.started_at = state.status.get("startedAt") or outcome.started_at or conditions.now()
+        await registry.patch(state, status)
 
 
 def _finished_and_cleaned(status: dict[str, Any], spec: dict[str, Any]) -> bool:

@@ -14,6 +14,8 @@ import datetime as dt
 from collections.abc import Iterable
 from typing import Any
 
+from awm_operator.crds import Condition
+
 
 def now() -> str:
     """RFC 3339 in UTC, to the second (what the API server stores)."""
@@ -21,18 +23,25 @@ def now() -> str:
 
 
 def condition(kind: str, ok: bool | None, reason: str, message: str, *, generation: int | None = None,
-              previous: Iterable[dict[str, Any]] = (), at: str | None = None) -> dict[str, Any]:
+              previous: Iterable[Condition | dict[str, Any]] = (), at: str | None = None) -> Condition:
     """A condition of type ``kind`` (``ok`` None: status Unknown). Its transition time is that of
-    the same type in ``previous`` when the status did not change, else ``at`` (default: now)."""
+    the same type in ``previous`` (as written, or as read from the object) when the status did not
+    change, else ``at`` (default: now)."""
     status = "Unknown" if ok is None else "True" if ok else "False"
-    old = next((c for c in previous if c.get("type") == kind), None)
-    when = old["lastTransitionTime"] if old and old.get("status") == status and old.get("lastTransitionTime") \
-        else at or now()
-    cond: dict[str, Any] = {"type": kind, "status": status, "reason": reason, "message": message,
-                            "lastTransitionTime": when}
-    if generation is not None:
-        cond["observedGeneration"] = generation
-    return cond
+    old = next((c for c in map(_read, previous) if c is not None and c.type == kind), None)
+    when = old.last_transition_time if old and old.status == status and old.last_transition_time else at or now()
+    return Condition(type=kind, status=status, reason=reason, message=message, last_transition_time=when,
+                     observed_generation=generation)
+
+
+def _read(cond: Condition | dict[str, Any]) -> Condition | None:
+    """A condition as read from an object (None if it is not one: someone else's write)."""
+    if isinstance(cond, Condition):
+        return cond
+    try:
+        return Condition.model_validate(cond)
+    except ValueError:
+        return None
 
 
 # EnvClaim: what each phase says as conditions. Bound: the claim holds instances (also while
@@ -46,8 +55,8 @@ _CLAIM = {
 }
 
 
-def claim_conditions(phase: str, message: str, previous: Iterable[dict[str, Any]] = (),
-                     generation: int | None = None) -> list[dict[str, Any]]:
+def claim_conditions(phase: str, message: str, previous: Iterable[Condition | dict[str, Any]] = (),
+                     generation: int | None = None) -> list[Condition]:
     """An EnvClaim's conditions ``Bound`` and ``Degraded`` for ``phase``."""
     prev = list(previous)
     (bound, bound_reason), (degraded, degraded_reason) = _CLAIM[phase]

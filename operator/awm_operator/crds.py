@@ -200,6 +200,28 @@ class EnvFleetSpec(_Spec):
         return self.binding == "late"
 
 
+class ObjectStatus(_Spec):
+    """A kind's status, as the operator writes it: every writer builds one of these (never a raw
+    dict), so a misspelt field, a phase that is not one of the kind's or a condition without a
+    status fails in the operator, not as a status the API server prunes without a word. Only the
+    fields given are written (a merge patch): a progress report does not reset the phase."""
+
+    def patch(self) -> dict[str, Any]:
+        """The JSON merge patch of ``status``: the fields set, by their API names. A field set to
+        None is written as null, which removes it; inside items (conditions, instances, shards)
+        a None is left out, as the API server would store it."""
+        fields = type(self).model_fields
+        return {(fields[n].alias or n): _plain(getattr(self, n)) for n in fields if n in self.model_fields_set}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json", by_alias=True, exclude_none=True)
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
 class Condition(_Spec):
     """metav1.Condition's fields (built by conditions.py)."""
     type: str
@@ -219,7 +241,7 @@ class ShardStatus(_Spec):
     message: str = ""
 
 
-class EnvFleetStatus(_Spec):
+class EnvFleetStatus(ObjectStatus):
     replicas: int = 0
     ready: int = 0
     allocated: int = 0
@@ -254,7 +276,7 @@ class ClaimedInstance(_Spec):
     control_url: str = Field(alias="controlUrl")
 
 
-class EnvClaimStatus(_Spec):
+class EnvClaimStatus(ObjectStatus):
     phase: Literal["Pending", "Bound", "Degraded", "Failed", "Expired"] = Field("Pending", description=(
         "Degraded: bound, but some instances were lost (pod deleted, evicted or failed). Expired: "
         "ttlSeconds ran out and the instances went back to the pool."))
@@ -573,7 +595,7 @@ class CampaignSpec(_Spec):
         return self
 
 
-class CampaignStatus(_Spec):
+class CampaignStatus(ObjectStatus):
     phase: Literal["Pending", "Running", "Succeeded", "Failed"] = "Pending"
     message: str = ""
     fleet: str = Field("", description="The campaign's EnvFleet.")

@@ -29,7 +29,7 @@ from awm_operator.allocator import Allocator, ClaimError, NotActive, Unavailable
 from awm_operator.api import bound_port, build_api, build_metrics, serve
 from awm_operator.auth import Authenticator
 from awm_operator.config import OperatorConfig
-from awm_operator.crds import GROUP, VERSION, EnvClaimSpec
+from awm_operator.crds import GROUP, VERSION, Condition, EnvClaimSpec, EnvClaimStatus
 from awm_operator.kube import ApiError, Kube, load_configuration
 from awm_operator.metrics import Metrics
 from awm_operator.pods import selector
@@ -214,13 +214,13 @@ async def _bind(memo: kopf.Memo, namespace: str, name: str, uid: str, raw_spec: 
                 generation: int) -> None:
     """Bind at once if the pool allows, else mark the claim Pending and wait for capacity."""
     ctx: Context = memo.ctx
-    written: list[dict[str, Any]] = []  # the conditions last written (their transition times)
+    written: list[Condition] = []  # the conditions last written (their transition times)
 
-    async def report(status: dict[str, Any]) -> None:
+    async def report(phase: str, message: str, **fields: Any) -> None:
         """A phase of this claim, with its conditions and the generation acted on."""
-        written[:] = conditions.claim_conditions(status["phase"], status.get("message", ""), written, generation)
-        await ctx.kube.patch_status("envclaims", namespace, name,
-                                    {**status, "conditions": written, "observedGeneration": generation})
+        written[:] = conditions.claim_conditions(phase, message, written, generation)
+        await ctx.kube.patch_status("envclaims", namespace, name, EnvClaimStatus(
+            phase=phase, message=message, conditions=written, observed_generation=generation, **fields))
 
     t0 = time.monotonic()
     cancelled = False
@@ -228,7 +228,7 @@ async def _bind(memo: kopf.Memo, namespace: str, name: str, uid: str, raw_spec: 
         try:
             spec = EnvClaimSpec.model_validate(raw_spec)
         except ValueError as exc:
-            await report({"phase": "Failed", "message": f"invalid spec: {exc}"})
+            await report("Failed", f"invalid spec: {exc}")
             return
         fleet = memo.fleets.ensure(namespace, spec.fleet)
         req = ClaimRequest(spec.count, spec.environment, spec.group_size)
@@ -240,17 +240,16 @@ async def _bind(memo: kopf.Memo, namespace: str, name: str, uid: str, raw_spec: 
                 message = str(exc)
                 if fleet.spec is None and not fleet.uid:  # a typo, or a fleet applied after its claim
                     message = f"EnvFleet {spec.fleet!r} not found in namespace {namespace}: waiting for it"
-                await report({"phase": "Pending", "message": message})
+                await report("Pending", message)
                 bound = await ctx.allocator.claim(fleet, cid, req, wait=None, source="envclaim",
                                                   ttl=spec.ttl_seconds)
         except ClaimError as exc:
-            await report({"phase": "Failed", "message": str(exc)})
+            await report("Failed", str(exc))
             return
         latency = round((time.monotonic() - t0) * 1000, 3)
         try:
-            await report({
-                "phase": "Bound", "message": f"{len(bound)} instances bound",
-                "instances": [b.as_status() for b in bound], "boundAt": _now(), "latencyMs": latency})
+            await report("Bound", f"{len(bound)} instances bound", instances=[b.as_status() for b in bound],
+                         bound_at=_now(), latency_ms=latency)
         except ApiError as exc:
             if exc.status == 404:  # deleted while binding: give the instances back
                 await ctx.allocator.release(fleet, cid)

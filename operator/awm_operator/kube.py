@@ -16,7 +16,7 @@ from typing import Any, AsyncIterator, Mapping
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
 
-from awm_operator.crds import GROUP, VERSION
+from awm_operator.crds import GROUP, VERSION, ObjectStatus
 
 MERGE = "application/merge-patch+json"
 LIST_PAGE = 500  # items per page of a LIST (the API server's own clients use 500)
@@ -141,9 +141,10 @@ class Kube:
     def _path(self, plural: str, namespace: str, name: str) -> str:
         return f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{plural}/{name}"
 
-    async def patch_status(self, plural: str, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
+    async def patch_status(self, plural: str, namespace: str, name: str, status: ObjectStatus) -> dict[str, Any]:
+        """Merge the fields set in ``status`` (a kind's typed status) into the object's status."""
         return await self.request("PATCH", self._path(plural, namespace, name) + "/status",
-                                  {"status": status}, MERGE)
+                                  {"status": status.patch()}, MERGE)
 
     async def patch_spec(self, plural: str, namespace: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
         return await self.request("PATCH", self._path(plural, namespace, name), {"spec": spec}, MERGE)

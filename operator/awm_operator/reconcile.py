@@ -31,7 +31,8 @@ from awm_operator import conditions, databases
 from awm_operator.allocator import Allocator
 from awm_operator.autoscale import ScaleDownGate, desired_replicas
 from awm_operator.config import OperatorConfig
-from awm_operator.crds import CatalogSource, EnvironmentSelector
+from awm_operator.crds import (CatalogSource, Condition, EnvClaimStatus, EnvFleetStatus, EnvironmentSelector,
+                               ShardStatus)
 from awm_operator.kube import ApiError, Kube
 from awm_operator.ledger import Ledger
 from awm_operator.metrics import Metrics
@@ -69,7 +70,7 @@ class Reconciler:
     last_status_at: float = float("-inf")
     last_sweep: float = field(default_factory=time.monotonic)
     orphans: dict[str, float] = field(default_factory=dict)
-    conditions: dict[str, dict[str, Any]] = field(default_factory=dict)
+    conditions: dict[str, Condition] = field(default_factory=dict)
     reported_lost: dict[str, tuple[str, ...]] = field(default_factory=dict)  # EnvClaim id -> lost pods
     index_read: tuple[str, float] = ("", 0.0)  # (selector and catalog, when) the index was last read
     index_error: str | None = None
@@ -344,18 +345,14 @@ class Reconciler:
             return "no database shard answers: " + "; ".join(down[:3])
         return "no database shard has a free connection slot for another instance"
 
-    def shard_status(self) -> list[dict[str, Any]]:
+    def shard_status(self) -> list[ShardStatus]:
         """``status.shards``: each shard's state and what this fleet has on it."""
         placed = Counter(p.shard for p in self.fleet.pods.values() if not p.deleting)
-        out = []
-        for s in self.fleet.shards.values():
-            state = "Unknown" if s.up is None else "Up" if s.up else "Lost" if s.lost else "Down"
-            entry: dict[str, Any] = {"name": s.name, "state": state, "instances": placed.get(s.name, 0),
-                                     "message": s.error}
-            if s.up:  # (backends open change every probe: in the metrics, not in the status)
-                entry["maxConnections"] = s.max_connections
-            out.append(entry)
-        return out
+        return [ShardStatus(name=s.name, state="Unknown" if s.up is None else "Up" if s.up else "Lost" if s.lost
+                            else "Down", instances=placed.get(s.name, 0), message=s.error,
+                            # (backends open change every probe: in the metrics, not in the status)
+                            max_connections=s.max_connections if s.up else None)
+                for s in self.fleet.shards.values()]
 
     def victims(self, pods: list[PodInfo], n: int) -> list[PodInfo]:
         """Scale down: never allocated or reserved pods; not-ready ones first, then the newest."""
@@ -433,8 +430,8 @@ class Reconciler:
             try:
                 if expired:
                     message = "ttlSeconds ran out: the instances went back to the pool"
-                    status = {"phase": "Expired", "instances": [], "lost": [], "message": message,
-                              "conditions": conditions.claim_conditions("Expired", message)}
+                    status = EnvClaimStatus(phase="Expired", instances=[], lost=[], message=message,
+                                            conditions=conditions.claim_conditions("Expired", message))
                     try:
                         await self.ctx.kube.patch_status("envclaims", fleet.namespace, claim.rsplit(".", 1)[0], status)
                     except ApiError as exc:
@@ -465,8 +462,8 @@ class Reconciler:
             name = claim.rsplit(".", 1)[0]
             total = len(fleet.claims[claim].pods)
             message = f"{len(lost)} of {total} instances lost: {', '.join(lost[:5])}"
-            status = {"phase": "Degraded", "lost": list(lost), "message": message,
-                      "conditions": conditions.claim_conditions("Degraded", message)}
+            status = EnvClaimStatus(phase="Degraded", lost=list(lost), message=message,
+                                    conditions=conditions.claim_conditions("Degraded", message))
             try:
                 await self.ctx.kube.patch_status("envclaims", fleet.namespace, name, status)
             except ApiError as exc:
@@ -496,7 +493,7 @@ class Reconciler:
         if due is not None:
             self.wake_at(due + 0.01, "scale-down")
 
-    def _condition(self, kind: str, ok: bool, reason: str, message: str) -> dict[str, Any]:
+    def _condition(self, kind: str, ok: bool, reason: str, message: str) -> Condition:
         cond = conditions.condition(kind, ok, reason, message, generation=self.fleet.generation,
                                     previous=self.conditions.values())
         self.conditions[kind] = cond
@@ -510,7 +507,7 @@ class Reconciler:
         m.demand.labels(fleet.namespace, fleet.name).set(fleet.demand())
         if fleet.spec is None:
             cond = self._condition("Ready", False, "InvalidSpec", fleet.spec_error or "no spec")
-            status: dict[str, Any] = {"conditions": [cond]}
+            status = EnvFleetStatus(conditions=[cond])
         else:
             want = fleet.spec.replicas
             m.desired.labels(fleet.namespace, fleet.name).set(want)
@@ -533,25 +530,26 @@ class Reconciler:
                 message = f"{self.placement_error}; " + message
             cond = self._condition("Ready", ready, reason, message)
             shards = self.shard_status()
-            up = [s for s in shards if s["state"] == "Up"]
+            up = [s for s in shards if s.state == "Up"]
             db_ok = bool(shards) and len(up) == len(shards)
             db_reason = "AllShardsUp" if db_ok else "SecretUnreadable" if self.shards_error else \
-                "Probing" if not shards or all(s["state"] == "Unknown" for s in shards) else \
-                "ShardLost" if any(s["state"] == "Lost" for s in shards) else "ShardDown"
+                "Probing" if not shards or all(s.state == "Unknown" for s in shards) else \
+                "ShardLost" if any(s.state == "Lost" for s in shards) else "ShardDown"
             db_message = self.shards_error or f"{len(up)} of {len(shards)} shards up" + "".join(
-                f"; {s['name']}: {s['state'].lower()} ({s['message']})" for s in shards if s["state"] != "Up")
+                f"; {s.name}: {s.state.lower()} ({s.message})" for s in shards if s.state != "Up")
             db = self._condition("DatabaseAvailable", db_ok, db_reason, db_message[:1000])
-            status = {"replicas": c.replicas, "ready": c.ready, "allocated": c.allocated,
-                      "selector": selector(fleet.name), "conditions": [cond, db], "shards": shards,
-                      "observedGeneration": fleet.generation}
-            # null when there is no selector: a merge patch removes what a removed selector chose
-            status["environments"] = fleet.selected
-        comparable = _comparable(status, status)
+            # environments: null when there is no selector (a merge patch removes what a removed
+            # selector chose)
+            status = EnvFleetStatus(replicas=c.replicas, ready=c.ready, allocated=c.allocated,
+                                    selector=selector(fleet.name), conditions=[cond, db], shards=shards,
+                                    observed_generation=fleet.generation, environments=fleet.selected)
+        written = status.patch()
+        comparable = _comparable(written, written)
         # Written already, and the object (as last watched) says so. The second half matters when
         # another replica wrote the status after us (two act at once for a while under kopf's
         # peering; a standby that took over): our own last write alone would leave its numbers
         # standing for good.
-        if comparable == self.last_status and _comparable((fleet.body.get("status") or {}), status) == comparable:
+        if comparable == self.last_status and _comparable((fleet.body.get("status") or {}), written) == comparable:
             return
         now = time.monotonic()
         wait = self.last_status_at + self.ctx.config.status_min_interval - now
