@@ -338,6 +338,62 @@ def test_failing_job_fails_the_campaign(cluster: Cluster, operator: InThread) ->
 # --------------------------------------------------------------------------- the API server refuses impossible ones
 
 
+def test_the_web_view_lists_campaigns_through_the_operator(cluster: Cluster, operator: InThread,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the chart's UI runs (`awm ui --operator-url ... --campaigns NS`): the operator lists
+    the namespace's Campaigns (from the API server, with progress and its fleet's counts) to an
+    identity that RBAC lets list campaigns, and to no other; the UI's fleet view shows them."""
+    from awm.ui.fleet import FleetView
+    from tests.k8s_e2e import CLIENTS_NS, client_token
+
+    name = f"view-{uuid.uuid4().hex[:5]}"
+    cluster.create(name, {
+        "mode": "evaluation", "environments": ["crm"], "catalog": {}, "database": {"secretName": "awm-db"},
+        "evaluation": {"baseUrl": "http://127.0.0.1:9/v1", "model": "the-model", "k": 2},
+        "job": {"nodeSelector": {NODE_LABEL: "never"}}})
+    wait_for("the campaign's children", lambda: cluster.status(name).get("job") == name)
+    url = f"{api_url(operator)}/v1/namespaces/{NS}/campaigns"
+    assert httpx.get(url).status_code == 401
+    refused = httpx.get(url, headers=bearer())  # the trainer's identity: claims and progress only
+    assert refused.status_code == 403 and "list campaigns" in refused.json()["error"]
+
+    viewer = client_token(cluster.cp, "viewer")
+    rbac = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NS}"
+    cluster.cp.api("POST", f"{rbac}/roles", {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "viewer"},
+        "rules": [{"apiGroups": ["awm.dev"], "resources": ["campaigns"], "verbs": ["list"]}]})
+    cluster.cp.api("POST", f"{rbac}/rolebindings", {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "viewer"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "viewer"},
+        "subjects": [{"kind": "ServiceAccount", "name": "viewer", "namespace": CLIENTS_NS}]})
+
+    def listed() -> dict[str, Any] | None:
+        r = httpx.get(url, headers={"Authorization": f"Bearer {viewer}"})
+        rows = [c for c in r.json()["campaigns"] if c["name"] == name] if r.status_code == 200 else []
+        return rows[0] if rows and rows[0]["fleetCounts"] else None
+
+    async def look() -> dict[str, Any]:
+        view = FleetView(operator_url=api_url(operator), campaign_namespaces=[NS, "awm-no-such-namespace"])
+        try:
+            return await view.snapshot()
+        finally:
+            await view.close()
+
+    try:
+        # (a refusal is cached for 2 s; the fleet's counts come once the operator follows it)
+        row = wait_for("the campaign listed to the viewer, with its fleet's counts", listed)
+        assert (row["mode"], row["environments"], row["model"], row["fleet"]) == ("evaluation", 1, "the-model", name)
+        assert row["status"]["phase"] == "Pending" and row["status"]["job"] == name
+        assert row["status"]["instances"] == 2 and row["fleetCounts"]["replicas"] == 2  # the operator's own fleet
+
+        monkeypatch.setenv("AWM_API_TOKEN", viewer)
+        ours, other = asyncio.run(look())["campaigns"]
+        assert name in [c["name"] for c in ours["campaigns"]] and "error" not in ours
+        assert other["campaigns"] == [] and other["error"].startswith("403")  # no Role there
+    finally:
+        cluster.delete(name)
+
+
 def test_impossible_campaigns_are_refused(cluster: Cluster) -> None:
     base = {"mode": "evaluation", "environments": ["crm"], "catalog": {}, "database": {"secretName": "awm-db"},
             "evaluation": {"baseUrl": "http://x/v1", "model": "m", "k": 8}}

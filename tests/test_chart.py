@@ -149,6 +149,8 @@ EXPECTED_DEFAULT = {
     ("Secret", "awm-database"), ("Service", "awm-postgres"), ("StatefulSet", "awm-postgres"),
     ("NetworkPolicy", "awm-envserver"), ("NetworkPolicy", "awm-postgres"), ("NetworkPolicy", "awm-operator"),
     ("ConfigMap", "awm-dashboard"),
+    ("ServiceAccount", "awm-ui"), ("Role", "awm-ui"), ("RoleBinding", "awm-ui"), ("Deployment", "awm-ui"),
+    ("Service", "awm-ui"),
 }
 CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding"}
 
@@ -248,6 +250,11 @@ def test_rbac_is_exactly_what_the_operator_needs(helm: str) -> None:
         assert binding["subjects"] == [sa]
     deployment = one(docs, "Deployment", "awm-operator")
     assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == "awm-operator"
+    # the UI's identity may list campaigns (what the operator's API asks of it) and nothing else
+    assert rules_of(one(docs, "Role", "awm-ui")) == {("awm.dev", "campaigns"): {"list"}}
+    assert one(docs, "RoleBinding", "awm-ui")["subjects"] == [
+        {"kind": "ServiceAccount", "name": "awm-ui", "namespace": "awm-system"}]
+    assert one(docs, "Deployment", "awm-ui")["spec"]["template"]["spec"]["serviceAccountName"] == "awm-ui"
 
 
 def containers(docs: list[dict]) -> list[tuple[str, dict, dict]]:
@@ -445,7 +452,10 @@ def test_operator_api_answers_only_clients_of_the_served_namespaces(helm: str) -
     api, metrics = policy["ingress"]
     assert _ports(api) == {(8080, "TCP")} and _ports(metrics) == {(9090, "TCP")} and "from" not in metrics
     clients = {"podSelector": {"matchLabels": {"awm.dev/client": "true"}}}
+    ui = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "awm-system"}},
+          "podSelector": {"matchLabels": {"app.kubernetes.io/name": "awm-ui", "app.kubernetes.io/instance": RELEASE}}}
     assert api["from"] == [
+        ui,  # the chart's web view (it lists campaigns)
         {**clients, "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "team-a"}}},
         {"namespaceSelector": {"matchLabels": {"role": "trainers"}}},  # a peer that names its namespaces
         {**clients, "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "team-b"}}},
@@ -453,15 +463,49 @@ def test_operator_api_answers_only_clients_of_the_served_namespaces(helm: str) -
 
 
 def test_no_clients_means_no_one_reaches_the_operator_api(helm: str) -> None:
-    """An empty ``from`` in a NetworkPolicy rule admits every peer: with no clients the chart
-    leaves the 8080 rule out (the API answers no pod), and env pods answer only the operator."""
+    """An empty ``from`` in a NetworkPolicy rule admits every peer: with no clients (and no UI)
+    the chart leaves the 8080 rule out (the API answers no pod), and env pods answer only the
+    operator. With the UI, its pods alone reach the API."""
     docs = render(helm, "networkPolicy.clients:=[]")
+    (ui, _) = one(docs, "NetworkPolicy", "awm-operator")["spec"]["ingress"]
+    assert ui["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "awm-system"}},
+                           "podSelector": {"matchLabels": {"app.kubernetes.io/name": "awm-ui",
+                                                           "app.kubernetes.io/instance": RELEASE}}}]
+    docs = render(helm, "networkPolicy.clients:=[]", "ui.enabled=false")
     (metrics,) = one(docs, "NetworkPolicy", "awm-operator")["spec"]["ingress"]
     assert _ports(metrics) == {(9090, "TCP")}
     env_ingress = one(docs, "NetworkPolicy", "awm-envserver")["spec"]["ingress"]
     assert all(rule.get("from") for rule in env_ingress)
     assert [peer["podSelector"]["matchLabels"]["app.kubernetes.io/name"] for peer in env_ingress[0]["from"]] \
         == ["awm-operator"]
+
+
+def test_ui_component(helm: str) -> None:
+    """The web view next to the operator: it reads the Campaigns of every served namespace
+    through the operator's API (its own ServiceAccount, a Role per namespace), shows the runs of a
+    claim mounted read-only, answers to its Service's names and the Ingress host only, and is
+    gone when disabled."""
+    docs = render(helm, "operator.watchNamespaces={team-a,team-b}", "ui.runsClaim=runs",
+                  "ui.ingress.enabled=true", "ui.ingress.host=awm.example.org", "ui.allowedHosts={ui.internal}")
+    pod = one(docs, "Deployment", "awm-ui")["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert c["image"] == "awm-envserver:0.1.0" and c["command"] == ["awm", "ui"]
+    assert c["args"] == ["--host=0.0.0.0", "--port=8090", "--operator-url=http://awm-operator.awm-system.svc:8080",
+                         "--campaigns=team-a", "--campaigns=team-b", "--runs=/runs",
+                         "--allowed-host=awm-ui", "--allowed-host=awm-ui.awm-system",
+                         "--allowed-host=awm-ui.awm-system.svc", "--allowed-host=awm.example.org",
+                         "--allowed-host=ui.internal"]
+    assert {"name": "runs", "mountPath": "/runs", "readOnly": True} in c["volumeMounts"]
+    assert {"name": "runs", "persistentVolumeClaim": {"claimName": "runs", "readOnly": True}} in pod["volumes"]
+    assert {r["metadata"]["namespace"] for r in by_kind(docs, "Role") if r["metadata"]["name"] == "awm-ui"} \
+        == {"team-a", "team-b"}
+    ingress = one(docs, "Ingress", "awm-ui")["spec"]["rules"][0]
+    assert ingress["host"] == "awm.example.org"
+    assert ingress["http"]["paths"][0]["backend"]["service"] == {"name": "awm-ui", "port": {"name": "http"}}
+    assert not [d for d in render(helm, "ui.enabled=false") if d["metadata"]["name"].startswith("awm-ui")]
+    r = subprocess.run([helm, "template", RELEASE, str(CHART), "--set", "ui.ingress.enabled=true"],
+                       capture_output=True, text=True)
+    assert r.returncode != 0 and "ui.ingress.host is required" in r.stderr
 
 
 def test_envserver_network_policy_external_database(helm: str) -> None:

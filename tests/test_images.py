@@ -31,6 +31,7 @@ import pytest
 
 from images import build as image_build
 from tests.conftest import require
+from tests.test_chart import helm  # noqa: F401  (the fixture: the chart's UI command below)
 
 ROOT = Path(__file__).resolve().parent.parent
 IMAGES = ROOT / "images"
@@ -222,16 +223,21 @@ def pod_commands() -> dict[str, list[str]]:
 
 
 @pytest.mark.slow
-def test_envserver_image_commands(tmp_path: Path) -> None:
+def test_envserver_image_commands(tmp_path: Path, helm: str) -> None:
+    from tests.test_chart import one, render
+
     built = replay("envserver", tmp_path)
     commands = {"entrypoint": entrypoint("envserver")}
     commands.update({k: v for k, v in pod_commands().items() if k in ("provision", "envserver")})
-    assert set(commands) == {"entrypoint", "provision", "envserver"}
+    # the chart's web view runs `awm ui` from this image (charts/awm/templates/ui.yaml)
+    ui = one(render(helm, "ui.runsClaim=runs"), "Deployment", "awm-ui")["spec"]["template"]["spec"]
+    commands["ui"] = ui["containers"][0]["command"] + ui["containers"][0]["args"]
+    assert set(commands) == {"entrypoint", "provision", "envserver", "ui"}
     for what, argv in commands.items():
         r = built.run(*command_head(argv), "--help")
         assert r.returncode == 0 and "usage" in (r.stdout + r.stderr).lower(), f"{what}: {argv}\n{r.stdout}\n{r.stderr}"
         # Every option the pod passes is one the program accepts.
-        for option in (w for w in argv if w.startswith("--")):
+        for option in (w.split("=", 1)[0] for w in argv if w.startswith("--")):
             assert option in r.stdout, f"{what}: {option} not in `{' '.join(command_head(argv))} --help`"
     # No torch in the env server (it is the trainer's), and AWM-1K apps can run.
     r = built.run("python", "-c", "import importlib.util as u; print(u.find_spec('torch') is None); "

@@ -681,6 +681,20 @@ def test_evaluation_campaign_job_runs_as_a_real_pod(chart: Cluster, fleet: str, 
         assert conditions["Complete"] == "True" and conditions["FleetDeleted"] == "True", status
         assert f"crm/{EVAL_SOLVED}: {EVAL_K}/{EVAL_K} complete" in logs, logs
 
+        # The chart's web view (a real pod: `awm ui` from the env-server image) shows the campaign,
+        # read from the operator's Service through its NetworkPolicy with the UI's own identity.
+        (ui,) = [p for p in cp.api("GET", f"/api/v1/namespaces/{NS}/pods?labelSelector=app.kubernetes.io/name%3Dawm-ui")
+                 ["items"] if not p["metadata"].get("deletionTimestamp")]
+        assert _pod_on_node(ui, cp.node.name) and ui["spec"]["serviceAccountName"] == f"{RELEASE}-ui"
+
+        def on_the_ui() -> dict[str, Any] | None:
+            snapshot = httpx.get(f"http://{ui['status']['podIP']}:8090/api/fleet", timeout=10).json()
+            rows = [c for group in snapshot["campaigns"] for c in group["campaigns"] if c["name"] == name]
+            return rows[0] if rows and rows[0]["status"].get("phase") == "Succeeded" else None
+
+        shown = _wait_or_describe(cp, "the campaign on the UI's fleet page", on_the_ui, timeout=60)
+        assert (shown["mode"], shown["model"], shown["status"]["passRates"]) == ("evaluation", "scripted", {"crm": 0.5})
+
         # The Job's pod ran on the real node, the evaluation image, confined as specified.
         (pod,) = _job_pods(chart, name)
         assert _pod_on_node(pod, cp.node.name) and pod["status"]["phase"] == "Succeeded"

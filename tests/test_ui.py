@@ -339,3 +339,26 @@ def test_awm_ui_refuses_a_runs_directory_that_does_not_exist(tmp_path):
     done = subprocess.run([sys.executable, "-m", "awm.cli", "ui", "--runs", str(tmp_path / "typo"), "--port", "0"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "no such directory" in done.stderr and "typo" in done.stderr
+
+
+def test_awm_ui_refuses_fleets_or_campaigns_without_the_operator(tmp_path, monkeypatch):
+    """--fleet and --campaigns are read from the operator's API: without --operator-url (or
+    AWM_OPERATOR_URL) the UI would start and show nothing, so it refuses to start."""
+    import subprocess
+    import sys
+
+    monkeypatch.delenv("AWM_OPERATOR_URL", raising=False)
+    for option in (["--campaigns", "team-a"], ["--fleet", "team-a/f"]):
+        done = subprocess.run([sys.executable, "-m", "awm.cli", "ui", *option, "--port", "0"],
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and "--operator-url" in done.stderr, done.stderr
+
+
+def test_a_campaign_links_to_its_run_by_namespace_and_name(tmp_path):
+    from awm.ui.app import campaign_run
+
+    runs = {"a": tmp_path / "runs" / "team-a" / "grpo", "b": tmp_path / "runs" / "team-b" / "grpo",
+            "c": tmp_path / "runs" / "eval-1"}
+    assert campaign_run(runs, "team-b", "grpo") == "b"   # /runs/NAMESPACE/NAME first
+    assert campaign_run(runs, "team-c", "eval-1") == "c"  # else a run directory of that name
+    assert campaign_run(runs, "team-c", "other") is None

@@ -688,3 +688,73 @@ def test_episode_neighbours_and_its_task_in_the_catalog(ui, browser, runs, shots
     assert browser.execute_script("return document.documentElement.scrollHeight") < 3000
     full_shot(browser, shots / "catalog-task.png")
     assert severe(browser) == []
+
+
+def test_fleet_page_answers_what_my_campaign_is_doing_in_the_cluster(browser, runs, tmp_path, monkeypatch, shots):
+    """What the chart's UI shows (`awm ui --operator-url URL --campaigns NS`): each Campaign of the
+    namespace with its phase, step, reward, throughput and its fleet's instances, from the
+    operator's campaign list; a campaign whose run directory the UI reads links to its run page.
+    The operator's API runs in process here over a stand-in for the API server's campaign list
+    (tests/test_campaign_e2e.py lists real Campaigns through a real operator and API server)."""
+    import asyncio
+    import socket
+    import threading
+
+    import uvicorn
+
+    from awm.ui.app import UiState, build_app
+    from awm.ui.fleet import FleetView
+    from awm.ui.runs import Runs
+    from awm_operator.api import bound_port, build_api, serve
+    from awm_operator.config import OperatorConfig
+    from awm_operator.reconcile import Context
+    from tests.test_operator import operator_fleet
+
+    campaign = {"metadata": {"name": "tiny", "namespace": "ns", "uid": "u1", "creationTimestamp": "2026-11-26T10:00:00Z"},
+                "spec": {"mode": "training", "environments": ["crm", "bike_shop"], "training": {"groupSize": 4}},
+                "status": {"phase": "Running", "step": 3, "rewardMean": 0.625, "rolloutsPerS": 1.5, "fleet": "f",
+                           "instances": 3, "startedAt": "2026-11-26T10:00:05Z", "message": "the run reports progress"}}
+
+    class ApiServer:  # the one call the campaign list makes
+        async def request(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
+            assert (method, path) == ("GET", "/apis/awm.dev/v1alpha1/namespaces/ns/campaigns"), (method, path)
+            return {"items": [campaign]}
+
+    loop = asyncio.new_event_loop()
+    ctx = Context(kube=ApiServer(), allocator=None, metrics=None, config=OperatorConfig())  # type: ignore[arg-type]
+    runner = loop.run_until_complete(serve(build_api(ctx, operator_fleet()), "127.0.0.1", 0))
+    operator_thread = threading.Thread(target=loop.run_forever, daemon=True)
+    operator_thread.start()
+    monkeypatch.setenv("AWM_HOME", str(tmp_path / "home"))
+    view = FleetView(operator_url=f"http://127.0.0.1:{bound_port(runner)}", campaign_namespaces=["ns"])
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(build_app(UiState(Runs([runs]), fleet=view)), log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    wait(lambda: server.started, "the in-process server")
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}/"
+    try:
+        open_page(browser, url, "#/fleet", "fleet")
+        main = browser.find_element("id", "main")
+        table = wait(lambda: main.find_elements("css selector", "table caption"), "the campaigns table")[0] \
+            .find_element("xpath", "..")
+        header = [th.text for th in table.find_elements("css selector", "thead th")]
+        (row,) = table.find_elements("css selector", "tbody tr")
+        cells = dict(zip(header, [td.text for td in row.find_elements("css selector", "td")]))
+        assert "Campaigns in ns" in main.text
+        assert (cells["Campaign"], cells["Mode"], cells["Phase"], cells["Step"]) == ("tiny", "training", "Running", "3")
+        assert cells["Reward"] == "0.625" and cells["Rollouts/s"] == "1.5" and cells["pass@1"] == "–"
+        assert cells["Instances"] == "1 / 1 / 3"  # ready / allocated / of the fleet the operator keeps
+        assert cells["Envs"] == "2" and cells["Message"] == "the run reports progress"
+        full_shot(browser, shots / "fleet-campaigns.png")
+        row.find_element("link text", "tiny").click()  # its run directory is under the UI's roots
+        wait(lambda: browser.execute_script("return document.body.dataset.ready") == "run", "the campaign's run page")
+        assert browser.current_url.endswith(f"#/run/{run_id(runs / 'tiny')}")
+        assert severe(browser) == []
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        operator_thread.join(30)

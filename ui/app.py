@@ -9,7 +9,9 @@ The API is the front end's only data source, and plain enough to script against:
     GET  /api/runs/{id}/episodes?env=&task_id=&verdict=&error_kind=&step=&masked=&min_reward=
                                  &max_reward=&q=&version=&offset=&limit=        one page of the episode list
     GET  /api/runs/{id}/episodes/{episode_id}  one whole episode (and its neighbours in the log)
-    GET  /api/fleet                            instances, states, holders, rates, latency
+    GET  /api/fleet                            instances, states, holders, rates, latency; the
+                                               operator's fleets and Campaigns (each with its run's id
+                                               when its run directory is under the roots)
     POST /api/playground/{instance}/open|reset|call|verify|release
 """
 
@@ -42,6 +44,14 @@ from awm.ui.runs import Runs
 
 STATIC = Path(__file__).with_name("static")
 MAX_PAGE = 500
+
+
+def campaign_run(runs: dict[str, Path], namespace: str, name: str) -> str | None:
+    """The run of a Campaign whose Job writes under a volume the UI reads too (docs/kubernetes.md:
+    ``run_dir: /runs/NAMESPACE/NAME``, or ``/runs/NAME``): its id, else None."""
+    exact = [rid for rid, path in runs.items() if path.parts[-2:] == (namespace, name)]
+    named = [rid for rid, path in runs.items() if path.name == name]
+    return (exact or named or [None])[0]
 
 
 @dataclass
@@ -175,7 +185,13 @@ def build_app(state: UiState, middleware: list[Middleware] | None = None) -> Sta
         return JSONResponse(record)
 
     async def fleet(request: Request) -> Response:
-        return JSONResponse(await state.fleet.snapshot())
+        snapshot = await state.fleet.snapshot()
+        if any(group["campaigns"] for group in snapshot["campaigns"]):
+            runs = await run_in_threadpool(state.runs.paths)
+            for group in snapshot["campaigns"]:
+                for campaign in group["campaigns"]:
+                    campaign["run"] = campaign_run(runs, group["namespace"], campaign["name"])
+        return JSONResponse(snapshot)
 
     def playground(action: Callable[[str, Any], Awaitable[Any]], body_model: type[BaseModel] | None):
         async def handler(request: Request) -> Response:

@@ -6,7 +6,9 @@ Three sources, any combination:
   ``--instance MCP_URL,CONTROL_URL``): their ``/readyz`` and their Prometheus ``/metrics``,
   scraped on every poll; rates are the counters' change between two polls;
 * an operator's allocation API (``--operator-url`` and ``--fleet NAMESPACE/NAME``): replicas, ready,
-  allocated and starting instances per EnvFleet;
+  allocated and starting instances per EnvFleet; with ``--campaigns NAMESPACE``, the Campaigns the
+  operator follows there (phase, step, reward, pass rates, their fleets' counts), which is what
+  the chart's UI (charts/awm, ``ui.enabled``) shows in a cluster;
 * a Prometheus server (``--prometheus-url``): episodes/s and tool-call latency of the whole fleet,
   the same expressions as the chart's Grafana dashboard (charts/awm/files/awm-dashboard.json).
 """
@@ -99,10 +101,11 @@ class FleetView:
 
     def __init__(self, instances: list[Instance] | None = None, operator_url: str | None = None,
                  fleets: list[str] | None = None, prometheus_url: str | None = None,
-                 grafana_url: str | None = None) -> None:
+                 grafana_url: str | None = None, campaign_namespaces: list[str] | None = None) -> None:
         self.instances = list(instances or [])
         self.operator_url = operator_url.rstrip("/") if operator_url else None
         self.fleets = list(fleets or [])
+        self.campaign_namespaces = list(campaign_namespaces or [])
         self.prometheus_url = prometheus_url.rstrip("/") if prometheus_url else None
         self.grafana_url = grafana_url
         self.holders: dict[str, str] = {}  # instance name -> who holds it here (the playground)
@@ -156,6 +159,19 @@ class FleetView:
         return {**body, "environments": by_env, "instances": detail.get("instances", []),
                 "claims": detail.get("claims", [])}
 
+    async def _campaigns(self, namespace: str) -> dict[str, Any]:
+        """The Campaigns the operator follows in ``namespace`` (its ``GET .../campaigns``)."""
+        try:
+            response = await self._client.get(f"{self.operator_url}/v1/namespaces/{namespace}/campaigns",
+                                              headers=bearer())
+            body = response.json()
+        except (httpx.HTTPError, ValueError) as exc:
+            return {"namespace": namespace, "campaigns": [], "error": str(exc)}
+        if response.status_code != 200:
+            error = body.get("error") if isinstance(body, dict) else None
+            return {"namespace": namespace, "campaigns": [], "error": f"{response.status_code}: {error or response.text}"}
+        return {"namespace": namespace, "campaigns": body.get("campaigns") or []}
+
     async def _prometheus(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for key, query in PROMQL.items():
@@ -186,8 +202,11 @@ class FleetView:
             e["tool_p50_ms"], e["tool_p99_ms"] = _ms(quantile(buckets, 0.5)), _ms(quantile(buckets, 0.99))
             e["episodes_per_s"], e["tool_calls_per_s"] = round(e["episodes_per_s"], 3), round(e["tool_calls_per_s"], 3)
         operator = list(await asyncio.gather(*(self._operator(f) for f in self.fleets))) if self.operator_url else []
+        campaigns = list(await asyncio.gather(*(self._campaigns(ns) for ns in self.campaign_namespaces))) \
+            if self.operator_url else []
         return {"at": time.time(), "instances": rows, "environments": sorted(envs.values(), key=lambda e: e["env"]),
-                "operator": operator, "prometheus": await self._prometheus() if self.prometheus_url else None,
+                "operator": operator, "campaigns": campaigns,
+                "prometheus": await self._prometheus() if self.prometheus_url else None,
                 "grafana_url": self.grafana_url}
 
     def find(self, name: str) -> Instance | None:

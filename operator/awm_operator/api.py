@@ -27,6 +27,8 @@ another identity's), unless the operator runs with AWM_API_AUTH=off.
     GET    /v1/namespaces/{ns}/envfleets/{fleet}              -> sizes, demand, whether this replica acts
     GET    /v1/namespaces/{ns}/envfleets/{fleet}/instances    -> every instance (environment, state,
         claim, holder, problem) and every claim (holder, size, age, time left)
+    GET    /v1/namespaces/{ns}/campaigns                      -> the campaigns this replica follows, with
+        progress and their fleets' counts (campaigns.py; what `awm ui --campaigns NS` shows)
     GET    /healthz (process alive), /readyz (this replica acts on its fleets)
 """
 
@@ -43,7 +45,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from awm_operator import auth as authn
 from awm_operator import hostguard
 from awm_operator.allocator import ClaimError, NotActive, Unavailable, describe
-from awm_operator.campaigns import add_progress_route
+from awm_operator.campaigns import add_campaign_routes
 from awm_operator.reconcile import Context
 from awm_operator.state import ClaimRequest, Fleets
 
@@ -239,7 +241,7 @@ def build_api(ctx: Context, fleets: Fleets, auth: authn.Authenticator | None = N
         return web.json_response({"holder": holder, "released": ids, "returned": sum(r for r, _ in results),
                                   "replaced": sum(p for _, p in results)})
 
-    add_progress_route(routes, ctx, fleets)  # POST /v1/namespaces/{ns}/campaigns/{name}/progress (campaigns.py)
+    add_campaign_routes(routes, ctx, fleets)  # GET .../campaigns, POST .../campaigns/{name}/progress (campaigns.py)
     cfg = ctx.config
     app = web.Application(middlewares=[hostguard.guard(cfg.api_allowed_hosts, cfg.api_allowed_origins,
                                                        cfg.cluster_domains), authn.middleware(auth)])

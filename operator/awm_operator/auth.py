@@ -13,6 +13,7 @@ POST .../claims, renew, DELETE              ``create`` ``envclaims.awm.dev``
 GET .../claims/{id}, GET the fleet          ``get`` ``envclaims.awm.dev``
 POST /v1/namespaces/{ns}/campaigns/{name}   ``update`` ``campaigns.awm.dev/status``
 /progress
+GET /v1/namespaces/{ns}/campaigns           ``list`` ``campaigns.awm.dev``
 =========================================  =========================================
 
 A claim remembers who made it: only that identity renews, reads or releases it (403 for anyone
@@ -117,6 +118,8 @@ def need_of(request: web.Request) -> Need | None:
         return None
     if "/campaigns/" in path:
         return Need("update", "campaigns", "status", request.match_info.get("name", ""))
+    if path.endswith("/campaigns"):
+        return Need("list", "campaigns")
     if request.method == "GET":
         return Need("get", "envclaims")
     return Need("create", "envclaims")

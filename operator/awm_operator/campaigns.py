@@ -469,8 +469,14 @@ async def _not_followed(ctx: Context, namespace: str, name: str) -> web.Response
     return web.json_response({"error": "this operator replica does not follow the campaign (a standby)"}, status=503)
 
 
-def add_progress_route(routes: web.RouteTableDef, ctx: Context, fleets: Fleets) -> None:
-    """``POST /v1/namespaces/{ns}/campaigns/{name}/progress`` on the allocation API's port, where
+def add_campaign_routes(routes: web.RouteTableDef, ctx: Context, fleets: Fleets) -> None:
+    """The campaigns' routes on the allocation API's port.
+
+    ``GET /v1/namespaces/{ns}/campaigns`` (RBAC ``list campaigns``): every campaign this replica
+    follows in the namespace, as ``awm ui`` shows them in a cluster: the status, progress that is
+    still waiting for its rate-limited status write, and the counts of the campaign's fleet.
+
+    ``POST /v1/namespaces/{ns}/campaigns/{name}/progress`` on the allocation API's port, where
     the campaign's Job already talks to the operator: ``{"step", "rewardMean", "rolloutsPerS",
     "passRates"}`` -> 202. The report lands in the Campaign's status within
     ``AWM_CAMPAIGN_STATUS_INTERVAL`` seconds; 404 for a campaign the API server does not know,
@@ -493,3 +499,44 @@ def add_progress_route(routes: web.RouteTableDef, ctx: Context, fleets: Fleets) 
             return await _not_followed(ctx, namespace, name)
         registry.report(state, report.status())
         return web.json_response({"accepted": True, "phase": state.phase or "Pending"}, status=202)
+
+    @routes.get("/v1/namespaces/{ns}/campaigns")
+    async def listing(request: web.Request) -> web.Response:
+        namespace = request.match_info["ns"]
+        try:
+            listed = await ctx.kube.request("GET", f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}")
+        except (ApiError, OSError, asyncio.TimeoutError) as exc:
+            return web.json_response({"error": f"cannot list campaigns: {exc}"}, status=502)
+        registry = campaigns_of(ctx)
+        rows = [campaign_summary(obj, registry.get(namespace, obj["metadata"]["name"]), fleets)
+                for obj in sorted(listed.get("items") or [], key=lambda o: o["metadata"]["name"])]
+        return web.json_response({"namespace": namespace, "campaigns": rows})
+
+
+def campaign_summary(obj: dict[str, Any], state: CampaignState | None, fleets: Fleets) -> dict[str, Any]:
+    """One campaign as ``GET .../campaigns`` lists it: what its spec asks (mode, environments,
+    group size, model), its status, and, where this replica follows it (the active one), the
+    progress still waiting for its rate-limited status write and its fleet's counts. The list
+    itself comes from the API server, so a standby replica (which follows nothing) or one just
+    started answers with every campaign too."""
+    meta, spec = obj["metadata"], obj.get("spec") or {}
+    status = dict(obj.get("status") or {})
+    if state is not None and state.uid == meta.get("uid"):
+        status |= {**state.status, **state.pending}
+    training, evaluation = spec.get("training") or {}, spec.get("evaluation") or {}
+    fleet_name = status.get("fleet") or Names.of(meta["name"]).fleet
+    fleet = fleets.get(meta["namespace"], fleet_name)
+    counts = None
+    if fleet is not None and fleet.spec is not None and not fleet.deleted:
+        c = fleet.counts()
+        counts = {"replicas": c.replicas, "ready": c.ready, "allocated": c.allocated, "starting": c.starting}
+    return {"namespace": meta["namespace"], "name": meta["name"], "mode": spec.get("mode"),
+            "environments": len(spec.get("environments") or []),
+            "groupSize": training.get("groupSize") or (spec.get("external") or {}).get("groupSize"),
+            "model": evaluation.get("model"), "created": meta.get("creationTimestamp"),
+            "status": {k: status[k] for k in CAMPAIGN_STATUS_FIELDS if k in status},
+            "fleet": fleet_name, "fleetCounts": counts}
+
+
+# what GET .../campaigns shows of a status (its API names: CampaignStatus)
+CAMPAIGN_STATUS_FIELDS = tuple((f.alias or n) for n, f in CampaignStatus.model_fields.items())

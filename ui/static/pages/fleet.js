@@ -1,5 +1,5 @@
-// Instances per environment and state, who holds them, episodes/s and tool-call latency;
-// polled every 2 s while the page is open.
+// Campaigns in the cluster (through the operator), instances per environment and state, who holds
+// them, episodes/s and tool-call latency; polled every 2 s while the page is open.
 import { api, badge, errorBox, fill, fmt, h, table } from "../lib.js";
 
 const POLL_MS = 2000;
@@ -8,10 +8,12 @@ function view(data) {
   const parts = [h("h1", {}, "Fleet"),
     h("p", { class: "muted" }, `Updated ${new Date(data.at * 1000).toLocaleTimeString()} · every ${POLL_MS / 1000} s · `,
       data.grafana_url ? h("a", { href: data.grafana_url }, "Grafana dashboard") : "Grafana dashboard: charts/awm/files/awm-dashboard.json (pass --grafana-url to link it)")];
-  if (!data.instances.length && !data.operator.length) {
+  if (!data.instances.length && !data.operator.length && !data.campaigns.length) {
     parts.push(h("p", {}, "No instances. Start the UI with ", h("code", {}, "awm ui --serve ENV"), " or ",
-      h("code", {}, "--instance MCP_URL,CONTROL_URL"), " or ", h("code", {}, "--operator-url URL --fleet NS/NAME"), "."));
+      h("code", {}, "--instance MCP_URL,CONTROL_URL"), " or ", h("code", {}, "--operator-url URL --fleet NS/NAME"),
+      " or ", h("code", {}, "--operator-url URL --campaigns NS"), "."));
   }
+  for (const group of data.campaigns) parts.push(...campaigns(group));
   if (data.environments.length) parts.push(h("h2", {}, "Environments"), table([
     { label: "Environment", cell: (e) => e.env },
     { label: "Instances", cell: (e) => e.instances, cls: "num" },
@@ -67,6 +69,38 @@ function view(data) {
       ["Tool p99", fmt.ms(data.prometheus.tool_p99_s == null ? null : data.prometheus.tool_p99_s * 1000)]]
       .map(([k, v]) => h("div", { class: "card" }, h("dt", {}, k), h("dd", {}, v)))));
   return parts;
+}
+
+const PHASE = { Succeeded: "ok", Running: "ok", Pending: "warn", Failed: "err" };
+
+function mean(values) {
+  const v = Object.values(values || {});
+  return v.length ? v.reduce((a, b) => a + b, 0) / v.length : null;
+}
+
+// One namespace's Campaigns as the operator follows them: phase, progress (newer than the
+// object's status, which is written at most every few seconds) and the fleet's instances.
+function campaigns(group) {
+  const out = [h("h2", {}, `Campaigns in ${group.namespace}`)];
+  if (group.error) out.push(h("p", { class: "error", role: "alert" }, `Cannot read them from the operator: ${group.error}`));
+  else if (!group.campaigns.length) out.push(h("p", { class: "muted" }, "No Campaign in this namespace."));
+  if (!group.campaigns.length) return out;
+  out.push(table([
+    { label: "Campaign", cell: (c) => c.run ? h("a", { href: `#/run/${c.run}` }, c.name) : c.name },
+    { label: "Mode", cell: (c) => c.mode || "–" },
+    { label: "Phase", cell: (c) => badge(c.status.phase || "Pending", PHASE[c.status.phase] || "warn") },
+    { label: "Step", cell: (c) => c.status.step ?? "–", cls: "num" },
+    { label: "Reward", cell: (c) => fmt.num(c.status.rewardMean), cls: "num" },
+    { label: "Rollouts/s", cell: (c) => fmt.num(c.status.rolloutsPerS, 2), cls: "num" },
+    { label: "pass@1", cell: (c) => fmt.pct(mean(c.status.passRates)), cls: "num" },
+    { label: "Envs", cell: (c) => c.environments, cls: "num" },
+    { label: "Instances", cls: "num", cell: (c) => c.fleetCounts
+      ? `${c.fleetCounts.ready} / ${c.fleetCounts.allocated} / ${c.fleetCounts.replicas}` : "–" },
+    { label: "Started", cell: (c) => c.status.startedAt ? new Date(c.status.startedAt).toLocaleString() : "–" },
+    { label: "Message", cell: (c) => c.status.message || "" },
+  ], group.campaigns, "Reward: the mean of the last reported step · pass@1: the mean over environments (evaluation) · " +
+    "Instances: ready / allocated / of the campaign's fleet · a name links to its run when the UI reads its run directory"));
+  return out;
 }
 
 export async function render(main) {
