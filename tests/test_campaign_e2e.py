@@ -340,9 +340,10 @@ def test_failing_job_fails_the_campaign(cluster: Cluster, operator: InThread) ->
 
 def test_the_web_view_lists_campaigns_through_the_operator(cluster: Cluster, operator: InThread,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    """What the chart's UI runs (`awm ui --operator-url ... --campaigns NS`): the operator lists
-    the namespace's Campaigns (from the API server, with progress and its fleet's counts) to an
-    identity that RBAC lets list campaigns, and to no other; the UI's fleet view shows them."""
+    """What the chart's UI runs (`awm ui --operator-url ... --namespace NS`): the operator lists
+    the namespace's Campaigns (from the API server, with progress and its fleet's counts) and
+    EnvFleets to an identity that RBAC lets list them, and to no other; the UI's fleet view shows
+    them."""
     from awm.ui.fleet import FleetView
     from tests.k8s_e2e import CLIENTS_NS, client_token
 
@@ -356,12 +357,14 @@ def test_the_web_view_lists_campaigns_through_the_operator(cluster: Cluster, ope
     assert httpx.get(url).status_code == 401
     refused = httpx.get(url, headers=bearer())  # the trainer's identity: claims and progress only
     assert refused.status_code == 403 and "list campaigns" in refused.json()["error"]
+    refused = httpx.get(url.replace("/campaigns", "/envfleets"), headers=bearer())
+    assert refused.status_code == 403 and "list envfleets" in refused.json()["error"]
 
     viewer = client_token(cluster.cp, "viewer")
     rbac = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NS}"
     cluster.cp.api("POST", f"{rbac}/roles", {
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "viewer"},
-        "rules": [{"apiGroups": ["awm.dev"], "resources": ["campaigns"], "verbs": ["list"]}]})
+        "rules": [{"apiGroups": ["awm.dev"], "resources": ["campaigns", "envfleets"], "verbs": ["list"]}]})
     cluster.cp.api("POST", f"{rbac}/rolebindings", {
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "viewer"},
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "viewer"},
@@ -373,7 +376,7 @@ def test_the_web_view_lists_campaigns_through_the_operator(cluster: Cluster, ope
         return rows[0] if rows and rows[0]["fleetCounts"] else None
 
     async def look() -> dict[str, Any]:
-        view = FleetView(operator_url=api_url(operator), campaign_namespaces=[NS, "awm-no-such-namespace"])
+        view = FleetView(operator_url=api_url(operator), namespaces=[NS, "awm-no-such-namespace"])
         try:
             return await view.snapshot()
         finally:
@@ -387,9 +390,12 @@ def test_the_web_view_lists_campaigns_through_the_operator(cluster: Cluster, ope
         assert row["status"]["instances"] == 2 and row["fleetCounts"]["replicas"] == 2  # the operator's own fleet
 
         monkeypatch.setenv("AWM_API_TOKEN", viewer)
-        ours, other = asyncio.run(look())["campaigns"]
-        assert name in [c["name"] for c in ours["campaigns"]] and "error" not in ours
-        assert other["campaigns"] == [] and other["error"].startswith("403")  # no Role there
+        ours, other = asyncio.run(look())["namespaces"]
+        assert name in [c["name"] for c in ours["campaigns"]] and ours["error"] is None
+        (fleet,) = [f for f in ours["fleets"] if f["fleet"] == name]  # the campaign's fleet, live
+        assert (fleet["replicas"], fleet["binding"], fleet["environments"], fleet["live"]) == (2, "pinned", 1, True)
+        assert fleet["condition"]["status"] in ("True", "False") and fleet["condition"]["reason"]
+        assert other["campaigns"] == other["fleets"] == [] and "403" in other["error"]  # no Role there
     finally:
         cluster.delete(name)
 

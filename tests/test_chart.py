@@ -250,8 +250,8 @@ def test_rbac_is_exactly_what_the_operator_needs(helm: str) -> None:
         assert binding["subjects"] == [sa]
     deployment = one(docs, "Deployment", "awm-operator")
     assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == "awm-operator"
-    # the UI's identity may list campaigns (what the operator's API asks of it) and nothing else
-    assert rules_of(one(docs, "Role", "awm-ui")) == {("awm.dev", "campaigns"): {"list"}}
+    # the UI's identity may list campaigns and fleets (what the operator's API asks of it), nothing else
+    assert rules_of(one(docs, "Role", "awm-ui")) == {("awm.dev", "campaigns"): {"list"}, ("awm.dev", "envfleets"): {"list"}}
     assert one(docs, "RoleBinding", "awm-ui")["subjects"] == [
         {"kind": "ServiceAccount", "name": "awm-ui", "namespace": "awm-system"}]
     assert one(docs, "Deployment", "awm-ui")["spec"]["template"]["spec"]["serviceAccountName"] == "awm-ui"
@@ -481,7 +481,7 @@ def test_no_clients_means_no_one_reaches_the_operator_api(helm: str) -> None:
 
 
 def test_ui_component(helm: str) -> None:
-    """The web view next to the operator: it reads the Campaigns of every served namespace
+    """The web view next to the operator: it reads the Campaigns and EnvFleets of every served namespace
     through the operator's API (its own ServiceAccount, a Role per namespace), shows the runs of a
     claim mounted read-only, answers to its Service's names and the Ingress host only, and is
     gone when disabled."""
@@ -491,7 +491,7 @@ def test_ui_component(helm: str) -> None:
     (c,) = pod["containers"]
     assert c["image"] == "awm-envserver:0.1.0" and c["command"] == ["awm", "ui"]
     assert c["args"] == ["--host=0.0.0.0", "--port=8090", "--operator-url=http://awm-operator.awm-system.svc:8080",
-                         "--campaigns=team-a", "--campaigns=team-b", "--runs=/runs",
+                         "--namespace=team-a", "--namespace=team-b", "--runs=/runs",
                          "--allowed-host=awm-ui", "--allowed-host=awm-ui.awm-system",
                          "--allowed-host=awm-ui.awm-system.svc", "--allowed-host=awm.example.org",
                          "--allowed-host=ui.internal"]
@@ -503,6 +503,11 @@ def test_ui_component(helm: str) -> None:
     assert ingress["host"] == "awm.example.org"
     assert ingress["http"]["paths"][0]["backend"]["service"] == {"name": "awm-ui", "port": {"name": "http"}}
     assert not [d for d in render(helm, "ui.enabled=false") if d["metadata"]["name"].startswith("awm-ui")]
+    # its image is the env server's (one override for both), unless it has its own
+    image = lambda *sets: one(render(helm, *sets), "Deployment", "awm-ui")["spec"]["template"]["spec"]["containers"][0]
+    assert image("envserver.image.repository=reg.example/env", "envserver.image.tag=1.2")["image"] == "reg.example/env:1.2"
+    own = image("ui.image.repository=reg.example/ui", "ui.image.tag=v3", "ui.image.pullPolicy=Always")
+    assert (own["image"], own["imagePullPolicy"]) == ("reg.example/ui:v3", "Always")
     r = subprocess.run([helm, "template", RELEASE, str(CHART), "--set", "ui.ingress.enabled=true"],
                        capture_output=True, text=True)
     assert r.returncode != 0 and "ui.ingress.host is required" in r.stderr

@@ -689,7 +689,7 @@ def test_evaluation_campaign_job_runs_as_a_real_pod(chart: Cluster, fleet: str, 
 
         def on_the_ui() -> dict[str, Any] | None:
             snapshot = httpx.get(f"http://{ui['status']['podIP']}:8090/api/fleet", timeout=10).json()
-            rows = [c for group in snapshot["campaigns"] for c in group["campaigns"] if c["name"] == name]
+            rows = [c for group in snapshot["namespaces"] for c in group["campaigns"] if c["name"] == name]
             return rows[0] if rows and rows[0]["status"].get("phase") == "Succeeded" else None
 
         shown = _wait_or_describe(cp, "the campaign on the UI's fleet page", on_the_ui, timeout=60)

@@ -342,13 +342,13 @@ def test_awm_ui_refuses_a_runs_directory_that_does_not_exist(tmp_path):
 
 
 def test_awm_ui_refuses_fleets_or_campaigns_without_the_operator(tmp_path, monkeypatch):
-    """--fleet and --campaigns are read from the operator's API: without --operator-url (or
+    """--fleet and --namespace are read from the operator's API: without --operator-url (or
     AWM_OPERATOR_URL) the UI would start and show nothing, so it refuses to start."""
     import subprocess
     import sys
 
     monkeypatch.delenv("AWM_OPERATOR_URL", raising=False)
-    for option in (["--campaigns", "team-a"], ["--fleet", "team-a/f"]):
+    for option in (["--namespace", "team-a"], ["--fleet", "team-a/f"]):
         done = subprocess.run([sys.executable, "-m", "awm.cli", "ui", *option, "--port", "0"],
                               capture_output=True, text=True, timeout=60)
         assert done.returncode == 2 and "--operator-url" in done.stderr, done.stderr

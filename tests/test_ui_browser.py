@@ -691,11 +691,12 @@ def test_episode_neighbours_and_its_task_in_the_catalog(ui, browser, runs, shots
 
 
 def test_fleet_page_answers_what_my_campaign_is_doing_in_the_cluster(browser, runs, tmp_path, monkeypatch, shots):
-    """What the chart's UI shows (`awm ui --operator-url URL --campaigns NS`): each Campaign of the
-    namespace with its phase, step, reward, throughput and its fleet's instances, from the
-    operator's campaign list; a campaign whose run directory the UI reads links to its run page.
-    The operator's API runs in process here over a stand-in for the API server's campaign list
-    (tests/test_campaign_e2e.py lists real Campaigns through a real operator and API server)."""
+    """What the chart's UI shows (`awm ui --operator-url URL --namespace NS`): each Campaign of the
+    namespace with its phase, step, reward, throughput and its fleet's instances, and each
+    EnvFleet with its counts and why it is not ready, from the operator's lists; a campaign whose
+    run directory the UI reads links to its run page. The operator's API runs in process here
+    over a stand-in for the API server's lists (tests/test_campaign_e2e.py lists real Campaigns and
+    fleets through a real operator and API server)."""
     import asyncio
     import socket
     import threading
@@ -715,18 +716,28 @@ def test_fleet_page_answers_what_my_campaign_is_doing_in_the_cluster(browser, ru
                 "status": {"phase": "Running", "step": 3, "rewardMean": 0.625, "rolloutsPerS": 1.5, "fleet": "f",
                            "instances": 3, "startedAt": "2026-11-26T10:00:05Z", "message": "the run reports progress"}}
 
-    class ApiServer:  # the one call the campaign list makes
+    stuck = {"metadata": {"name": "other", "namespace": "ns"}, "spec": {"environments": ["crm"], "binding": "pinned"},
+             "status": {"replicas": 2, "ready": 0, "allocated": 0, "conditions": [
+                 {"type": "Ready", "status": "False", "reason": "BundleUnavailable",
+                  "message": "0 ready, 0 allocated, 2 starting of 2; 2 stuck, e.g. other-crm-0: bundle: ErrImagePull"}]}}
+
+    class ApiServer:  # the two lists the operator reads
         async def request(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
-            assert (method, path) == ("GET", "/apis/awm.dev/v1alpha1/namespaces/ns/campaigns"), (method, path)
-            return {"items": [campaign]}
+            items = {"/apis/awm.dev/v1alpha1/namespaces/ns/campaigns": [campaign],
+                     "/apis/awm.dev/v1alpha1/namespaces/ns/envfleets": [stuck, {**stuck, "metadata": {
+                         "name": "f", "namespace": "ns"}, "status": {}}]}
+            assert method == "GET" and path in items, (method, path)
+            return {"items": items[path]}
 
     loop = asyncio.new_event_loop()
     ctx = Context(kube=ApiServer(), allocator=None, metrics=None, config=OperatorConfig())  # type: ignore[arg-type]
-    runner = loop.run_until_complete(serve(build_api(ctx, operator_fleet()), "127.0.0.1", 0))
+    fleets = operator_fleet()
+    fleets.get("ns", "f").active = True  # this operator acts on it: its counts are live
+    runner = loop.run_until_complete(serve(build_api(ctx, fleets), "127.0.0.1", 0))
     operator_thread = threading.Thread(target=loop.run_forever, daemon=True)
     operator_thread.start()
     monkeypatch.setenv("AWM_HOME", str(tmp_path / "home"))
-    view = FleetView(operator_url=f"http://127.0.0.1:{bound_port(runner)}", campaign_namespaces=["ns"])
+    view = FleetView(operator_url=f"http://127.0.0.1:{bound_port(runner)}", namespaces=["ns"])
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     server = uvicorn.Server(uvicorn.Config(build_app(UiState(Runs([runs]), fleet=view)), log_level="warning"))
@@ -737,12 +748,20 @@ def test_fleet_page_answers_what_my_campaign_is_doing_in_the_cluster(browser, ru
     try:
         open_page(browser, url, "#/fleet", "fleet")
         main = browser.find_element("id", "main")
-        table = wait(lambda: main.find_elements("css selector", "table caption"), "the campaigns table")[0] \
-            .find_element("xpath", "..")
-        header = [th.text for th in table.find_elements("css selector", "thead th")]
-        (row,) = table.find_elements("css selector", "tbody tr")
-        cells = dict(zip(header, [td.text for td in row.find_elements("css selector", "td")]))
-        assert "Campaigns in ns" in main.text
+        tables = wait(lambda: main.find_elements("css selector", "table"), "the namespace's tables")
+
+        def rows(table: Any) -> list[dict[str, str]]:
+            header = [th.text for th in table.find_elements("css selector", "thead th")]
+            return [dict(zip(header, [td.text for td in tr.find_elements("css selector", "td")]))
+                    for tr in table.find_elements("css selector", "tbody tr")]
+
+        assert "Namespace ns" in main.text
+        (cells,) = rows(tables[0])
+        (row,) = tables[0].find_elements("css selector", "tbody tr")
+        fleets = {r["Fleet"]: r for r in rows(tables[1])}
+        assert fleets["f"]["Replicas"] == "3" and fleets["f"]["Ready"] == "1"  # live, from the acting operator
+        assert (fleets["other"]["State"], fleets["other"]["Starting"]) == ("BundleUnavailable", "2")
+        assert "other-crm-0: bundle: ErrImagePull" in fleets["other"]["Why"]
         assert (cells["Campaign"], cells["Mode"], cells["Phase"], cells["Step"]) == ("tiny", "training", "Running", "3")
         assert cells["Reward"] == "0.625" and cells["Rollouts/s"] == "1.5" and cells["pass@1"] == "–"
         assert cells["Instances"] == "1 / 1 / 3"  # ready / allocated / of the fleet the operator keeps

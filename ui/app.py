@@ -10,8 +10,9 @@ The API is the front end's only data source, and plain enough to script against:
                                  &max_reward=&q=&version=&offset=&limit=        one page of the episode list
     GET  /api/runs/{id}/episodes/{episode_id}  one whole episode (and its neighbours in the log)
     GET  /api/fleet                            instances, states, holders, rates, latency; the
-                                               operator's fleets and Campaigns (each with its run's id
-                                               when its run directory is under the roots)
+                                               operator's fleets, and per namespace its Campaigns (each
+                                               with its run's id when its run directory is under the
+                                               roots) and EnvFleets
     POST /api/playground/{instance}/open|reset|call|verify|release
 """
 
@@ -186,9 +187,9 @@ def build_app(state: UiState, middleware: list[Middleware] | None = None) -> Sta
 
     async def fleet(request: Request) -> Response:
         snapshot = await state.fleet.snapshot()
-        if any(group["campaigns"] for group in snapshot["campaigns"]):
+        if any(group["campaigns"] for group in snapshot["namespaces"]):
             runs = await run_in_threadpool(state.runs.paths)
-            for group in snapshot["campaigns"]:
+            for group in snapshot["namespaces"]:
                 for campaign in group["campaigns"]:
                     campaign["run"] = campaign_run(runs, group["namespace"], campaign["name"])
         return JSONResponse(snapshot)

@@ -38,8 +38,8 @@ def ui_command(
     operator_url: Annotated[Optional[str], typer.Option("--operator-url", envvar="AWM_OPERATOR_URL", help=(
         "The operator's allocation API (fleet counts; token from AWM_API_TOKEN)."))] = None,
     fleet: Annotated[Optional[list[str]], typer.Option("--fleet", help="An EnvFleet as NAMESPACE/NAME (repeatable).")] = None,
-    campaigns: Annotated[Optional[list[str]], typer.Option("--campaigns", help=(
-        "Show the Campaigns the operator follows in this namespace, live (repeatable; needs --operator-url)."))] = None,
+    namespace: Annotated[Optional[list[str]], typer.Option("--namespace", help=(
+        "Show every Campaign and EnvFleet of this namespace, live (repeatable; needs --operator-url)."))] = None,
     prometheus_url: Annotated[Optional[str], typer.Option("--prometheus-url", help=(
         "Prometheus for fleet-wide episodes/s and tool-call latency."))] = None,
     grafana_url: Annotated[Optional[str], typer.Option("--grafana-url", help=(
@@ -69,8 +69,8 @@ def ui_command(
     if missing:  # a typo would otherwise start a UI that silently shows no run
         console.print(f"[red]error:[/red] --runs: no such directory: {', '.join(missing)}")
         raise typer.Exit(2)
-    if (fleet or campaigns) and not operator_url:
-        console.print("[red]error:[/red] --fleet and --campaigns read the operator's API: give --operator-url")
+    if (fleet or namespace) and not operator_url:
+        console.print("[red]error:[/red] --fleet and --namespace read the operator's API: give --operator-url")
         raise typer.Exit(2)
     try:
         bundles = catalog_mod.load(catalog, serve) if serve else []
@@ -94,7 +94,7 @@ def ui_command(
                 local = await stack.enter_async_context(LocalFleet(bundles, replicas, database, allow_ungated=True))
                 found += [Instance(env=h.env, name=h.name, mcp_url=h.mcp_url, control_url=h.control_url)
                           for h in local.instances]
-            view = FleetView(found, operator_url, fleet, prometheus_url, grafana_url, campaigns)
+            view = FleetView(found, operator_url, fleet, prometheus_url, grafana_url, namespace)
             state = UiState(Runs(roots), catalog, view, playground_ttl)
             bound = sock.getsockname()
             url = f"http://{'[' + bound[0] + ']' if ':' in bound[0] else bound[0]}:{bound[1]}/"

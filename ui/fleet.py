@@ -6,9 +6,9 @@ Three sources, any combination:
   ``--instance MCP_URL,CONTROL_URL``): their ``/readyz`` and their Prometheus ``/metrics``,
   scraped on every poll; rates are the counters' change between two polls;
 * an operator's allocation API (``--operator-url`` and ``--fleet NAMESPACE/NAME``): replicas, ready,
-  allocated and starting instances per EnvFleet; with ``--campaigns NAMESPACE``, the Campaigns the
-  operator follows there (phase, step, reward, pass rates, their fleets' counts), which is what
-  the chart's UI (charts/awm, ``ui.enabled``) shows in a cluster;
+  allocated and starting instances per EnvFleet; with ``--namespace NAMESPACE``, every Campaign
+  (phase, step, reward, pass rates, its fleet's counts) and every EnvFleet (counts, why it is not
+  ready) there, which is what the chart's UI (charts/awm, ``ui.enabled``) shows in a cluster;
 * a Prometheus server (``--prometheus-url``): episodes/s and tool-call latency of the whole fleet,
   the same expressions as the chart's Grafana dashboard (charts/awm/files/awm-dashboard.json).
 """
@@ -101,11 +101,11 @@ class FleetView:
 
     def __init__(self, instances: list[Instance] | None = None, operator_url: str | None = None,
                  fleets: list[str] | None = None, prometheus_url: str | None = None,
-                 grafana_url: str | None = None, campaign_namespaces: list[str] | None = None) -> None:
+                 grafana_url: str | None = None, namespaces: list[str] | None = None) -> None:
         self.instances = list(instances or [])
         self.operator_url = operator_url.rstrip("/") if operator_url else None
         self.fleets = list(fleets or [])
-        self.campaign_namespaces = list(campaign_namespaces or [])
+        self.namespaces = list(namespaces or [])
         self.prometheus_url = prometheus_url.rstrip("/") if prometheus_url else None
         self.grafana_url = grafana_url
         self.holders: dict[str, str] = {}  # instance name -> who holds it here (the playground)
@@ -159,18 +159,25 @@ class FleetView:
         return {**body, "environments": by_env, "instances": detail.get("instances", []),
                 "claims": detail.get("claims", [])}
 
-    async def _campaigns(self, namespace: str) -> dict[str, Any]:
-        """The Campaigns the operator follows in ``namespace`` (its ``GET .../campaigns``)."""
+    async def _namespace(self, namespace: str) -> dict[str, Any]:
+        """Every Campaign and EnvFleet of ``namespace``, as the operator lists them."""
+        campaigns, fleets = await asyncio.gather(self._listing(namespace, "campaigns"),
+                                                 self._listing(namespace, "envfleets"))
+        errors = [e for e in (campaigns[1], fleets[1]) if e]
+        return {"namespace": namespace, "campaigns": campaigns[0], "fleets": fleets[0],
+                "error": "; ".join(dict.fromkeys(errors)) or None}
+
+    async def _listing(self, namespace: str, kind: str) -> tuple[list[dict[str, Any]], str | None]:
         try:
-            response = await self._client.get(f"{self.operator_url}/v1/namespaces/{namespace}/campaigns",
+            response = await self._client.get(f"{self.operator_url}/v1/namespaces/{namespace}/{kind}",
                                               headers=bearer())
             body = response.json()
         except (httpx.HTTPError, ValueError) as exc:
-            return {"namespace": namespace, "campaigns": [], "error": str(exc)}
+            return [], f"{kind}: {exc}"
         if response.status_code != 200:
             error = body.get("error") if isinstance(body, dict) else None
-            return {"namespace": namespace, "campaigns": [], "error": f"{response.status_code}: {error or response.text}"}
-        return {"namespace": namespace, "campaigns": body.get("campaigns") or []}
+            return [], f"{kind}: {response.status_code} {error or response.text}"
+        return body.get("campaigns" if kind == "campaigns" else "fleets") or [], None
 
     async def _prometheus(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -202,10 +209,10 @@ class FleetView:
             e["tool_p50_ms"], e["tool_p99_ms"] = _ms(quantile(buckets, 0.5)), _ms(quantile(buckets, 0.99))
             e["episodes_per_s"], e["tool_calls_per_s"] = round(e["episodes_per_s"], 3), round(e["tool_calls_per_s"], 3)
         operator = list(await asyncio.gather(*(self._operator(f) for f in self.fleets))) if self.operator_url else []
-        campaigns = list(await asyncio.gather(*(self._campaigns(ns) for ns in self.campaign_namespaces))) \
+        namespaces = list(await asyncio.gather(*(self._namespace(ns) for ns in self.namespaces))) \
             if self.operator_url else []
         return {"at": time.time(), "instances": rows, "environments": sorted(envs.values(), key=lambda e: e["env"]),
-                "operator": operator, "campaigns": campaigns,
+                "operator": operator, "namespaces": namespaces,
                 "prometheus": await self._prometheus() if self.prometheus_url else None,
                 "grafana_url": self.grafana_url}
 

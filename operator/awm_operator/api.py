@@ -27,8 +27,10 @@ another identity's), unless the operator runs with AWM_API_AUTH=off.
     GET    /v1/namespaces/{ns}/envfleets/{fleet}              -> sizes, demand, whether this replica acts
     GET    /v1/namespaces/{ns}/envfleets/{fleet}/instances    -> every instance (environment, state,
         claim, holder, problem) and every claim (holder, size, age, time left)
-    GET    /v1/namespaces/{ns}/campaigns                      -> the campaigns this replica follows, with
-        progress and their fleets' counts (campaigns.py; what `awm ui --campaigns NS` shows)
+    GET    /v1/namespaces/{ns}/envfleets                      -> every fleet with its counts and Ready
+        condition (what `awm ui --namespace NS` shows)
+    GET    /v1/namespaces/{ns}/campaigns                      -> every campaign with its status, progress
+        and its fleet's counts (campaigns.py; what `awm ui --namespace NS` shows)
     GET    /healthz (process alive), /readyz (this replica acts on its fleets)
 """
 
@@ -46,6 +48,8 @@ from awm_operator import auth as authn
 from awm_operator import hostguard
 from awm_operator.allocator import ClaimError, NotActive, Unavailable, describe
 from awm_operator.campaigns import add_campaign_routes
+from awm_operator.crds import GROUP, VERSION
+from awm_operator.kube import ApiError
 from awm_operator.reconcile import Context
 from awm_operator.state import ClaimRequest, Fleets
 
@@ -55,6 +59,25 @@ HOLDER_RELEASE_CONCURRENCY = 64  # releases of one DELETE ?holder= in flight (re
 
 def _error(status: int, message: str) -> web.Response:
     return web.json_response({"error": message}, status=status)
+
+
+def fleet_summary(obj: dict[str, Any], fleets: Fleets) -> dict[str, Any]:
+    """One EnvFleet as ``GET .../envfleets`` lists it."""
+    meta, spec, status = obj["metadata"], obj.get("spec") or {}, obj.get("status") or {}
+    replicas, ready, allocated = (int(status.get(k) or 0) for k in ("replicas", "ready", "allocated"))
+    row: dict[str, Any] = {
+        "namespace": meta["namespace"], "fleet": meta["name"], "binding": spec.get("binding", "pinned"),
+        "environments": len(status.get("environments") or spec.get("environments") or []),
+        "replicas": replicas, "ready": ready, "allocated": allocated,
+        "starting": max(0, replicas - ready - allocated), "demand": None, "live": False,
+        "condition": next(({k: c.get(k) for k in ("status", "reason", "message")}
+                           for c in status.get("conditions") or [] if c.get("type") == "Ready"), None)}
+    fleet = fleets.get(meta["namespace"], meta["name"])
+    if fleet is not None and fleet.spec is not None and fleet.active and not fleet.deleted:
+        c = fleet.counts()
+        row |= {"replicas": c.replicas, "ready": c.ready, "allocated": c.allocated, "starting": c.starting,
+                "demand": fleet.demand(), "live": True}
+    return row
 
 
 def build_api(ctx: Context, fleets: Fleets, auth: authn.Authenticator | None = None) -> web.Application:
@@ -90,6 +113,19 @@ def build_api(ctx: Context, fleets: Fleets, auth: authn.Authenticator | None = N
         if fleet is None or fleet.spec is None or fleet.deleted:
             raise web.HTTPNotFound(text='{"error": "no such fleet"}', content_type="application/json")
         return fleet
+
+    @routes.get("/v1/namespaces/{ns}/envfleets")
+    async def listing(request: web.Request) -> web.Response:
+        """Every EnvFleet of the namespace (read from the API server, so a standby replica
+        answers too), with this replica's live counts where it acts on the fleet, else the
+        counts of the fleet's status; and its Ready condition (why it is not ready)."""
+        namespace = request.match_info["ns"]
+        try:
+            listed = await ctx.kube.request("GET", f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/envfleets")
+        except (ApiError, OSError, asyncio.TimeoutError) as exc:
+            return _error(502, f"cannot list fleets: {exc}")
+        return web.json_response({"namespace": namespace, "fleets": [
+            fleet_summary(obj, fleets) for obj in sorted(listed.get("items") or [], key=lambda o: o["metadata"]["name"])]})
 
     @routes.get("/v1/namespaces/{ns}/envfleets/{fleet}")
     async def show(request: web.Request) -> web.Response:

@@ -14,6 +14,7 @@ GET .../claims/{id}, GET the fleet          ``get`` ``envclaims.awm.dev``
 POST /v1/namespaces/{ns}/campaigns/{name}   ``update`` ``campaigns.awm.dev/status``
 /progress
 GET /v1/namespaces/{ns}/campaigns           ``list`` ``campaigns.awm.dev``
+GET /v1/namespaces/{ns}/envfleets           ``list`` ``envfleets.awm.dev``
 =========================================  =========================================
 
 A claim remembers who made it: only that identity renews, reads or releases it (403 for anyone
@@ -120,6 +121,8 @@ def need_of(request: web.Request) -> Need | None:
         return Need("update", "campaigns", "status", request.match_info.get("name", ""))
     if path.endswith("/campaigns"):
         return Need("list", "campaigns")
+    if path.endswith("/envfleets"):
+        return Need("list", "envfleets")
     if request.method == "GET":
         return Need("get", "envclaims")
     return Need("create", "envclaims")

@@ -527,7 +527,7 @@ def campaign_summary(obj: dict[str, Any], state: CampaignState | None, fleets: F
     fleet_name = status.get("fleet") or Names.of(meta["name"]).fleet
     fleet = fleets.get(meta["namespace"], fleet_name)
     counts = None
-    if fleet is not None and fleet.spec is not None and not fleet.deleted:
+    if fleet is not None and fleet.spec is not None and fleet.active and not fleet.deleted:
         c = fleet.counts()
         counts = {"replicas": c.replicas, "ready": c.ready, "allocated": c.allocated, "starting": c.starting}
     return {"namespace": meta["namespace"], "name": meta["name"], "mode": spec.get("mode"),

@@ -1,5 +1,5 @@
-// Campaigns in the cluster (through the operator), instances per environment and state, who holds
-// them, episodes/s and tool-call latency; polled every 2 s while the page is open.
+// Campaigns and EnvFleets in the cluster (through the operator), instances per environment and
+// state, who holds them, episodes/s and tool-call latency; polled every 2 s while the page is open.
 import { api, badge, errorBox, fill, fmt, h, table } from "../lib.js";
 
 const POLL_MS = 2000;
@@ -8,12 +8,12 @@ function view(data) {
   const parts = [h("h1", {}, "Fleet"),
     h("p", { class: "muted" }, `Updated ${new Date(data.at * 1000).toLocaleTimeString()} · every ${POLL_MS / 1000} s · `,
       data.grafana_url ? h("a", { href: data.grafana_url }, "Grafana dashboard") : "Grafana dashboard: charts/awm/files/awm-dashboard.json (pass --grafana-url to link it)")];
-  if (!data.instances.length && !data.operator.length && !data.campaigns.length) {
+  if (!data.instances.length && !data.operator.length && !data.namespaces.length) {
     parts.push(h("p", {}, "No instances. Start the UI with ", h("code", {}, "awm ui --serve ENV"), " or ",
       h("code", {}, "--instance MCP_URL,CONTROL_URL"), " or ", h("code", {}, "--operator-url URL --fleet NS/NAME"),
-      " or ", h("code", {}, "--operator-url URL --campaigns NS"), "."));
+      " or ", h("code", {}, "--operator-url URL --namespace NS"), "."));
   }
-  for (const group of data.campaigns) parts.push(...campaigns(group));
+  for (const group of data.namespaces) parts.push(...namespace(group));
   if (data.environments.length) parts.push(h("h2", {}, "Environments"), table([
     { label: "Environment", cell: (e) => e.env },
     { label: "Instances", cell: (e) => e.instances, cls: "num" },
@@ -78,14 +78,12 @@ function mean(values) {
   return v.length ? v.reduce((a, b) => a + b, 0) / v.length : null;
 }
 
-// One namespace's Campaigns as the operator follows them: phase, progress (newer than the
-// object's status, which is written at most every few seconds) and the fleet's instances.
-function campaigns(group) {
-  const out = [h("h2", {}, `Campaigns in ${group.namespace}`)];
-  if (group.error) out.push(h("p", { class: "error", role: "alert" }, `Cannot read them from the operator: ${group.error}`));
-  else if (!group.campaigns.length) out.push(h("p", { class: "muted" }, "No Campaign in this namespace."));
-  if (!group.campaigns.length) return out;
-  out.push(table([
+// One namespace as the operator lists it: its Campaigns (phase, progress newer than the object's
+// status, which is written at most every few seconds, and the fleet's instances) and EnvFleets.
+function namespace(group) {
+  const out = [h("h2", {}, `Namespace ${group.namespace}`)];
+  if (group.error) out.push(h("p", { class: "error", role: "alert" }, `Cannot read it from the operator: ${group.error}`));
+  if (group.campaigns.length) out.push(h("h3", {}, "Campaigns"), table([
     { label: "Campaign", cell: (c) => c.run ? h("a", { href: `#/run/${c.run}` }, c.name) : c.name },
     { label: "Mode", cell: (c) => c.mode || "–" },
     { label: "Phase", cell: (c) => badge(c.status.phase || "Pending", PHASE[c.status.phase] || "warn") },
@@ -100,6 +98,22 @@ function campaigns(group) {
     { label: "Message", cell: (c) => c.status.message || "" },
   ], group.campaigns, "Reward: the mean of the last reported step · pass@1: the mean over environments (evaluation) · " +
     "Instances: ready / allocated / of the campaign's fleet · a name links to its run when the UI reads its run directory"));
+  if (group.fleets.length) out.push(h("h3", {}, "EnvFleets"), table([
+    { label: "Fleet", cell: (f) => f.fleet },
+    { label: "Binding", cell: (f) => f.binding },
+    { label: "Envs", cell: (f) => f.environments, cls: "num" },
+    { label: "Replicas", cell: (f) => f.replicas, cls: "num" },
+    { label: "Ready", cell: (f) => f.ready, cls: "num" },
+    { label: "Allocated", cell: (f) => f.allocated, cls: "num" },
+    { label: "Starting", cell: (f) => f.starting, cls: "num" },
+    { label: "Demand", cell: (f) => f.demand ?? "–", cls: "num" },
+    { label: "State", cell: (f) => f.condition ? badge(f.condition.reason || f.condition.status,
+      f.condition.status === "True" ? "ok" : "warn") : "–" },
+    { label: "Why", cell: (f) => (f.condition && f.condition.status !== "True" ? f.condition.message : "") },
+  ], group.fleets, "Ready: unallocated and serving · live counts from the operator that acts on the fleet, else its status"));
+  if (!group.error && !group.campaigns.length && !group.fleets.length) {
+    out.push(h("p", { class: "muted" }, "No Campaign and no EnvFleet in this namespace."));
+  }
   return out;
 }
 
