@@ -109,7 +109,7 @@ function namespace(group) {
     { label: "Demand", cell: (f) => f.demand ?? "–", cls: "num" },
     { label: "State", cell: (f) => f.condition ? badge(f.condition.reason || f.condition.status,
       f.condition.status === "True" ? "ok" : "warn") : "–" },
-    { label: "Why", cell: (f) => (f.condition && f.condition.status !== "True" ? f.condition.message : "") },
+    { label: "Why", cls: "prose", cell: (f) => (f.condition && f.condition.status !== "True" ? f.condition.message : "") },
   ], group.fleets, "Ready: unallocated and serving · live counts from the operator that acts on the fleet, else its status"));
   if (!group.error && !group.campaigns.length && !group.fleets.length) {
     out.push(h("p", { class: "muted" }, "No Campaign and no EnvFleet in this namespace."));
