@@ -24,6 +24,7 @@ drop ``sampling``'s allowed tokens; everything else stays.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -108,10 +109,12 @@ def main() -> None:
                         help="an admin DSN (default: awm's embedded PostgreSQL)")
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     args = parser.parse_args()
-    summary = run(args.config, args.steps, args.output_dir, args.database_url)
-    if args.json:
+    if args.json:  # stdout is the JSON line alone: what TRL and transformers print goes to stderr
+        with contextlib.redirect_stdout(sys.stderr):
+            summary = run(args.config, args.steps, args.output_dir, args.database_url)
         print(json.dumps(summary))
         return
+    summary = run(args.config, args.steps, args.output_dir, args.database_url)
     for step, reward in enumerate(summary["reward"], 1):
         print(f"step {step:4d}  reward {reward:+.3f}")
     print(f"{summary['episodes']} episodes in {summary['groups']} groups (claims of {summary['group_claims']} "

@@ -128,6 +128,8 @@ def missing_prerequisites(bin_dir: Path) -> list[str]:
                    "NetworkPolicy between pods on one bridge")
     if not shutil.which("gcc"):
         out.append("gcc (the pod sandbox image is Kubernetes' pause.c, compiled static)")
+    elif not Path(_run("gcc", "-print-file-name=libc.a", check=False).stdout.strip()).is_absolute():
+        out.append("libc.a for gcc -static (Debian package libc6-dev): the pod sandbox image's pause.c")
     return out
 
 

@@ -29,8 +29,10 @@ async def serve(pool: PoolSource, max_steps: int = 30):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    # log_config=None: uvicorn leaves logging alone, so its "uvicorn.error" records (an exception
+    # in the app) reach the root logger, where caplog sees them (its own config stops them there)
     srv = uvicorn.Server(uvicorn.Config(build_app(pool, max_steps=max_steps), host="127.0.0.1", port=port,
-                                        log_level="warning"))
+                                        log_level="warning", log_config=None))
     task = asyncio.create_task(srv.serve())
     while not srv.started:
         await asyncio.sleep(0.02)
@@ -151,6 +153,9 @@ async def test_client_disconnects_are_quiet_and_give_the_instance_back(server, c
             await asyncio.sleep(0.05)
     assert pool.free() == 2
     assert not [r for r in caplog.records if "Exception in ASGI application" in r.getMessage()]
+    # (the check sees the server's log: a record of uvicorn's error logger reaches caplog)
+    logging.getLogger("uvicorn.error").error("probe")
+    assert [r for r in caplog.records if r.name == "uvicorn.error" and r.getMessage() == "probe"]
 
 
 def openenv_example() -> str:

@@ -45,7 +45,8 @@ def test_trl_grpo_example_raises_the_reward_of_the_tiny_model(admin_dsn, tmp_pat
                           "--database-url", admin_dsn, "--json"], capture_output=True, text=True, env=env,
                          timeout=1200, cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-4000:]
-    summary = json.loads(run.stdout.strip().splitlines()[-1])
+    (line,) = run.stdout.strip().splitlines()  # --json: the summary alone on stdout (TRL's logs on stderr)
+    summary = json.loads(line)
     rewards = summary["reward"]
     start, end = mean(rewards[:3]), mean(rewards[-5:])
     print(f"\nTRL GRPOTrainer: reward steps 1-3 {start:.3f} -> steps 26-30 {end:.3f}; per step {rewards}")
