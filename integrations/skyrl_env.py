@@ -13,7 +13,9 @@ reply of the policy, until ``done``. Here:
   message of ``<tool_response>`` blocks); a reply without a call is the final answer, and the
   episode ends with awm's verdict and reward (also after ``max_turns`` replies or
   ``max_steps`` tool calls, verified without an answer);
-* the instance goes back when the episode ends (or ``close``).
+* the instance goes back when the episode ends (or ``close``);
+* with ``env_config["trajectories"]`` (a JSONL path) every episode is written to awm's trajectory
+  log there (:mod:`awm.integrations.episode_log`): ``awm ui --runs <its directory>`` shows it.
 
 SkyRL's reward is a float: an episode that failed through the environment's fault gets 0.0 with
 ``metadata["masked"] = True`` (and counts in :meth:`get_metrics`' ``masked``) - filter those
@@ -33,6 +35,7 @@ from awm.episode import toolcalls
 from awm.episode.reward import RewardConfig
 from awm.episode.session import EpisodeSession, Outcome
 from awm.episode.sources import Lease, source_from_config
+from awm.integrations.episode_log import EpisodeRecorder, act, settings_log
 from awm.integrations.loop import shared_loop
 from awm.trainer.agent import DEFAULT_SYSTEM
 
@@ -55,7 +58,8 @@ class AwmTextEnv(BaseTextEnv):
     """One awm episode as a SkyRL text environment (see the module's docstring).
 
     ``env_config``: ``instances_file`` or ``operator`` (where instances are), optionally
-    ``max_turns``, ``max_steps``, ``reward`` (awm's reward map, docs/training.md). ``extras`` (the
+    ``max_turns``, ``max_steps``, ``reward`` (awm's reward map, docs/training.md),
+    ``trajectories`` (a JSONL path: the episodes for ``awm ui``). ``extras`` (the
     dataset row): ``env`` and ``task_id`` (top level or under ``extra_info``), optionally ``max_turns``.
     """
 
@@ -76,6 +80,8 @@ class AwmTextEnv(BaseTextEnv):
         self.lease: Lease | None = None
         self.episode: EpisodeSession | None = None
         self.outcome: Outcome | None = None
+        self.log = settings_log(self.env_config)
+        self.recorder: EpisodeRecorder | None = None
 
     def init(self, prompt: Any = None) -> tuple[list[dict[str, str]], dict[str, Any]]:
         self.loop.run(self._start())
@@ -93,6 +99,8 @@ class AwmTextEnv(BaseTextEnv):
         except BaseException:
             await self._release()
             raise
+        if self.log is not None:
+            self.recorder = EpisodeRecorder(self.log, "skyrl", self.episode)
 
     def step(self, action: str) -> BaseTextEnvStepOutput:
         if self.episode is None:
@@ -111,10 +119,12 @@ class AwmTextEnv(BaseTextEnv):
 
     async def _step(self, action: str) -> Any:
         assert self.episode is not None
-        result = await self.episode.act(action)
+        result = await act(self.episode, self.recorder, action)
         if not result.done and self.turns >= self.max_turns:
             result.done, result.outcome = True, await self.episode.finish(None, f"{self.max_turns} turns")
         if result.done:
+            if self.recorder is not None and result.outcome is not None:
+                self.recorder.end(result.outcome)
             await self._release()
         return result
 

@@ -15,7 +15,9 @@ verdict on the instance's final state. So the integration is an agent loop
 * each turn the rollout server generates, the reply's tool calls run through MCP
   (:meth:`awm.episode.session.EpisodeSession.act`), the results come back as a user message whose
   tokens are masked out of the loss (``response_mask`` 0);
-* a reply without a call ends the episode: awm's verdict and reward become ``reward_score``.
+* a reply without a call ends the episode: awm's verdict and reward become ``reward_score``;
+* with ``trajectories`` (a JSONL path) in the ``awm`` settings every episode is written to awm's
+  trajectory log there (:mod:`awm.integrations.episode_log`): ``awm ui`` shows it.
   An episode that failed through the environment's fault is *masked*: its ``response_mask`` is
   all 0 (no gradient) and ``extra_fields["awm_masked"]`` is True; its reward (0.0) still enters
   the GRPO group's mean, as verl has no per-sample exclusion from the baseline.
@@ -37,6 +39,7 @@ from awm.episode import toolcalls
 from awm.episode.reward import RewardConfig
 from awm.episode.session import EpisodeSession, Outcome
 from awm.episode.sources import source_from_config
+from awm.integrations.episode_log import EpisodeRecorder, act, settings_log
 from awm.trainer.agent import DEFAULT_SYSTEM
 
 
@@ -60,6 +63,7 @@ class AwmAgentLoop(AgentLoopBase):
         self.max_steps = int(self.awm.get("max_steps", 30))
         reward = self.awm.get("reward")
         self.reward = RewardConfig.from_dict(dict(reward.items()) if reward is not None else None)
+        self.log = settings_log(self.awm)
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         info = kwargs.get("extra_info") or {}
@@ -80,8 +84,11 @@ class AwmAgentLoop(AgentLoopBase):
             await episode.reset(task_id)
         except Exception as exc:  # noqa: BLE001 - the environment's failure: a masked sample
             outcome = await episode.abort(f"reset failed: {type(exc).__name__}: {exc}")
+            if self.log is not None:
+                EpisodeRecorder(self.log, "verl", episode).end(outcome)
             ids = self.tokenizer.encode("") or [self.tokenizer.eos_token_id]
             return self._output(ids, [self.tokenizer.eos_token_id], [0], None, outcome, 0)
+        recorder = EpisodeRecorder(self.log, "verl", episode) if self.log is not None else None
         messages: list[dict[str, Any]] = [
             {"role": "system", "content": DEFAULT_SYSTEM + "\n\n" + toolcalls.text_tools_prompt(episode.tools)},
             {"role": "user", "content": episode.instruction}]
@@ -101,7 +108,7 @@ class AwmAgentLoop(AgentLoopBase):
             runtime = merged.token_ids
             reply = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
             messages.append({"role": "assistant", "content": reply})
-            step = await episode.act(reply)
+            step = await act(episode, recorder, reply)
             if step.done:
                 break
             if turns >= self.max_turns or len(mask) >= self.response_length:
@@ -112,6 +119,8 @@ class AwmAgentLoop(AgentLoopBase):
             merged, mask, logprobs = await self.ct_merge_context_msg(previous, messages, runtime, mask, logprobs)
             runtime = merged.token_ids
         assert episode.outcome is not None
+        if recorder is not None:
+            recorder.end(episode.outcome)
         prompt_len = len(runtime) - len(mask)
         return self._output(runtime[:prompt_len], runtime[prompt_len:], mask, logprobs, episode.outcome,
                             len(messages))

@@ -61,6 +61,30 @@ def test_a_scripted_episode_through_skyrl_gym_make(env_config):
     assert free(env_config) == 2  # and gave it back
 
 
+def test_episodes_are_logged_for_the_ui(env_config, tmp_path):
+    """With ``trajectories`` in env_config every episode goes to awm's trajectory log, which
+    `awm ui` lists as a SkyRL run: each reply, its calls and results, the verdict and reward."""
+    from tests.test_verl import assert_logged_for_the_ui
+
+    log = tmp_path / "skyrl-run" / "trajectories.jsonl"
+    config = {**env_config, "trajectories": str(log)}
+    done = AwmTextEnv(config, {"env": "notes", "task_id": "add_note", "max_turns": 4})
+    done.init()
+    done.step("I will add it. " + ADD)
+    assert done.step("Added the note.")["reward"] == 1.0
+    limited = AwmTextEnv(config, {"env": "notes", "task_id": "add_note", "max_turns": 2})
+    limited.init()
+    limited.step('<tool_call>{"name": "add_note", "arguments": </tool_call>')  # malformed
+    limited.step("<tool_call>" + ADD.split("<tool_call>")[1])
+    # (the second added the note in its last turn: the verifier finds it done without an answer)
+    assert_logged_for_the_ui(log, "skyrl", {"complete": 2})
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [e["stop_reason"] for e in events if e["event"] == "end"] == ["answer", "2 turns"]
+    malformed = next(e for e in events if e["event"] == "turn" and e["tool_calls"] and e["tool_calls"][0].get("malformed"))
+    assert malformed["results"][0]["error_kind"] == "malformed" and malformed["results"][0]["is_error"]
+    assert free(env_config) == 2
+
+
 def test_wrong_work_scores_zero_and_malformed_calls_are_penalised(env_config):
     env = AwmTextEnv(env_config, {"extra_info": {"env": "notes", "task_id": "add_note"}})
     env.init()

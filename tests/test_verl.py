@@ -53,9 +53,10 @@ async def test_verl_agent_loop_runs_awm_episodes(verl_python, admin_dsn, tmp_pat
                                                  "control_url": h.control_url}) + "\n" for h in fleet.instances))
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
         env["PYTHONPATH"] = str(source_layout(tmp_path / "src"))
+        log = tmp_path / "verl-run" / "trajectories.jsonl"
         run = await asyncio.to_thread(subprocess.run, [str(verl_python), str(ROOT / "tests" / "verl_episodes.py"),
-                                                       str(instances)], capture_output=True, text=True, env=env,
-                                      timeout=600, cwd=tmp_path)
+                                                       str(instances), str(log)], capture_output=True, text=True,
+                                      env=env, timeout=600, cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-4000:]
     got = json.loads(run.stdout.strip().splitlines()[-1])
     complete, wrong, turns, masked = got["complete"], got["wrong"], got["turns"], got["masked"]
@@ -71,3 +72,31 @@ async def test_verl_agent_loop_runs_awm_episodes(verl_python, admin_dsn, tmp_pat
     # a verifier that crashes: masked - no gradient from the sample
     assert masked["extra"]["awm_masked"] and masked["extra"]["awm_verdict"] == "error"
     assert masked["reward"] == 0.0 and set(masked["response_mask"]) == {0}
+    # every episode in awm's trajectory log, which `awm ui` reads as a verl run
+    assert_logged_for_the_ui(log, "verl", {"complete": 1, "incomplete": 2, "error": 1})
+
+
+def assert_logged_for_the_ui(log, framework: str, verdicts: dict[str, int]) -> None:
+    """The adapter's episodes as `awm ui` reads them: one start, a turn per reply and an end per
+    episode, the run recognised as the framework's, every episode in the UI's episode list."""
+    from collections import Counter
+
+    from awm.ui.runs import Runs
+
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    ends = [e for e in events if e["event"] == "end"]
+    assert Counter(e["verdict"]["verdict"] for e in ends) == verdicts
+    starts = {e["episode_id"]: e for e in events if e["event"] == "start"}
+    assert len(starts) == len(ends) and {e["policy"] for e in starts.values()} == {f"{framework}-policy"}
+    for end in ends:
+        turns = [e for e in events if e["event"] == "turn" and e["episode_id"] == end["episode_id"]]
+        assert [t["index"] for t in turns] == list(range(len(end["turns"]))) and end["episode_id"] in starts
+        for turn in turns:
+            assert len(turn["results"]) == len(turn["tool_calls"]) and turn["source"] in ("text", "none")
+    complete = next(e for e in ends if e["verdict"]["verdict"] == "complete")
+    assert complete["reward"] == 1.0 and complete["final_answer"] and complete["turns"][0]["tool_calls"][0]["name"]
+    assert complete["turns"][0]["results"][0]["is_error"] is False
+    (info,) = Runs([log.parent]).list()
+    assert (info.kind, info.framework) == ("train", framework)
+    index = Runs([log.parent]).index(info.id)
+    assert index is not None and index.count() == len(ends)

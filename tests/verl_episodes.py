@@ -44,12 +44,14 @@ class ScriptedServer:
         return TokenOutput(token_ids=ids, log_probs=[-0.5] * len(ids))
 
 
-async def episode(tokenizer: Any, instances_file: str, task_id: str, replies: list[str]) -> dict[str, Any]:
+async def episode(tokenizer: Any, instances_file: str, task_id: str, replies: list[str],
+                  trajectories: str | None = None) -> dict[str, Any]:
     config = OmegaConf.create({"actor_rollout_ref": {"rollout": {"prompt_length": 4096, "response_length": 1024}}})
     server = ScriptedServer(tokenizer, replies)
     loop = AwmAgentLoop(trainer_config=DictConfigWrap(config), server_manager=server, tokenizer=tokenizer,
                         processor=None, dataset_cls=None, data_config=DictConfigWrap(OmegaConf.create({})),
-                        awm={"instances_file": instances_file, "max_turns": 3, "max_steps": 5})
+                        awm={"instances_file": instances_file, "max_turns": 3, "max_steps": 5,
+                             "trajectories": trajectories})
     out = await loop.run({"temperature": 1.0}, extra_info={"env": "notes", "task_id": task_id})
     return {"reward": out.reward_score, "response_mask": out.response_mask, "prompt_len": len(out.prompt_ids),
             "response_len": len(out.response_ids), "logprobs": out.response_logprobs, "extra": out.extra_fields,
@@ -57,17 +59,17 @@ async def episode(tokenizer: Any, instances_file: str, task_id: str, replies: li
                 b[:len(a)] == a for a, b in zip(server.prompts, server.prompts[1:]))}
 
 
-async def main(instances_file: str) -> dict[str, Any]:
+async def main(instances_file: str, trajectories: str | None) -> dict[str, Any]:
     words = ["Added", "the", "note.", "Done."]
     tokenizer = build_tokenizer(words, [ADD, WRONG, LIST])
     tokenizer.chat_template = CHATML
     return {
-        "complete": await episode(tokenizer, instances_file, "add_note", [ADD, "Added the note."]),
-        "wrong": await episode(tokenizer, instances_file, "add_note", [WRONG, "Done."]),
-        "turns": await episode(tokenizer, instances_file, "add_note", [LIST, LIST, LIST]),
-        "masked": await episode(tokenizer, instances_file, "kills_itself", ["Done."]),
+        "complete": await episode(tokenizer, instances_file, "add_note", [ADD, "Added the note."], trajectories),
+        "wrong": await episode(tokenizer, instances_file, "add_note", [WRONG, "Done."], trajectories),
+        "turns": await episode(tokenizer, instances_file, "add_note", [LIST, LIST, LIST], trajectories),
+        "masked": await episode(tokenizer, instances_file, "kills_itself", ["Done."], trajectories),
     }
 
 
-if __name__ == "__main__":
-    print(json.dumps(asyncio.run(main(sys.argv[1]))))
+if __name__ == "__main__":  # verl_episodes.py INSTANCES_FILE [TRAJECTORIES]
+    print(json.dumps(asyncio.run(main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None))))

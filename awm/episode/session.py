@@ -113,11 +113,15 @@ class Outcome:
 
 @dataclass
 class TextStep:
-    """The answer to one text reply: tool responses to show the policy, or the episode's end."""
+    """The answer to one text reply: tool responses to show the policy, or the episode's end;
+    ``calls`` and ``results`` are the reply's calls and their results as a trajectory records
+    them (the adapters' episode logs: awm.integrations.episode_log)."""
 
     observation: str
     done: bool
     outcome: Outcome | None = None
+    calls: list[dict[str, Any]] = field(default_factory=list)
+    results: list[dict[str, Any]] = field(default_factory=list)
 
 
 class EpisodeSession:
@@ -266,19 +270,22 @@ class EpisodeSession:
         if not calls:
             answer = toolcalls.strip_calls(toolcalls.strip_thinking(text))
             return TextStep("", True, await self.finish(answer))
-        blocks = []
+        blocks, results = [], []
         for n, call in enumerate(calls):
             if isinstance(call, toolcalls.MalformedCall):
                 self.note_malformed()
-                body = f"Error: malformed tool call: {call.error}"
+                out = CallResult(None, True, "malformed", f"malformed tool call: {call.error}")
             elif n >= self.max_calls_per_reply:
-                body = f"Error: not executed: at most {self.max_calls_per_reply} calls per reply"
+                out = CallResult(call.name, True, "too_many_calls",
+                                 f"not executed: at most {self.max_calls_per_reply} calls per reply")
             else:
                 out = await self.call_tool(call.name, call.arguments)
-                body = f"Error: {out.text}" if out.is_error else out.text
+            body = f"Error: {out.text}" if out.is_error else out.text
             blocks.append(f"<tool_response>\n{body}\n</tool_response>")
+            results.append(out.record(call.id))
         observation = "\n".join(blocks)
+        records = [c.to_dict() for c in calls]
         if self.exhausted:
             why = "infrastructure" if self.infra_error else f"{self.max_steps} tool calls without an answer"
-            return TextStep(observation, True, await self.finish(None, why))
-        return TextStep(observation, False)
+            return TextStep(observation, True, await self.finish(None, why), records, results)
+        return TextStep(observation, False, calls=records, results=results)
