@@ -528,7 +528,7 @@ async def test_a_replica_that_does_not_follow_the_campaign_answers_503() -> None
     ctx = FakeContext()
     ctx.kube = Campaigns()
     routes = web.RouteTableDef()
-    cp.add_progress_route(routes, ctx, Fleets())  # type: ignore[arg-type]
+    cp.add_campaign_routes(routes, ctx, Fleets())  # type: ignore[arg-type]
     app = web.Application()
     app.add_routes(routes)
     async with TestClient(TestServer(app)) as client:
