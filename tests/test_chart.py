@@ -149,15 +149,16 @@ EXPECTED_DEFAULT = {
     ("Secret", "awm-database"), ("Service", "awm-postgres"), ("StatefulSet", "awm-postgres"),
     ("NetworkPolicy", "awm-envserver"), ("NetworkPolicy", "awm-postgres"), ("NetworkPolicy", "awm-operator"),
     ("ConfigMap", "awm-dashboard"),
-    ("ServiceAccount", "awm-ui"), ("Role", "awm-ui"), ("RoleBinding", "awm-ui"), ("Deployment", "awm-ui"),
-    ("Service", "awm-ui"),
 }
+UI_OBJECTS = {("ServiceAccount", "awm-ui"), ("Role", "awm-ui"), ("RoleBinding", "awm-ui"), ("Deployment", "awm-ui"),
+              ("Service", "awm-ui")}
 CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding"}
 
 
 def test_default_render_objects_and_labels(helm: str) -> None:
-    docs = render(helm)
-    assert {(d["kind"], d["metadata"]["name"]) for d in docs} == EXPECTED_DEFAULT
+    assert {(d["kind"], d["metadata"]["name"]) for d in render(helm)} == EXPECTED_DEFAULT  # the UI is opt-in
+    docs = render(helm, "ui.enabled=true")
+    assert {(d["kind"], d["metadata"]["name"]) for d in docs} == EXPECTED_DEFAULT | UI_OBJECTS
     for d in docs:
         meta = d["metadata"]
         labels = meta["labels"]
@@ -239,7 +240,7 @@ def rules_of(role: dict) -> dict[tuple[str, str], set[str]]:
 
 
 def test_rbac_is_exactly_what_the_operator_needs(helm: str) -> None:
-    docs = render(helm)
+    docs = render(helm, "ui.enabled=true")
     assert rules_of(one(docs, "Role", "awm-operator")) == merged(OPERATOR_RULES, CAMPAIGN_RULES)
     assert rules_of(one(docs, "ClusterRole", "awm-operator-awm-system")) == OPERATOR_CLUSTER_RULES
     sa = {"kind": "ServiceAccount", "name": "awm-operator", "namespace": "awm-system"}
@@ -266,7 +267,7 @@ def containers(docs: list[dict]) -> list[tuple[str, dict, dict]]:
     return out
 
 
-@pytest.mark.parametrize("sets", [(), EXTERNAL])
+@pytest.mark.parametrize("sets", [("ui.enabled=true",), EXTERNAL])
 def test_pods_are_locked_down(helm: str, sets: tuple[str, ...]) -> None:
     found = containers(render(helm, *sets))
     assert found
@@ -444,7 +445,7 @@ def test_envserver_network_policy(helm: str) -> None:
 
 
 def test_operator_api_answers_only_clients_of_the_served_namespaces(helm: str) -> None:
-    policy = one(render(helm, "operator.watchNamespaces={team-a,team-b}",
+    policy = one(render(helm, "operator.watchNamespaces={team-a,team-b}", "ui.enabled=true",
                         'networkPolicy.clients:=[{"podSelector": {"matchLabels": {"awm.dev/client": "true"}}},'
                         ' {"namespaceSelector": {"matchLabels": {"role": "trainers"}}}]'),
                  "NetworkPolicy", "awm-operator")["spec"]
@@ -466,7 +467,7 @@ def test_no_clients_means_no_one_reaches_the_operator_api(helm: str) -> None:
     """An empty ``from`` in a NetworkPolicy rule admits every peer: with no clients (and no UI)
     the chart leaves the 8080 rule out (the API answers no pod), and env pods answer only the
     operator. With the UI, its pods alone reach the API."""
-    docs = render(helm, "networkPolicy.clients:=[]")
+    docs = render(helm, "networkPolicy.clients:=[]", "ui.enabled=true")
     (ui, _) = one(docs, "NetworkPolicy", "awm-operator")["spec"]["ingress"]
     assert ui["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "awm-system"}},
                            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "awm-ui",
@@ -485,7 +486,7 @@ def test_ui_component(helm: str) -> None:
     through the operator's API (its own ServiceAccount, a Role per namespace), shows the runs of a
     claim mounted read-only, answers to its Service's names and the Ingress host only, and is
     gone when disabled."""
-    docs = render(helm, "operator.watchNamespaces={team-a,team-b}", "ui.runsClaim=runs",
+    docs = render(helm, "ui.enabled=true", "operator.watchNamespaces={team-a,team-b}", "ui.runsClaim=runs",
                   "ui.ingress.enabled=true", "ui.ingress.host=awm.example.org", "ui.allowedHosts={ui.internal}")
     pod = one(docs, "Deployment", "awm-ui")["spec"]["template"]["spec"]
     (c,) = pod["containers"]
@@ -504,11 +505,11 @@ def test_ui_component(helm: str) -> None:
     assert ingress["http"]["paths"][0]["backend"]["service"] == {"name": "awm-ui", "port": {"name": "http"}}
     assert not [d for d in render(helm, "ui.enabled=false") if d["metadata"]["name"].startswith("awm-ui")]
     # its image is the env server's (one override for both), unless it has its own
-    image = lambda *sets: one(render(helm, *sets), "Deployment", "awm-ui")["spec"]["template"]["spec"]["containers"][0]
+    image = lambda *sets: one(render(helm, "ui.enabled=true", *sets), "Deployment", "awm-ui")["spec"]["template"]["spec"]["containers"][0]
     assert image("envserver.image.repository=reg.example/env", "envserver.image.tag=1.2")["image"] == "reg.example/env:1.2"
     own = image("ui.image.repository=reg.example/ui", "ui.image.tag=v3", "ui.image.pullPolicy=Always")
     assert (own["image"], own["imagePullPolicy"]) == ("reg.example/ui:v3", "Always")
-    r = subprocess.run([helm, "template", RELEASE, str(CHART), "--set", "ui.ingress.enabled=true"],
+    r = subprocess.run([helm, "template", RELEASE, str(CHART), "--set", "ui.enabled=true", "--set", "ui.ingress.enabled=true"],
                        capture_output=True, text=True)
     assert r.returncode != 0 and "ui.ingress.host is required" in r.stderr
 

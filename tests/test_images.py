@@ -230,7 +230,7 @@ def test_envserver_image_commands(tmp_path: Path, helm: str) -> None:
     commands = {"entrypoint": entrypoint("envserver")}
     commands.update({k: v for k, v in pod_commands().items() if k in ("provision", "envserver")})
     # the chart's web view runs `awm ui` from this image (charts/awm/templates/ui.yaml)
-    ui = one(render(helm, "ui.runsClaim=runs"), "Deployment", "awm-ui")["spec"]["template"]["spec"]
+    ui = one(render(helm, "ui.enabled=true", "ui.runsClaim=runs"), "Deployment", "awm-ui")["spec"]["template"]["spec"]
     commands["ui"] = ui["containers"][0]["command"] + ui["containers"][0]["args"]
     assert set(commands) == {"entrypoint", "provision", "envserver", "ui"}
     for what, argv in commands.items():

@@ -1188,6 +1188,57 @@ def test_reviews_are_cached_by_token_hash_and_expire() -> None:
     asyncio.run(go())
 
 
+async def test_each_route_needs_what_its_template_says_not_what_its_path_contains() -> None:
+    """The Need of a request comes from its route's template and method: a namespace or fleet
+    named "campaigns" or "envfleets" gets the Need of the route it is on. Every route has a rule;
+    a path's names must be Kubernetes names (an encoded "/" in a namespace would otherwise reach
+    the operator's own request to the API server), with or without authentication."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from awm_operator import auth as authn
+    from awm_operator.api import build_api
+    from awm_operator.reconcile import Context
+
+    asked: list[tuple[str, authn.Need]] = []
+
+    class Recording(authn.Authenticator):
+        async def identify(self, token: str) -> authn.Identity | None:
+            return authn.Identity("sa:viewer")
+
+        async def allowed(self, who: authn.Identity, namespace: str, need: authn.Need) -> bool:
+            asked.append((namespace, need))
+            return False  # nothing runs: only what was asked matters
+
+    ctx = Context(kube=None, allocator=None, metrics=None, config=OperatorConfig())  # type: ignore[arg-type]
+    app = build_api(ctx, operator_fleet(), Recording(review=None))  # type: ignore[arg-type]
+    registered = {(r.method, r.resource.canonical) for r in app.router.routes()
+                  if r.resource is not None and r.resource.canonical.startswith("/v1/") and r.method != "HEAD"}
+    assert registered == set(authn.NEEDS)  # a new route must say what it needs
+    bearer = {"Authorization": "Bearer t"}
+    async with TestClient(TestServer(app)) as client:
+        for method, path, want in [
+            ("GET", "/v1/namespaces/campaigns/envfleets", authn.Need("list", "envfleets")),
+            ("GET", "/v1/namespaces/rl/envfleets/campaigns", authn.Need("get", "envclaims")),
+            ("GET", "/v1/namespaces/rl/envfleets/envfleets/instances", authn.Need("get", "envclaims")),
+            ("POST", "/v1/namespaces/rl/envfleets/campaigns/claims", authn.Need("create", "envclaims")),
+            ("DELETE", "/v1/namespaces/campaigns/envfleets/f/claims/api_1", authn.Need("create", "envclaims")),
+            ("GET", "/v1/namespaces/rl/campaigns", authn.Need("list", "campaigns")),
+            ("POST", "/v1/namespaces/rl/campaigns/grpo/progress", authn.Need("update", "campaigns", "status", "grpo")),
+            ("GET", "/v1/namespaces/rl/nothing-here", authn.Need("get", "envclaims")),  # a 404 once allowed
+        ]:
+            asked.clear()
+            r = await client.request(method, path, headers=bearer)
+            assert r.status == 403 and asked == [(path.split("/")[3], want)], (method, path, asked)
+        for path in ("/v1/namespaces/..%2F..%2Fapi%2Fv1%2Fpods%3Fx%3D/envfleets", "/v1/namespaces/RL/campaigns",
+                     "/v1/namespaces/rl/envfleets/a_b", "/v1/namespaces/rl/campaigns/x%2Fy/progress"):
+            asked.clear()
+            r = await client.request("POST" if path.endswith("progress") else "GET", path, headers=bearer)
+            assert r.status == 400 and "Kubernetes" in (await r.json())["error"] and asked == [], path
+    open_app = build_api(ctx, operator_fleet(), None)  # AWM_API_AUTH=off checks the names too
+    async with TestClient(TestServer(open_app)) as client:
+        assert (await client.get("/v1/namespaces/..%2Fx/envfleets")).status == 400
+
+
 def test_a_campaign_job_runs_as_its_own_trainer_account() -> None:
     from awm_operator.campaign_manifests import CampaignSettings, Names, job_manifest, trainer_access
     from awm_operator.crds import CampaignSpec

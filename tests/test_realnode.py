@@ -194,12 +194,12 @@ def real_cp(tmp_path_factory: pytest.TempPathFactory, images: dict[str, Any]):
 
 @pytest.fixture(scope="module")
 def chart(real_cp: Any, images: dict[str, Any]) -> Cluster:
-    """`helm install` of charts/awm with the built images: Postgres and two operator replicas as
-    real pods, the NetworkPolicies on (k8s/chart.py; the node enforces them); evaluation Campaigns
+    """`helm install` of charts/awm with the built images: Postgres, two operator replicas and the
+    web view as real pods, the NetworkPolicies on (k8s/chart.py; the node enforces them); evaluation Campaigns
     default to the evaluation image (trainer.evalImage)."""
     cp = real_cp
     r = chart_install.helm_install(cp, {n: b.ref for n, b in images.items()}, release=RELEASE, namespace=NS,
-                                   sets=("operator.replicas=2",))
+                                   sets=("operator.replicas=2", "ui.enabled=true"))
     assert r.returncode == 0, f"helm install failed: {r.stderr}\n{_describe(cp)}"
     policies = cp.api("GET", f"/apis/networking.k8s.io/v1/namespaces/{NS}/networkpolicies")["items"]
     assert {p["metadata"]["name"] for p in policies} == {f"{RELEASE}-{c}" for c in ("envserver", "operator", "postgres")}

@@ -357,8 +357,10 @@ def test_awm_ui_refuses_fleets_or_campaigns_without_the_operator(tmp_path, monke
 def test_a_campaign_links_to_its_run_by_namespace_and_name(tmp_path):
     from awm.ui.app import campaign_run
 
-    runs = {"a": tmp_path / "runs" / "team-a" / "grpo", "b": tmp_path / "runs" / "team-b" / "grpo",
-            "c": tmp_path / "runs" / "eval-1"}
-    assert campaign_run(runs, "team-b", "grpo") == "b"   # /runs/NAMESPACE/NAME first
-    assert campaign_run(runs, "team-c", "eval-1") == "c"  # else a run directory of that name
-    assert campaign_run(runs, "team-c", "other") is None
+    root = tmp_path / "runs"
+    runs = {"a": root / "team-a" / "grpo", "b": root / "team-b" / "grpo", "c": root / "eval-1",
+            "d": root / "team-d" / "eval-2"}
+    assert campaign_run(runs, [root], "team-b", "grpo") == "b"   # /runs/NAMESPACE/NAME first
+    assert campaign_run(runs, [root], "team-c", "eval-1") == "c"  # else /runs/NAME, directly under a root
+    assert campaign_run(runs, [root], "team-c", "other") is None
+    assert campaign_run(runs, [root], "team-c", "eval-2") is None  # another namespace's run of that name

@@ -47,11 +47,11 @@ STATIC = Path(__file__).with_name("static")
 MAX_PAGE = 500
 
 
-def campaign_run(runs: dict[str, Path], namespace: str, name: str) -> str | None:
-    """The run of a Campaign whose Job writes under a volume the UI reads too (docs/kubernetes.md:
-    ``run_dir: /runs/NAMESPACE/NAME``, or ``/runs/NAME``): its id, else None."""
+def campaign_run(runs: dict[str, Path], roots: list[Path], namespace: str, name: str) -> str | None:
+    """The run of a Campaign whose Job writes under a volume the UI reads too (docs/ui.md:
+    ``run_dir: /runs/NAMESPACE/NAME``, or ``/runs/NAME`` directly under a root): its id, else None."""
     exact = [rid for rid, path in runs.items() if path.parts[-2:] == (namespace, name)]
-    named = [rid for rid, path in runs.items() if path.name == name]
+    named = [rid for rid, path in runs.items() if path.name == name and path.parent in roots]
     return (exact or named or [None])[0]
 
 
@@ -191,7 +191,7 @@ def build_app(state: UiState, middleware: list[Middleware] | None = None) -> Sta
             runs = await run_in_threadpool(state.runs.paths)
             for group in snapshot["namespaces"]:
                 for campaign in group["campaigns"]:
-                    campaign["run"] = campaign_run(runs, group["namespace"], campaign["name"])
+                    campaign["run"] = campaign_run(runs, state.runs.roots, group["namespace"], campaign["name"])
         return JSONResponse(snapshot)
 
     def playground(action: Callable[[str, Any], Awaitable[Any]], body_model: type[BaseModel] | None):

@@ -35,6 +35,9 @@ PROMQL = {  # fleet-wide, from a real Prometheus (checked by promtool in tests/t
 
 
 UNKNOWN = "?"  # the environment of an instance given by URL, until it answers /info
+# A namespace's Campaigns and EnvFleets are listed at most this often, however many pages poll
+# (each listing is two LISTs on the API server, through the operator).
+LIST_TTL_S = 1.5
 
 
 class Instance(BaseModel):
@@ -106,6 +109,7 @@ class FleetView:
         self.operator_url = operator_url.rstrip("/") if operator_url else None
         self.fleets = list(fleets or [])
         self.namespaces = list(namespaces or [])
+        self._listed: dict[str, tuple[float, dict[str, Any]]] = {}  # namespace -> (when, listing)
         self.prometheus_url = prometheus_url.rstrip("/") if prometheus_url else None
         self.grafana_url = grafana_url
         self.holders: dict[str, str] = {}  # instance name -> who holds it here (the playground)
@@ -160,12 +164,18 @@ class FleetView:
                 "claims": detail.get("claims", [])}
 
     async def _namespace(self, namespace: str) -> dict[str, Any]:
-        """Every Campaign and EnvFleet of ``namespace``, as the operator lists them."""
+        """Every Campaign and EnvFleet of ``namespace``, as the operator lists them (the last
+        listing when it is younger than LIST_TTL_S)."""
+        hit = self._listed.get(namespace)
+        if hit is not None and time.monotonic() - hit[0] < LIST_TTL_S:
+            return hit[1]
         campaigns, fleets = await asyncio.gather(self._listing(namespace, "campaigns"),
                                                  self._listing(namespace, "envfleets"))
         errors = [e for e in (campaigns[1], fleets[1]) if e]
-        return {"namespace": namespace, "campaigns": campaigns[0], "fleets": fleets[0],
-                "error": "; ".join(dict.fromkeys(errors)) or None}
+        listing = {"namespace": namespace, "campaigns": campaigns[0], "fleets": fleets[0],
+                   "error": "; ".join(dict.fromkeys(errors)) or None}
+        self._listed[namespace] = (time.monotonic(), listing)
+        return listing
 
     async def _listing(self, namespace: str, kind: str) -> tuple[list[dict[str, Any]], str | None]:
         try:
@@ -174,9 +184,9 @@ class FleetView:
             body = response.json()
         except (httpx.HTTPError, ValueError) as exc:
             return [], f"{kind}: {exc}"
-        if response.status_code != 200:
+        if response.status_code != 200 or not isinstance(body, dict):
             error = body.get("error") if isinstance(body, dict) else None
-            return [], f"{kind}: {response.status_code} {error or response.text}"
+            return [], f"{kind}: {response.status_code} {error or response.text[:300]}"
         return body.get("campaigns" if kind == "campaigns" else "fleets") or [], None
 
     async def _prometheus(self) -> dict[str, Any]:

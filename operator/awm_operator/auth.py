@@ -27,6 +27,7 @@ does not accept; 403: RBAC says no, or the claim is someone else's.
 from __future__ import annotations
 
 import hashlib
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
@@ -112,20 +113,57 @@ class Authenticator:
                 cache.pop(key, None)
 
 
+_FLEET = "/v1/namespaces/{ns}/envfleets/{fleet}"
+# What each route of the API needs, by its template and method (never by a substring of the
+# path: a namespace or fleet may be named "campaigns").
+NEEDS: dict[tuple[str, str], Need] = {
+    ("GET", "/v1/namespaces/{ns}/envfleets"): Need("list", "envfleets"),
+    ("GET", _FLEET): Need("get", "envclaims"),
+    ("GET", _FLEET + "/instances"): Need("get", "envclaims"),
+    ("POST", _FLEET + "/claims"): Need("create", "envclaims"),
+    ("DELETE", _FLEET + "/claims"): Need("create", "envclaims"),
+    ("GET", _FLEET + "/claims/{id}"): Need("get", "envclaims"),
+    ("POST", _FLEET + "/claims/{id}/renew"): Need("create", "envclaims"),
+    ("DELETE", _FLEET + "/claims/{id}"): Need("create", "envclaims"),
+    ("GET", "/v1/namespaces/{ns}/campaigns"): Need("list", "campaigns"),
+    ("POST", "/v1/namespaces/{ns}/campaigns/{name}/progress"): Need("update", "campaigns", "status"),
+}
+# Names in a path must be Kubernetes names: they go into the API server's paths (an encoded "/"
+# or "?" in a namespace must not reach one) and into access reviews.
+_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")  # a namespace (RFC 1123 label)
+_SUBDOMAIN = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+class NoRule(LookupError):
+    """A /v1 route without an entry in NEEDS (a new route must say what it needs)."""
+
+
+def bad_name(request: web.Request) -> str | None:
+    """Why a path's names are not Kubernetes names (None: they are)."""
+    ns = request.match_info.get("ns")
+    if ns is not None and not _LABEL.match(ns):
+        return f"namespace {ns[:80]!r} is not a Kubernetes namespace name"
+    for key in ("fleet", "name"):
+        value = request.match_info.get(key)
+        if value is not None and not _SUBDOMAIN.match(value):
+            return f"{key} {value[:80]!r} is not a Kubernetes object name"
+    return None
+
+
 def need_of(request: web.Request) -> Need | None:
-    """What a request needs; None for routes outside the API (health)."""
-    path = request.path
-    if not path.startswith("/v1/"):
+    """What a request needs; None for routes outside the API (health). A /v1 path that matches
+    no route needs what any reader needs (it gets its 404 once authenticated)."""
+    if not request.path.startswith("/v1/"):
         return None
-    if "/campaigns/" in path:
-        return Need("update", "campaigns", "status", request.match_info.get("name", ""))
-    if path.endswith("/campaigns"):
-        return Need("list", "campaigns")
-    if path.endswith("/envfleets"):
-        return Need("list", "envfleets")
-    if request.method == "GET":
+    resource = request.match_info.route.resource
+    if resource is None:
         return Need("get", "envclaims")
-    return Need("create", "envclaims")
+    need = NEEDS.get(("GET" if request.method == "HEAD" else request.method, resource.canonical))
+    if need is None:
+        raise NoRule(f"{request.method} {resource.canonical}")
+    if need.resource == "campaigns" and need.subresource:  # a campaign's own status: by its name
+        return Need(need.verb, need.resource, need.subresource, request.match_info.get("name", ""))
+    return need
 
 
 def _deny(status: int, message: str) -> web.Response:
@@ -139,7 +177,14 @@ def middleware(auth: Authenticator | None) -> Any:
 
     @web.middleware
     async def check(request: web.Request, handler: Any) -> web.StreamResponse:
-        need = need_of(request)
+        if request.path.startswith("/v1/"):
+            why = bad_name(request)
+            if why is not None:
+                return _deny(400, why)
+        try:
+            need = need_of(request)
+        except NoRule as exc:  # a route nobody gave a rule: refused rather than guessed
+            return _deny(403, f"no access rule for {exc}")
         if auth is None or need is None:
             return await handler(request)
         header = request.headers.get("Authorization", "")
