@@ -40,6 +40,7 @@ from awm.trainer.policy import ReplayPolicy
 from awm.episode.reward import RewardConfig
 from awm.trainer.rollout import RolloutConfig, RolloutService, TaskRef
 from tests.k8s_e2e import api_url, apply_crds, metric, operator_config, setup_namespace, wait_for
+from tests.test_ui_browser import browser, shots  # noqa: F401 (fixtures: a real browser, the screenshots' directory)
 
 pytestmark = pytest.mark.slow
 
@@ -345,7 +346,6 @@ def test_the_web_view_lists_campaigns_through_the_operator(cluster: Cluster, ope
     EnvFleets to an identity that RBAC lets list them, and to no other; the UI's fleet view shows
     them."""
     from awm.ui.fleet import FleetView
-    from tests.k8s_e2e import CLIENTS_NS, client_token
 
     name = f"view-{uuid.uuid4().hex[:5]}"
     cluster.create(name, {
@@ -360,15 +360,7 @@ def test_the_web_view_lists_campaigns_through_the_operator(cluster: Cluster, ope
     refused = httpx.get(url.replace("/campaigns", "/envfleets"), headers=bearer())
     assert refused.status_code == 403 and "list envfleets" in refused.json()["error"]
 
-    viewer = client_token(cluster.cp, "viewer")
-    rbac = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NS}"
-    cluster.cp.api("POST", f"{rbac}/roles", {
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "viewer"},
-        "rules": [{"apiGroups": ["awm.dev"], "resources": ["campaigns", "envfleets"], "verbs": ["list"]}]})
-    cluster.cp.api("POST", f"{rbac}/rolebindings", {
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "viewer"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "viewer"},
-        "subjects": [{"kind": "ServiceAccount", "name": "viewer", "namespace": CLIENTS_NS}]})
+    viewer = viewer_token(cluster)
 
     def listed() -> dict[str, Any] | None:
         r = httpx.get(url, headers={"Authorization": f"Bearer {viewer}"})
@@ -398,6 +390,136 @@ def test_the_web_view_lists_campaigns_through_the_operator(cluster: Cluster, ope
         assert other["campaigns"] == other["fleets"] == [] and "403" in other["error"]  # no Role there
     finally:
         cluster.delete(name)
+
+
+def _serve_ui(state: Any) -> Any:
+    """The UI's server (build_app, as ``awm ui`` runs it) on a port of its own, in a thread."""
+    import socket
+    import threading
+
+    import uvicorn
+
+    from awm.ui.app import build_app
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(build_app(state), log_level="warning"))
+    threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True).start()
+    wait_for("the UI's server", lambda: server.started)
+    return server, f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+def test_the_playground_claims_with_the_users_own_token(cluster: Cluster, operator: InThread, env_urls: dict[str, str],
+                                                       tmp_path: Path, monkeypatch: pytest.MonkeyPatch, browser: Any,
+                                                       shots: Path) -> None:
+    """The chart's UI with ``ui.playground`` (``awm ui --playground-claims``): a person claims an
+    instance with their own token, which the UI forwards to the operator (401 without one, 403 for
+    an identity RBAC does not let create envclaims there); the instance is theirs alone through
+    the UI (403 for any other token); they act on it in the browser (reset, a tool call with its
+    database change, the verdict), and leaving the page releases the claim in the operator."""
+    from selenium.webdriver.support.ui import Select
+
+    from awm.ui.app import UiState
+    from awm.ui.fleet import FleetView
+    from awm.ui.runs import Runs
+    from tests.k8s_e2e import CLIENTS_NS, client_token, grant_claims
+    from tests.test_ui_browser import open_page, severe
+    from tests.test_ui_browser import wait as wait_browser
+
+    name = f"play-{uuid.uuid4().hex[:5]}"
+    cluster.cp.api("POST", f"{API}/namespaces/{NS}/envfleets", {
+        "apiVersion": "awm.dev/v1alpha1", "kind": "EnvFleet", "metadata": {"name": name},
+        "spec": {"environments": ["notes"], "replicas": 1, "catalog": {}, "database": {"secretName": "awm-db"},
+                 "template": {"annotations": env_urls}}})
+    player, stranger = client_token(cluster.cp, "player"), client_token(cluster.cp, "stranger")
+    grant_claims(cluster.cp, NS, CLIENTS_NS, "player")  # the stranger may not claim in NS
+    monkeypatch.setenv("AWM_API_TOKEN", viewer_token(cluster))  # the UI's own identity: list only
+    monkeypatch.setenv("AWM_HOME", str(tmp_path / "home"))
+    view = FleetView(operator_url=api_url(operator), namespaces=[NS])
+    server, url = _serve_ui(UiState(Runs([tmp_path]), fleet=view, playground_claims=True))
+
+    def allocated() -> int:
+        return int(((cluster.fleet(name) or {}).get("status") or {}).get("allocated") or 0)
+
+    try:
+        wait_for("the fleet's instance ready", lambda: ((cluster.fleet(name) or {}).get("status") or {}).get("ready") == 1)
+        as_ = lambda token: {"Authorization": f"Bearer {token}"} if token else {}  # noqa: E731
+        claim = {"namespace": NS, "fleet": name, "environment": "notes"}
+        with httpx.Client(base_url=url, timeout=60) as ui:
+            r = ui.post("/api/playground/claim", json=claim)
+            assert r.status_code == 401 and "bearer token" in r.json()["error"]
+            r = ui.post("/api/playground/claim", json=claim, headers=as_(stranger))
+            assert r.status_code == 403 and "create envclaims" in r.json()["error"], r.text
+            r = ui.post("/api/playground/claim", json={**claim, "namespace": "kube-system"}, headers=as_(player))
+            assert r.status_code == 403 and "not one this UI serves" in r.json()["error"]
+            r = ui.post("/api/playground/claim", json=claim, headers=as_(player))
+            assert r.status_code == 200, r.text
+            instance = r.json()["instance"]
+            assert instance.startswith(f"{NS}.{name}-") and allocated() in (0, 1)  # (status follows)
+            wait_for("the claim in the fleet's status", lambda: allocated() == 1)
+            for token in (None, stranger):  # another person cannot drive it through the UI
+                r = ui.post(f"/api/playground/{instance}/open", headers=as_(token))
+                assert r.status_code == 403 and "another token" in r.json()["error"]
+                r = ui.post(f"/api/playground/{instance}/release", headers=as_(token))
+                assert r.status_code == 403
+            opened = ui.post(f"/api/playground/{instance}/open", headers=as_(player)).json()
+            assert opened["claimed"] and "add_note" in [t["name"] for t in opened["tools"]]
+            r = ui.post(f"/api/playground/{instance}/release", headers=as_(player))
+            assert r.status_code == 200
+            wait_for("the claim released in the operator", lambda: allocated() == 0)
+
+        # The same in the browser, as the person would: the token typed into the page.
+        open_page(browser, url + "/", "#/playground", "playground")
+        main = browser.find_element("id", "main")
+        form = wait_browser(lambda: main.find_elements("id", "claim"), "the claim form")[0]
+        Select(form.find_element("name", "fleet")).select_by_value(f"{NS}/{name}")
+        Select(form.find_element("name", "environment")).select_by_value("notes")
+        form.find_element("name", "token").send_keys(player)
+        form.find_element("xpath", ".//button[text()='Claim an instance']").click()
+        held = wait_browser(lambda: browser.find_elements("id", "play-held"), "the claimed instance's page")[0]
+        assert "claimed from the cluster for you (notes)" in held.text
+        wait_for("the browser's claim in the fleet's status", lambda: allocated() == 1)
+        main = browser.find_element("id", "main")
+        Select(main.find_element("name", "task")).select_by_value("add_note")
+        main.find_element("xpath", "//button[text()='Reset']").click()
+        wait_browser(lambda: "groceries" in browser.find_element("id", "play-status").text, "the reset")
+        tool = main.find_element("css selector", 'details[data-tool="add_note"]')
+        tool.find_element("tag name", "summary").click()
+        tool.find_element("name", "title").send_keys("groceries")
+        tool.find_element("name", "body").send_keys("milk, eggs")
+        tool.find_element("xpath", ".//button[text()='Call']").click()
+        call = wait_browser(lambda: browser.find_elements("css selector", "#play-log li.call"), "the call")[0]
+        assert "ok" in call.text and "groceries" in call.text
+        main.find_element("xpath", "//button[text()='Verify']").click()
+        verdict = wait_browser(lambda: browser.find_elements("css selector", "#play-log .verify-result"), "the verdict")[0]
+        assert "complete" in verdict.text and "1 inserted" in verdict.text
+        assert severe(browser) == []
+        browser.save_screenshot(str(shots / "playground-cluster.png"))
+        open_page(browser, url + "/", "#/fleet", "fleet")  # leaving the page releases the claim
+        wait_for("the browser's claim released in the operator", lambda: allocated() == 0)
+    finally:
+        server.should_exit = True
+        cluster.cp.api("DELETE", f"{API}/namespaces/{NS}/envfleets/{name}")
+
+
+def viewer_token(cluster: Cluster) -> str:
+    """A token of ServiceAccount ``awm-test-clients/viewer``, which may list campaigns and fleets in NS."""
+    from tests.k8s_e2e import CLIENTS_NS, client_token
+
+    rbac = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NS}"
+    for path, body in ((f"{rbac}/roles", {
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "viewer"},
+            "rules": [{"apiGroups": ["awm.dev"], "resources": ["campaigns", "envfleets"], "verbs": ["list"]}]}),
+            (f"{rbac}/rolebindings", {
+                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "viewer"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "viewer"},
+                "subjects": [{"kind": "ServiceAccount", "name": "viewer", "namespace": CLIENTS_NS}]})):
+        try:
+            cluster.cp.api("POST", path, body)
+        except urllib.error.HTTPError as exc:
+            if exc.code != 409:  # made by an earlier test
+                raise
+    return client_token(cluster.cp, "viewer")
 
 
 def test_impossible_campaigns_are_refused(cluster: Cluster) -> None:

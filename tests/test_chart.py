@@ -514,6 +514,25 @@ def test_ui_component(helm: str) -> None:
     assert r.returncode != 0 and "ui.ingress.host is required" in r.stderr
 
 
+def test_ui_playground_in_the_cluster(helm: str) -> None:
+    """``ui.playground``: the UI claims for the person at the browser (--playground-claims) and env
+    pods admit it on MCP and control; without it, they admit only the operator and the clients."""
+    ui_peer = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "awm-system"}},
+               "podSelector": {"matchLabels": {"app.kubernetes.io/name": "awm-ui", "app.kubernetes.io/instance": RELEASE}}}
+
+    def peers(*sets: str) -> tuple[list[str], list[dict[str, Any]]]:
+        docs = render(helm, "ui.enabled=true", *sets)
+        args = one(docs, "Deployment", "awm-ui")["spec"]["template"]["spec"]["containers"][0]["args"]
+        ingress = one(docs, "NetworkPolicy", "awm-envserver")["spec"]["ingress"][0]
+        assert _ports(ingress) == {(8000, "TCP"), (8001, "TCP")}
+        return args, ingress["from"]
+
+    args, allowed = peers("ui.playground=true")
+    assert "--playground-claims" in args and ui_peer in allowed
+    args, allowed = peers()
+    assert "--playground-claims" not in args and ui_peer not in allowed
+
+
 def test_envserver_network_policy_external_database(helm: str) -> None:
     egress = one(render(helm, *EXTERNAL), "NetworkPolicy", "awm-envserver")["spec"]["egress"]
     assert "to" not in egress[0] and _ports(egress[0]) == {(5432, "TCP")}  # any host, Postgres port only

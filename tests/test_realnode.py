@@ -92,20 +92,30 @@ def walkthrough() -> str:
 
 
 def test_walkthrough(images: dict[str, Any]) -> None:
-    """docs/kubernetes.md "From zero on one machine", every command as written (first in this
-    module: it brings up and tears down its own cluster before the module's cluster starts)."""
+    """docs/kubernetes.md "From zero on one machine", every command as written, as pasted into an
+    interactive shell (first in this module: it brings up and tears down its own cluster before
+    the module's cluster starts)."""
     harness = k8s_harness
     require(harness.binaries_present(), f"Kubernetes test binaries missing in {harness.default_bin_dir()}: run k8s/build.sh")
     lacking = harness.node_module().missing_prerequisites(harness.default_bin_dir())
     require(not lacking, f"a real node needs: {'; '.join(lacking)}")
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     env.pop("KUBECONFIG", None)
-    r = subprocess.run(["bash", "-euo", "pipefail", "-c", walkthrough()], cwd=ROOT, env=env,
+    # As pasted into a fresh interactive shell: bash -i reading the block (history expansion, job
+    # control, no -e: a failed step does not stop the ones after it, so every step's own output is
+    # checked below, and its errors must not appear at all).
+    r = subprocess.run(["bash", "--norc", "--noprofile", "-i"], input=walkthrough() + "\nexit\n", cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=1800)
-    assert r.returncode == 0, f"walkthrough failed ({r.returncode}):\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}"
-    assert "search_accounts" in r.stdout  # awm env check listed the tools
-    assert re.search(r'"name":\s*"', r.stdout), r.stdout[-2000:]  # awm env call printed accounts (JSON)
-    assert "release \"awm\" uninstalled" in r.stdout
+    out = f"walkthrough ({r.returncode}):\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}"
+    assert r.returncode == 0, out
+    for done in ("envfleet.awm.dev/demo condition met", "envclaim.awm.dev/mine condition met",
+                 "search_accounts",  # awm env check listed the tools
+                 'release "awm" uninstalled'):
+        assert done in r.stdout, out
+    assert re.search(r'"name":\s*"', r.stdout), out  # awm env call printed accounts (JSON)
+    errors = [line for line in r.stderr.splitlines()
+              if re.search(r"(?i)\berror\b|command not found|No such process|event not found|Traceback", line)]
+    assert not errors, out
 
 
 def _real_node_harness() -> Any:

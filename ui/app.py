@@ -13,7 +13,11 @@ The API is the front end's only data source, and plain enough to script against:
                                                operator's fleets, and per namespace its Campaigns (each
                                                with its run's id when its run directory is under the
                                                roots) and EnvFleets
-    POST /api/playground/{instance}/open|reset|call|verify|release
+    POST /api/playground/claim                 {namespace, fleet, environment?} with the caller's
+                                               bearer token: an instance from the operator for the
+                                               playground (awm ui --playground-claims), -> {instance}
+    POST /api/playground/{instance}/open|reset|call|verify|release   (a claimed instance: with the
+                                               claimer's token)
 """
 
 from __future__ import annotations
@@ -37,10 +41,12 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from awm.client import ControlApiError, McpError
+from awm.episode.allocation import AllocationError
 from awm.ui import catalog as catalog_view
 from awm.ui.fleet import FleetView
 from awm.ui.index import EpisodeFilter
-from awm.ui.playground import TTL_S, CallRequest, Playground, ResetRequest, VerifyRequest
+from awm.ui.playground import (TTL_S, CallRequest, ClaimRequest, Forbidden, Playground, ResetRequest, Unauthorized,
+                               VerifyRequest)
 from awm.ui.runs import Runs
 
 STATIC = Path(__file__).with_name("static")
@@ -63,9 +69,10 @@ class UiState:
     catalog: str = "starter"
     fleet: FleetView = field(default_factory=FleetView)
     playground_ttl_s: float = TTL_S
+    playground_claims: bool = False  # claim instances from the operator with the user's token
 
     def __post_init__(self) -> None:
-        self.playground = Playground(self.fleet, self.playground_ttl_s)
+        self.playground = Playground(self.fleet, self.playground_ttl_s, self.playground_claims)
         self._catalog: dict[str, Any] | None = None
 
     def catalog_data(self) -> dict[str, Any]:
@@ -112,6 +119,12 @@ class _Revalidated(StaticFiles):
 
 def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
+
+
+def bearer_token(request: Request) -> str | None:
+    """The caller's ``Authorization: Bearer`` token (forwarded to the operator, never logged)."""
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    return token.strip() or None if scheme.lower() == "bearer" else None
 
 
 def _int(value: str | None, default: int | None = None) -> int | None:
@@ -192,19 +205,27 @@ def build_app(state: UiState, middleware: list[Middleware] | None = None) -> Sta
             for group in snapshot["namespaces"]:
                 for campaign in group["campaigns"]:
                     campaign["run"] = campaign_run(runs, state.runs.roots, group["namespace"], campaign["name"])
+        snapshot["playground_claims"] = state.playground.claims
         return JSONResponse(snapshot)
 
-    def playground(action: Callable[[str, Any], Awaitable[Any]], body_model: type[BaseModel] | None):
+    def playground(action: Callable[[str, Any, str | None], Awaitable[Any]], body_model: type[BaseModel] | None):
         async def handler(request: Request) -> Response:
-            name = request.path_params["instance"]
+            name = request.path_params.get("instance", "")
             try:
                 raw = await request.body()
                 body = body_model.model_validate_json(raw or b"{}") if body_model else None
-                result = await action(name, body)
+                result = await action(name, body, bearer_token(request))
             except ValidationError as exc:
                 return _error(400, str(exc))
             except KeyError:
-                return _error(404, f"no instance {name!r} in this UI's fleet")
+                return _error(404, f"no instance {name!r} in this UI's fleet or playground")
+            except Unauthorized as exc:
+                return JSONResponse({"error": str(exc)}, status_code=401, headers={"WWW-Authenticate": "Bearer"})
+            except Forbidden as exc:
+                return _error(403, str(exc))
+            except AllocationError as exc:  # the operator's answer to the user's own token
+                status = exc.status if exc.status in (400, 401, 403, 404, 409) else 502
+                return _error(status, f"the operator: {exc}")
             except (McpError, ControlApiError, httpx.HTTPError) as exc:
                 return _error(502, f"the instance failed: {exc}")
             except ValueError as exc:  # e.g. a reset of an environment that serves no task
@@ -214,8 +235,8 @@ def build_app(state: UiState, middleware: list[Middleware] | None = None) -> Sta
 
     pg = state.playground
 
-    async def release(name: str, _: Any) -> dict[str, Any]:
-        await pg.release(name)
+    async def release(name: str, _: Any, token: str | None) -> dict[str, Any]:
+        await pg.release(name, token)
         return {"released": name}
 
     async def index_html(request: Request) -> Response:
@@ -242,7 +263,10 @@ def build_app(state: UiState, middleware: list[Middleware] | None = None) -> Sta
         Route("/api/runs/{run}/episodes", episodes),
         Route("/api/runs/{run}/episodes/{episode}", episode),
         Route("/api/fleet", fleet),
-        Route("/api/playground/{instance}/open", playground(lambda n, _: pg.open(n), None), methods=["POST"]),
+        Route("/api/playground/claim", playground(lambda _, body, token: pg.claim(body, token), ClaimRequest),
+              methods=["POST"]),
+        Route("/api/playground/{instance}/open", playground(lambda n, _, token: pg.open(n, token), None),
+              methods=["POST"]),
         Route("/api/playground/{instance}/reset", playground(pg.reset, ResetRequest), methods=["POST"]),
         Route("/api/playground/{instance}/call", playground(pg.call, CallRequest), methods=["POST"]),
         Route("/api/playground/{instance}/verify", playground(pg.verify, VerifyRequest), methods=["POST"]),

@@ -52,6 +52,9 @@ def ui_command(
                                                         help="External Postgres admin DSN for --serve.")] = None,
     playground_ttl: Annotated[float, typer.Option("--playground-ttl", min=1.0, help=(
         "Seconds a playground session may stay idle before its instance is released."))] = 900.0,
+    playground_claims: Annotated[bool, typer.Option("--playground-claims", help=(
+        "Let the playground claim an instance of a --namespace EnvFleet from the operator, with the "
+        "bearer token the person at the browser gives (the operator checks their RBAC, not the UI's)."))] = False,
 ) -> None:
     """Serve the web view: catalog, runs (reward curves, pass@k, episodes with per-call database
     diffs), fleet, and a playground that calls a real instance's tools."""
@@ -71,6 +74,10 @@ def ui_command(
         raise typer.Exit(2)
     if (fleet or namespace) and not operator_url:
         console.print("[red]error:[/red] --fleet and --namespace read the operator's API: give --operator-url")
+        raise typer.Exit(2)
+    if playground_claims and not (operator_url and namespace):
+        console.print("[red]error:[/red] --playground-claims claims from the EnvFleets of --namespace through "
+                      "--operator-url: give both")
         raise typer.Exit(2)
     try:
         bundles = catalog_mod.load(catalog, serve) if serve else []
@@ -95,7 +102,7 @@ def ui_command(
                 found += [Instance(env=h.env, name=h.name, mcp_url=h.mcp_url, control_url=h.control_url)
                           for h in local.instances]
             view = FleetView(found, operator_url, fleet, prometheus_url, grafana_url, namespace)
-            state = UiState(Runs(roots), catalog, view, playground_ttl)
+            state = UiState(Runs(roots), catalog, view, playground_ttl, playground_claims)
             bound = sock.getsockname()
             url = f"http://{'[' + bound[0] + ']' if ':' in bound[0] else bound[0]}:{bound[1]}/"
             console.print(f"awm ui on {url} · runs under {', '.join(map(str, roots))} · catalog {catalog} · "

@@ -107,9 +107,14 @@ async def new_connection(client: httpx.AsyncClient, own: bool) -> httpx.AsyncCli
 
 
 class AllocationClient:
+    """``token``: the bearer token to call with; None: the process's own (:func:`bearer`). The
+    UI's playground passes the token of the person at the browser, so that the operator's RBAC
+    check is theirs, not the UI's."""
+
     def __init__(self, base_url: str, namespace: str, fleet: str, timeout: float = 660.0,
-                 client: httpx.AsyncClient | None = None, standby_retries: int = 8) -> None:
+                 client: httpx.AsyncClient | None = None, standby_retries: int = 8, token: str | None = None) -> None:
         self.base = f"{base_url.rstrip('/')}/v1/namespaces/{namespace}/envfleets/{fleet}"
+        self._token = token
         self.standby_retries = standby_retries
         self._client = client or httpx.AsyncClient(timeout=timeout)
         self._own = client is None
@@ -156,11 +161,14 @@ class AllocationClient:
 
     async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         """One request, asked again past a standby replica (:func:`past_standby`)."""
-        r = await past_standby(lambda: self._client.request(method, self.base + path, headers=bearer(), **kwargs),
+        r = await past_standby(lambda: self._client.request(method, self.base + path, headers=self._headers(), **kwargs),
                                self._new_connection, self.standby_retries)
         if not self._own:
             self._client.headers.pop("Connection", None)
         return r
+
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self._token}"} if self._token else bearer()
 
     async def _new_connection(self) -> None:
         self._client = await new_connection(self._client, self._own)

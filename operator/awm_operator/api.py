@@ -61,13 +61,17 @@ def _error(status: int, message: str) -> web.Response:
     return web.json_response({"error": message}, status=status)
 
 
+ENVIRONMENT_NAMES = 2000  # a fleet's environment names listed (what a claim may ask for), at most
+
+
 def fleet_summary(obj: dict[str, Any], fleets: Fleets) -> dict[str, Any]:
     """One EnvFleet as ``GET .../envfleets`` lists it."""
     meta, spec, status = obj["metadata"], obj.get("spec") or {}, obj.get("status") or {}
     replicas, ready, allocated = (int(status.get(k) or 0) for k in ("replicas", "ready", "allocated"))
+    names = list(status.get("environments") or spec.get("environments") or [])
     row: dict[str, Any] = {
         "namespace": meta["namespace"], "fleet": meta["name"], "binding": spec.get("binding", "pinned"),
-        "environments": len(status.get("environments") or spec.get("environments") or []),
+        "environments": len(names), "environmentNames": names[:ENVIRONMENT_NAMES],
         "replicas": replicas, "ready": ready, "allocated": allocated,
         "starting": max(0, replicas - ready - allocated), "demand": None, "live": False,
         "condition": next(({k: c.get(k) for k in ("status", "reason", "message")}

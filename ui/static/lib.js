@@ -28,7 +28,7 @@ function append(el, children) {
 }
 
 export async function api(path, options = {}) {
-  const init = { headers: { "Accept": "application/json" }, ...options };
+  const init = { ...options, headers: { "Accept": "application/json", ...(options.headers || {}) } };
   if (options.body !== undefined && typeof options.body !== "string") {
     init.body = JSON.stringify(options.body);
     init.headers["Content-Type"] = "application/json";
