@@ -205,11 +205,11 @@ def real_cp(tmp_path_factory: pytest.TempPathFactory, images: dict[str, Any]):
 @pytest.fixture(scope="module")
 def chart(real_cp: Any, images: dict[str, Any]) -> Cluster:
     """`helm install` of charts/awm with the built images: Postgres, two operator replicas and the
-    web view as real pods, the NetworkPolicies on (k8s/chart.py; the node enforces them); evaluation Campaigns
+    web view (with its playground) as real pods, the NetworkPolicies on (k8s/chart.py; the node enforces them); evaluation Campaigns
     default to the evaluation image (trainer.evalImage)."""
     cp = real_cp
     r = chart_install.helm_install(cp, {n: b.ref for n, b in images.items()}, release=RELEASE, namespace=NS,
-                                   sets=("operator.replicas=2", "ui.enabled=true"))
+                                   sets=("operator.replicas=2", "ui.enabled=true", "ui.playground=true"))
     assert r.returncode == 0, f"helm install failed: {r.stderr}\n{_describe(cp)}"
     policies = cp.api("GET", f"/apis/networking.k8s.io/v1/namespaces/{NS}/networkpolicies")["items"]
     assert {p["metadata"]["name"] for p in policies} == {f"{RELEASE}-{c}" for c in ("envserver", "operator", "postgres")}
@@ -539,6 +539,35 @@ def test_claim_tools_reset_verify_on_pod_ips(chart: Cluster, fleet: str) -> None
             await control.close()
 
     assert asyncio.run(after()) == pristine
+
+
+def test_the_ui_pods_playground_claims_with_the_users_token(chart: Cluster, fleet: str) -> None:
+    """The chart's web view with ``ui.playground`` (a real pod): a person's token claims an env pod
+    through the operator's Service (the operator's NetworkPolicy admits the UI), and the UI reaches
+    that pod's MCP and control ports (the env pods' policy admits the UI only with ui.playground):
+    a tool call and a verdict, then the release returns the instance."""
+    cp = chart.cp
+    (ui,) = [p for p in cp.api("GET", f"/api/v1/namespaces/{NS}/pods?labelSelector=app.kubernetes.io/name%3Dawm-ui")
+             ["items"] if not p["metadata"].get("deletionTimestamp")]
+    token = {"Authorization": f"Bearer {os.environ['AWM_API_TOKEN']}"}  # the trainer's identity: may claim in NS
+    with httpx.Client(base_url=f"http://{ui['status']['podIP']}:8090", timeout=60) as client:
+        assert client.post("/api/playground/claim", json={"namespace": NS, "fleet": fleet}).status_code == 401
+        r = client.post("/api/playground/claim", json={"namespace": NS, "fleet": fleet, "environment": "crm"},
+                        headers=token)
+        assert r.status_code == 200, f"{r.text}\n{_describe(cp)}"
+        name = r.json()["instance"]
+        wait_for("the claim in the ledger", lambda: len(chart.ledger(fleet)) == 1, timeout=30)
+        opened = client.post(f"/api/playground/{name}/open", headers=token).json()
+        assert "search_accounts" in [t["name"] for t in opened["tools"]], opened
+        task = opened["tasks"][0]["id"]
+        assert client.post(f"/api/playground/{name}/reset", json={"task_id": task}, headers=token).status_code == 200
+        call = client.post(f"/api/playground/{name}/call", json={"tool": "search_accounts", "arguments": {"limit": 2}},
+                           headers=token).json()
+        assert call["is_error"] is False and call["structured"] is not None, call
+        verdict = client.post(f"/api/playground/{name}/verify", json={}, headers=token).json()
+        assert verdict["verdict"]["verdict"] in ("complete", "incomplete") and not verdict["masked"], verdict
+        assert client.post(f"/api/playground/{name}/release", headers=token).status_code == 200
+    wait_for("the playground's claim released", lambda: not chart.ledger(fleet), timeout=60)
 
 
 def test_allocation_api_claim_through_the_operator_service(chart: Cluster, fleet: str) -> None:

@@ -97,6 +97,11 @@ class JudgeSpec(_Spec):
     timeout_seconds: float = Field(60.0, alias="timeoutSeconds", ge=1, le=600, description="Per request.")
     max_trajectory_tokens: int = Field(6000, alias="maxTrajectoryTokens", ge=200, le=200000, description=(
         "Token budget of the episode log shown to the judge; longer episodes lose middle steps, said so."))
+    reasoning: bool | None = Field(None, description=(
+        "OpenAI reasoning-model request shape (max_completion_tokens, no temperature), as the paper's "
+        "GPT-5 judge needs; unset: decided by the model's name (awm.judge)."))
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = Field(
+        None, alias="reasoningEffort", description="The reasoning model's effort (unset: the endpoint's default).")
 
     def env(self) -> list[dict[str, Any]]:
         env: list[dict[str, Any]] = [
@@ -104,6 +109,10 @@ class JudgeSpec(_Spec):
             {"name": "AWM_JUDGE_VOTES", "value": str(self.votes)},
             {"name": "AWM_JUDGE_TIMEOUT_S", "value": str(self.timeout_seconds)},
             {"name": "AWM_JUDGE_MAX_TRAJECTORY_TOKENS", "value": str(self.max_trajectory_tokens)}]
+        if self.reasoning is not None:
+            env.append({"name": "AWM_JUDGE_REASONING", "value": "1" if self.reasoning else "0"})
+        if self.reasoning_effort:
+            env.append({"name": "AWM_JUDGE_REASONING_EFFORT", "value": self.reasoning_effort})
         if self.api_key_secret is not None:
             env.append({"name": "AWM_JUDGE_API_KEY", "valueFrom": {"secretKeyRef": {
                 "name": self.api_key_secret.name, "key": self.api_key_secret.key}}})
