@@ -82,6 +82,7 @@ def test_tau2_suite_scores_with_tau2s_evaluator(tmp_path: Path) -> None:
     by = {r.category: r.metrics for r in report.rows}
     assert by["airline"]["pass^1"] == 0.5 and by["retail"]["pass^1"] == 1.0 and by["telecom"]["pass^1"] == 0.0
     assert report.summary[0].category == "Average" and report.summary[0].metrics["pass^1"] == 0.5
+    assert report.metrics == ["pass^1", "pass@1"]  # one trial: pass^1 is pass^k, named once
     console = Console(record=True, width=160)
     render(report, console)
     text = console.export_text()
