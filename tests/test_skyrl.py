@@ -92,6 +92,7 @@ def test_wrong_work_scores_zero_and_malformed_calls_are_penalised(env_config):
     assert "malformed tool call" in bad["observations"][0]["content"]
     wrong = env.step('<tool_call>{"name": "add_note", "arguments": {"title": 5}}</tool_call>')
     assert "invalid_arguments" in wrong["observations"][0]["content"]
+    assert env.episode.error_kinds == ["malformed", "invalid_arguments"]  # as the trainer's agent loop records them
     end = env.step("Done.")
     assert end["done"] and end["reward"] == pytest.approx(-0.1)  # incomplete, one malformed call
     assert end["metadata"]["reward_components"]["format_penalty"] == pytest.approx(-0.1)

@@ -264,3 +264,29 @@ def test_awm_agent_command(notes, pg, tmp_path):
                 "--base-url", "http://127.0.0.1:9/v1", "--model", "x", "--out", str(tmp_path / "b.jsonl"),
                 home=pg.root.parent)
     assert down.returncode == 3 and "policy endpoint is unavailable" in down.stderr
+
+
+def _append_from_a_process(path: str, writer: int) -> None:
+    log = TrajectoryLog(path)
+    for n in range(40):  # lines from 1 KB to ~300 KB: far past any stdio buffer
+        log.write("turn", {"writer": writer, "n": n, "payload": chr(65 + writer) * (1024 * (1 + 7 * n))})
+    log.close()
+
+
+def test_processes_appending_to_one_trajectory_log_never_interleave_lines(tmp_path):
+    """verl's agent-loop workers are processes that append to one trajectory file: each line is
+    one write on an O_APPEND descriptor, so every line reads back whole."""
+    import multiprocessing
+
+    path = tmp_path / "shared.jsonl"
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_append_from_a_process, args=(str(path), w)) for w in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    events = list(read_events(path))  # a torn line would not parse
+    assert sorted((e["writer"], e["n"]) for e in events) == [(w, n) for w in range(4) for n in range(40)]
+    for e in events:
+        assert e["payload"] == chr(65 + e["writer"]) * (1024 * (1 + 7 * e["n"]))

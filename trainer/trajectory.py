@@ -10,6 +10,7 @@ episodes (the ``end`` lines).
 from __future__ import annotations
 
 import json
+import os
 import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -83,19 +84,25 @@ class Trajectory:
 
 
 class TrajectoryLog:
-    """Append-only JSONL, one line per event, flushed per line (safe across threads)."""
+    """Append-only JSONL, one line per event. Each line is one ``write(2)`` on a descriptor
+    opened with ``O_APPEND``, so lines of several writers - threads, or the processes of verl's
+    agent-loop workers sharing one file - never interleave on a local filesystem (NFS gives no
+    such guarantee: give each process its own file there)."""
 
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = self.path.open("a", encoding="utf-8")
+        self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
         self._lock = threading.Lock()
 
     def write(self, event: str, record: dict[str, Any]) -> None:
-        line = json.dumps({"event": event, **record}, ensure_ascii=False, default=str)
+        line = (json.dumps({"event": event, **record}, ensure_ascii=False, default=str) + "\n").encode()
         with self._lock:
-            self._file.write(line + "\n")
-            self._file.flush()
+            if self._fd is None:
+                raise ValueError(f"trajectory log {self.path} is closed")
+            written = os.write(self._fd, line)
+            if written != len(line):  # a regular file writes all or fails (ENOSPC raises)
+                raise OSError(f"short write to {self.path}: {written} of {len(line)} bytes")
 
     def start(self, traj: Trajectory) -> None:
         self.write("start", {"episode_id": traj.episode_id, "env": traj.env, "task_id": traj.task_id,
@@ -111,7 +118,13 @@ class TrajectoryLog:
 
     def close(self) -> None:
         with self._lock:
-            self._file.close()
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+
+    def __del__(self) -> None:  # a log nobody closed (an adapter's, shared for the process's life)
+        if getattr(self, "_fd", None) is not None:
+            os.close(self._fd)  # type: ignore[arg-type]
 
 
 def read_events(path: Path | str) -> Iterator[dict[str, Any]]:

@@ -272,10 +272,12 @@ class EpisodeSession:
             return TextStep("", True, await self.finish(answer))
         blocks, results = [], []
         for n, call in enumerate(calls):
-            if isinstance(call, toolcalls.MalformedCall):
+            if isinstance(call, toolcalls.MalformedCall):  # recorded as the trainer's agent loop does
+                self.note_error("malformed")
                 self.note_malformed()
                 out = CallResult(None, True, "malformed", f"malformed tool call: {call.error}")
             elif n >= self.max_calls_per_reply:
+                self.note_error("too_many_calls")
                 out = CallResult(call.name, True, "too_many_calls",
                                  f"not executed: at most {self.max_calls_per_reply} calls per reply")
             else:
