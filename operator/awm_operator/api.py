@@ -78,9 +78,7 @@ def fleet_summary(obj: dict[str, Any], fleets: Fleets) -> dict[str, Any]:
                            for c in status.get("conditions") or [] if c.get("type") == "Ready"), None)}
     fleet = fleets.get(meta["namespace"], meta["name"])
     if fleet is not None and fleet.spec is not None and fleet.active and not fleet.deleted:
-        c = fleet.counts()
-        row |= {"replicas": c.replicas, "ready": c.ready, "allocated": c.allocated, "starting": c.starting,
-                "demand": fleet.demand(), "live": True}
+        row |= {**fleet.counts().as_dict(), "demand": fleet.demand(), "live": True}
     return row
 
 
@@ -134,10 +132,8 @@ def build_api(ctx: Context, fleets: Fleets, auth: authn.Authenticator | None = N
     @routes.get("/v1/namespaces/{ns}/envfleets/{fleet}")
     async def show(request: web.Request) -> web.Response:
         fleet = fleet_of(request)
-        c = fleet.counts()
         return web.json_response({"namespace": fleet.namespace, "fleet": fleet.name, "active": fleet.active,
-                                  "replicas": c.replicas, "ready": c.ready, "allocated": c.allocated,
-                                  "starting": c.starting, "demand": fleet.demand()})
+                                  **fleet.counts().as_dict(), "demand": fleet.demand()})
 
     @routes.get("/v1/namespaces/{ns}/envfleets/{fleet}/instances")
     async def instances(request: web.Request) -> web.Response:

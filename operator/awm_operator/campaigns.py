@@ -528,8 +528,7 @@ def campaign_summary(obj: dict[str, Any], state: CampaignState | None, fleets: F
     fleet = fleets.get(meta["namespace"], fleet_name)
     counts = None
     if fleet is not None and fleet.spec is not None and fleet.active and not fleet.deleted:
-        c = fleet.counts()
-        counts = {"replicas": c.replicas, "ready": c.ready, "allocated": c.allocated, "starting": c.starting}
+        counts = fleet.counts().as_dict()
     return {"namespace": meta["namespace"], "name": meta["name"], "mode": spec.get("mode"),
             "environments": len(spec.get("environments") or []),
             "groupSize": training.get("groupSize") or (spec.get("external") or {}).get("groupSize"),

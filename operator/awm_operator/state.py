@@ -11,6 +11,7 @@ replicas the ledger's optimistic concurrency is what keeps an instance from bein
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from collections import defaultdict
@@ -146,6 +147,10 @@ class Counts:
     starting: int = 0
     ready: int = 0         # ready and unallocated: the warm pool
     allocated: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        """What the operator's API lists (a fleet's ``show``, the fleets and campaigns lists)."""
+        return dataclasses.asdict(self)
 
 
 @dataclass
