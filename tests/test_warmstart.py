@@ -24,14 +24,14 @@ def _source(bundles, admin_dsn):
     return LocalFleetSource(bundles, replicas=1, database=Database(admin_dsn), allow_ungated=True, instances=2)
 
 
-async def _demonstrations(admin_dsn, tasks=None):
+async def _demonstrations(admin_dsn, tasks=None, tool_format="native", envs=("lamps",)):
     from awm.authoring import compile_source_dir
     from awm.trainer import warmstart as ws
     from awm.trainer.agent import AgentConfig
 
-    bundles = [compile_source_dir(FIXTURES / "lamps")]
+    bundles = [compile_source_dir(FIXTURES / env) for env in envs]
     chosen, skipped = ws.demonstration_tasks(bundles, tasks, allow_ungated=True)
-    agent = AgentConfig(max_turns=4, call_diff_rows=0)
+    agent = AgentConfig(max_turns=5, call_diff_rows=0, tool_format=tool_format)
     async with _source(bundles, admin_dsn) as source:
         demos = await ws.demonstrations(source, bundles, chosen, agent)
     return bundles, chosen, skipped, demos
@@ -57,6 +57,40 @@ async def test_demonstrations_are_replayed_solutions_and_only_the_assistant_is_t
     assert '"color": "green"' in text and '"color": "blue"' in text and "Done." in text
     assert "Switch on" not in text and "<tool_response>" not in text  # instructions and results are context
     assert any("Switch on the green lamp" in c for c in context)
+
+
+@pytest.mark.parametrize("tool_format", ["text", "awm"])
+async def test_demonstrations_in_the_text_and_awm_formats_over_two_environments(admin_dsn, tool_format):
+    """The demonstrations are written as the policy must write its calls: text ``<tool_call>``
+    blocks, or the AWM meta-tools (``list_tools`` once, then ``call_tool``), executed by the
+    same agent loop and verified complete, over two environments at once; what is trained is
+    exactly those calls and the answers."""
+    from transformers import AutoTokenizer
+
+    from awm.trainer import warmstart as ws
+    from awm.trainer.chatformat import chat_format
+
+    tasks = ["green_on", "add_note", "count_notes"]
+    bundles, chosen, skipped, demos = await _demonstrations(admin_dsn, tasks, tool_format, ("lamps", "notes"))
+    assert sorted(f"{t.env}/{t.task_id}" for t in chosen) == ["lamps/green_on", "notes/add_note", "notes/count_notes"]
+    assert not demos.skipped and len(demos.trajectories) == 3
+    for traj in demos.trajectories:
+        assert traj.verdict["verdict"] == "complete", (traj.task_id, traj.verdict)
+        assert traj.tools is None  # no tools parameter: the calls are the reply's text
+        calls = [c for turn in traj.turns for c in turn.tool_calls]
+        assert calls and not any(c.get("malformed") for c in calls)
+        if tool_format == "awm":
+            assert traj.turns[0].results[0]["name"] == "list_tools"
+            assert all(c.get("via") == "call_tool" for turn in traj.turns[1:] for c in turn.tool_calls)
+    tokenizer = AutoTokenizer.from_pretrained(FIXTURES / "tiny-qwen")
+    trained = "".join(tokenizer.decode([i for i, m in zip(s.input_ids, s.loss_mask) if m])
+                      for s in ws.sequences(demos.trajectories, chat_format(tokenizer)))
+    assert "You have 3 notes." in trained and "<tool_response>" not in trained
+    if tool_format == "text":
+        assert '<tool_call>{"name": "switch_on", "arguments": {"color": "green"}}</tool_call>' in trained
+    else:
+        assert '{"name": "list_tools", "arguments": {}}' in trained and '"name": "call_tool"' in trained
+        assert '"tool_name": "switch_on"' in trained
 
 
 async def test_a_warm_start_trains_and_writes_a_model_that_loads(admin_dsn, tmp_path):

@@ -455,8 +455,6 @@ def warmstart_command(
     try:
         bundles = catalog_mod.load(catalog, env or None)
         cfg = ws.WarmStartConfig(epochs=epochs, lr=lr, batch_size=batch_size, lora_rank=lora_rank, seed=seed)
-        if tool_format != ToolFormat.native:  # the replay answers with native tool calls
-            raise ValueError(f"--tool-format {tool_format.value}: demonstrations are native tool calls for now")
         ws.check_output(out, model)
     except (catalog_mod.CatalogError, ValueError) as exc:
         err.print(f"[red]error:[/red] {exc}")
@@ -466,7 +464,8 @@ def warmstart_command(
         err.print("[red]error:[/red] no task with a reference solution selected (only gated tasks unless "
                   f"--allow-ungated){': ' + '; '.join(f'{k}: {v}' for k, v in skipped.items()) if skipped else ''}")
         raise typer.Exit(2)
-    agent = AgentConfig(max_turns=max(len(t.solution) for b in bundles for t in b.tasks) + 1,
+    listing = 1 if tool_format == ToolFormat.awm else 0  # the AWM format lists the tools first
+    agent = AgentConfig(max_turns=max(len(t.solution) for b in bundles for t in b.tasks) + 1 + listing,
                         tool_format=tool_format.value, tool_descriptions=tool_descriptions.value, call_diff_rows=0)
 
     def on_step(epoch: int, step: int, loss: float) -> None:

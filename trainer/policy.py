@@ -27,6 +27,8 @@ from typing import Any, Protocol
 import httpx
 
 from awm.bundle import EnvBundle
+from awm.episode import toolcalls
+from awm.trainer import awm_format
 
 
 class PolicyUnavailable(RuntimeError):
@@ -201,7 +203,10 @@ def _token_data(data: dict[str, Any], choice: dict[str, Any]) -> tuple[list[int]
 
 @dataclass
 class ReplayPolicy:
-    """Replays each task's reference solution as native tool calls, one per turn, then answers.
+    """Replays each task's reference solution, one call per turn, then answers; in the agent's
+    tool format (``tool_format``): native tool calls, text ``<tool_call>`` blocks, or the AWM
+    meta-tools (``list_tools`` once, then a ``call_tool`` per step), so that a warm start's
+    demonstrations are written exactly as the policy will have to write them.
 
     It answers instantly, so a benchmark built on it measures the environments and the rollout
     machinery, not a model. Tasks are recognised by their instruction (the first user message);
@@ -211,18 +216,35 @@ class ReplayPolicy:
     bundles: list[EnvBundle]
     version: int = 0
     name: str = "replay"
+    tool_format: str = "native"
 
     def __post_init__(self) -> None:
+        if self.tool_format not in ("native", "text", "awm"):
+            raise ValueError(f"tool_format must be native, text or awm, not {self.tool_format!r}")
         self._tasks = {t.instruction: t for b in self.bundles for t in b.tasks}
+
+    def _calls_made(self, messages: list[dict[str, Any]]) -> int:
+        mine = [m for m in messages if m.get("role") == "assistant"]
+        if self.tool_format == "native":
+            return sum(1 for m in mine if m.get("tool_calls"))
+        made = sum(1 for m in mine if "<tool_call>" in (m.get("content") or ""))
+        return made - 1 if self.tool_format == "awm" and made else made  # (the first was list_tools)
 
     async def chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> PolicyReply:
         instruction = next((m["content"] for m in messages if m.get("role") == "user"), "")
         task = self._tasks.get(instruction)
-        done = sum(1 for m in messages if m.get("role") == "assistant" and m.get("tool_calls"))
+        listed = any("<tool_call>" in (m.get("content") or "") for m in messages if m.get("role") == "assistant")
+        if task is not None and task.solution and self.tool_format == "awm" and not listed:
+            return PolicyReply(toolcalls.render_text_call(awm_format.LIST_TOOLS, {}), None, "stop", version=self.version)
+        done = self._calls_made(messages)
         if task is None or done >= len(task.solution):
             answer = (task.final_answer if task else None) or "Done."
             return PolicyReply(answer, None, "stop", version=self.version)
         step = task.solution[done]
+        if self.tool_format == "text":
+            return PolicyReply(toolcalls.render_text_call(step.tool, step.arguments), None, "stop", version=self.version)
+        if self.tool_format == "awm":
+            return PolicyReply(awm_format.render_call(step.tool, step.arguments), None, "stop", version=self.version)
         call = {"id": f"replay_{done}", "type": "function",
                 "function": {"name": step.tool, "arguments": json.dumps(step.arguments)}}
         return PolicyReply(None, [call], "tool_calls", version=self.version)

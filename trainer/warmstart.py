@@ -81,7 +81,7 @@ def demonstration_tasks(bundles: list[EnvBundle], task_ids: list[str] | None = N
 async def demonstrations(source: InstanceSource, bundles: list[EnvBundle], tasks: list[TaskRef],
                          agent: AgentConfig) -> Demonstrations:
     """Every task's reference solution played through the agent loop, one episode each."""
-    policy = ReplayPolicy(bundles)
+    policy = ReplayPolicy(bundles, tool_format=agent.tool_format)  # written as the policy must write them
     service = RolloutService(source, policy, tasks, agent, RewardConfig(), RolloutConfig(group_size=1))
     groups = await asyncio.gather(*(service.run_group(t) for t in tasks))
     out = Demonstrations()
