@@ -382,15 +382,15 @@ def eval_command(
         print(json.dumps(data, indent=2))
         return
     table = Table(title=f"awm eval: {name}, k={k}")
-    for col in ("environment", "tasks", "episodes", "masked", "pass@1", f"pass@{k}", "mean reward"):
+    passes = ["pass@1"] if k == 1 else ["pass@1", f"pass@{k}"]  # with k=1 they are one column
+    for col in ("environment", "tasks", "episodes", "masked", *passes, "mean reward"):
         table.add_column(col, justify="left" if col == "environment" else "right")
     for e in data["environments"]:
-        table.add_row(e["env"], str(e["tasks"]), str(e["episodes"]), str(e["masked"]), _pct(e["pass@1"]),
-                      _pct(e[f"pass@{k}"]), "-" if e["mean_reward"] is None else f"{e['mean_reward']:.3f}")
+        table.add_row(e["env"], str(e["tasks"]), str(e["episodes"]), str(e["masked"]), *(_pct(e[c]) for c in passes),
+                      "-" if e["mean_reward"] is None else f"{e['mean_reward']:.3f}")
     o = data["overall"]
     table.add_section()
-    table.add_row("all", str(o["tasks"]), str(o["episodes"]), str(o["masked"]), _pct(o["pass@1"]),
-                  _pct(o[f"pass@{k}"]), "")
+    table.add_row("all", str(o["tasks"]), str(o["episodes"]), str(o["masked"]), *(_pct(o[c]) for c in passes), "")
     console.print(table)
     if o["short"]:
         console.print(f"{o['short']} task(s) kept fewer than {k} scored samples (episodes masked by our own "
