@@ -136,7 +136,7 @@ def test_awm_eval_reports_pass_at_k_per_environment(pg, tmp_path):
     assert sum(json.loads(line)["event"] == "end" for line in lines) == 12
     once = awm_eval(answer, pg, "--task", "add_note", "-k", "1", "--out", str(tmp_path / "once"))
     assert once.returncode == 0, once.stderr[-3000:]
-    header = next(line for line in once.stdout.splitlines() if "environment" in line)
+    header = next(line for line in once.stdout.splitlines() if "mean reward" in line)
     assert header.count("pass@1") == 1, header  # k=1: one column, not pass@1 twice
 
 
