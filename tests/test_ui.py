@@ -364,3 +364,30 @@ def test_a_campaign_links_to_its_run_by_namespace_and_name(tmp_path):
     assert campaign_run(runs, [root], "team-c", "eval-1") == "c"  # else /runs/NAME, directly under a root
     assert campaign_run(runs, [root], "team-c", "other") is None
     assert campaign_run(runs, [root], "team-c", "eval-2") is None  # another namespace's run of that name
+
+
+async def test_a_claimed_playground_session_is_its_claimers_and_ends_with_its_claim(monkeypatch):
+    """Unit level (the operator's answer faked; tests/test_campaign_e2e.py has the real one): a
+    claimed session answers only its claimer's token, and when the operator has let the claim go
+    (404 on renewal: its TTL passed) the UI drops the session instead of failing every request."""
+    import time
+
+    from awm.episode.allocation import AllocationClient, AllocationError
+    from awm.ui.playground import Claimed, Forbidden, Playground, Session, digest
+
+    view = FleetView(operator_url="http://127.0.0.1:9", namespaces=["ns"])
+    playground = Playground(view, ttl_s=30.0, claims=True)
+    inst = Instance(env="crm", name="ns.pod-0", mcp_url="http://127.0.0.1:9/mcp", control_url="http://127.0.0.1:9")
+    playground.sessions[inst.name] = Session(inst, Claimed("ns", "f", "api_1", digest("mine"), time.monotonic() - 60))
+
+    async def gone(self, claim_id, ttl_seconds=None):  # noqa: ANN001
+        raise AllocationError(404, f"no claim {claim_id} in fleet f")
+
+    monkeypatch.setattr(AllocationClient, "renew", gone)
+    for token in (None, "theirs"):
+        with pytest.raises(Forbidden):
+            await playground.session(inst.name, token)
+    with pytest.raises(KeyError):
+        await playground.session(inst.name, "mine")
+    assert inst.name not in playground.sessions
+    await view.close()

@@ -31,7 +31,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from awm.episode.allocation import AllocationClient
+from awm.episode.allocation import AllocationClient, AllocationError
 from awm.episode.session import EnvHandle, EpisodeSession
 from awm.ui.fleet import FleetView, Instance
 
@@ -175,8 +175,15 @@ class Playground:
             existing.used = time.monotonic()
             claimed = existing.claimed
             if claimed is not None and token and existing.used - claimed.renewed > self.ttl_s / 3:
-                async with self._allocation(claimed, token) as alloc:  # in use: keep the claim
-                    await alloc.renew(claimed.claim_id, self.ttl_s)
+                try:
+                    async with self._allocation(claimed, token) as alloc:  # in use: keep the claim
+                        await alloc.renew(claimed.claim_id, self.ttl_s)
+                except AllocationError as exc:
+                    if exc.status == 404:  # the operator let the claim go (its TTL): so does the UI
+                        self.sessions.pop(name, None)
+                        await existing.close()
+                        raise KeyError(name) from exc
+                    raise
                 claimed.renewed = existing.used
             return existing
         instance = self.fleet.find(name)
