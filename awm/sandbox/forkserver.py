@@ -15,9 +15,12 @@ later child.
 Protocol on a private unix socket (``SOCK_SEQPACKET``: one message per request, descriptors
 passed with ``SCM_RIGHTS``):
 
-* server → zygote ``{"op": "spawn", "config": {...}}`` with two descriptors (the child's request
-  pipe to read, its reply pipe to write) → ``{"op": "spawned", "pid": N}`` with a pidfd of the
-  child, so that the server can kill it without racing pid reuse;
+* server → zygote ``{"op": "spawn", "config": {...}, "load_key": K, "load": {...}}`` with two
+  descriptors (the child's request pipe to read, its reply pipe to write) → ``{"op": "spawned",
+  "pid": N}`` with a pidfd of the child, so that the server can kill it without racing pid reuse.
+  ``load`` (the code the child loads once confined: tool prelude, tools, app) is sent the first
+  time a key is used and kept by the zygote, compiled; later spawns name only its key, so a spawn
+  moves a few hundred bytes however large the environment's code is;
 * server → zygote ``{"op": "reap", "pid": N}`` → ``{"op": "reaped", "status": S}``: the zygote waits
   for its (already killed) child and says how it ended.
 
@@ -39,6 +42,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from awm.sandbox import confine
+from awm.sandbox.channel import load_sources
 
 MAX_CONTROL = 1 << 20
 COMMON_MODULES = ("re", "json", "datetime", "decimal", "math", "random", "string", "uuid", "hashlib",
@@ -62,6 +66,7 @@ def _recv(sock: socket.socket, max_fds: int) -> tuple[dict[str, Any], list[int]]
 
 
 _LAUNCHER = ThreadPoolExecutor(1, thread_name_prefix="awm-zygote-launcher")  # never shut down
+_LOADS: dict[str, dict[str, Any]] = {}  # in the zygote: the loads its children run, by key
 
 
 class Zygote:
@@ -74,7 +79,7 @@ class Zygote:
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
         self._sock: socket.socket | None = None
-        self._compiled: set[tuple[str, str]] = set()  # sources the running zygote has compiled
+        self._loads: set[str] = set()  # keys of the loads the running zygote holds
         self.isolation: dict[str, Any] = {}
 
     def _start(self) -> None:
@@ -94,7 +99,7 @@ class Zygote:
         finally:
             theirs.close()
         self._sock = ours
-        self._compiled = set()
+        self._loads = set()
         hello, fds = _recv(ours, 0)
         if hello.get("op") != "ready":
             raise ZygoteError(f"zygote said {hello.get('op')!r} instead of ready")
@@ -113,15 +118,16 @@ class Zygote:
                 self._stop()
                 raise ZygoteError(f"zygote failed: {exc}") from None
 
-    def spawn(self, config: dict[str, Any], child_read: int, child_write: int,
-              sources: list[tuple[str, str]] = ()) -> tuple[int, int | None]:  # type: ignore[assignment]
-        """Fork a worker reading ``child_read`` and writing ``child_write``: (pid, pidfd).
-        ``sources`` (code the worker will load) are compiled once by the zygote, before it forks."""
+    def spawn(self, config: dict[str, Any], child_read: int, child_write: int, load_key: str,
+              load: dict[str, Any]) -> tuple[int, int | None]:
+        """Fork a worker reading ``child_read`` and writing ``child_write``: (pid, pidfd). Once
+        confined, it loads ``load`` (sent to the zygote the first time ``load_key`` is used)."""
         with self._lock:
-            new = [list(s) for s in sources if s not in self._compiled]
-        reply, fds = self._request({"op": "spawn", "config": config, "compile": new}, [child_read, child_write], 1)
+            known = load_key in self._loads
+        message = {"op": "spawn", "config": config, "load_key": load_key, "load": None if known else load}
+        reply, fds = self._request(message, [child_read, child_write], 1)
         with self._lock:
-            self._compiled.update(tuple(s) for s in new)  # type: ignore[misc]
+            self._loads.add(load_key)
         if reply.get("op") != "spawned":
             for fd in fds:
                 os.close(fd)
@@ -193,16 +199,18 @@ def _spawn(control: socket.socket, message: dict[str, Any], fds: list[int], zygo
         return
     from awm.sandbox import worker
 
-    for item in message.get("compile") or []:
-        try:
-            source, filename = str(item[0]), str(item[1])
-            worker.COMPILED[(source, filename)] = compile(source, filename, "exec")
-        except (SyntaxError, ValueError, TypeError, IndexError, RecursionError, MemoryError):
-            pass  # the worker compiles it itself and reports the error where the load fails
+    key = str(message.get("load_key") or "")
+    if isinstance(message.get("load"), dict):
+        _LOADS[key] = message["load"]
+        for source, filename in load_sources(message["load"]):
+            try:
+                worker.COMPILED[(source, filename)] = compile(source, filename, "exec")
+            except (SyntaxError, ValueError, TypeError, RecursionError, MemoryError):
+                pass  # the worker compiles it itself and reports the error where the load fails
     gc.freeze()  # what the zygote holds is never scanned (so never copied) by a child's collector
     pid = os.fork()
     if pid == 0:
-        _child(control, dict(message.get("config") or {}), fds, zygote, namespaces)
+        _child(control, {**(message.get("config") or {}), "load": _LOADS.get(key)}, fds, zygote, namespaces)
     for fd in fds:
         os.close(fd)
     pidfds: list[int] = []

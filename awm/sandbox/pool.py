@@ -13,6 +13,7 @@ when the *thread* that spawned a child ends, so short-lived threads must not spa
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 import queue
@@ -30,7 +31,6 @@ from typing import Any, Callable
 from awm.jsonlimits import depth_exceeds, map_strings
 from awm.sandbox import codec, confine
 from awm.sandbox.forkserver import Zygote
-from awm.sandbox.channel import load_sources
 
 MAX_MESSAGE = 64 * 1024 * 1024  # one line from a worker (a result, a query's SQL)
 MAX_DEPTH = 100  # nesting of a worker's message (a result is rendered and logged by the server)
@@ -86,6 +86,11 @@ class WorkerSpec:
     @property
     def app(self) -> bool:
         return bool(self.load.get("app"))
+
+    @functools.cached_property
+    def load_key(self) -> str:
+        """Names ``load`` to the fork server, which keeps each load it was sent (compiled)."""
+        return hashlib.sha256(codec.encode(self.load)).hexdigest()
 
 
 def _package_root() -> str:
@@ -146,8 +151,8 @@ class Worker:
         self._pid = 0
         try:
             config = {"memory_mb": spec.memory_mb, "app": spec.app, "read_paths": list(read_paths(spec.app)),
-                      "layers": _layers()}
-            self._pid, self.pidfd = zygote.spawn(config, to_child, from_child, load_sources(spec.load))
+                      "layers": _layers(), "allow_weak_isolation": spec.allow_weak_isolation}
+            self._pid, self.pidfd = zygote.spawn(config, to_child, from_child, spec.load_key, spec.load)
         except BaseException:
             for fd in (self._wfd, self._rfd):
                 os.close(fd)
@@ -172,9 +177,10 @@ class Worker:
                     "refusing to run untrusted code: confinement layers missing: "
                     + json.dumps(self.isolation.get("missing")) + " (accept weaker isolation explicitly "
                     "with --allow-weak-isolation / AWM_ALLOW_WEAK_ISOLATION=1)")
-            reply = self.request({"op": "load", **spec.load}, _no_sql, START_TIMEOUT_S)
-            if reply.get("op") != "loaded":
-                raise WorkerFailure("start", f"code failed to load: {reply.get('reason', reply)}")
+            loaded = hello.get("loaded")
+            if not isinstance(loaded, dict) or loaded.get("op") != "loaded":
+                reason = loaded.get("reason", loaded) if isinstance(loaded, dict) else loaded
+                raise WorkerFailure("start", f"code failed to load: {redact(reason, self._prefixes)}")
         except BaseException:
             self.kill()
             raise
@@ -276,10 +282,6 @@ class Worker:
             if self._buffer:
                 raise WorkerFailure("protocol", "worker sent more than one final reply")
             return redact(reply, self._prefixes)
-
-
-def _no_sql(message: dict[str, Any]) -> dict[str, Any]:
-    return {"error": {"kind": "forbidden", "message": "no database access while code is loading"}}
 
 
 class WorkerPool:

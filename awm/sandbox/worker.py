@@ -1,16 +1,17 @@
 """The worker process: where untrusted code (tools, verifiers, imported apps) runs.
 
-Started by :mod:`awm.sandbox.pool` with an empty environment, ``python -I -S``, and a JSON
-configuration as its only argument. Before it reads any untrusted code it confines itself
-(:mod:`awm.sandbox.confine`): namespaces, rlimits, Landlock, seccomp. It holds no database
-connection and no credential: every SQL statement becomes a request on its pipe, which the
-server runs inside the episode's savepoint (and refuses if it would escape it).
+Forked by the fork server (:mod:`awm.sandbox.forkserver`) of an env server, whose environment is
+empty. Before it runs any untrusted code it confines itself (:mod:`awm.sandbox.confine`): rlimits,
+Landlock, seccomp, inside the fork server's namespaces. It holds no database connection and no
+credential: every SQL statement becomes a request on its pipe, which the server runs inside the
+episode's savepoint (and refuses if it would escape it).
 
-Protocol (one JSON object per line, :mod:`awm.sandbox.codec`), on private copies of stdin and
-stdout; descriptors 0, 1 and 2 become ``/dev/null`` so that ``print`` reaches nobody.
+Protocol (one JSON object per line, :mod:`awm.sandbox.codec`) on two private pipes; descriptors 0,
+1 and 2 are ``/dev/null`` so that ``print`` reaches nobody.
 
-* worker → server ``ready`` with the confinement report, once.
-* server → worker ``load`` (tool prelude, tools, optional app) → ``loaded`` | ``failed``.
+* worker → server ``ready`` once, with the confinement report and how loading its code (tool
+  prelude, tools, optional app: handed over by the fork server) went: ``loaded`` | ``failed``.
+  Nothing is loaded when the confinement is weaker than the server accepts.
 * server → worker ``call`` → any number of ``sql`` requests (each answered) → ``result`` | ``failed``.
 * server → worker ``verify`` → any number of ``query`` requests → ``done`` | ``failed``.
 
@@ -234,7 +235,7 @@ class Worker:
         return {"op": "done", "complete": complete, "reason": reason[:MAX_REASON]}
 
     def serve(self) -> None:
-        handlers = {"load": self.load, "call": self.call, "verify": self.verify}
+        handlers = {"call": self.call, "verify": self.verify}
         while True:
             message = self.channel.receive()
             if message is None:
@@ -254,9 +255,11 @@ class Worker:
 
 
 def serve_child(config: dict[str, Any], reader: Any, writer: Any, namespaces: confine.Report) -> None:
-    """A worker forked by the fork server (:mod:`awm.sandbox.forkserver`): confine, then serve.
+    """A worker forked by the fork server: confine, load its code, say ready, then serve.
 
-    Descriptors 0-2 are already ``/dev/null`` and the environment is empty (the fork server's)."""
+    Descriptors 0-2 are already ``/dev/null`` and the environment is empty (the fork server's).
+    Loading here, before the first message, spares every spawn a round trip and the code's
+    encoding; the server learns both the confinement and the load from the one ``ready``."""
     if config.get("app"):
         from awm.sandbox import appshim
 
@@ -265,34 +268,16 @@ def serve_child(config: dict[str, Any], reader: Any, writer: Any, namespaces: co
     report = confine.confine(config["read_paths"], confine.Limits(memory_mb=int(config["memory_mb"])), layers,
                              namespaces=namespaces if "namespaces" in layers else None, seccomp=SECCOMP_PROGRAM)
     channel.CHANNEL = channel.Channel(reader, writer)
-    channel.CHANNEL.send({"op": "ready", "isolation": report.as_dict(), "pid": os.getpid()})
-    Worker(channel.CHANNEL).serve()
-
-
-def main() -> None:
-    config = json.loads(sys.argv[1])
-    confine.die_with_parent(int(config["parent"]))
-    reader = os.fdopen(os.dup(0), "rb")
-    writer = os.fdopen(os.dup(1), "wb")
-    devnull = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):
-        os.dup2(devnull, fd)
-    os.close(devnull)
-    os.environ.clear()
-    if config.get("app"):
-        from awm.sandbox import appshim
-
-        appshim.prepare()  # imports FastAPI, SQLAlchemy, httpx and builds the event loop
-    # The package's own directory leaves the path: nothing of the server is importable later.
-    for entry in config.get("drop_paths", []):
-        while entry in sys.path:
-            sys.path.remove(entry)
-    report = confine.confine(config["read_paths"], confine.Limits(memory_mb=int(config["memory_mb"])),
-                             tuple(config.get("layers", confine.LAYERS)))
-    channel.CHANNEL = channel.Channel(reader, writer)
-    channel.CHANNEL.send({"op": "ready", "isolation": report.as_dict(), "pid": os.getpid()})
-    Worker(channel.CHANNEL).serve()
-
-
-if __name__ == "__main__":
-    main()
+    worker = Worker(channel.CHANNEL)
+    load = config.get("load")
+    if not report.strong and not config.get("allow_weak_isolation"):
+        loaded = {"op": "failed", "kind": "start", "reason": "not loaded: confinement is weaker than required"}
+    elif not isinstance(load, dict):
+        loaded = {"op": "failed", "kind": "start", "reason": "the fork server had no code for this worker"}
+    else:
+        try:
+            loaded = worker.load(load)
+        except BaseException as exc:  # noqa: BLE001 - a load failure is reported, like a call's
+            loaded = _failure(exc)
+    channel.CHANNEL.send({"op": "ready", "isolation": report.as_dict(), "pid": os.getpid(), "loaded": loaded})
+    worker.serve()
