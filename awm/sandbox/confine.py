@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import os
 import resource
 import signal
@@ -146,7 +147,8 @@ class Limits:
     open_files: int = 64
 
 
-def _libc() -> ctypes.CDLL:
+@functools.lru_cache(maxsize=1)
+def _libc() -> ctypes.CDLL:  # once per process: a fork server's children inherit it
     return ctypes.CDLL(None, use_errno=True)
 
 
@@ -399,11 +401,10 @@ def _fs_rights(abi: int) -> int:
     return rights
 
 
-def _landlock(read_paths: list[str], report: Report) -> None:
-    abi = report.landlock_abi = landlock_abi()
-    if abi < 1:
-        report.missing["landlock"] = "kernel without Landlock (needs Linux >= 5.13 with landlock in lsm=)"
-        return
+def landlock_ruleset(read_paths: list[str], abi: int) -> int:
+    """A Landlock ruleset that allows reading ``read_paths`` only (and no TCP): its descriptor,
+    the caller's to close. Built once by a fork server and applied by each child it forks, which
+    then restricts itself with one call instead of opening and adding every path again."""
     libc = _libc()
     attr = _RulesetAttr(_fs_rights(abi), (_NET_BIND_TCP | _NET_CONNECT_TCP) if abi >= 4 else 0,
                         (_SCOPE_ABSTRACT_UNIX_SOCKET | _SCOPE_SIGNAL) if abi >= 6 else 0)
@@ -424,6 +425,23 @@ def _landlock(read_paths: list[str], report: Report) -> None:
                          ctypes.c_int(_LANDLOCK_RULE_PATH_BENEATH), ctypes.byref(rule), ctypes.c_uint32(0))
             finally:
                 os.close(fd)
+    except BaseException:
+        os.close(ruleset)
+        raise
+    return ruleset
+
+
+def _landlock(read_paths: list[str], report: Report, ruleset: int | None = None) -> None:
+    """Restrict this process to ``read_paths``; with ``ruleset`` (from :func:`landlock_ruleset`,
+    built for the same paths) that one is applied, and closed."""
+    abi = report.landlock_abi = landlock_abi()
+    if abi < 1:
+        report.missing["landlock"] = "kernel without Landlock (needs Linux >= 5.13 with landlock in lsm=)"
+        return
+    libc = _libc()
+    if ruleset is None:
+        ruleset = landlock_ruleset(read_paths, abi)
+    try:
         if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
             raise ConfinementError("prctl(PR_SET_NO_NEW_PRIVS) failed")
         _syscall(libc, _SYS_LANDLOCK_RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(0))
@@ -469,52 +487,61 @@ def _filter(me: int) -> object:
     return flt
 
 
-def seccomp_program() -> bytes | None:
-    """The filter as a classic BPF program, with :data:`PID_PLACEHOLDER` for the caller's pid:
-    built once by the fork server (libseccomp takes ~1.5 ms to build it), loaded by each child
-    with its own pid patched in. None where libseccomp is unavailable."""
-    if seccomp_problem() is not None:
-        return None
-    fd = os.memfd_create("awm-seccomp")
-    try:
-        with os.fdopen(os.dup(fd), "wb") as out:
-            _filter(PID_PLACEHOLDER).export_bpf(out)  # type: ignore[attr-defined]
-        os.lseek(fd, 0, os.SEEK_SET)
-        chunks = []
-        while chunk := os.read(fd, 1 << 16):
-            chunks.append(chunk)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
-
-
 class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
 
-def _load_program(program: bytes, me: int) -> None:
-    """Load a program from :func:`seccomp_program` with ``me`` as the caller's pid."""
-    placeholder, mine = PID_PLACEHOLDER.to_bytes(4, "little"), me.to_bytes(4, "little")
-    code = bytearray(program)
-    for offset in range(0, len(code), 8):  # struct sock_filter {u16 code; u8 jt, jf; u32 k}
-        if code[offset + 4:offset + 8] == placeholder:
-            code[offset + 4:offset + 8] = mine
-    buffer = ctypes.create_string_buffer(bytes(code), len(code))
-    fprog = _SockFprog(len(code) // 8, ctypes.cast(buffer, ctypes.c_void_p))
-    libc = _libc()
-    if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "PR_SET_NO_NEW_PRIVS")
-    if libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "PR_SET_SECCOMP")
+class SeccompProgram:
+    """The filter as a classic BPF program in memory, with :data:`PID_PLACEHOLDER` for the
+    caller's pid: built once by a fork server (libseccomp takes ~1.5 ms to build it; the buffer
+    and the placeholders' offsets are found once too), loaded by each child with its own pid
+    written in."""
+
+    def __init__(self, code: bytes) -> None:
+        placeholder = PID_PLACEHOLDER.to_bytes(4, "little")
+        # struct sock_filter {u16 code; u8 jt, jf; u32 k}: the placeholders are constants k
+        self.offsets = [o + 4 for o in range(0, len(code), 8) if code[o + 4:o + 8] == placeholder]
+        self._buffer = ctypes.create_string_buffer(code, len(code))
+        self._fprog = _SockFprog(len(code) // 8, ctypes.cast(self._buffer, ctypes.c_void_p))
+
+    @classmethod
+    def build(cls) -> SeccompProgram | None:
+        """None where libseccomp is unavailable."""
+        if seccomp_problem() is not None:
+            return None
+        fd = os.memfd_create("awm-seccomp")
+        try:
+            with os.fdopen(os.dup(fd), "wb") as out:
+                _filter(PID_PLACEHOLDER).export_bpf(out)  # type: ignore[attr-defined]
+            os.lseek(fd, 0, os.SEEK_SET)
+            chunks = []
+            while chunk := os.read(fd, 1 << 16):
+                chunks.append(chunk)
+            return cls(b"".join(chunks))
+        finally:
+            os.close(fd)
+
+    def load(self, me: int) -> None:
+        """Install the filter on this process, with ``me`` as the caller's pid (this process's
+        copy of the buffer: a fork server's children each write their own)."""
+        mine = me.to_bytes(4, "little")
+        base = ctypes.addressof(self._buffer)
+        for offset in self.offsets:
+            ctypes.memmove(base + offset, mine, 4)
+        libc = _libc()
+        if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "PR_SET_NO_NEW_PRIVS")
+        if libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(self._fprog), 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "PR_SET_SECCOMP")
 
 
-def _seccomp(report: Report, program: bytes | None = None) -> None:
+def _seccomp(report: Report, program: SeccompProgram | None = None) -> None:
     problem = seccomp_problem()
     if problem is not None:
         report.missing["seccomp"] = problem
         return
     if program is not None:
-        _load_program(program, os.getpid())
+        program.load(os.getpid())
     else:
         _filter(os.getpid()).load()  # type: ignore[attr-defined]  # sets no_new_privs itself
     report.applied.append("seccomp")
@@ -524,13 +551,15 @@ LAYERS = ("namespaces", "fsview", "rlimits", "landlock", "seccomp")
 
 
 def confine(read_paths: list[str], limits: Limits, layers: tuple[str, ...] = LAYERS,
-            namespaces: Report | None = None, seccomp: bytes | None = None) -> Report:
+            namespaces: Report | None = None, seccomp: SeccompProgram | None = None,
+            ruleset: int | None = None) -> Report:
     """Apply every layer this kernel offers, strongest last. Irreversible for this process.
 
     ``layers`` exists to measure what each layer costs (``bench/runtime.py``); leaving one out
     makes the report weak, and the server then refuses to run code unless told otherwise.
     ``namespaces`` is what the fork server entered for all its children (:mod:`.forkserver`):
-    reported, not entered again."""
+    reported, not entered again; ``seccomp`` and ``ruleset`` are its prebuilt filter and Landlock
+    ruleset (:func:`landlock_ruleset` of these ``read_paths``; its descriptor is closed here)."""
     report = Report()
     seccomp_problem()  # loads libseccomp (and runs ldconfig) while files and processes are allowed
     if namespaces is not None:
@@ -541,7 +570,9 @@ def confine(read_paths: list[str], limits: Limits, layers: tuple[str, ...] = LAY
     if "rlimits" in layers:
         _rlimits(limits, report)
     if "landlock" in layers:
-        _landlock(read_paths, report)
+        _landlock(read_paths, report, ruleset)
+    elif ruleset is not None:
+        os.close(ruleset)
     if "seccomp" in layers:
         _seccomp(report, seccomp)
     for layer in set(LAYERS) - set(layers):

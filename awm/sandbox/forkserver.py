@@ -67,6 +67,7 @@ def _recv(sock: socket.socket, max_fds: int) -> tuple[dict[str, Any], list[int]]
 
 _LAUNCHER = ThreadPoolExecutor(1, thread_name_prefix="awm-zygote-launcher")  # never shut down
 _LOADS: dict[str, dict[str, Any]] = {}  # in the zygote: the loads its children run, by key
+_RULESETS: dict[tuple[str, ...], int | None] = {}  # in the zygote: Landlock rulesets, by read paths
 
 
 class Zygote:
@@ -172,7 +173,7 @@ def _child(control: socket.socket, config: dict[str, Any], fds: list[int], zygot
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         confine.die_with_parent(zygote)
         read_fd, write_fd = fds
-        keep = sorted((0, 1, 2, read_fd, write_fd))
+        keep = sorted({0, 1, 2, read_fd, write_fd, *([config["ruleset_fd"]] if config.get("ruleset_fd") else [])})
         previous = -1
         for fd in keep:
             if previous + 1 < fd:  # os.closerange(n, n) closes every descriptor (close_range(n, -1))
@@ -188,6 +189,19 @@ def _child(control: socket.socket, config: dict[str, Any], fds: list[int], zygot
             traceback.print_exc()
     finally:
         os._exit(0)
+
+
+def _ruleset(read_paths: list[str]) -> int | None:
+    """The Landlock ruleset of these read paths, built on first use and kept (a child inherits
+    the descriptor and restricts itself with it); None without Landlock (the child reports it)."""
+    key = tuple(str(p) for p in read_paths)
+    if key not in _RULESETS:
+        abi = confine.landlock_abi()
+        try:
+            _RULESETS[key] = confine.landlock_ruleset(list(key), abi) if abi > 0 else None
+        except OSError:
+            _RULESETS[key] = None  # the child builds it itself, and says what failed
+    return _RULESETS[key]
 
 
 def _spawn(control: socket.socket, message: dict[str, Any], fds: list[int], zygote: int,
@@ -207,10 +221,13 @@ def _spawn(control: socket.socket, message: dict[str, Any], fds: list[int], zygo
                 worker.COMPILED[(source, filename)] = compile(source, filename, "exec")
             except (SyntaxError, ValueError, TypeError, RecursionError, MemoryError):
                 pass  # the worker compiles it itself and reports the error where the load fails
+    config = {**(message.get("config") or {}), "load": _LOADS.get(key), "ruleset_fd": None}
+    if "landlock" in config.get("layers", confine.LAYERS):
+        config["ruleset_fd"] = _ruleset(config.get("read_paths") or [])
     gc.freeze()  # what the zygote holds is never scanned (so never copied) by a child's collector
     pid = os.fork()
     if pid == 0:
-        _child(control, {**(message.get("config") or {}), "load": _LOADS.get(key)}, fds, zygote, namespaces)
+        _child(control, config, fds, zygote, namespaces)
     for fd in fds:
         os.close(fd)
     pidfds: list[int] = []
@@ -257,7 +274,7 @@ def main() -> None:
     if "namespaces" in layers:
         # the file view too: the zygote builds it once, every child lives in it
         confine.enter_namespaces(namespaces, config.get("read_paths") if "fsview" in layers else None)
-    worker.SECCOMP_PROGRAM = confine.seccomp_program()  # built once, inherited by every child  # once: every child shares them (a new netns per fork is slow)
+    worker.SECCOMP_PROGRAM = confine.SeccompProgram.build()  # built once, inherited by every child
     socket.send_fds(control, [json.dumps({"op": "ready", "isolation": namespaces.as_dict()}).encode()], [])
     me = os.getpid()
     while True:

@@ -44,7 +44,7 @@ __all__ = ["DatabaseError", "MAX_REASON", "ToolError", "VerifierQueryError", "lo
 # Code objects compiled by the fork server before it forks (compiling runs nothing): a worker
 # forked for an episode finds its tools here instead of compiling ~1,000 lines each time.
 COMPILED: dict[tuple[str, str], Any] = {}
-SECCOMP_PROGRAM: bytes | None = None  # the filter, built once by the fork server
+SECCOMP_PROGRAM: confine.SeccompProgram | None = None  # the filter, built once by the fork server
 
 
 def compiled(source: str, filename: str) -> Any:
@@ -266,7 +266,8 @@ def serve_child(config: dict[str, Any], reader: Any, writer: Any, namespaces: co
         appshim.make_loop()
     layers = tuple(config.get("layers", confine.LAYERS))
     report = confine.confine(config["read_paths"], confine.Limits(memory_mb=int(config["memory_mb"])), layers,
-                             namespaces=namespaces if "namespaces" in layers else None, seccomp=SECCOMP_PROGRAM)
+                             namespaces=namespaces if "namespaces" in layers else None, seccomp=SECCOMP_PROGRAM,
+                             ruleset=config.get("ruleset_fd"))
     channel.CHANNEL = channel.Channel(reader, writer)
     worker = Worker(channel.CHANNEL)
     load = config.get("load")
