@@ -393,23 +393,6 @@ def test_the_web_view_lists_campaigns_through_the_operator(cluster: Cluster, ope
         cluster.delete(name)
 
 
-def _serve_ui(state: Any) -> Any:
-    """The UI's server (build_app, as ``awm ui`` runs it) on a port of its own, in a thread."""
-    import socket
-    import threading
-
-    import uvicorn
-
-    from awm.ui.app import build_app
-
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(build_app(state), log_level="warning"))
-    threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True).start()
-    wait_for("the UI's server", lambda: server.started)
-    return server, f"http://127.0.0.1:{sock.getsockname()[1]}"
-
-
 def test_the_playground_claims_with_the_users_own_token(cluster: Cluster, operator: InThread, env_urls: dict[str, str],
                                                        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, browser: Any,
                                                        shots: Path) -> None:
@@ -424,7 +407,7 @@ def test_the_playground_claims_with_the_users_own_token(cluster: Cluster, operat
     from awm.ui.fleet import FleetView
     from awm.ui.runs import Runs
     from tests.k8s_e2e import CLIENTS_NS, client_token, grant_claims
-    from tests.test_ui_browser import CONTRAST, UNLABELLED, open_page, severe
+    from tests.test_ui_browser import CONTRAST, UNLABELLED, open_page, severe, ui_in_thread
     from tests.test_ui_browser import wait as wait_browser
 
     name = f"play-{uuid.uuid4().hex[:5]}"
@@ -437,78 +420,77 @@ def test_the_playground_claims_with_the_users_own_token(cluster: Cluster, operat
     monkeypatch.setenv("AWM_API_TOKEN", viewer_token(cluster))  # the UI's own identity: list only
     monkeypatch.setenv("AWM_HOME", str(tmp_path / "home"))
     view = FleetView(operator_url=api_url(operator), namespaces=[NS])
-    server, url = _serve_ui(UiState(Runs([tmp_path]), fleet=view, playground_claims=True))
 
     def allocated() -> int:
         return int(((cluster.fleet(name) or {}).get("status") or {}).get("allocated") or 0)
 
-    try:
-        wait_for("the fleet's instance ready", lambda: ((cluster.fleet(name) or {}).get("status") or {}).get("ready") == 1)
-        as_ = lambda token: {"Authorization": f"Bearer {token}"} if token else {}  # noqa: E731
-        claim = {"namespace": NS, "fleet": name, "environment": "notes"}
-        with httpx.Client(base_url=url, timeout=60) as ui:
-            r = ui.post("/api/playground/claim", json=claim)
-            assert r.status_code == 401 and "bearer token" in r.json()["error"]
-            r = ui.post("/api/playground/claim", json=claim, headers=as_(stranger))
-            assert r.status_code == 403 and "create envclaims" in r.json()["error"], r.text
-            r = ui.post("/api/playground/claim", json={**claim, "namespace": "kube-system"}, headers=as_(player))
-            assert r.status_code == 403 and "not one this UI serves" in r.json()["error"]
-            r = ui.post("/api/playground/claim", json=claim, headers=as_(player))
-            assert r.status_code == 200, r.text
-            instance = r.json()["instance"]
-            assert instance.startswith(f"{NS}.{name}-") and allocated() in (0, 1)  # (status follows)
-            wait_for("the claim in the fleet's status", lambda: allocated() == 1)
-            for token in (None, stranger):  # another person cannot drive it through the UI
-                r = ui.post(f"/api/playground/{instance}/open", headers=as_(token))
-                assert r.status_code == 403 and "another token" in r.json()["error"]
-                r = ui.post(f"/api/playground/{instance}/release", headers=as_(token))
-                assert r.status_code == 403
-            opened = ui.post(f"/api/playground/{instance}/open", headers=as_(player)).json()
-            assert opened["claimed"] and "add_note" in [t["name"] for t in opened["tools"]]
-            r = ui.post(f"/api/playground/{instance}/release", headers=as_(player))
-            assert r.status_code == 200
-            wait_for("the claim released in the operator", lambda: allocated() == 0)
+    with ui_in_thread(UiState(Runs([tmp_path]), fleet=view, playground_claims=True)) as url:
+        try:
+            wait_for("the fleet's instance ready", lambda: ((cluster.fleet(name) or {}).get("status") or {}).get("ready") == 1)
+            as_ = lambda token: {"Authorization": f"Bearer {token}"} if token else {}  # noqa: E731
+            claim = {"namespace": NS, "fleet": name, "environment": "notes"}
+            with httpx.Client(base_url=url, timeout=60) as ui:
+                r = ui.post("/api/playground/claim", json=claim)
+                assert r.status_code == 401 and "bearer token" in r.json()["error"]
+                r = ui.post("/api/playground/claim", json=claim, headers=as_(stranger))
+                assert r.status_code == 403 and "create envclaims" in r.json()["error"], r.text
+                r = ui.post("/api/playground/claim", json={**claim, "namespace": "kube-system"}, headers=as_(player))
+                assert r.status_code == 403 and "not one this UI serves" in r.json()["error"]
+                r = ui.post("/api/playground/claim", json=claim, headers=as_(player))
+                assert r.status_code == 200, r.text
+                instance = r.json()["instance"]
+                assert instance.startswith(f"{NS}.{name}-") and allocated() in (0, 1)  # (status follows)
+                wait_for("the claim in the fleet's status", lambda: allocated() == 1)
+                for token in (None, stranger):  # another person cannot drive it through the UI
+                    r = ui.post(f"/api/playground/{instance}/open", headers=as_(token))
+                    assert r.status_code == 403 and "another token" in r.json()["error"]
+                    r = ui.post(f"/api/playground/{instance}/release", headers=as_(token))
+                    assert r.status_code == 403
+                opened = ui.post(f"/api/playground/{instance}/open", headers=as_(player)).json()
+                assert opened["claimed"] and "add_note" in [t["name"] for t in opened["tools"]]
+                r = ui.post(f"/api/playground/{instance}/release", headers=as_(player))
+                assert r.status_code == 200
+                wait_for("the claim released in the operator", lambda: allocated() == 0)
 
-        # The same in the browser, as the person would: the token typed into the page.
-        open_page(browser, url + "/", "#/playground", "playground")
-        main = browser.find_element("id", "main")
-        form = wait_browser(lambda: main.find_elements("id", "claim"), "the claim form")[0]
-        assert browser.execute_script(UNLABELLED) == [] and browser.execute_script(CONTRAST) == []
-        Select(form.find_element("name", "fleet")).select_by_value(f"{NS}/{name}")
-        Select(form.find_element("name", "environment")).select_by_value("notes")
-        form.find_element("name", "token").send_keys(stranger)  # refused: the operator's reason at the form
-        form.find_element("xpath", ".//button[text()='Claim an instance']").click()
-        refusal = wait_browser(lambda: (e := browser.find_element("id", "claim-error")).is_displayed() and e.text,
-                               "the refusal at the form")
-        assert "403" in refusal and "create envclaims" in refusal, refusal
-        form.find_element("name", "token").clear()
-        form.find_element("name", "token").send_keys(player)
-        form.find_element("xpath", ".//button[text()='Claim an instance']").click()
-        held = wait_browser(lambda: browser.find_elements("id", "play-held"), "the claimed instance's page")[0]
-        assert "claimed from the cluster for you (notes)" in held.text
-        wait_for("the browser's claim in the fleet's status", lambda: allocated() == 1)
-        main = browser.find_element("id", "main")
-        Select(main.find_element("name", "task")).select_by_value("add_note")
-        main.find_element("xpath", "//button[text()='Reset']").click()
-        wait_browser(lambda: "groceries" in browser.find_element("id", "play-status").text, "the reset")
-        tool = main.find_element("css selector", 'details[data-tool="add_note"]')
-        tool.find_element("tag name", "summary").click()
-        tool.find_element("name", "title").send_keys("groceries")
-        tool.find_element("name", "body").send_keys("milk, eggs")
-        tool.find_element("xpath", ".//button[text()='Call']").click()
-        call = wait_browser(lambda: browser.find_elements("css selector", "#play-log li.call"), "the call")[0]
-        assert "ok" in call.text and "groceries" in call.text
-        main.find_element("xpath", "//button[text()='Verify']").click()
-        verdict = wait_browser(lambda: browser.find_elements("css selector", "#play-log .verify-result"), "the verdict")[0]
-        assert "complete" in verdict.text and "1 inserted" in verdict.text
-        # (the browser logs the refused claim's 403 itself; nothing else may go wrong)
-        assert [e for e in severe(browser) if "/api/playground/claim" not in e["message"]] == []
-        browser.save_screenshot(str(shots / "playground-cluster.png"))
-        open_page(browser, url + "/", "#/fleet", "fleet")  # leaving the page releases the claim
-        wait_for("the browser's claim released in the operator", lambda: allocated() == 0)
-    finally:
-        server.should_exit = True
-        cluster.cp.api("DELETE", f"{API}/namespaces/{NS}/envfleets/{name}")
+            # The same in the browser, as the person would: the token typed into the page.
+            open_page(browser, url + "/", "#/playground", "playground")
+            main = browser.find_element("id", "main")
+            form = wait_browser(lambda: main.find_elements("id", "claim"), "the claim form")[0]
+            assert browser.execute_script(UNLABELLED) == [] and browser.execute_script(CONTRAST) == []
+            Select(form.find_element("name", "fleet")).select_by_value(f"{NS}/{name}")
+            Select(form.find_element("name", "environment")).select_by_value("notes")
+            form.find_element("name", "token").send_keys(stranger)  # refused: the operator's reason at the form
+            form.find_element("xpath", ".//button[text()='Claim an instance']").click()
+            refusal = wait_browser(lambda: (e := browser.find_element("id", "claim-error")).is_displayed() and e.text,
+                                   "the refusal at the form")
+            assert "403" in refusal and "create envclaims" in refusal, refusal
+            form.find_element("name", "token").clear()
+            form.find_element("name", "token").send_keys(player)
+            form.find_element("xpath", ".//button[text()='Claim an instance']").click()
+            held = wait_browser(lambda: browser.find_elements("id", "play-held"), "the claimed instance's page")[0]
+            assert "claimed from the cluster for you (notes)" in held.text
+            wait_for("the browser's claim in the fleet's status", lambda: allocated() == 1)
+            main = browser.find_element("id", "main")
+            Select(main.find_element("name", "task")).select_by_value("add_note")
+            main.find_element("xpath", "//button[text()='Reset']").click()
+            wait_browser(lambda: "groceries" in browser.find_element("id", "play-status").text, "the reset")
+            tool = main.find_element("css selector", 'details[data-tool="add_note"]')
+            tool.find_element("tag name", "summary").click()
+            tool.find_element("name", "title").send_keys("groceries")
+            tool.find_element("name", "body").send_keys("milk, eggs")
+            tool.find_element("xpath", ".//button[text()='Call']").click()
+            call = wait_browser(lambda: browser.find_elements("css selector", "#play-log li.call"), "the call")[0]
+            assert "ok" in call.text and "groceries" in call.text
+            main.find_element("xpath", "//button[text()='Verify']").click()
+            verdict = wait_browser(lambda: browser.find_elements("css selector", "#play-log .verify-result"), "the verdict")[0]
+            assert "complete" in verdict.text and "1 inserted" in verdict.text
+            # (the browser logs the refused claim's 403 itself; nothing else may go wrong)
+            assert [e for e in severe(browser) if "/api/playground/claim" not in e["message"]] == []
+            browser.save_screenshot(str(shots / "playground-cluster.png"))
+            open_page(browser, url + "/", "#/fleet", "fleet")  # leaving the page releases the claim
+            wait_for("the browser's claim released in the operator", lambda: allocated() == 0)
+        finally:
+            cluster.cp.api("DELETE", f"{API}/namespaces/{NS}/envfleets/{name}")
 
 
 def viewer_token(cluster: Cluster) -> str:

@@ -14,6 +14,7 @@ why (test_evaluation_page_*); what changed between these three runs (test_compar
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -143,6 +144,32 @@ def wait(predicate, what: str) -> Any:  # type: ignore[no-untyped-def]
             return value
         time.sleep(0.05)
     pytest.fail(f"timed out waiting for {what}")
+
+
+@contextlib.contextmanager
+def ui_in_thread(state: Any) -> Iterator[str]:
+    """The UI's app (``build_app``, as ``awm ui`` serves it) on uvicorn in a thread of this process,
+    for a test that sets what a subprocess could not (a module constant, an in-process operator):
+    its URL, without the trailing slash. Stopped when the block ends."""
+    import socket
+    import threading
+
+    import uvicorn
+
+    from awm.ui.app import build_app
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(build_app(state), log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    wait(lambda: server.started, "the in-process UI server")
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        sock.close()
 
 
 def episode_count(driver) -> str:  # type: ignore[no-untyped-def]
@@ -355,34 +382,19 @@ def test_a_big_runs_page_draws_before_its_index_is_built(browser, runs, tmp_path
     """A run whose log is too big to index within a request (here: every run) draws its numbers
     and curves at once, says that it is indexing, and lists its episodes when the index is built.
     The server runs in process to set that threshold; the rest is the same app."""
-    import socket
-    import threading
-
-    import uvicorn
-
     import awm.ui.runs
-    from awm.ui.app import UiState, build_app
+    from awm.ui.app import UiState
     from awm.ui.runs import Runs
 
     monkeypatch.setattr(awm.ui.runs, "SYNC_BYTES", 0)
     monkeypatch.setenv("AWM_HOME", str(tmp_path / "home"))  # no index yet
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(build_app(UiState(Runs([runs]))), log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    wait(lambda: server.started, "the in-process server")
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}/"
-    try:
-        open_page(browser, url, f"#/run/{run_id(runs / 'tiny')}", "run")
+    with ui_in_thread(UiState(Runs([runs]))) as url:
+        open_page(browser, url + "/", f"#/run/{run_id(runs / 'tiny')}", "run")
         main = browser.find_element("id", "main")
         assert "Indexing the episodes" in main.text and main.find_elements("css selector", "svg a.point-link")
         count = wait(lambda: browser.find_elements("id", "episode-count"), "the episode list")[0]
         assert count.text.startswith(f"{len(episodes_of(runs / 'tiny')[1])} episodes match")
         assert severe(browser) == []
-    finally:
-        server.should_exit = True
-        thread.join(30)
 
 
 def metric_rows(run: Path) -> list[dict[str, Any]]:
@@ -698,12 +710,9 @@ def test_fleet_page_answers_what_my_campaign_is_doing_in_the_cluster(browser, ru
     over a stand-in for the API server's lists (tests/test_campaign_e2e.py lists real Campaigns and
     fleets through a real operator and API server)."""
     import asyncio
-    import socket
     import threading
 
-    import uvicorn
-
-    from awm.ui.app import UiState, build_app
+    from awm.ui.app import UiState
     from awm.ui.fleet import FleetView
     from awm.ui.runs import Runs
     from awm_operator.api import bound_port, build_api, serve
@@ -738,42 +747,36 @@ def test_fleet_page_answers_what_my_campaign_is_doing_in_the_cluster(browser, ru
     operator_thread.start()
     monkeypatch.setenv("AWM_HOME", str(tmp_path / "home"))
     view = FleetView(operator_url=f"http://127.0.0.1:{bound_port(runner)}", namespaces=["ns"])
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(build_app(UiState(Runs([runs]), fleet=view)), log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    wait(lambda: server.started, "the in-process server")
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}/"
     try:
-        open_page(browser, url, "#/fleet", "fleet")
-        main = browser.find_element("id", "main")
-        tables = wait(lambda: main.find_elements("css selector", "table"), "the namespace's tables")
+        with ui_in_thread(UiState(Runs([runs]), fleet=view)) as url:
+            open_page(browser, url + "/", "#/fleet", "fleet")
+            main = browser.find_element("id", "main")
+            tables = wait(lambda: main.find_elements("css selector", "table"), "the namespace's tables")
 
-        def rows(table: Any) -> list[dict[str, str]]:
-            header = [th.text for th in table.find_elements("css selector", "thead th")]
-            return [dict(zip(header, [td.text for td in tr.find_elements("css selector", "td")]))
-                    for tr in table.find_elements("css selector", "tbody tr")]
+            def rows(table: Any) -> list[dict[str, str]]:
+                header = [th.text for th in table.find_elements("css selector", "thead th")]
+                return [dict(zip(header, [td.text for td in tr.find_elements("css selector", "td")]))
+                        for tr in table.find_elements("css selector", "tbody tr")]
 
-        assert "Namespace ns" in main.text
-        (cells,) = rows(tables[0])
-        (row,) = tables[0].find_elements("css selector", "tbody tr")
-        fleets = {r["Fleet"]: r for r in rows(tables[1])}
-        assert fleets["f"]["Replicas"] == "3" and fleets["f"]["Ready"] == "1"  # live, from the acting operator
-        assert (fleets["other"]["State"], fleets["other"]["Starting"]) == ("BundleUnavailable", "2")
-        assert "other-crm-0: bundle: ErrImagePull" in fleets["other"]["Why"]
-        assert (cells["Campaign"], cells["Mode"], cells["Phase"], cells["Step"]) == ("tiny", "training", "Running", "3")
-        assert cells["Reward"] == "0.625" and cells["Rollouts/s"] == "1.5" and cells["pass@1"] == "–"
-        assert cells["Instances"] == "1 / 1 / 3"  # ready / allocated / of the fleet the operator keeps
-        assert cells["Envs"] == "2" and cells["Message"] == "the run reports progress"
-        full_shot(browser, shots / "fleet-campaigns.png")
-        row.find_element("link text", "tiny").click()  # its run directory is under the UI's roots
-        wait(lambda: browser.execute_script("return document.body.dataset.ready") == "run", "the campaign's run page")
-        assert browser.current_url.endswith(f"#/run/{run_id(runs / 'tiny')}")
-        assert severe(browser) == []
+            assert "Namespace ns" in main.text
+            (cells,) = rows(tables[0])
+            (row,) = tables[0].find_elements("css selector", "tbody tr")
+            fleets = {r["Fleet"]: r for r in rows(tables[1])}
+            assert fleets["f"]["Replicas"] == "3" and fleets["f"]["Ready"] == "1"  # live, from the acting operator
+            assert (fleets["other"]["State"], fleets["other"]["Starting"]) == ("BundleUnavailable", "2")
+            assert "other-crm-0: bundle: ErrImagePull" in fleets["other"]["Why"]
+            assert (cells["Campaign"], cells["Mode"], cells["Phase"], cells["Step"]) == (
+                "tiny", "training", "Running", "3")
+            assert cells["Reward"] == "0.625" and cells["Rollouts/s"] == "1.5" and cells["pass@1"] == "–"
+            assert cells["Instances"] == "1 / 1 / 3"  # ready / allocated / of the fleet the operator keeps
+            assert cells["Envs"] == "2" and cells["Message"] == "the run reports progress"
+            full_shot(browser, shots / "fleet-campaigns.png")
+            row.find_element("link text", "tiny").click()  # its run directory is under the UI's roots
+            wait(lambda: browser.execute_script("return document.body.dataset.ready") == "run",
+                 "the campaign's run page")
+            assert browser.current_url.endswith(f"#/run/{run_id(runs / 'tiny')}")
+            assert severe(browser) == []
     finally:
-        server.should_exit = True
-        thread.join(30)
         asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(30)
         loop.call_soon_threadsafe(loop.stop)
         operator_thread.join(30)
