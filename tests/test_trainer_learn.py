@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from awm.trainer.config import TrainConfig, redact_dsn
 from awm.trainer.run import train
@@ -63,6 +64,22 @@ def test_run_records_keep_no_database_password() -> None:
     assert cfg.database_url == "postgresql://admin:s3cret@db:5432/postgres"  # the run itself still connects
     assert redact_dsn("host=/run/pg user=awm") == "user=awm host=/run/pg"
     assert redact_dsn("not = a dsn = at all") == "***"
+
+
+def test_run_records_keep_the_server_args_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A secret named in ``policy.server.args`` (``--api-key ${VLLM_API_KEY}``) reaches the server
+    it starts, expanded, but the run's config.json keeps the name, not the secret."""
+    monkeypatch.setenv("VLLM_API_KEY", "s3cret-key")
+    monkeypatch.setenv("VLLM_PY", str(tmp_path / "python"))
+    (tmp_path / "model").mkdir()
+    config = tmp_path / "train.yaml"
+    config.write_text(yaml.safe_dump({"policy": {"kind": "vllm", "path": "model", "server": {
+        "python": "${VLLM_PY}", "args": ["--api-key", "${VLLM_API_KEY}", "--max-model-len", "512"]}}}))
+    cfg = TrainConfig.load(config)
+    assert cfg.policy.server["args"] == ["--api-key", "s3cret-key", "--max-model-len", "512"]
+    record = json.dumps(cfg.to_record())
+    assert "s3cret-key" not in record and "${VLLM_API_KEY}" in record
+    assert cfg.to_record()["policy"]["server"]["python"] == str(tmp_path / "python")  # a path is kept resolved
 
 
 def awm(*args, home, timeout=600):

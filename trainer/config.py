@@ -13,7 +13,7 @@ import os
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
 
@@ -140,6 +140,8 @@ class LearnerConfig:
 
 @dataclass
 class TrainConfig:
+    # policy.server.args as written (set by from_dict; not a setting): what to_record keeps
+    _written_server_args: ClassVar[list[str] | None] = None
     catalog: str = "starter"
     envs: list[str] | None = None
     tasks: list[str] | None = None  # task ids to train on (default: all tasks of the chosen envs)
@@ -194,7 +196,10 @@ class TrainConfig:
                 server = cfg.policy.server
                 if server.get("python"):
                     server["python"] = _expand(str(server["python"]), "policy.server.python")
-                server["args"] = [_expand(str(arg), "policy.server.args") for arg in server.get("args") or []]
+                # The record keeps the args as written: `--api-key ${VLLM_API_KEY}` names a secret
+                # that config.json, shared with the run directory, must not hold.
+                cfg._written_server_args = [str(arg) for arg in server.get("args") or []]
+                server["args"] = [_expand(arg, "policy.server.args") for arg in cfg._written_server_args]
             if cfg.policy.path:
                 cfg.policy.path = _resolve(cfg.policy.path, base_dir, "policy.path")
             if cfg.policy.sync_dir:
@@ -221,10 +226,14 @@ class TrainConfig:
 
     def to_record(self) -> dict[str, Any]:
         """The settings as a run directory keeps them: the database password is left out, since
-        run directories are shared and copied around while the DSN is an admin credential."""
+        run directories are shared and copied around while the DSN is an admin credential, and
+        ``policy.server.args`` are as written, before ``${VAR}`` was expanded."""
         data = self.to_dict()
         if data["database_url"]:
             data["database_url"] = redact_dsn(data["database_url"])
+        written = getattr(self, "_written_server_args", None)
+        if written is not None and data["policy"]["server"]:
+            data["policy"]["server"]["args"] = list(written)
         return data
 
 
