@@ -23,6 +23,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
+from starlette.background import BackgroundTask
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -73,11 +74,17 @@ def _env(body: dict[str, Any], required: bool) -> str | None:
 
 def build_control(instance: EnvInstance, middleware: list[Middleware] | None = None) -> Starlette:
     """The control app; ``middleware`` is the Host/Origin guard (awm.envserver.hostguard)."""
-    async def handle(call):  # type: ignore[no-untyped-def]
+    async def handle(call, after: BackgroundTask | None = None):  # type: ignore[no-untyped-def]
         try:
-            return JSONResponse(await call())
+            return JSONResponse(await call(), background=after)
         except ControlError as exc:
-            return JSONResponse({"error": str(exc), **exc.extra}, status_code=exc.status)
+            return JSONResponse({"error": str(exc), **exc.extra}, status_code=exc.status, background=after)
+
+    async def replace_retired() -> None:
+        instance.replace_workers()
+
+    def replace_workers() -> BackgroundTask:  # after a reset's or a verification's answer is sent
+        return BackgroundTask(replace_retired)
 
     async def reset(request: Request) -> Response:
         async def call() -> dict[str, Any]:
@@ -88,7 +95,7 @@ def build_control(instance: EnvInstance, middleware: list[Middleware] | None = N
             if jsonlimits.lone_surrogate(task_id) is not None:
                 raise ControlError(400, "task_id holds a lone UTF-16 surrogate (not valid Unicode)")
             return await instance.reset(task_id, verify=bool(body.get("verify", False)), env=_env(body, False))
-        return await handle(call)
+        return await handle(call, replace_workers())
 
     async def bind(request: Request) -> Response:
         async def call() -> dict[str, Any]:
@@ -104,7 +111,7 @@ def build_control(instance: EnvInstance, middleware: list[Middleware] | None = N
             if jsonlimits.lone_surrogate(answer) is not None:
                 raise ControlError(400, "final_answer holds a lone UTF-16 surrogate (not valid Unicode)")
             return await instance.verify(answer)
-        return await handle(call)
+        return await handle(call, replace_workers())
 
     async def diff(request: Request) -> Response:
         async def call() -> dict[str, Any]:

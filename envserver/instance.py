@@ -425,6 +425,14 @@ class EnvInstance:
             "ungated": self.episode.ungated,
         }
 
+    def replace_workers(self) -> None:
+        """Start the replacements of the workers the last reset or verification retired: called
+        once the answer is sent (a fork then does not compete with it); the next call would."""
+        binding = self.binding
+        for pool in (binding.pool, binding.verifier_pool) if binding is not None else ():
+            if pool is not None:
+                pool.replace_retired()
+
     def verifier_of(self, task: Task) -> Verifier:
         return task.select(self.verifier_kind)  # type: ignore[arg-type]
 

@@ -142,6 +142,50 @@ def arm(db):
         pool.close()
 
 
+def _gone(pid: int) -> bool:
+    """The process has exited (a zombie until its parent, the fork server, reaps it)."""
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_a_renewed_worker_stops_at_once_and_is_replaced_off_the_answers_path():
+    """At a new episode the last one's worker is stopped at once (its process is gone, whatever
+    its code left running), before any fork; its replacement starts when the server says its
+    answer is out (``replace_retired``), or at the next call if nobody said so."""
+    pool = WorkerPool(WorkerSpec(load={"prelude": "", "tools": [
+        {"name": "pid", "code": "def pid(db):\n    import os\n    return os.getpid()"}]}), spares=1)
+    pool.start()
+    try:
+        def call() -> int:
+            return pool.run({"op": "call", "tool": "pid", "arguments": {}}, _no_sql, 5)["value"]
+
+        assert len(pool.pids()) == 2  # the worker and its spare
+        used = call()
+        pool.renew()
+        assert [w.pid for w in pool._retired] == [used] and used not in pool.pids()
+        assert pool.ready  # the spare serves the next episode; a replacement is due
+        deadline = time.monotonic() + 5
+        while not _gone(used):
+            assert time.monotonic() < deadline, "the renewed worker still runs"
+            time.sleep(0.01)
+        assert len(pool.pids()) == 1  # and nothing was forked yet
+        pool.replace_retired()
+        for future in list(pool._pending):
+            future.result(10)
+        assert len(pool.pids()) == 2 and not pool._retired
+        second = call()
+        assert second != used
+        pool.renew()  # nobody calls replace_retired: the next call starts the replacement
+        assert call() not in (used, second)
+        for future in list(pool._pending):
+            future.result(10)
+        assert len(pool.pids()) == 2
+    finally:
+        pool.close()
+
+
 @pytest.mark.parametrize("code, kind", [
     ("def t(db):\n    while True:\n        pass", "timeout"),
     ("def t(db):\n    import os\n    os._exit(3)", "crash"),

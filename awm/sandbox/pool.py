@@ -161,7 +161,7 @@ class Worker:
             os.close(to_child)
             os.close(from_child)
         os.set_blocking(self._wfd, False)
-        self._dead = False
+        self._dead = self._stopped = False
         self._status: int | None = None
         self._buffer = b""
         self._prefixes = _host_prefixes()
@@ -189,11 +189,13 @@ class Worker:
     def pid(self) -> int:
         return self._pid
 
-    def kill(self) -> None:
-        """SIGKILL (through the pidfd: never another process that reused the pid), reap, close."""
-        if self._dead:
+    def stop(self) -> None:
+        """SIGKILL (through the pidfd: never another process that reused the pid); one syscall,
+        so a caller on a request's path can end a worker at once and leave :meth:`kill` (the
+        reaping) to another thread."""
+        if self._stopped:
             return
-        self._dead = True
+        self._stopped = True
         try:
             if self.pidfd is not None:
                 signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
@@ -201,6 +203,13 @@ class Worker:
                 os.kill(self._pid, signal.SIGKILL)
         except (ProcessLookupError, OSError):
             pass
+
+    def kill(self) -> None:
+        """Stop, reap, close."""
+        if self._dead:
+            return
+        self._dead = True
+        self.stop()
         self._status = self._zygote.reap(self._pid)
         for fd in (self._wfd, self._rfd, self.pidfd):
             if fd is not None:
@@ -294,7 +303,10 @@ class WorkerPool:
     state, a verifier's cache). ``single_use`` pools (verifiers) retire a worker after every
     request. Retiring (kill, reap) and spawning happen on the pool's spawner thread, off the
     caller's path; a spare that is already running takes the next episode's first call, so a
-    reset does not wait for a fork."""
+    reset does not wait for a fork. A retired worker is stopped at once, but its reaping and its
+    replacement wait for :meth:`replace_retired`, which the env server calls once its answer to
+    the reset or the verification is sent (the fork then does not compete with that answer), and
+    which the next request calls in any case."""
 
     def __init__(self, spec: WorkerSpec, size: int = 1, zygote: Zygote | None = None,
                  single_use: bool = False, spares: int = 0) -> None:
@@ -308,6 +320,7 @@ class WorkerPool:
         self._used: queue.Queue[Worker] = queue.Queue()  # ran code in the current episode
         self._spawner = ThreadPoolExecutor(1, thread_name_prefix="awm-worker-spawn")
         self._live: set[Worker] = set()
+        self._retired: list[Worker] = []  # stopped; reaped and replaced by replace_retired()
         self._pending: set[Future[None]] = set()
         self._lock = threading.Lock()
         self.isolation: dict[str, Any] = {}
@@ -354,10 +367,12 @@ class WorkerPool:
 
     @property
     def ready(self) -> bool:
-        return not self.closed and (self._fresh.qsize() > 0 or self._used.qsize() > 0 or bool(self._pending))
+        return not self.closed and (self._fresh.qsize() > 0 or self._used.qsize() > 0 or bool(self._pending)
+                                    or bool(self._retired))  # a retired worker's replacement is due
 
     def _acquire(self, timeout_s: float) -> Worker:
         """The current episode's worker if it has one idle, else a fresh one."""
+        self.replace_retired()
         try:
             return self._used.get_nowait()
         except queue.Empty:
@@ -375,13 +390,24 @@ class WorkerPool:
 
     def _replace(self, worker: Worker) -> None:
         self.replaced += 1
-        self._retire(worker)
-
-    def _retire(self, worker: Worker) -> None:
-        """Kill ``worker`` and start its replacement, both on the spawner thread."""
+        worker.stop()
         with self._lock:
             self._live.discard(worker)
         self._spawn(retire=worker)
+
+    def _retire(self, worker: Worker) -> None:
+        """Stop ``worker`` now; :meth:`replace_retired` reaps it and starts its replacement."""
+        worker.stop()
+        with self._lock:
+            self._live.discard(worker)
+            self._retired.append(worker)
+
+    def replace_retired(self) -> None:
+        """Reap the retired workers and start their replacements, on the spawner thread."""
+        with self._lock:
+            retired, self._retired = self._retired, []
+        for worker in retired:
+            self._spawn(retire=worker)
 
     def renew(self) -> None:
         """A new episode begins: no worker that ran code in an earlier one serves it."""
@@ -420,7 +446,8 @@ class WorkerPool:
             future.cancel()
         self._spawner.shutdown(wait=True, cancel_futures=True)
         with self._lock:
-            workers, self._live = list(self._live), set()
+            workers, self._live = list(self._live) + self._retired, set()
+            self._retired = []
         for worker in workers:
             worker.kill()
         if self._own_zygote:
