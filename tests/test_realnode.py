@@ -208,8 +208,12 @@ def chart(real_cp: Any, images: dict[str, Any]) -> Cluster:
     web view (with its playground) as real pods, the NetworkPolicies on (k8s/chart.py; the node enforces them); evaluation Campaigns
     default to the evaluation image (trainer.evalImage)."""
     cp = real_cp
-    r = chart_install.helm_install(cp, {n: b.ref for n, b in images.items()}, release=RELEASE, namespace=NS,
-                                   sets=("operator.replicas=2", "ui.enabled=true", "ui.playground=true"))
+    sets = ("operator.replicas=2", "ui.enabled=true", "ui.playground=true")
+    # AWM_TEST_ENV_RUNTIME_CLASS=gvisor runs the whole module with every env pod in gVisor (the
+    # stronger tier; docs/benchmarks.md has the run). CI runs it with runc.
+    if os.environ.get("AWM_TEST_ENV_RUNTIME_CLASS"):
+        sets += (f"envserver.runtimeClassName={os.environ['AWM_TEST_ENV_RUNTIME_CLASS']}",)
+    r = chart_install.helm_install(cp, {n: b.ref for n, b in images.items()}, release=RELEASE, namespace=NS, sets=sets)
     assert r.returncode == 0, f"helm install failed: {r.stderr}\n{_describe(cp)}"
     policies = cp.api("GET", f"/apis/networking.k8s.io/v1/namespaces/{NS}/networkpolicies")["items"]
     assert {p["metadata"]["name"] for p in policies} == {f"{RELEASE}-{c}" for c in ("envserver", "operator", "postgres")}
