@@ -110,8 +110,10 @@ class Binding:
         self.verifier_pool = WorkerPool(WorkerSpec(memory_mb=memory_mb, load={"prelude": "", "tools": []},
                                                    allow_weak_isolation=allow_weak_isolation),
                                         size=1, zygote=zygote, single_use=True)
-        self.pool.start(wait=wait)
-        self.verifier_pool.start(wait=wait)
+        # The first tool call waits for the first tool worker: it is forked first, the spare and
+        # the verifier's worker (needed at the next reset, at the verification) after it.
+        first = self.pool.start(wait=wait)
+        self.verifier_pool.start(wait=wait, after=first)
         self.last_used = time.monotonic()
 
     def deactivate(self) -> Callable[[], None]:

@@ -24,6 +24,7 @@ import sysconfig
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_for
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -328,21 +329,26 @@ class WorkerPool:
         self.renewed = 0
         self.closed = False
 
-    def start(self, wait: bool = True) -> None:
+    def start(self, wait: bool = True, after: Future[None] | None = None) -> Future[None] | None:
         """Start every worker; ``wait``: block until they run and raise what the first one raised
-        (else the first request waits for its worker, and gets any failure)."""
-        futures = [self._spawn() for _ in range(self.size + self.spares)]
+        (else the first request waits for its worker, and gets any failure). ``after``: begin
+        once that spawn (another pool's) is done, so that the worker needed first is forked first.
+        Returns the first worker's spawn."""
+        futures = [self._spawn(after=after if i == 0 else None) for i in range(self.size + self.spares)]
         if not wait:
-            return
+            return futures[0] if futures else None
         for future in futures:
             future.result()
         first = self._fresh.get()
         if isinstance(first, BaseException):
             raise first
         self._fresh.put(first)
+        return futures[0] if futures else None
 
-    def _spawn(self, retire: Worker | None = None) -> Future[None]:
+    def _spawn(self, retire: Worker | None = None, after: Future[None] | None = None) -> Future[None]:
         def spawn() -> None:
+            if after is not None:
+                wait_for([after], timeout=START_TIMEOUT_S)
             if retire is not None:
                 retire.kill()
             if self.closed:
