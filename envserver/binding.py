@@ -100,8 +100,9 @@ class Binding:
         return bool(self.runtime.load.get("app"))
 
     def activate(self, zygote: Zygote, workers: int, allow_weak_isolation: bool, wait: bool) -> None:
-        """Start this binding's workers (forked from ``zygote``); ``wait``: block until they run
-        (an instance's start), else the first call waits for its worker (a switch)."""
+        """Make this binding's worker pools (forked from ``zygote``). ``wait``: start the workers
+        and block until they run (an instance's start); else (a switch) they start when
+        :meth:`start_workers` is called, once the switch's answer is sent, or at the first call."""
         memory_mb = self.bundle.limits.verifier_memory_mb
         # Tools and verifiers never share a worker, and no worker serves two episodes.
         self.pool = WorkerPool(WorkerSpec(memory_mb=memory_mb, load=self.runtime.load,
@@ -110,11 +111,18 @@ class Binding:
         self.verifier_pool = WorkerPool(WorkerSpec(memory_mb=memory_mb, load={"prelude": "", "tools": []},
                                                    allow_weak_isolation=allow_weak_isolation),
                                         size=1, zygote=zygote, single_use=True)
-        # The first tool call waits for the first tool worker: it is forked first, the spare and
-        # the verifier's worker (needed at the next reset, at the verification) after it.
-        first = self.pool.start(wait=wait)
-        self.verifier_pool.start(wait=wait, after=first)
+        if wait:
+            self.start_workers(wait=True)
         self.last_used = time.monotonic()
+
+    def start_workers(self, wait: bool = False) -> None:
+        """Fork the workers of pools not yet started. The first tool call waits for the first
+        tool worker: it is forked first; the spare and the verifier's worker (needed at the next
+        reset, at the verification) after it."""
+        if self.pool is None or self.verifier_pool is None:
+            return
+        first = self.pool.start(wait=wait)  # each start happens once (a pool started since: None)
+        self.verifier_pool.start(wait=wait, after=first)
 
     def deactivate(self) -> Callable[[], None]:
         """Detach the workers (a cached binding keeps only its bundle and its database); returns

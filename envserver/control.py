@@ -80,11 +80,11 @@ def build_control(instance: EnvInstance, middleware: list[Middleware] | None = N
         except ControlError as exc:
             return JSONResponse({"error": str(exc), **exc.extra}, status_code=exc.status, background=after)
 
-    async def replace_retired() -> None:
-        instance.replace_workers()
+    async def tend() -> None:
+        instance.tend_workers()
 
-    def replace_workers() -> BackgroundTask:  # after a reset's or a verification's answer is sent
-        return BackgroundTask(replace_retired)
+    def tend_workers() -> BackgroundTask:  # after the answer to a reset, bind or verification is sent
+        return BackgroundTask(tend)
 
     async def reset(request: Request) -> Response:
         async def call() -> dict[str, Any]:
@@ -95,12 +95,12 @@ def build_control(instance: EnvInstance, middleware: list[Middleware] | None = N
             if jsonlimits.lone_surrogate(task_id) is not None:
                 raise ControlError(400, "task_id holds a lone UTF-16 surrogate (not valid Unicode)")
             return await instance.reset(task_id, verify=bool(body.get("verify", False)), env=_env(body, False))
-        return await handle(call, replace_workers())
+        return await handle(call, tend_workers())
 
     async def bind(request: Request) -> Response:
         async def call() -> dict[str, Any]:
             return await instance.bind(_env(await _body(request), True))  # type: ignore[arg-type]
-        return await handle(call)
+        return await handle(call, tend_workers())
 
     async def verify(request: Request) -> Response:
         async def call() -> dict[str, Any]:
@@ -111,7 +111,7 @@ def build_control(instance: EnvInstance, middleware: list[Middleware] | None = N
             if jsonlimits.lone_surrogate(answer) is not None:
                 raise ControlError(400, "final_answer holds a lone UTF-16 surrogate (not valid Unicode)")
             return await instance.verify(answer)
-        return await handle(call, replace_workers())
+        return await handle(call, tend_workers())
 
     async def diff(request: Request) -> Response:
         async def call() -> dict[str, Any]:

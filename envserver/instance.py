@@ -425,11 +425,15 @@ class EnvInstance:
             "ungated": self.episode.ungated,
         }
 
-    def replace_workers(self) -> None:
-        """Start the replacements of the workers the last reset or verification retired: called
-        once the answer is sent (a fork then does not compete with it); the next call would."""
+    def tend_workers(self) -> None:
+        """Fork what the last answer left to fork: a switch's new workers, the replacements of
+        the workers a reset or a verification retired. Called once the answer is sent (a fork
+        then does not compete with it); the next call that needs a worker would do it anyway."""
         binding = self.binding
-        for pool in (binding.pool, binding.verifier_pool) if binding is not None else ():
+        if binding is None:
+            return
+        binding.start_workers()
+        for pool in (binding.pool, binding.verifier_pool):
             if pool is not None:
                 pool.replace_retired()
 

@@ -8,6 +8,7 @@ import datetime as dt
 import decimal
 import os
 import time
+from concurrent.futures import Future
 import uuid
 
 import pytest
@@ -184,6 +185,31 @@ def test_a_renewed_worker_stops_at_once_and_is_replaced_off_the_answers_path():
         assert len(pool.pids()) == 2
     finally:
         pool.close()
+
+
+def test_a_pool_starts_when_told_after_what_it_waits_for_or_at_its_first_call():
+    """A switch makes its pools without forking (the answer goes out first); a pool started
+    ``after`` another spawn forks only once that is done; an unstarted pool forks at its first
+    call."""
+    spec = WorkerSpec(load={"prelude": "", "tools": [{"name": "ok", "code": "def ok(db):\n    return 'ok'"}]})
+    gate: Future[None] = Future()
+    waiting, lazy = WorkerPool(spec), WorkerPool(spec)
+    try:
+        assert waiting.start(wait=False, after=gate) is not None
+        assert waiting.start(wait=False) is None  # a pool starts once
+        time.sleep(0.3)
+        assert waiting.pids() == [] and waiting.ready
+        gate.set_result(None)
+        deadline = time.monotonic() + 10
+        while not waiting.pids():
+            assert time.monotonic() < deadline, "the pool did not start after its gate"
+            time.sleep(0.02)
+        assert lazy.ready and not lazy.started and lazy.pids() == []
+        assert lazy.run({"op": "call", "tool": "ok", "arguments": {}}, _no_sql, 5)["value"] == "ok"
+        assert lazy.started
+    finally:
+        waiting.close()
+        lazy.close()
 
 
 @pytest.mark.parametrize("code, kind", [

@@ -327,13 +327,18 @@ class WorkerPool:
         self.isolation: dict[str, Any] = {}
         self.replaced = 0
         self.renewed = 0
+        self.started = False  # an unstarted pool starts at its first request
         self.closed = False
 
     def start(self, wait: bool = True, after: Future[None] | None = None) -> Future[None] | None:
         """Start every worker; ``wait``: block until they run and raise what the first one raised
         (else the first request waits for its worker, and gets any failure). ``after``: begin
         once that spawn (another pool's) is done, so that the worker needed first is forked first.
-        Returns the first worker's spawn."""
+        Returns the first worker's spawn; None (and nothing done) if the pool was started."""
+        with self._lock:
+            if self.started:
+                return None
+            self.started = True
         futures = [self._spawn(after=after if i == 0 else None) for i in range(self.size + self.spares)]
         if not wait:
             return futures[0] if futures else None
@@ -373,11 +378,13 @@ class WorkerPool:
 
     @property
     def ready(self) -> bool:
-        return not self.closed and (self._fresh.qsize() > 0 or self._used.qsize() > 0 or bool(self._pending)
-                                    or bool(self._retired))  # a retired worker's replacement is due
+        return not self.closed and (not self.started or self._fresh.qsize() > 0 or self._used.qsize() > 0
+                                    or bool(self._pending) or bool(self._retired))  # started when due
 
     def _acquire(self, timeout_s: float) -> Worker:
         """The current episode's worker if it has one idle, else a fresh one."""
+        if not self.started:
+            self.start(wait=False)
         self.replace_retired()
         try:
             return self._used.get_nowait()
