@@ -8,8 +8,8 @@ import datetime as dt
 import decimal
 import os
 import time
-from concurrent.futures import Future
 import uuid
+from concurrent.futures import Future
 
 import pytest
 
