@@ -99,7 +99,7 @@ async def repeats(fleet: LocalFleet, envs: list[EnvBundle], log) -> dict[str, An
     handle = fleet.instances[0]
     control = ControlClient(handle.control_url)
     try:
-        for bundle in envs * 5:
+        for bundle in envs * 25:  # 50 switches
             t0 = time.perf_counter()
             result = await control.reset(None, env=bundle.name)
             reset_ms.append((time.perf_counter() - t0) * 1000)
