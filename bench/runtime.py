@@ -54,6 +54,42 @@ def pss_mb(pid: int) -> float:
     return 0.0
 
 
+def cpu_ms(pid: int) -> tuple[float, float]:
+    """CPU time of ``pid`` itself and of the children it has reaped, in ms (``/proc/<pid>/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    tick = 1000 / os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) * tick, (int(fields[13]) + int(fields[14])) * tick
+
+
+def tree_cpu_ms(pid: int) -> float:
+    """CPU time of ``pid`` and every descendant, living or reaped, in ms."""
+    total = 0.0
+    for p in [pid, *children(pid)]:
+        try:
+            total += sum(cpu_ms(p))
+        except OSError:
+            pass  # ended between the listing and the read (its time is in its parent's)
+    return total
+
+
+async def episode_cpu(bundle: EnvBundle, handle, control: ControlClient, mcp: McpSession, n: int) -> dict[str, Any]:
+    """CPU per episode (reset, the reference solution's calls, verify) one after another on one
+    instance: the env server's own, and its descendants' (fork server, workers: forks included)."""
+    tasks = [t for t in bundle.tasks if t.solution]
+    server0, tree0, t0 = cpu_ms(handle.pid)[0], tree_cpu_ms(handle.pid), time.perf_counter()
+    for i in range(n):
+        task = tasks[i % len(tasks)]
+        await control.reset(task.id)
+        for step in task.solution:
+            await mcp.call_tool(step.tool, step.arguments)
+        await control.verify(task.final_answer)
+    await asyncio.sleep(0.3)  # the last episode's worker replacements
+    server = cpu_ms(handle.pid)[0] - server0
+    return {"episode_wall_ms": round((time.perf_counter() - t0 - 0.3) * 1000 / n, 2),
+            "episode_cpu_server_ms": round(server / n, 2),
+            "episode_cpu_workers_ms": round((tree_cpu_ms(handle.pid) - tree0 - server) / n, 2)}
+
+
 def children(pid: int) -> list[int]:
     """Every descendant of ``pid`` (the fork server is a child of a pool thread; the workers and
     the spare are the fork server's children)."""
@@ -103,6 +139,7 @@ async def measure_instance(bundle: EnvBundle, handle, n_resets: int, n_calls: in
             out = await mcp.call_tool(tool, args)
             lean.append((time.perf_counter() - t0) * 1000)
             assert not out.is_error, out.text
+        cpu = await episode_cpu(bundle, handle, control, mcp, 3 * n_resets)
         overhead = []
         for _ in range(max(20, n_resets // 5)):
             t0 = time.perf_counter()
@@ -131,7 +168,7 @@ async def measure_instance(bundle: EnvBundle, handle, n_resets: int, n_calls: in
         "first_call_after_reset_p50_ms": pct(first_call_ms, 0.5),
         "first_call_after_reset_p99_ms": pct(first_call_ms, 0.99),
         "tool_call_fastmcp_client_p50_ms": pct(sdk, 0.5), "tool_call_fastmcp_client_p99_ms": pct(sdk, 0.99),
-        "episode_overhead_p50_ms": pct(overhead, 0.5),
+        "episode_overhead_p50_ms": pct(overhead, 0.5), **cpu,
         "rss_mb_per_instance": round(server_rss + worker_rss, 1),
         "rss_mb_server": round(server_rss, 1), "rss_mb_workers": round(worker_rss, 1),
         "pss_mb_per_instance": round(server_pss + worker_pss, 1), "pss_mb_server": round(server_pss, 1),

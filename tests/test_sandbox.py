@@ -15,6 +15,7 @@ import pytest
 
 from awm.bundle import EnvBundle
 from awm.sandbox import codec, confine
+from awm.sandbox.forkserver import Zygote
 from awm.sandbox.pool import WeakIsolation, WorkerFailure, WorkerPool, WorkerSpec, redact
 
 
@@ -210,6 +211,29 @@ def test_a_pool_starts_when_told_after_what_it_waits_for_or_at_its_first_call():
     finally:
         waiting.close()
         lazy.close()
+
+
+def test_a_fork_server_keeps_the_most_recent_loads_and_is_sent_a_dropped_one_again():
+    """A late-binding instance serves many environments over its life: its fork server keeps the
+    code of the most recent few (``max_loads``), and a spawn for one it dropped sends it again."""
+    from awm.sandbox.pool import Worker, make_zygote
+
+    zygote = make_zygote(False)
+    zygote.close()
+    zygote = Zygote(zygote._config["sys_path"], zygote._config["drop_paths"], False, zygote._config["layers"],
+                    zygote._config["read_paths"], max_loads=2)
+    specs = [WorkerSpec(load={"prelude": "", "tools": [{"name": "which", "code": f"def which(db):\n    return {i}"}]})
+             for i in range(4)]
+    try:
+        for i in (0, 1, 2, 3, 0, 3, 1):  # 0 and 1 were dropped by the time they come again
+            worker = Worker(specs[i], zygote)
+            try:
+                assert worker.request({"op": "call", "tool": "which", "arguments": {}}, _no_sql, 5)["value"] == i
+            finally:
+                worker.kill()
+        assert list(zygote._loads) == [specs[3].load_key, specs[1].load_key]
+    finally:
+        zygote.close()
 
 
 @pytest.mark.parametrize("code, kind", [

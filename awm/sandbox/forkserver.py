@@ -38,6 +38,7 @@ import socket
 import subprocess
 import sys
 import threading
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -66,7 +67,13 @@ def _recv(sock: socket.socket, max_fds: int) -> tuple[dict[str, Any], list[int]]
 
 
 _LAUNCHER = ThreadPoolExecutor(1, thread_name_prefix="awm-zygote-launcher")  # never shut down
-_LOADS: dict[str, dict[str, Any]] = {}  # in the zygote: the loads its children run, by key
+# In the zygote: the loads its children run, by key, least recently used first. Both ends keep
+# the same MAX_LOADS most recent keys (the server sends a load again once the zygote dropped it),
+# so that a late-binding instance that serves hundreds of environments over its life does not
+# grow the process every fork copies.
+MAX_LOADS = 32
+_LOADS: OrderedDict[str, dict[str, Any]] = OrderedDict()
+_loads_limit = MAX_LOADS  # in the zygote: the limit its server configured
 _RULESETS: dict[tuple[str, ...], int | None] = {}  # in the zygote: Landlock rulesets, by read paths
 
 
@@ -74,13 +81,13 @@ class Zygote:
     """The server's handle on one zygote process (thread-safe; respawned when it dies)."""
 
     def __init__(self, sys_path: list[str], drop_paths: list[str], app: bool, layers: list[str],
-                 read_paths: list[str] | None = None) -> None:
+                 read_paths: list[str] | None = None, max_loads: int = MAX_LOADS) -> None:
         self._config = {"sys_path": sys_path, "drop_paths": drop_paths, "app": app, "layers": layers,
-                        "read_paths": list(read_paths or [])}
+                        "read_paths": list(read_paths or []), "max_loads": max_loads}
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
         self._sock: socket.socket | None = None
-        self._loads: set[str] = set()  # keys of the loads the running zygote holds
+        self._loads: OrderedDict[str, None] = OrderedDict()  # what the running zygote holds, as it does
         self.isolation: dict[str, Any] = {}
 
     def _start(self) -> None:
@@ -100,7 +107,7 @@ class Zygote:
         finally:
             theirs.close()
         self._sock = ours
-        self._loads = set()
+        self._loads = OrderedDict()
         hello, fds = _recv(ours, 0)
         if hello.get("op") != "ready":
             raise ZygoteError(f"zygote said {hello.get('op')!r} instead of ready")
@@ -128,7 +135,7 @@ class Zygote:
         message = {"op": "spawn", "config": config, "load_key": load_key, "load": None if known else load}
         reply, fds = self._request(message, [child_read, child_write], 1)
         with self._lock:
-            self._loads.add(load_key)
+            _remember(self._loads, load_key, None, self._config["max_loads"])
         if reply.get("op") != "spawned":
             for fd in fds:
                 os.close(fd)
@@ -191,6 +198,17 @@ def _child(control: socket.socket, config: dict[str, Any], fds: list[int], zygot
         os._exit(0)
 
 
+def _remember(held: OrderedDict[str, Any], key: str, value: Any, limit: int) -> list[Any]:
+    """``key`` is the most recent in ``held``; returns the values dropped beyond ``limit`` (the
+    server's and the zygote's copies apply this to the same keys in the same order)."""
+    held[key] = value
+    held.move_to_end(key)
+    dropped = []
+    while len(held) > limit:
+        dropped.append(held.popitem(last=False)[1])
+    return dropped
+
+
 def _ruleset(read_paths: list[str]) -> int | None:
     """The Landlock ruleset of these read paths, built on first use and kept (a child inherits
     the descriptor and restricts itself with it); None without Landlock (the child reports it)."""
@@ -214,9 +232,15 @@ def _spawn(control: socket.socket, message: dict[str, Any], fds: list[int], zygo
     from awm.sandbox import worker
 
     key = str(message.get("load_key") or "")
+    load = message.get("load") if isinstance(message.get("load"), dict) else _LOADS.get(key)
+    if load is not None:
+        for dropped in _remember(_LOADS, key, load, _loads_limit):
+            kept = {item for held in _LOADS.values() for item in load_sources(held)}
+            for item in load_sources(dropped):
+                if item not in kept:
+                    worker.COMPILED.pop(item, None)
     if isinstance(message.get("load"), dict):
-        _LOADS[key] = message["load"]
-        for source, filename in load_sources(message["load"]):
+        for source, filename in load_sources(load):
             try:
                 worker.COMPILED[(source, filename)] = compile(source, filename, "exec")
             except (SyntaxError, ValueError, TypeError, RecursionError, MemoryError):
@@ -245,8 +269,9 @@ def main() -> None:
     confine.die_with_parent(int(config["parent"]))
     control = socket.socket(fileno=int(config["control_fd"]))
     devnull = os.open(os.devnull, os.O_RDWR)
-    global DEBUG
+    global DEBUG, _loads_limit
     DEBUG = bool(config.get("debug"))
+    _loads_limit = int(config.get("max_loads") or MAX_LOADS)
     for fd in (0, 1) if DEBUG else (0, 1, 2):
         os.dup2(devnull, fd)
     os.close(devnull)
