@@ -246,7 +246,16 @@ def _describe(cp: Any) -> str:
         except (httpx.HTTPError, KeyError) as exc:
             view = [f"metrics unreachable: {exc}"]
         operators.append(f"--- operator {name}\n{log.stdout}{log.stderr}\n" + "\n".join(view))
-    return f"{pods}\n{events}\n{statuses}\n" + "\n".join(operators) + "\n" + \
+    unready = []  # the logs of every pod with a container not ready (this run's and the last one's)
+    for pod in cp.api("GET", f"/api/v1/namespaces/{NS}/pods")["items"]:
+        statuses_ = (pod.get("status") or {}).get("containerStatuses") or []
+        if statuses_ and all(c.get("ready") for c in statuses_):
+            continue
+        name = pod["metadata"]["name"]
+        for previous in ((), ("--previous",)):
+            log = cp.kubectl("-n", NS, "logs", name, "--all-containers", "--tail=40", *previous, check=False)
+            unready.append(f"--- {name} {' '.join(previous)}\n{log.stdout[-3000:]}{log.stderr[-500:]}")
+    return f"{pods}\n{events}\n{statuses}\n" + "\n".join(operators) + "\n" + "\n".join(unready) + "\n" + \
         "\n".join(cp.node.log_tail(n) for n in ("kubelet", "containerd", "kube-router"))
 
 
