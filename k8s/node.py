@@ -584,11 +584,8 @@ log_path = "{r / 'logs'}/runsc-shim-%ID%.log"
 [runsc_config]
   platform = "systrap"
 """)
-        # pod_annotations: runsc reads its mount hints (dev.gvisor.spec.mount.*) from the pod's
-        # annotations: a late-binding pod's socket volume is shared by its containers that way.
         return f"""    [{cri}.containerd.runtimes.runsc]
       runtime_type = "io.containerd.runsc.v1"
-      pod_annotations = ["dev.gvisor.*"]
       [{cri}.containerd.runtimes.runsc.options]
         TypeUrl = "io.containerd.runsc.v1.options"
         ConfigPath = "{r / 'runsc.toml'}"

@@ -195,7 +195,6 @@ def pod_manifest(fleet: str, namespace: str, fleet_uid: str, spec: EnvFleetSpec,
 
 
 PROVISIONER_SOCKET = "/run/awm/provisioner.sock"
-GVISOR_SHARED_RUN = {"dev.gvisor.spec.mount.run.share": "pod", "dev.gvisor.spec.mount.run.type": "tmpfs"}
 CATALOG_DIR = "/bundle"
 
 
@@ -223,11 +222,6 @@ def _late_binding(pod: dict[str, Any], fleet: str, namespace: str, spec: EnvFlee
         "securityContext": security, "resources": resources,
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
-    # Under gVisor each container reaches an emptyDir through a file proxy of its own, where a
-    # unix socket bound by one container cannot be connected to by another: these hints make the
-    # socket's volume one in-sandbox tmpfs shared by the pod (the node's containerd must pass
-    # dev.gvisor.* pod annotations to runsc; docs/kubernetes.md). runc ignores them.
-    pod["metadata"].setdefault("annotations", {}).update(GVISOR_SHARED_RUN)
     server = pod["spec"]["containers"][0]
     server["command"] = ["python", "-m", "awm.envserver", "--catalog", CATALOG_DIR, "--env", env,
                          "--provisioner", PROVISIONER_SOCKET, "--name", "$(POD_NAME)", "--host", "0.0.0.0",
