@@ -7,8 +7,10 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import os
+import signal
 import time
 import uuid
+from collections import OrderedDict
 from concurrent.futures import Future
 
 import pytest
@@ -232,6 +234,23 @@ def test_a_fork_server_keeps_the_most_recent_loads_and_is_sent_a_dropped_one_aga
             finally:
                 worker.kill()
         assert list(zygote._loads) == [specs[3].load_key, specs[1].load_key]
+        # A fork server that died (killed, out of memory) is started again holding nothing, and
+        # one that lost track of a load says so: either way the load is sent again.
+        os.kill(zygote.pid(), signal.SIGKILL)
+        zygote._proc.wait()
+        zygote._loads = OrderedDict((s.load_key, None) for s in specs)  # a server out of step with it
+        for i in (3, 2):
+            worker = Worker(specs[i], zygote)
+            try:
+                assert worker.request({"op": "call", "tool": "which", "arguments": {}}, _no_sql, 5)["value"] == i
+            finally:
+                worker.kill()
+        zygote._loads = OrderedDict((s.load_key, None) for s in specs)
+        worker = Worker(specs[0], zygote)  # the running zygote holds 3 and 2, not 0
+        try:
+            assert worker.request({"op": "call", "tool": "which", "arguments": {}}, _no_sql, 5)["value"] == 0
+        finally:
+            worker.kill()
     finally:
         zygote.close()
 

@@ -21,6 +21,8 @@ passed with ``SCM_RIGHTS``):
   ``load`` (the code the child loads once confined: tool prelude, tools, app) is sent the first
   time a key is used and kept by the zygote, compiled; later spawns name only its key, so a spawn
   moves a few hundred bytes however large the environment's code is;
+  A zygote asked for a key it does not hold answers ``{"op": "unknown_load"}`` (the server
+  then sends the load);
 * server → zygote ``{"op": "reap", "pid": N}`` → ``{"op": "reaped", "status": S}``: the zygote waits
   for its (already killed) child and says how it ended.
 
@@ -115,27 +117,39 @@ class Zygote:
 
     def _request(self, message: dict[str, Any], fds: list[int], max_fds: int) -> tuple[dict[str, Any], list[int]]:
         with self._lock:
-            if self._proc is None or self._proc.poll() is not None:
-                self._stop()
-                self._start()
-            assert self._sock is not None
-            try:
-                socket.send_fds(self._sock, [json.dumps(message).encode()], fds)
-                return _recv(self._sock, max_fds)
-            except (OSError, EOFError, ValueError) as exc:
-                self._stop()
-                raise ZygoteError(f"zygote failed: {exc}") from None
+            return self._exchange(message, fds, max_fds)
+
+    def _exchange(self, message: dict[str, Any], fds: list[int], max_fds: int) -> tuple[dict[str, Any], list[int]]:
+        """One request and its reply, with the lock held (a zygote that died is started again)."""
+        if self._proc is None or self._proc.poll() is not None:
+            self._stop()
+            self._start()
+        assert self._sock is not None
+        try:
+            socket.send_fds(self._sock, [json.dumps(message).encode()], fds)
+            return _recv(self._sock, max_fds)
+        except (OSError, EOFError, ValueError) as exc:
+            self._stop()
+            raise ZygoteError(f"zygote failed: {exc}") from None
 
     def spawn(self, config: dict[str, Any], child_read: int, child_write: int, load_key: str,
               load: dict[str, Any]) -> tuple[int, int | None]:
         """Fork a worker reading ``child_read`` and writing ``child_write``: (pid, pidfd). Once
-        confined, it loads ``load`` (sent to the zygote the first time ``load_key`` is used)."""
+        confined, it loads ``load`` (sent to the zygote the first time ``load_key`` is used, and
+        again whenever the zygote says it does not hold it: a restarted one holds nothing)."""
         with self._lock:
-            known = load_key in self._loads
-        message = {"op": "spawn", "config": config, "load_key": load_key, "load": None if known else load}
-        reply, fds = self._request(message, [child_read, child_write], 1)
-        with self._lock:
-            _remember(self._loads, load_key, None, self._config["max_loads"])
+            for attempt in range(2):
+                if self._proc is None or self._proc.poll() is not None:
+                    self._stop()
+                    self._start()  # (empties self._loads) before deciding what to send
+                known = attempt == 0 and load_key in self._loads
+                message = {"op": "spawn", "config": config, "load_key": load_key, "load": None if known else load}
+                reply, fds = self._exchange(message, [child_read, child_write], 1)
+                if reply.get("op") == "unknown_load":
+                    self._loads.pop(load_key, None)
+                    continue
+                _remember(self._loads, load_key, None, self._config["max_loads"])
+                break
         if reply.get("op") != "spawned":
             for fd in fds:
                 os.close(fd)
@@ -233,12 +247,16 @@ def _spawn(control: socket.socket, message: dict[str, Any], fds: list[int], zygo
 
     key = str(message.get("load_key") or "")
     load = message.get("load") if isinstance(message.get("load"), dict) else _LOADS.get(key)
-    if load is not None:
-        for dropped in _remember(_LOADS, key, load, _loads_limit):
-            kept = {item for held in _LOADS.values() for item in load_sources(held)}
-            for item in load_sources(dropped):
-                if item not in kept:
-                    worker.COMPILED.pop(item, None)
+    if load is None:  # the server believes this zygote holds it: say it does not, to be sent it
+        for fd in fds:
+            os.close(fd)
+        socket.send_fds(control, [json.dumps({"op": "unknown_load", "key": key}).encode()], [])
+        return
+    for dropped in _remember(_LOADS, key, load, _loads_limit):
+        kept = {item for held in _LOADS.values() for item in load_sources(held)}
+        for item in load_sources(dropped):
+            if item not in kept:
+                worker.COMPILED.pop(item, None)
     if isinstance(message.get("load"), dict):
         for source, filename in load_sources(load):
             try:
