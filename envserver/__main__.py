@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--catalog", help="catalog directory: the environments a late-binding instance may serve")
     parser.add_argument("--env", help="with --catalog and no --bundle: the environment served first")
     parser.add_argument("--provisioner", metavar="SOCKET",
-                        help=f"Unix socket of the provisioner (also {SOCKET_ENV}): bind environments late, "
+                        help=f"Unix socket of the provisioner, a path or @name (also {SOCKET_ENV}): bind environments late, "
                              "a fresh database of each from it")
     parser.add_argument("--cache-envs", type=int, default=int(os.environ.get("AWM_CACHE_ENVS", "4")),
                         help="environments kept ready (database, bundle) after a switch (also AWM_CACHE_ENVS)")

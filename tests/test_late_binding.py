@@ -240,6 +240,50 @@ def test_the_provisioner_hands_each_database_to_one_connection(admin_dsn, bundle
     assert not [d for d in provision.list_instances(admin_dsn) if "provtest" in d]
 
 
+def test_the_provisioner_on_an_abstract_name_answers_its_own_uid_only(admin_dsn, bundles):
+    """An env pod's sidecar listens on ``@name`` (abstract: no file, shared by the pod's network
+    namespace under runc and gVisor). There is no file mode to keep other users out, so each
+    connection's peer uid is checked: another uid gets no answer and the connection is closed."""
+    by_name = {b.name: b for b in bundles}
+    name = f"@awm-provtest-{os.getpid()}"
+    provisioner = Provisioner(admin_dsn, by_name.__getitem__, "provabs")
+    server = ProvisionerServer(provisioner, name).start()
+    client = ProvisionerClient(name, "abs")
+    try:
+        got = client.acquire("notes")
+        assert got.database in provision.list_instances(admin_dsn)
+        if os.geteuid() == 0:  # another uid (root can become one): refused before any request is read
+            read, write = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # pragma: no cover - the child
+                try:
+                    os.setgid(65534)
+                    os.setuid(65534)
+                    with socket.socket(socket.AF_UNIX) as raw:
+                        raw.settimeout(10)
+                        raw.connect("\0" + name[1:])
+                        try:
+                            raw.sendall(b'{"op": "acquire", "env": "notes"}\n')
+                            answer = raw.recv(4096) or b"closed"
+                        except ConnectionResetError:  # closed before it read our line
+                            answer = b"closed"
+                        os.write(write, answer)
+                finally:
+                    os._exit(0)
+            os.close(write)
+            answer = os.read(read, 4096)
+            os.close(read)
+            os.waitpid(pid, 0)
+            assert answer == b"closed"
+        client.release(got.database)
+        assert got.database not in provision.list_instances(admin_dsn)
+    finally:
+        client.close()
+        server.close()
+        provisioner.close()
+    assert not [d for d in provision.list_instances(admin_dsn) if "provabs" in d]
+
+
 async def test_claims_bind_free_instances_to_the_environment_asked_for(admin_dsn, bundles):
     """The claim path (awm.episode.sources): a claim of an environment no free instance serves
     switches a free late-binding one; a GRPO group switches its instances at once."""

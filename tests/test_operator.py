@@ -679,6 +679,10 @@ def test_a_late_binding_pod_carries_the_catalog_and_a_provisioner_sidecar() -> N
     assert sidecar["name"] == "provisioner" and sidecar["restartPolicy"] == "Always"
     assert sidecar["command"][:3] == ["python", "-m", "awm.postgres.provisioner"]
     assert PROVISIONER_SOCKET in sidecar["command"]
+    # An abstract socket name, not a file in a shared volume (under gVisor each container sees a
+    # volume through a file proxy of its own, and a socket file there is not shared).
+    assert PROVISIONER_SOCKET.startswith("@")
+    assert "/run/awm" not in {m["mountPath"] for m in sidecar["volumeMounts"]}
     meta = json.loads(sidecar["command"][sidecar["command"].index("--meta") + 1])
     assert meta == {"pod": "$(POD_NAME)", "fleet": "train", "namespace": "ns"}  # the orphan sweep finds them
     assert [e["name"] for e in sidecar["env"]] == ["AWM_ADMIN_DSN", "POD_NAME"]

@@ -3,7 +3,8 @@
 Late binding (an env server that serves any environment of its catalog, chosen per claim) needs
 a fresh instance database of the claimed environment at claim time. Making one needs the admin
 credential, which an env server must never hold (it drives untrusted code), so one small process
-holds it and env servers ask it, over a Unix socket, one JSON line per request:
+holds it and env servers ask it, over a Unix socket, one JSON line per request (a path, or a name
+in Linux's abstract namespace written ``@name``: see :func:`socket_address`):
 
     {"op": "acquire", "env": "shop"}        -> {"ok": true, "database": "awm_i_...", "dsn": "...",
                                                 "template": "awm_tpl_...", "checksum": "...", "ms": 0.4}
@@ -37,6 +38,7 @@ import os
 import secrets
 import socket
 import socketserver
+import struct
 import threading
 import time
 from collections import deque
@@ -54,6 +56,30 @@ log = logging.getLogger("awm.provisioner")
 
 MAX_LINE = 64 * 1024  # a request is a name or two
 SOCKET_ENV = "AWM_PROVISIONER_SOCKET"
+
+
+def socket_address(path: str) -> str:
+    """The address to bind or connect for ``path``: ``@name`` is ``name`` in the abstract
+    namespace of the network namespace, anything else a file.
+
+    An env pod's provisioner sidecar listens on an abstract name: the containers of a pod share
+    its network namespace under runc and under gVisor alike, while a socket *file* in a shared
+    volume is not shared under gVisor (each container sees the volume through its own file proxy).
+    An abstract name has no file mode, so the server checks each peer's uid instead
+    (:func:`_peer_allowed`); the workers that run untrusted code cannot create sockets at all
+    (seccomp), nor reach abstract names (Landlock's scope, ABI >= 6)."""
+    return "\0" + path[1:] if path.startswith("@") else path
+
+
+def _peer_allowed(sock: socket.socket) -> bool:
+    """Only our own uid (or root) may ask: what a socket file of mode 0600 enforces, checked on the
+    connection (SO_PEERCRED) so that it holds for an abstract name too."""
+    try:
+        _pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                              struct.calcsize("3i")))
+    except OSError:
+        return False
+    return uid in (os.geteuid(), 0)
 
 
 class ProvisionerError(RuntimeError):
@@ -268,6 +294,9 @@ class _Handler(socketserver.StreamRequestHandler):
 
     def handle(self) -> None:
         held: set[str] = set()
+        if not _peer_allowed(self.connection):
+            log.warning("provisioner: refused a connection from another uid")
+            return
         try:
             while True:
                 line = self.rfile.readline(MAX_LINE + 1)
@@ -329,18 +358,21 @@ class _Handler(socketserver.StreamRequestHandler):
 
 
 class ProvisionerServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-    """The provisioner on a Unix socket (mode 0600: only our uid may ask), one thread per instance."""
+    """The provisioner on a Unix socket (a file of mode 0600, or an abstract ``@name``; either way
+    only our uid may ask), one thread per instance."""
 
     daemon_threads = True
 
     def __init__(self, provisioner: Provisioner, path: str | Path) -> None:
         self.provisioner = provisioner
         self.path = str(path)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)
+        self.abstract = self.path.startswith("@")
+        if not self.abstract:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
         old = os.umask(0o177)
         try:
-            super().__init__(self.path, _Handler)
+            super().__init__(socket_address(self.path), _Handler)
         finally:
             os.umask(old)
         self._thread: threading.Thread | None = None
@@ -353,8 +385,9 @@ class ProvisionerServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServ
     def close(self) -> None:
         self.shutdown()
         self.server_close()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)
+        if not self.abstract:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
 
 
 class ProvisionerClient:
@@ -378,7 +411,7 @@ class ProvisionerClient:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             sock.settimeout(self.timeout_s)
             try:
-                sock.connect(self.path)
+                sock.connect(socket_address(self.path))
                 break
             except (FileNotFoundError, ConnectionRefusedError) as exc:
                 sock.close()
@@ -441,7 +474,7 @@ def main(argv: list[str] | None = None) -> None:
 
     parser = argparse.ArgumentParser(prog="python -m awm.postgres.provisioner", description=main.__doc__)
     parser.add_argument("--catalog", required=True, help="the catalog directory (bundles by name)")
-    parser.add_argument("--socket", required=True, help="the Unix socket to serve")
+    parser.add_argument("--socket", required=True, help="the Unix socket to serve: a path, or @name (abstract)")
     parser.add_argument("--prefix", required=True, help="whose databases (the pod's name): hashed into their names")
     parser.add_argument("--keep", type=int, default=0, help="databases made ahead per environment in demand")
     parser.add_argument("--meta", default="{}", help="JSON object for every database comment (pod, fleet, namespace)")

@@ -194,7 +194,10 @@ def pod_manifest(fleet: str, namespace: str, fleet_uid: str, spec: EnvFleetSpec,
     return pod
 
 
-PROVISIONER_SOCKET = "/run/awm/provisioner.sock"
+# An abstract Unix socket name (awm.postgres.provisioner.socket_address): the pod's containers share
+# its network namespace under runc and gVisor alike; a socket file in a shared volume is not shared
+# under gVisor.
+PROVISIONER_SOCKET = "@awm-provisioner"
 CATALOG_DIR = "/bundle"
 
 
@@ -203,7 +206,7 @@ def _late_binding(pod: dict[str, Any], fleet: str, namespace: str, spec: EnvFlee
     """A late-binding pod (``binding: late``): the whole catalog in /bundle instead of one bundle;
     instead of the provision init container, a provisioner sidecar (a native sidecar: an init
     container that keeps running) that holds the admin DSN and hands the env server a fresh
-    database of each environment it is switched to, over a socket in the pod's memory volume;
+    database of each environment it is switched to, over an abstract Unix socket of the pod;
     the env server starts on ``env`` and switches on POST /bind."""
     inits = pod["spec"]["initContainers"]
     c = spec.catalog
@@ -218,7 +221,7 @@ def _late_binding(pod: dict[str, Any], fleet: str, namespace: str, spec: EnvFlee
                     "--socket", PROVISIONER_SOCKET, "--prefix", "$(POD_NAME)", "--meta", meta],
         "env": [e for e in provision["env"] if e["name"] in ("AWM_ADMIN_DSN", "POD_NAME")],
         "volumeMounts": [{"name": "bundle", "mountPath": CATALOG_DIR, "readOnly": True},
-                         {"name": "run", "mountPath": "/run/awm"}, {"name": "tmp", "mountPath": "/tmp"}],
+                         {"name": "tmp", "mountPath": "/tmp"}],
         "securityContext": security, "resources": resources,
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
