@@ -196,7 +196,8 @@ class Bench:
 
         async def worker() -> None:
             while time.monotonic() < stop_at:
-                async with session.post(base, json={"count": 1, "waitSeconds": 30}) as r:
+                body = {"count": 1, "waitSeconds": 30, **({"environment": rng.choice(envs)} if envs else {})}
+                async with session.post(base, json=body) as r:
                     assert r.status == 201, await r.text()
                     claim_id = (await r.json())["id"]
                 done.append(1)
@@ -247,11 +248,16 @@ class Bench:
         return await self.metric("awm_reconcile_seconds_count"), await self.metric("awm_reconcile_seconds_sum")
 
     async def sustained(self, session: aiohttp.ClientSession, base: str, clients: int, seconds: float,
-                        profile: bool = False) -> dict[str, Any]:
+                        profile: bool = False, envs: list[str] | None = None,
+                        phase: str = "sustained") -> dict[str, Any]:
         """``clients`` loops, each claiming one instance and releasing it, for ``seconds``: claims/s,
         claim latency, ledger writes and every process's CPU per cycle. Throughput depends on how
         many claims are in flight (a write carries every change queued while the previous one was
-        in flight), so the benchmark reports it at several counts."""
+        in flight), so the benchmark reports it at several counts. ``envs``: each claim names one
+        of them, at random (late binding: a claim of another environment switches its pod)."""
+        import random
+
+        rng = random.Random(clients)
         done: list[int] = []
         claim_lat: list[float] = []
         stop_at = 0.0  # set just before the clients start
@@ -259,7 +265,8 @@ class Bench:
         async def worker() -> None:
             while time.monotonic() < stop_at:
                 t = time.perf_counter()
-                async with session.post(base, json={"count": 1, "waitSeconds": 30}) as r:
+                body = {"count": 1, "waitSeconds": 30, **({"environment": rng.choice(envs)} if envs else {})}
+                async with session.post(base, json=body) as r:
                     assert r.status == 201, await r.text()
                     claim_id = (await r.json())["id"]
                 claim_lat.append((time.perf_counter() - t) * 1000)
@@ -268,7 +275,7 @@ class Bench:
                     assert r.status == 200, await r.text()
 
         cpu1, writes0, passes0 = self.cpu(), await self.ledger_writes(), await self.passes()
-        spy = self.spy("sustained", seconds) if profile else None
+        spy = self.spy(phase, seconds) if profile else None
         t = time.monotonic()
         stop_at = t + seconds
         await asyncio.gather(*(worker() for _ in range(clients)))
@@ -394,26 +401,23 @@ class Bench:
                         envs = step_envs if mode == "pinned" else rng.sample(catalog, step_groups)
                         out["steps"].append(await self.step(alloc, "bench", envs, group))
                         self.log(f"{mode} step {n}: {out['steps'][-1]}")
-                    if mode == "late":  # single claims of any environment, 16 clients
-                        lat: list[float] = []
-                        stop = time.monotonic() + 10.0
-
-                        async def worker() -> int:
-                            done = 0
-                            while time.monotonic() < stop:
-                                t = time.perf_counter()
-                                got = await alloc.claim(1, environment=rng.choice(catalog), wait_seconds=60)
-                                lat.append((time.perf_counter() - t) * 1000)
-                                await alloc.release(got["id"])
-                                done += 1
-                            return done
-
-                        t1 = time.monotonic()
-                        total = sum(await asyncio.gather(*(worker() for _ in range(16))))
-                        out["claims_per_s_16_clients"] = round(total / (time.monotonic() - t1), 1)
-                        out["claim_p50_ms"], out["claim_p99_ms"] = pct(lat, 0.5), pct(lat, 0.99)
-                        out["switch_latency_count"] = await self.metric("awm_claim_switch_seconds_count")
-                        self.log(f"late: {out['claims_per_s_16_clients']} claims/s of random environments")
+                # Single claims of a random environment (the late fleet: of its whole catalog, so
+                # nearly every claim switches its pod; the pinned one: of the step's environments),
+                # from the same lean client as the main benchmark's sustained loop.
+                base = f"{self.api}/v1/namespaces/{NS}/envfleets/bench/claims"
+                envs = catalog if mode == "late" else step_envs
+                async with aiohttp.ClientSession(headers=bearer()) as session:
+                    windows = []
+                    for n, clients in enumerate(self.clients):
+                        await self.sustained(session, base, clients, 2.0, envs=envs)  # warm-up
+                        windows.append(await self.sustained(session, base, clients, 10.0, profile=n == 0,
+                                                            envs=envs, phase=f"{mode}-sustained"))
+                        self.log(f"{mode}: {windows[-1]['claims_per_s']} claims/s of random environments "
+                                 f"({clients} clients)")
+                out["sustained_by_clients"] = windows
+                out["claims_per_s_16_clients"] = next((w["claims_per_s"] for w in windows if w["clients"] == 16), None)
+                if mode == "late":
+                    out["switch_latency_count"] = await self.metric("awm_claim_switch_seconds_count")
                 result[mode] = out
                 await self.k8s.delete(f"{API}/envfleets/bench")
                 deadline = time.monotonic() + 300

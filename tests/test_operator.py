@@ -702,17 +702,31 @@ def test_a_late_binding_pod_carries_the_catalog_and_a_provisioner_sidecar() -> N
 
 
 def test_plan_late_prefers_pods_that_serve_the_environment() -> None:
-    available = {"a": ["a1", "a2"], "b": ["b1", "b2", "b3"]}
-    serving = {"b2": "crm", "a2": "crm"}
-    env_of = lambda n: serving.get(n, n[0])  # noqa: E731
-    (group,) = plan_late(available, ClaimRequest(2, environment="crm"), env_of)
+    """A late fleet files its free pods under the environment each serves now (its last switch),
+    so that a claim finds the pods that serve it at once, whatever the fleet's size."""
+    fleet = Fleet("ns", "f")
+    for name in ("a1", "a2", "b1", "b2", "b3"):
+        fleet.update_pod(PodInfo(name, name[0], True, "Running", "10.0.0.1", False, 1, None, "http://10.0.0.1:8001"))
+    fleet.assign("c1", ClaimRecord([["a2", "b2"]]))
+    fleet.switched("a2", "crm")  # switched while held: filed under crm once free
+    fleet.unassign("c1")
+    fleet.switched("b2", "crm")  # free already (a claim released while its pods switched)
+    assert dict(fleet.available) == {"a": {"a1": None}, "b": {"b1": None, "b3": None},
+                                     "crm": {"a2": None, "b2": None}}
+    available = fleet.available
+    (group,) = plan_late(available, ClaimRequest(2, environment="crm"))
     assert sorted(group) == ["a2", "b2"]  # a repeat claim: no switch
-    groups = plan_late(available, ClaimRequest(4, environment="crm", group_size=2), env_of)
-    assert groups is not None and [len(g) for g in groups] == [2, 2] and {"a2", "b2"} <= set(groups[0])
-    assert plan_late(available, ClaimRequest(6, environment="crm"), env_of) is None  # all or nothing
-    assert len(plan_late(available, ClaimRequest(5, environment="zzz"), env_of)[0]) == 5  # any pod serves it
-    # without an environment: as plan() (groups of one starting environment each)
-    assert plan_late(available, ClaimRequest(2, group_size=2), env_of) == plan(available, ClaimRequest(2, group_size=2))
+    groups = plan_late(available, ClaimRequest(4, environment="crm", group_size=2))
+    assert groups is not None and [len(g) for g in groups] == [2, 2] and {"a2", "b2"} == set(groups[0])
+    assert plan_late(available, ClaimRequest(6, environment="crm")) is None  # all or nothing
+    assert len(plan_late(available, ClaimRequest(5, environment="zzz"))[0]) == 5  # any pod serves it
+    # without an environment: as plan() (groups of one environment each, the one served now)
+    assert plan_late(available, ClaimRequest(2, group_size=2)) == plan(available, ClaimRequest(2, group_size=2))
+    fleet.reserve(["a2"])
+    assert "a2" not in fleet.available["crm"]
+    fleet.unreserve(["a2"])
+    fleet.remove_pod("a2")  # gone: from under what it served, and its switch forgotten
+    assert "a2" not in fleet.available["crm"] and "a2" not in fleet.bound_env
 
 
 # --------------------------------------------------------------------------- allocation

@@ -83,6 +83,7 @@ class Allocator:
         # A switch may load the environment's template on its first claim on the cluster.
         self.bind_timeout = aiohttp.ClientTimeout(total=max(reset_timeout, 300.0))
         self._http: aiohttp.ClientSession | None = None
+        self._forgetting: set[asyncio.Task[None]] = set()  # ledger writes of releases answered already
 
     @property
     def http(self) -> aiohttp.ClientSession:
@@ -92,6 +93,8 @@ class Allocator:
         return self._http
 
     async def close(self) -> None:
+        if self._forgetting:
+            await asyncio.gather(*self._forgetting, return_exceptions=True)
         if self._http is not None:
             await self._http.close()
 
@@ -126,7 +129,7 @@ class Allocator:
                     self.metrics.claims.labels(fleet.namespace, fleet.name, source, "bound").inc()
                     return bound
                 if fleet.active and fleet.ledger is not None:
-                    groups = plan_late(fleet.available, req, fleet.env_of) if fleet.late else plan(fleet.available, req)
+                    groups = plan_late(fleet.available, req) if fleet.late else plan(fleet.available, req)
                     if groups is not None:
                         bound = await self._bind(fleet, claim_id, groups, ttl, holder, owner)
                         if bound is not None and fleet.late:
@@ -184,7 +187,7 @@ class Allocator:
         failed pods are deleted (the reconciler replaces them) and the caller plans again."""
         targets: dict[str, str] = {}
         for b in bound:
-            env = req.environment or (b.pod.env if req.group_size else None)
+            env = req.environment or (fleet.env_of(b.pod.name) if req.group_size else None)
             if env is not None:
                 targets[b.pod.name] = env
         if not targets:
@@ -197,7 +200,7 @@ class Allocator:
         failed = [n for n, (ok, _) in zip(targets, results) if ok is False]
         for name, env in targets.items():
             if name not in failed and name not in refused:
-                fleet.bound_env[name] = env
+                fleet.switched(name, env)
         if refused or failed:
             assert fleet.ledger is not None
             await fleet.ledger.commit({claim_id: None})  # undone: its pods are free again
@@ -238,9 +241,15 @@ class Allocator:
         await fleet.ledger.commit({claim_id: renewed})
         return float(renewed.expires or 0)
 
-    async def release(self, fleet: Fleet, claim_id: str) -> tuple[int, int]:
+    async def release(self, fleet: Fleet, claim_id: str, durable: bool = True) -> tuple[int, int]:
         """Reset every instance of the claim, then remove it from the ledger; (returned, replaced).
-        Lost instances (their pods gone) count as neither."""
+        Lost instances (their pods gone) count as neither.
+
+        ``durable=False`` (the allocation API's release of one claim) answers once the instances
+        are reset and writes the ledger after: a client then waits for one ledger write per claim
+        and release cycle, not two. The instances return to the pool only once that write is
+        done either way (the claim stays marked as releasing until then). If the operator dies
+        before it, the claim stays in the ledger until its TTL; nothing is handed out twice."""
         if claim_id in fleet.releasing or claim_id not in fleet.claims:
             return 0, 0
         if fleet.ledger is None:
@@ -249,9 +258,15 @@ class Allocator:
         try:
             pods = fleet.claim_pods(claim_id)
             results = await asyncio.gather(*(self._reset_or_replace(fleet, p) for p in pods))
-            await fleet.ledger.commit({claim_id: None})
+            if durable:
+                await fleet.ledger.commit({claim_id: None})
+            else:
+                task = asyncio.create_task(self._forget(fleet, claim_id), name=f"awm release {claim_id}")
+                self._forgetting.add(task)
+                task.add_done_callback(self._forgetting.discard)
         finally:
-            fleet.releasing.discard(claim_id)
+            if durable:
+                fleet.releasing.discard(claim_id)
         returned = sum(1 for r in results if r)
         replaced = len(results) - returned
         self.metrics.releases.labels(fleet.namespace, fleet.name, "returned").inc(returned)
@@ -259,6 +274,17 @@ class Allocator:
         if replaced:
             fleet.poke()  # doomed pods: their replacements are created at once
         return returned, replaced
+
+    async def _forget(self, fleet: Fleet, claim_id: str) -> None:
+        """The ledger write of a release that was answered already."""
+        try:
+            assert fleet.ledger is not None
+            await fleet.ledger.commit({claim_id: None})
+        except Exception as exc:  # noqa: BLE001 - the claim stays (expires by its TTL, or is released again)
+            log.warning("fleet %s/%s: release of %s not written to the ledger: %s", fleet.namespace, fleet.name,
+                        claim_id, exc)
+        finally:
+            fleet.releasing.discard(claim_id)
 
     async def _reset_or_replace(self, fleet: Fleet, pod: PodInfo) -> bool:
         """True if the instance was reset; else it is deleted (the reconciler replaces it)."""

@@ -242,7 +242,7 @@ def build_api(ctx: Context, fleets: Fleets, auth: authn.Authenticator | None = N
         if denied is not None:
             return denied
         try:
-            returned, replaced = await ctx.allocator.release(fleet, claim_id)
+            returned, replaced = await ctx.allocator.release(fleet, claim_id, durable=False)
         except NotActive as exc:
             return _error(503, str(exc))
         return web.json_response({"id": claim_id, "returned": returned, "replaced": replaced})

@@ -17,7 +17,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import Any, Callable, Collection, Iterable, Mapping
+from typing import Any, Collection, Iterable, Mapping
 
 from awm_operator.crds import EnvFleetSpec
 from awm_operator.databases import Shard
@@ -117,24 +117,21 @@ def plan(available: Mapping[str, Collection[str]], req: ClaimRequest) -> list[li
     return [picked]
 
 
-def plan_late(available: Mapping[str, Collection[str]], req: ClaimRequest,
-              env_of: Callable[[str], str | None]) -> list[list[str]] | None:
+def plan_late(available: Mapping[str, Collection[str]], req: ClaimRequest) -> list[list[str]] | None:
     """:func:`plan` for a late-binding fleet, where every free pod can serve the claim's
-    environment: pods that serve it already first (a repeat claim costs them a reset, not a
-    switch), then any others. A claim for no environment is planned as :func:`plan` does (GRPO
-    groups of one environment each, the one their pods started on)."""
+    environment (``available`` is keyed by what each pod serves now): pods that serve it already
+    first (a repeat claim costs them a reset, not a switch), then any others. A claim for no
+    environment is planned as :func:`plan` does (GRPO groups of one environment each, the one
+    their pods serve now). Its cost is the claim's size, not the fleet's: a claim of an
+    environment no free pod serves takes the first others it finds."""
     if req.environment is None:
         return plan(available, req)
-    serving: list[str] = []
-    others: list[str] = []
-    for names in available.values():
-        for name in names:
-            (serving if env_of(name) == req.environment else others).append(name)
-            if len(serving) >= req.count:
-                break
-        if len(serving) >= req.count:
+    picked = list(islice(available.get(req.environment, ()), req.count))
+    for env, names in available.items():
+        if len(picked) >= req.count:
             break
-    picked = (serving + others)[: req.count]
+        if env != req.environment:
+            picked.extend(islice(names, req.count - len(picked)))
     if len(picked) < req.count:
         return None
     size = req.group_size or req.count
@@ -164,6 +161,7 @@ class Fleet:
     selected: list[str] | None = None  # what its environmentSelector chose (None: not resolved yet)
     body: dict[str, Any] = field(default_factory=dict)
     pods: dict[str, PodInfo] = field(default_factory=dict)
+    # Free pods by the environment they serve now (a late-binding pod's last switch, else its own).
     available: dict[str, dict[str, None]] = field(default_factory=lambda: defaultdict(dict))
     reserved: set[str] = field(default_factory=set)
     doomed: set[str] = field(default_factory=set)            # deleted by us, not yet gone
@@ -206,9 +204,9 @@ class Fleet:
             info.deleting = True
         self.pods[info.name] = info
         if old is not None:
-            self.available[old.env].pop(info.name, None)
+            self.available[self._serves(old)].pop(info.name, None)
         if self._free(info):
-            self.available[info.env][info.name] = None
+            self.available[self._serves(info)][info.name] = None
             self._grew()
         if old is None or (old.ready, old.phase, old.deleting, old.control_url, old.problem) != (
                 info.ready, info.phase, info.deleting, info.control_url, info.problem):
@@ -220,9 +218,10 @@ class Fleet:
     def remove_pod(self, name: str) -> None:
         old = self.pods.pop(name, None)
         self.doomed.discard(name)
+        if old is not None:
+            self.available[self._serves(old)].pop(name, None)
         self.bound_env.pop(name, None)
         if old is not None:
-            self.available[old.env].pop(name, None)
             self.pods_gone_at = time.monotonic()
             self.poke()
 
@@ -234,6 +233,20 @@ class Fleet:
         info = self.pods.get(name)
         return info.env if info else None
 
+    def _serves(self, info: PodInfo) -> str:
+        return self.bound_env.get(info.name, info.env)
+
+    def switched(self, name: str, env: str) -> None:
+        """binding: late - the pod said it serves ``env`` now (it is held by a claim, but a claim
+        released meanwhile may have freed it already: it is filed under ``env`` then)."""
+        info = self.pods.get(name)
+        free = info is not None and name in self.available[self._serves(info)]
+        if free:
+            del self.available[self._serves(info)][name]
+        self.bound_env[name] = env
+        if free:
+            self.available[env][name] = None
+
     @property
     def late(self) -> bool:
         return bool(self.spec is not None and self.spec.late)
@@ -242,7 +255,7 @@ class Fleet:
         """About to delete it: no longer counted nor allocatable, whatever events still say."""
         info.deleting = True
         self.doomed.add(info.name)
-        self.available[info.env].pop(info.name, None)
+        self.available[self._serves(info)].pop(info.name, None)
 
     def spare(self, info: PodInfo) -> None:
         """The deletion did not happen (a precondition failed): count it again."""
@@ -297,7 +310,7 @@ class Fleet:
             self.owner[name] = claim_id
             info = self.pods.get(name)
             if info is not None:
-                self.available[info.env].pop(name, None)
+                self.available[self._serves(info)].pop(name, None)
         self.nudge()
 
     def unassign(self, claim_id: str) -> None:
@@ -310,7 +323,7 @@ class Fleet:
                 del self.owner[name]
             info = self.pods.get(name)
             if info is not None and self._free(info):
-                self.available[info.env][name] = None
+                self.available[self._serves(info)][name] = None
                 self._grew()
         self.nudge()
 
@@ -323,14 +336,14 @@ class Fleet:
             self.reserved.add(name)
             info = self.pods.get(name)
             if info is not None:
-                self.available[info.env].pop(name, None)
+                self.available[self._serves(info)].pop(name, None)
 
     def unreserve(self, names: Iterable[str]) -> None:
         for name in names:
             self.reserved.discard(name)
             info = self.pods.get(name)
             if info is not None and self._free(info):
-                self.available[info.env][name] = None
+                self.available[self._serves(info)][name] = None
                 self._grew()
 
     async def wait_capacity(self, timeout: float | None) -> None:
