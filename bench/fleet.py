@@ -249,12 +249,14 @@ class Bench:
 
     async def sustained(self, session: aiohttp.ClientSession, base: str, clients: int, seconds: float,
                         profile: bool = False, envs: list[str] | None = None,
-                        phase: str = "sustained") -> dict[str, Any]:
+                        phase: str = "sustained", client_switch: bool = False) -> dict[str, Any]:
         """``clients`` loops, each claiming one instance and releasing it, for ``seconds``: claims/s,
         claim latency, ledger writes and every process's CPU per cycle. Throughput depends on how
         many claims are in flight (a write carries every change queued while the previous one was
         in flight), so the benchmark reports it at several counts. ``envs``: each claim names one
-        of them, at random (late binding: a claim of another environment switches its pod)."""
+        of them, at random (late binding: a claim of another environment switches its pod).
+        ``client_switch``: claims ask ``"switch": "client"`` and the client switches each instance
+        itself (POST /bind to its control URL, as a trainer's lease does) before releasing it."""
         import random
 
         rng = random.Random(clients)
@@ -265,10 +267,16 @@ class Bench:
         async def worker() -> None:
             while time.monotonic() < stop_at:
                 t = time.perf_counter()
-                body = {"count": 1, "waitSeconds": 30, **({"environment": rng.choice(envs)} if envs else {})}
+                body = {"count": 1, "waitSeconds": 30, **({"environment": rng.choice(envs)} if envs else {}),
+                        **({"switch": "client"} if client_switch else {})}
                 async with session.post(base, json=body) as r:
                     assert r.status == 201, await r.text()
-                    claim_id = (await r.json())["id"]
+                    got = await r.json()
+                    claim_id = got["id"]
+                for inst in got["instances"]:
+                    if inst.get("switched") is False:  # the client's switch: part of the claim's latency
+                        async with session.post(inst["controlUrl"] + "/bind", json={"env": inst["environment"]}) as r:
+                            assert r.status == 200, await r.text()
                 claim_lat.append((time.perf_counter() - t) * 1000)
                 done.append(1)
                 async with session.delete(f"{base}/{claim_id}") as r:
@@ -350,14 +358,25 @@ class Bench:
             await self.k8s.delete(f"{API}/envclaims/{name}")
         return out
 
-    async def step(self, alloc: Any, fleet: str, envs: list[str], group: int) -> dict[str, Any]:
+    async def step(self, alloc: Any, fleet: str, envs: list[str], group: int,
+                   client_switch: bool = False) -> dict[str, Any]:
         """One GRPO step: a group claim per environment, all at once (as a trainer's rollout
-        service starts a step's groups); the time until every group is bound, and per group."""
+        service starts a step's groups); the time until every group is bound, and per group.
+        ``client_switch``: the client switches the group's instances itself, all at once (as
+        :class:`awm.episode.sources.OperatorSource` does), inside the group's time."""
         lat: list[float] = []
+
+        async def switch(session: aiohttp.ClientSession, inst: dict[str, Any]) -> None:
+            async with session.post(inst["controlUrl"] + "/bind", json={"env": inst["environment"]}) as r:
+                assert r.status == 200, await r.text()
 
         async def one(env: str) -> str:
             t = time.perf_counter()
-            got = await alloc.claim(group, group_size=group, environment=env, wait_seconds=120)
+            got = await alloc.claim(group, group_size=group, environment=env, wait_seconds=120,
+                                    switch="client" if client_switch else None)
+            pending = [i for i in got["instances"] if i.get("switched") is False]
+            if pending:
+                await asyncio.gather(*(switch(self.session, i) for i in pending))
             lat.append((time.perf_counter() - t) * 1000)
             assert all(i["environment"] == env for i in got["instances"]), got
             return str(got["id"])
@@ -396,26 +415,34 @@ class Bench:
                 self.log(f"{mode}: {self.n} ready in {ready} s")
                 await asyncio.sleep(max(0.0, 3 - (time.monotonic() - t0)))
                 out: dict[str, Any] = {"pods": self.n, "time_to_ready_s": ready, "steps": []}
-                async with AllocationClient(self.api, NS, "bench") as alloc:
-                    for n in range(3):
-                        envs = step_envs if mode == "pinned" else rng.sample(catalog, step_groups)
-                        out["steps"].append(await self.step(alloc, "bench", envs, group))
-                        self.log(f"{mode} step {n}: {out['steps'][-1]}")
+                async with AllocationClient(self.api, NS, "bench") as alloc, aiohttp.ClientSession() as self.session:
+                    for by_client in ((False, True) if mode == "late" else (False,)):
+                        key = "client_switch_steps" if by_client else "steps"
+                        out[key] = []
+                        for n in range(3):
+                            envs = step_envs if mode == "pinned" else rng.sample(catalog, step_groups)
+                            out[key].append(await self.step(alloc, "bench", envs, group, client_switch=by_client))
+                            self.log(f"{mode} {key} {n}: {out[key][-1]}")
                 # Single claims of a random environment (the late fleet: of its whole catalog, so
                 # nearly every claim switches its pod; the pinned one: of the step's environments),
                 # from the same lean client as the main benchmark's sustained loop.
                 base = f"{self.api}/v1/namespaces/{NS}/envfleets/bench/claims"
                 envs = catalog if mode == "late" else step_envs
                 async with aiohttp.ClientSession(headers=bearer()) as session:
-                    windows = []
-                    for n, clients in enumerate(self.clients):
-                        await self.sustained(session, base, clients, 2.0, envs=envs)  # warm-up
-                        windows.append(await self.sustained(session, base, clients, 10.0, profile=n == 0,
-                                                            envs=envs, phase=f"{mode}-sustained"))
-                        self.log(f"{mode}: {windows[-1]['claims_per_s']} claims/s of random environments "
-                                 f"({clients} clients)")
-                out["sustained_by_clients"] = windows
-                out["claims_per_s_16_clients"] = next((w["claims_per_s"] for w in windows if w["clients"] == 16), None)
+                    for by_client in ((False, True) if mode == "late" else (False,)):
+                        windows = []
+                        for n, clients in enumerate(self.clients):
+                            await self.sustained(session, base, clients, 2.0, envs=envs,  # warm-up
+                                                 client_switch=by_client)
+                            windows.append(await self.sustained(
+                                session, base, clients, 10.0, profile=n == 0, envs=envs, client_switch=by_client,
+                                phase=f"{mode}{'-client-switch' if by_client else ''}-sustained"))
+                            self.log(f"{mode}{' (the client switches)' if by_client else ''}: "
+                                     f"{windows[-1]['claims_per_s']} claims/s of random environments ({clients} clients)")
+                        key = "client_switch_" if by_client else ""
+                        out[f"{key}sustained_by_clients"] = windows
+                        out[f"{key}claims_per_s_16_clients"] = next(
+                            (w["claims_per_s"] for w in windows if w["clients"] == 16), None)
                 if mode == "late":
                     out["switch_latency_count"] = await self.metric("awm_claim_switch_seconds_count")
                 result[mode] = out

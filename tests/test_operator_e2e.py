@@ -26,6 +26,7 @@ import pytest
 
 from awm.postgres import provision
 from awm.episode.allocation import AllocationClient, AllocationError, bearer
+from awm.episode.sources import Lease
 from awm_operator.config import OperatorConfig
 from awm_operator.main import InThread
 from awm_operator.pods import A_CONTROL_URL
@@ -82,7 +83,7 @@ async def late_server(admin_dsn: str, notes_bundle: Any) -> Any:
 
 
 def test_a_late_binding_fleet_switches_its_pods_to_the_claimed_environment(cluster: Cluster, operator: InThread,
-                                                                          late_server: Any) -> None:
+                                                                          late_server: Any, notes_bundle: Any) -> None:
     control = late_server.control_url
     cluster.create("envfleets", "late", fleet_spec(3, control, ["notes", "crm", "project_tracker", "missing"],
                                                    binding="late"))
@@ -104,6 +105,21 @@ def test_a_late_binding_fleet_switches_its_pods_to_the_claimed_environment(clust
                 await alloc.claim(count=1, environment="notes", wait_seconds=0.5)
             assert exc.value.status == 409
             await alloc.release(got["id"])
+            # switch="client": answered at once, the pod left as it was; the client's lease
+            # switches it when it connects (one /bind from the client, none from the operator).
+            got = await alloc.claim(count=1, environment="notes", switch="client", wait_seconds=10)
+            (inst,) = got["instances"]
+            assert inst["environment"] == "notes" and inst["switched"] is False, inst
+            assert httpx.get(control + "/info").json()["env"] == "project_tracker"
+            lease = Lease(inst["environment"], inst["pod"], late_server.mcp_url, inst["controlUrl"],  # a kwok pod: no MCP
+                          unswitched=inst["switched"] is False)
+            handle = await lease.connect()
+            try:
+                assert httpx.get(control + "/info").json()["env"] == "notes" and not lease.unswitched
+                assert {t["name"] for t in handle.tools} == {t.name for t in notes_bundle.tools}
+            finally:
+                await lease.disconnect()
+                await alloc.release(got["id"])
     asyncio.run(api_claim())
     assert (metric(operator, "awm_claim_switch_seconds_count", fleet="late") or 0) - switches == 2
     # An environment no pod started on is served too: late binding, not a per-environment pool.

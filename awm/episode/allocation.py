@@ -131,12 +131,14 @@ class AllocationClient:
 
     async def claim(self, count: int = 1, group_size: int | None = None, environment: str | None = None,
                     wait_seconds: float = 30.0, ttl_seconds: float | None = None,
-                    holder: str | None = None) -> dict[str, Any]:
+                    holder: str | None = None, switch: str | None = None) -> dict[str, Any]:
         """Bind instances; unless released or renewed within ``ttl_seconds`` (the operator's
         default when None), the operator releases them by itself. ``holder`` names who holds
-        them, so that :meth:`release_holder` can free them all."""
+        them, so that :meth:`release_holder` can free them all. ``switch="client"``: a
+        late-binding fleet answers at once, and each instance marked ``"switched": false`` is
+        the caller's to switch (:meth:`awm.episode.sources.Lease.connect` does)."""
         body = {"count": count, "groupSize": group_size, "environment": environment, "waitSeconds": wait_seconds,
-                "ttlSeconds": ttl_seconds, "holder": holder}
+                "ttlSeconds": ttl_seconds, "holder": holder, **({"switch": switch} if switch else {})}
         return await self._call("POST", "/claims", body)
 
     async def release_holder(self, holder: str) -> dict[str, Any]:

@@ -64,9 +64,16 @@ class Lease:
     handle: EnvHandle | None = field(default=None, repr=False)
     late: bool = False  # the instance binds environments late: a claim of another one switches it
     cached: frozenset[str] = frozenset()  # environments it keeps ready (its last /bind said so)
+    unswitched: bool = False  # claimed for ``env`` but not switched to it yet: connect() switches it
 
     async def connect(self) -> EnvHandle:
+        """The connected clients, made once; an instance the operator left to us to switch
+        (``unswitched``) is switched to ``env`` first. A switch that fails raises, and the next
+        connect tries again."""
         if self.handle is None:
+            if self.unswitched:
+                await self._switch(self.env)
+                self.unswitched = False
             self.handle = await EnvHandle.connect(self.mcp_url, self.control_url, self.env, self.name, self.scenario)
         return self.handle
 
@@ -79,6 +86,13 @@ class Lease:
     async def bind(self, env: str, scenario: str = "") -> dict[str, Any]:
         """Switch the instance to ``env`` (late binding) and connect a new MCP session to it (the
         switch ended the old one). Returns the env server's account of the switch."""
+        result = await self._switch(env)
+        await self.disconnect()
+        self.env, self.scenario = env, scenario
+        await self.connect()
+        return result
+
+    async def _switch(self, env: str) -> dict[str, Any]:
         from awm.client import ControlClient
 
         control = ControlClient(self.control_url)
@@ -86,10 +100,7 @@ class Lease:
             result = await control.bind(env)
         finally:
             await control.close()
-        await self.disconnect()
-        self.env, self.scenario = env, scenario
         self.cached = frozenset(result.get("cached_envs") or (env,))
-        await self.connect()
         return result
 
 
@@ -517,7 +528,8 @@ class OperatorClaims:
             left = deadline - time.monotonic()
             try:
                 got = await self.alloc.claim(count=count, group_size=group_size, environment=env,
-                                             wait_seconds=max(0.0, min(60.0, left)), holder=self.holder, **extra)
+                                             wait_seconds=max(0.0, min(60.0, left)), holder=self.holder,
+                                             switch="client", **extra)
                 break
             except AllocationError as exc:
                 if exc.status not in (404, 409, 503) or left <= 0:
@@ -529,8 +541,10 @@ class OperatorClaims:
                 log.info("claiming %d of %s: operator unreachable: %s (retrying)", count, env, exc)
             await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
             delay = min(delay * 2, 5.0)
+        # A late-binding fleet leaves the switch to us (switch="client"): each lease switches its
+        # instance when it connects, so a group's switches run at once on its pods.
         return [Lease(i["environment"], i["pod"], i["mcpUrl"], i["controlUrl"], self.scenarios.get(i["environment"], ""),
-                      got["id"]) for i in got["instances"]]
+                      got["id"], unswitched=i.get("switched", True) is False) for i in got["instances"]]
 
     async def release(self, claim_id: str) -> None:
         """Release one claim (the operator resets its instances); a failure is left to its TTL."""
@@ -689,8 +703,11 @@ class OperatorSource(InstanceSource):
 
     async def _connected(self, leases: list[Lease]) -> list[Lease]:
         try:
-            for lease in leases:
-                await lease.connect()
+            # a group's switches at once; every connect ends before the group is given back
+            failed = [r for r in await asyncio.gather(*(lease.connect() for lease in leases), return_exceptions=True)
+                      if isinstance(r, BaseException)]
+            if failed:
+                raise failed[0]
         except BaseException:
             await self.release(leases, healthy=False)
             raise

@@ -50,6 +50,7 @@ class Bound:
     pod: PodInfo
     group: int
     env: str | None = None  # binding: late - the environment it was switched to
+    switched: bool = True   # False: the client switches it to ``env`` (ClaimRequest.client_switches)
 
     def as_status(self) -> dict[str, Any]:
         return {"pod": self.pod.name, "environment": self.env or self.pod.env, "group": self.group,
@@ -183,7 +184,8 @@ class Allocator:
         """binding: late - switch the claim's pods to its environment (each GRPO group to one; a
         claim for no environment and no groups keeps whatever they serve). Every pod is asked,
         also one that serves it already (a no-op there): what this replica remembers of a pod's
-        environment is never trusted for correctness. If one fails, the claim is undone, the
+        environment is never trusted for correctness. A claim whose client switches its pods
+        (``client_switches``) is answered at once, each instance marked ``switched: false``. If one fails, the claim is undone, the
         failed pods are deleted (the reconciler replaces them) and the caller plans again."""
         targets: dict[str, str] = {}
         for b in bound:
@@ -192,6 +194,11 @@ class Allocator:
                 targets[b.pod.name] = env
         if not targets:
             return [replace(b, env=fleet.env_of(b.pod.name)) for b in bound]
+        if req.client_switches:  # the client switches them: remembered as a hint for later plans only
+            for name, env in targets.items():
+                fleet.switched(name, env)
+            return [replace(b, env=targets.get(b.pod.name) or fleet.env_of(b.pod.name), switched=b.pod.name not in targets)
+                    for b in bound]
         pods = {b.pod.name: b.pod for b in bound}
         t0 = time.monotonic()
         results = await asyncio.gather(*(self._bind_env(pods[n], env) for n, env in targets.items()))

@@ -9,9 +9,14 @@ the operator, so a crashed trainer does not hold instances forever.
 
     POST   /v1/namespaces/{ns}/envfleets/{fleet}/claims       {"count": 16, "groupSize": 8,
                                                                "environment": null, "waitSeconds": 30,
-                                                               "ttlSeconds": 3600, "holder": null}
+                                                               "ttlSeconds": 3600, "holder": null,
+                                                               "switch": "operator"}
         201 {"id", "namespace", "fleet", "instances": [{"pod", "environment", "group", "mcpUrl",
-             "controlUrl"}], "expiresAt", "latencyMs"}
+             "controlUrl", "switched"}], "expiresAt", "latencyMs"}
+        A late-binding fleet's instances are switched to the claim's environment before the answer;
+        with "switch": "client" the answer comes at once and an instance with "switched": false
+        must be switched by the client (POST <controlUrl>/bind, or /reset with "env") before use.
+        The release answers once the instances are reset (the ledger is written after it).
         400 bad request, 404 unknown fleet, 409 not enough ready instances within waitSeconds,
         503 this replica is a standby (kopf peering)
     GET    /v1/namespaces/{ns}/envfleets/{fleet}/claims/{id}        -> the claim; lost instances flagged
@@ -176,8 +181,12 @@ def build_api(ctx: Context, fleets: Fleets, auth: authn.Authenticator | None = N
         fleet = fleet_of(request)
         try:
             body: dict[str, Any] = await request.json() if request.can_read_body else {}
+            switch = body.get("switch", "operator")
+            if switch not in ("operator", "client"):
+                raise ValueError("switch must be 'operator' (the default) or 'client'")
             req = ClaimRequest(count=int(body.get("count", 1)), environment=body.get("environment"),
-                               group_size=int(body["groupSize"]) if body.get("groupSize") else None)
+                               group_size=int(body["groupSize"]) if body.get("groupSize") else None,
+                               client_switches=switch == "client")
             wait = min(float(body.get("waitSeconds", ctx.config.claim_wait_default)), MAX_WAIT)
             ttl = ttl_of(body)
             holder = holder_of(body.get("holder"))
@@ -195,7 +204,7 @@ def build_api(ctx: Context, fleets: Fleets, auth: authn.Authenticator | None = N
             return _error(409, str(exc))
         record = fleet.claims.get(claim_id)
         return web.json_response({"id": claim_id, "namespace": fleet.namespace, "fleet": fleet.name,
-                                  "instances": [b.as_status() for b in bound],
+                                  "instances": [{**b.as_status(), "switched": b.switched} for b in bound],
                                   "expiresAt": record.expires if record else None,
                                   "latencyMs": round((time.monotonic() - t0) * 1000, 3)}, status=201)
 

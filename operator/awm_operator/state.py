@@ -63,6 +63,10 @@ class ClaimRequest:
     count: int
     environment: str | None = None
     group_size: int | None = None
+    # binding: late - the client switches each instance itself (POST /bind, or /reset with env)
+    # before its first episode, instead of the operator before it answers: a claim then costs
+    # what a pinned fleet's does, and the switches run on the pods, not through the operator.
+    client_switches: bool = False
 
     def problem(self, spec: EnvFleetSpec | None, environments: list[str] | None = None) -> str | None:
         """Why this request can never be satisfied by the fleet, or None (``environments``: the
@@ -204,7 +208,7 @@ class Fleet:
             info.deleting = True
         self.pods[info.name] = info
         if old is not None:
-            self.available[self._serves(old)].pop(info.name, None)
+            self._unfile(old)
         if self._free(info):
             self.available[self._serves(info)][info.name] = None
             self._grew()
@@ -219,7 +223,7 @@ class Fleet:
         old = self.pods.pop(name, None)
         self.doomed.discard(name)
         if old is not None:
-            self.available[self._serves(old)].pop(name, None)
+            self._unfile(old)
         self.bound_env.pop(name, None)
         if old is not None:
             self.pods_gone_at = time.monotonic()
@@ -236,13 +240,24 @@ class Fleet:
     def _serves(self, info: PodInfo) -> str:
         return self.bound_env.get(info.name, info.env)
 
+    def _unfile(self, info: PodInfo) -> bool:
+        """Take the pod out of the free pods (True if it was there). An environment left with
+        none goes too: a late fleet's pods move among a catalog's thousand environments, and the
+        plans walk the environments that have free pods, not every one ever served."""
+        key = self._serves(info)
+        names = self.available.get(key)
+        if names is None or info.name not in names:
+            return False
+        del names[info.name]
+        if not names:
+            del self.available[key]
+        return True
+
     def switched(self, name: str, env: str) -> None:
         """binding: late - the pod said it serves ``env`` now (it is held by a claim, but a claim
         released meanwhile may have freed it already: it is filed under ``env`` then)."""
         info = self.pods.get(name)
-        free = info is not None and name in self.available[self._serves(info)]
-        if free:
-            del self.available[self._serves(info)][name]
+        free = info is not None and self._unfile(info)
         self.bound_env[name] = env
         if free:
             self.available[env][name] = None
@@ -255,7 +270,7 @@ class Fleet:
         """About to delete it: no longer counted nor allocatable, whatever events still say."""
         info.deleting = True
         self.doomed.add(info.name)
-        self.available[self._serves(info)].pop(info.name, None)
+        self._unfile(info)
 
     def spare(self, info: PodInfo) -> None:
         """The deletion did not happen (a precondition failed): count it again."""
@@ -310,7 +325,7 @@ class Fleet:
             self.owner[name] = claim_id
             info = self.pods.get(name)
             if info is not None:
-                self.available[self._serves(info)].pop(name, None)
+                self._unfile(info)
         self.nudge()
 
     def unassign(self, claim_id: str) -> None:
@@ -336,7 +351,7 @@ class Fleet:
             self.reserved.add(name)
             info = self.pods.get(name)
             if info is not None:
-                self.available[self._serves(info)].pop(name, None)
+                self._unfile(info)
 
     def unreserve(self, names: Iterable[str]) -> None:
         for name in names:
