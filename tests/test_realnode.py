@@ -49,6 +49,7 @@ from awm.postgres import provision
 from awm.client import ControlClient, McpSession
 from awm.gates import replay
 from awm.episode.allocation import AllocationClient
+from awm.episode.sources import Lease
 from k8s import chart as chart_install
 from k8s.node import CLUSTER_DOMAIN, GVISOR_RUNTIME_CLASS
 from images import build as image_build
@@ -819,8 +820,8 @@ LATE_ENVS = ["crm", "bike_shop", "project_tracker"]
 
 def test_a_late_binding_fleet_serves_every_environment_in_turn(chart: Cluster) -> None:
     """binding: late on the real node: two pods, each with the catalog and a provisioner sidecar,
-    switched by the operator to each environment a claim names (GRPO groups of 2, every
-    environment in turn, twice): every episode on the switched pods sees that environment's tools,
+    switched to each environment a claim names (GRPO groups of 2, every environment in turn,
+    twice: by the operator, then by the client's leases): every episode on the switched pods sees that environment's tools,
     replays its task to complete, and is reset pristine at release; databases stay bounded and
     a killed pod's go with it."""
     cp = chart.cp
@@ -844,9 +845,21 @@ def test_a_late_binding_fleet_serves_every_environment_in_turn(chart: Cluster) -
         async def rounds() -> list[tuple[str, str, set[str]]]:
             seen = []
             async with AllocationClient(_operator_url(cp), NS, name) as alloc:
-                for env in LATE_ENVS * 2:
+                # Each environment in turn twice: switched by the operator, then by the client
+                # ("switch": "client": each lease switches its pod as it connects, a group's at once).
+                for turn, env in enumerate(LATE_ENVS * 2):
+                    by_client = turn >= len(LATE_ENVS)
                     t0 = time.perf_counter()
-                    got = await alloc.claim(count=2, group_size=2, environment=env, wait_seconds=120)
+                    got = await alloc.claim(count=2, group_size=2, environment=env, wait_seconds=120,
+                                            switch="client" if by_client else None)
+                    if by_client:
+                        assert all(i["switched"] is False for i in got["instances"]), got
+                        leases = [Lease(i["environment"], i["pod"], i["mcpUrl"], i["controlUrl"], unswitched=True)
+                                  for i in got["instances"]]
+                        try:
+                            await asyncio.gather(*(lease.connect() for lease in leases))
+                        finally:
+                            await asyncio.gather(*(lease.disconnect() for lease in leases))
                     switches.append(time.perf_counter() - t0)
                     try:
                         for inst in got["instances"]:
