@@ -2,6 +2,7 @@
 
     sudo .venv/bin/python -m bench.realnode --json            # 1, 8, 32 and 64 env pods
     sudo .venv/bin/python -m bench.realnode --sizes 8 --json
+    sudo .venv/bin/python -m bench.realnode --late --json   # 16 late-binding pods, 64 environments in turn
 
 What it measures, each against a baseline taken in the same run:
 
@@ -22,6 +23,14 @@ What it measures, each against a baseline taken in the same run:
 * ``tool_call_p50_ms`` / ``_p99``, ``reset_p50_ms`` / ``_p99``: MCP tool calls and control-API
   resets from this host to a pod IP, through the CNI bridge. Baseline: the same calls to an env
   server running as a host process (awm.fleet.LocalFleet) on the same Postgres (``host_*``).
+
+``--late``: a late-binding EnvFleet of ``--late-pods`` pods (provisioner sidecars) over
+``--late-envs`` environments of the generated catalog (awm.synth.varied, in a catalog image built
+here and cached): every environment in turn, ``--late-clients`` at a time, claim one instance
+(the switch), replay a task through MCP, release; twice with the operator switching and once
+with the client switching. Reports claim-to-connected p50/p99, the first tool call, episodes
+complete, instances replaced at release (a non-pristine reset), and each pod's memory with its
+cached environments.
 
 Needs root and what tests/test_realnode.py needs (images/build.py, k8s/build.sh, Debian packages).
 """
@@ -298,11 +307,17 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=300)
     ap.add_argument("--resets", type=int, default=100)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--late", action="store_true",
+                    help="instead: a late-binding fleet of --late-pods pods serving --late-envs environments of the "
+                         "generated catalog in turn (switch, episode, release), and its pods' memory")
+    ap.add_argument("--late-pods", type=int, default=16)
+    ap.add_argument("--late-envs", type=int, default=64)
+    ap.add_argument("--late-clients", type=int, default=8, help="episodes at once")
     a = ap.parse_args()
     # SIGTERM (a timeout, a Ctrl-C from a runner) must still stop the node and restore the host
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    images = {b.name: b for b in image_build.Builder(quiet=True).build(
-        list(chart.COMPONENTS))}
+    builder = image_build.Builder(quiet=True)
+    images = {b.name: b for b in builder.build(list(chart.COMPONENTS))}
     cp = harness.ControlPlane(nodes=0, real_node=True)
     out: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "kernel": platform.release(),
                                        "python": platform.python_version(), "load_before": os.getloadavg()[0]}}
@@ -318,6 +333,9 @@ def main() -> int:
         if r.returncode != 0:
             raise RuntimeError(f"helm install: {r.stderr}")
         out["helm_install_s"] = round(time.monotonic() - t1, 1)
+        if a.late:
+            out["late"] = late_fleet(cp, builder, a.late_pods, a.late_envs, a.late_clients)
+            return 0
         sizes = {}
         for n in a.sizes:
             base = baseline_pods(cp, images["envserver"].ref, n)
@@ -338,10 +356,157 @@ def main() -> int:
         out["host_process"] = asyncio.run(host_latency(admin_dsn_via_service(cp), a.calls, a.resets))
     finally:
         cp.stop()
-    out["wall_s"] = round(time.monotonic() - t0, 1)
-    print(json.dumps(out, indent=None if a.json else 1))
+        out["wall_s"] = round(time.monotonic() - t0, 1)
+        print(json.dumps(out, indent=None if a.json else 1))
     return 0
 
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+# --------------------------------------------------------------------------- late binding (--late)
+
+LATE_RESOURCES = {"requests": {"cpu": "20m", "memory": "128Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}}
+
+
+def varied_catalog_image(builder: Any, count: int) -> tuple[str, str, list[str]]:
+    """A catalog image of ``count`` environments of the generated 1,000-environment catalog
+    (awm.synth.varied; every (1000 / count)-th, so small, medium and large ones and every theme):
+    busybox with ``/catalog/<env>.json``, as images/catalog/Dockerfile lays it out. Cached by the
+    bundles' content beside the other images. -> (ref, archive, environments)."""
+    import hashlib
+    import shutil
+
+    from awm.synth import varied
+
+    src = varied.cached_catalog(1000, 0)
+    every = sorted(p.stem for p in src.glob("*.json"))
+    names = every[:: max(1, len(every) // count)][:count]
+    h = hashlib.sha256()
+    for n in names:
+        h.update(n.encode() + b"\0" + (src / f"{n}.json").read_bytes())
+    key = h.hexdigest()[:16]
+    ref, archive = f"localhost/awm-catalog-varied:{key}", builder.cache / f"catalog-varied-{key}.tar"
+    if not archive.is_file():
+        busybox = builder.busybox()
+        with tempfile.TemporaryDirectory() as d:
+            for n in names:
+                shutil.copy(src / f"{n}.json", Path(d) / f"{n}.json")
+                os.chmod(Path(d) / f"{n}.json", 0o644)
+            os.chmod(d, 0o755)
+            c = builder.buildah("from", "--pull=never", busybox.ref)
+            try:
+                builder.buildah("copy", c, d, "/catalog")
+                builder.buildah("config", "--user", "65534:65534", "--entrypoint", '["ls", "/catalog"]', c)
+                builder.buildah("commit", "--quiet", c, ref)
+            finally:
+                builder.buildah("rm", c)
+        part = archive.with_suffix(".tar.part")
+        builder.buildah("push", "--quiet", ref, f"docker-archive:{part}:{ref}")
+        part.rename(archive)
+    return ref, str(archive), names
+
+
+async def late_rounds(operator_url: str, fleet: str, envs: list[str], bundles: dict[str, Any], clients: int,
+                      switch: str | None) -> dict[str, Any]:
+    """Every environment once, ``clients`` at a time: claim one instance of it (the switch), replay
+    its first task's reference solution through MCP, release (the operator's reset with verify).
+    -> claim latencies, verdicts, instances replaced at release (a non-pristine reset)."""
+    from awm.episode.allocation import AllocationClient
+    from awm.episode.sources import Lease
+    from awm.gates import replay
+
+    todo = list(envs)
+    claim_ms: list[float] = []
+    first_call_ms: list[float] = []
+    verdicts: dict[str, str] = {}
+    replaced = 0
+
+    async def worker(alloc: AllocationClient) -> None:
+        nonlocal replaced
+        while todo:
+            env = todo.pop(0)
+            t0 = time.perf_counter()
+            got = await alloc.claim(count=1, environment=env, wait_seconds=300, switch=switch)
+            (inst,) = got["instances"]
+            lease = Lease(env, inst["pod"], inst["mcpUrl"], inst["controlUrl"], unswitched=inst.get("switched") is False)
+            try:
+                handle = await lease.connect()  # switches it first when the operator left that to us
+                claim_ms.append((time.perf_counter() - t0) * 1000)
+                report = await replay(env, bundles[env].tasks[0], handle.mcp, handle.control)
+                verdicts[env] = report.verdict
+                if report.tool_ms:
+                    first_call_ms.append(report.tool_ms[0])
+            finally:
+                await lease.disconnect()
+                released = await alloc.release(got["id"])
+                replaced += released["replaced"]
+
+    async with AllocationClient(operator_url, NS, fleet) as alloc:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker(alloc) for _ in range(clients)))
+        wall = time.perf_counter() - t0
+    return {"episodes": len(verdicts), "complete": sum(v == "complete" for v in verdicts.values()),
+            "not_complete": {e: v for e, v in verdicts.items() if v != "complete"},
+            "claim_to_connected_p50_ms": pct(claim_ms, 0.5), "claim_to_connected_p99_ms": pct(claim_ms, 0.99),
+            "first_call_p50_ms": pct(first_call_ms, 0.5), "replaced_at_release": replaced,
+            "wall_s": round(wall, 1)}
+
+
+async def _info(control_url: str) -> dict[str, Any]:
+    control = ControlClient(control_url)
+    try:
+        return await control.info()
+    finally:
+        await control.close()
+
+
+def late_fleet(cp: Any, builder: Any, pods: int, count: int, clients: int) -> dict[str, Any]:
+    """binding: late on the real node: ``pods`` env pods serving ``count`` environments of the
+    generated catalog in turn, twice with the operator switching and once with the client
+    switching (``"switch": "client"``); every episode replays a task to complete and every
+    release must reset pristine. Then each pod's memory with its cached environments."""
+    from awm import catalog as awm_catalog
+    from tests.k8s_e2e import CLIENTS_NS, client_token, grant_claims
+
+    ref, archive, names = varied_catalog_image(builder, count)
+    cp.node.load_images([archive])
+    from awm.synth import varied
+
+    src = varied.cached_catalog(1000, 0)
+    bundles = {n: awm_catalog.find(src, n) for n in names}
+    os.environ["AWM_API_TOKEN"] = client_token(cp)
+    grant_claims(cp, NS, CLIENTS_NS, "trainer")
+    svc = cp.api("GET", f"/api/v1/namespaces/{NS}/services/awm-operator")
+    port = next(p["port"] for p in svc["spec"]["ports"] if p["name"] in ("api", "http"))
+    operator_url = f"http://{svc['spec']['clusterIP']}:{port}"
+    name = "late"
+    t0 = time.monotonic()
+    cp.api("POST", f"{API}/envfleets", {"apiVersion": "awm.dev/v1alpha1", "kind": "EnvFleet", "metadata": {"name": name},
+                                        "spec": {"environments": names, "replicas": pods, "binding": "late",
+                                                 "catalog": {"image": ref, "path": "/catalog"},
+                                                 "serving": {"allowUngated": True},
+                                                 "database": {"secretName": "awm-database"},
+                                                 "template": {"resources": LATE_RESOURCES}}})
+    ready_times(cp, f"awm.dev/fleet={name}", pods)
+    out: dict[str, Any] = {"pods": pods, "environments": count, "ready_s": round(time.monotonic() - t0, 1)}
+    for label, switch in (("operator_switch", None), ("operator_switch_again", None), ("client_switch", "client")):
+        out[label] = asyncio.run(late_rounds(operator_url, name, names, bundles, clients, switch))
+        print(json.dumps({label: out[label]}), file=sys.stderr, flush=True)
+    time.sleep(5)
+    summary = cp.api("GET", f"/api/v1/nodes/{cp.node.name}/proxy/stats/summary")
+    mem = [p["memory"]["workingSetBytes"] / 1e6 for p in summary["pods"]
+           if p["podRef"]["namespace"] == NS and p["podRef"]["name"].startswith(f"{name}-")
+           and p.get("memory", {}).get("workingSetBytes")]
+    out["pod_memory_mb_p50"] = round(statistics.median(mem), 1) if mem else None
+    out["pod_memory_mb_max"] = round(max(mem), 1) if mem else None
+    listed = cp.api("GET", f"/api/v1/namespaces/{NS}/pods?labelSelector=awm.dev/fleet={name}")["items"]
+    out["cached_envs_per_pod"] = [len((asyncio.run(_info(f"http://{p['status']['podIP']}:8001"))).get("cached_envs") or [])
+                                  for p in listed]
+    out["container_restarts"] = sum(c.get("restartCount", 0) for p in listed for c in
+                                    [*(p["status"].get("initContainerStatuses") or []),
+                                     *(p["status"].get("containerStatuses") or [])])
+    cp.api("DELETE", f"{API}/envfleets/{name}")
+    wait("late fleet gone", lambda: gone(cp, f"awm.dev/fleet={name}"))
+    return out
