@@ -361,9 +361,6 @@ def main() -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
 
 # --------------------------------------------------------------------------- late binding (--late)
 
@@ -381,7 +378,7 @@ def varied_catalog_image(builder: Any, count: int) -> tuple[str, str, list[str]]
     from awm.synth import varied
 
     src = varied.cached_catalog(1000, 0)
-    every = sorted(p.stem for p in src.glob("*.json"))
+    every = sorted(p.stem for p in src.glob("*.json") if not p.name.startswith("."))
     names = every[:: max(1, len(every) // count)][:count]
     h = hashlib.sha256()
     for n in names:
@@ -510,3 +507,7 @@ def late_fleet(cp: Any, builder: Any, pods: int, count: int, clients: int) -> di
     cp.api("DELETE", f"{API}/envfleets/{name}")
     wait("late fleet gone", lambda: gone(cp, f"awm.dev/fleet={name}"))
     return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())
