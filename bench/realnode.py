@@ -27,8 +27,8 @@ What it measures, each against a baseline taken in the same run:
 ``--late``: a late-binding EnvFleet of ``--late-pods`` pods (provisioner sidecars) over
 ``--late-envs`` environments of the generated catalog (awm.synth.varied, in a catalog image built
 here and cached): every environment in turn, ``--late-clients`` at a time, claim one instance
-(the switch), replay a task through MCP, release; twice with the operator switching and once
-with the client switching. Reports claim-to-connected p50/p99, the first tool call, episodes
+(the switch), replay a task through MCP, release: a first pass (templates made), a pass of
+switches to environments the pods do not hold, one of repeats (cached), one switched by the client. Reports claim-to-connected p50/p99, the first tool call, episodes
 complete, instances replaced at release (a non-pristine reset), and each pod's memory with its
 cached environments.
 
@@ -418,6 +418,7 @@ async def late_rounds(operator_url: str, fleet: str, envs: list[str], bundles: d
     claim_ms: list[float] = []
     first_call_ms: list[float] = []
     verdicts: dict[str, str] = {}
+    phases: list[dict[str, float]] = []
     replaced = 0
 
     async def worker(alloc: AllocationClient) -> None:
@@ -431,6 +432,8 @@ async def late_rounds(operator_url: str, fleet: str, envs: list[str], bundles: d
             try:
                 handle = await lease.connect()  # switches it first when the operator left that to us
                 claim_ms.append((time.perf_counter() - t0) * 1000)
+                if lease.switched:  # where the pod's switch went (the env server's own account)
+                    phases.append({"bind_ms": lease.switched.get("bind_ms", 0.0), **(lease.switched.get("phases_ms") or {})})
                 report = await replay(env, bundles[env].tasks[0], handle.mcp, handle.control)
                 verdicts[env] = report.verdict
                 if report.tool_ms:
@@ -448,7 +451,23 @@ async def late_rounds(operator_url: str, fleet: str, envs: list[str], bundles: d
             "not_complete": {e: v for e, v in verdicts.items() if v != "complete"},
             "claim_to_connected_p50_ms": pct(claim_ms, 0.5), "claim_to_connected_p99_ms": pct(claim_ms, 0.99),
             "first_call_p50_ms": pct(first_call_ms, 0.5), "replaced_at_release": replaced,
+            "switch_phases_p50_ms": {k: pct([p[k] for p in phases if k in p], 0.5)
+                                     for k in sorted({k for p in phases for k in p})},
             "wall_s": round(wall, 1)}
+
+
+def bind_kinds(ips: list[str]) -> dict[str, float]:
+    """Switches so far over the pods, by kind (awm_binds_total: new, cached, failed), from each env
+    server's own metrics: whether a pass switched to new databases or reset cached ones."""
+    import re
+    import urllib.request
+
+    kinds: dict[str, float] = {}
+    for ip in ips:
+        with urllib.request.urlopen(f"http://{ip}:8001/metrics", timeout=10) as r:
+            for m in re.finditer(r'^awm_binds_total\{kind="(\w+)"\} ([0-9.e+]+)$', r.read().decode(), re.M):
+                kinds[m[1]] = kinds.get(m[1], 0) + float(m[2])
+    return kinds
 
 
 async def _info(control_url: str) -> dict[str, Any]:
@@ -461,9 +480,10 @@ async def _info(control_url: str) -> dict[str, Any]:
 
 def late_fleet(cp: Any, builder: Any, pods: int, count: int, clients: int) -> dict[str, Any]:
     """binding: late on the real node: ``pods`` env pods serving ``count`` environments of the
-    generated catalog in turn, twice with the operator switching and once with the client
-    switching (``"switch": "client"``); every episode replays a task to complete and every
-    release must reset pristine. Then each pod's memory with its cached environments."""
+    generated catalog in turn: the environments' first use on the cluster (their templates are
+    made), switches to databases new to the pod, repeats of cached ones, and switches made by the
+    client (``"switch": "client"``); every episode replays a task to complete and every release
+    must reset pristine. Then each pod's memory with its cached environments."""
     from awm import catalog as awm_catalog
     from tests.k8s_e2e import CLIENTS_NS, client_token, grant_claims
 
@@ -488,8 +508,18 @@ def late_fleet(cp: Any, builder: Any, pods: int, count: int, clients: int) -> di
                                                  "template": {"resources": LATE_RESOURCES}}})
     ready_times(cp, f"awm.dev/fleet={name}", pods)
     out: dict[str, Any] = {"pods": pods, "environments": count, "ready_s": round(time.monotonic() - t0, 1)}
-    for label, switch in (("operator_switch", None), ("operator_switch_again", None), ("client_switch", "client")):
-        out[label] = asyncio.run(late_rounds(operator_url, name, names, bundles, clients, switch))
+    ips = [p["status"]["podIP"] for p in cp.api("GET", f"/api/v1/namespaces/{NS}/pods?labelSelector=awm.dev/fleet={name}")["items"]]
+    # Claims are planned "pods that serve it first, then the free pods in turn", so a pass in the
+    # same order as the one before lands each environment on the pod that has it cached, and a
+    # pass in an order rotated by one lands it on a pod that does not (awm_binds_total says which
+    # each pass got: "new" or "cached").
+    passes = (("first_use", 0, None), ("switch", 1, None), ("repeat", 1, None), ("client_switch", 2, "client"))
+    for label, turn, switch in passes:
+        before = bind_kinds(ips)
+        order = names[turn:] + names[:turn]
+        out[label] = asyncio.run(late_rounds(operator_url, name, order, bundles, clients, switch))
+        after = bind_kinds(ips)
+        out[label]["binds_by_kind"] = {k: after[k] - before.get(k, 0) for k in after if after[k] - before.get(k, 0)}
         print(json.dumps({label: out[label]}), file=sys.stderr, flush=True)
     time.sleep(5)
     summary = cp.api("GET", f"/api/v1/nodes/{cp.node.name}/proxy/stats/summary")

@@ -65,6 +65,7 @@ class Lease:
     late: bool = False  # the instance binds environments late: a claim of another one switches it
     cached: frozenset[str] = frozenset()  # environments it keeps ready (its last /bind said so)
     unswitched: bool = False  # claimed for ``env`` but not switched to it yet: connect() switches it
+    switched: dict[str, Any] | None = field(default=None, repr=False)  # its last /bind's answer (bind_ms, phases_ms)
 
     async def connect(self) -> EnvHandle:
         """The connected clients, made once; an instance the operator left to us to switch
@@ -101,6 +102,7 @@ class Lease:
         finally:
             await control.close()
         self.cached = frozenset(result.get("cached_envs") or (env,))
+        self.switched = result
         return result
 
 
