@@ -72,11 +72,15 @@ class Lease:
         (``unswitched``) is switched to ``env`` first. A switch that fails raises, and the next
         connect tries again."""
         if self.handle is None:
-            if self.unswitched:
-                await self._switch(self.env)
-                self.unswitched = False
+            await self.ensure_switched()
             self.handle = await EnvHandle.connect(self.mcp_url, self.control_url, self.env, self.name, self.scenario)
         return self.handle
+
+    async def ensure_switched(self) -> None:
+        """Switch the instance to ``env`` if the operator left that to us (``unswitched``)."""
+        if self.unswitched:
+            await self._switch(self.env)
+            self.unswitched = False
 
     async def disconnect(self) -> None:
         handle, self.handle = self.handle, None
@@ -637,6 +641,13 @@ class HeldClaimsSource(PoolSource):
     async def _claim(self, env: str, count: int, group_size: int | None) -> list[Lease]:
         leases = await self.operator.claim(env, count, group_size)
         self.claims.extend(dict.fromkeys(lease.claim_id for lease in leases if lease.claim_id))
+        # Switched now, all at once (the operator leaves that to us): an environment the
+        # instances refuse fails the claim here, as it would have failed at the operator, rather
+        # than every episode's connect later.
+        failed = [r for r in await asyncio.gather(*(lease.ensure_switched() for lease in leases), return_exceptions=True)
+                  if isinstance(r, BaseException)]
+        if failed:
+            raise failed[0]
         return leases
 
     async def _renew_forever(self) -> None:

@@ -184,9 +184,10 @@ class Allocator:
         """binding: late - switch the claim's pods to its environment (each GRPO group to one; a
         claim for no environment and no groups keeps whatever they serve). Every pod is asked,
         also one that serves it already (a no-op there): what this replica remembers of a pod's
-        environment is never trusted for correctness. A claim whose client switches its pods
-        (``client_switches``) is answered at once, each instance marked ``switched: false``. If one fails, the claim is undone, the
-        failed pods are deleted (the reconciler replaces them) and the caller plans again."""
+        environment is never trusted for correctness. If one fails, the claim is undone, the
+        failed pods are deleted (the reconciler replaces them) and the caller plans again. A claim
+        whose client switches its pods (``client_switches``) is answered at once, each instance
+        marked ``switched: false``."""
         targets: dict[str, str] = {}
         for b in bound:
             env = req.environment or (fleet.env_of(b.pod.name) if req.group_size else None)
@@ -197,8 +198,8 @@ class Allocator:
         if req.client_switches:  # the client switches them: remembered as a hint for later plans only
             for name, env in targets.items():
                 fleet.switched(name, env)
-            return [replace(b, env=targets.get(b.pod.name) or fleet.env_of(b.pod.name), switched=b.pod.name not in targets)
-                    for b in bound]
+            return [replace(b, env=targets.get(b.pod.name) or fleet.env_of(b.pod.name),
+                            switched=b.pod.name not in targets) for b in bound]
         pods = {b.pod.name: b.pod for b in bound}
         t0 = time.monotonic()
         results = await asyncio.gather(*(self._bind_env(pods[n], env) for n, env in targets.items()))
