@@ -256,6 +256,7 @@ def test_the_provisioner_on_an_abstract_name_answers_its_own_uid_only(admin_dsn,
             read, write = os.pipe()
             pid = os.fork()
             if pid == 0:  # pragma: no cover - the child
+                answer = b"no answer"
                 try:
                     os.setgid(65534)
                     os.setuid(65534)
@@ -265,16 +266,18 @@ def test_the_provisioner_on_an_abstract_name_answers_its_own_uid_only(admin_dsn,
                         try:
                             raw.sendall(b'{"op": "acquire", "env": "notes"}\n')
                             answer = raw.recv(4096) or b"closed"
-                        except ConnectionResetError:  # closed before it read our line
+                        except (ConnectionResetError, BrokenPipeError):  # closed before it read our line
                             answer = b"closed"
-                        os.write(write, answer)
+                except BaseException as exc:  # noqa: BLE001 - said to the parent's assertion
+                    answer = repr(exc).encode()
                 finally:
+                    os.write(write, answer)
                     os._exit(0)
             os.close(write)
             answer = os.read(read, 4096)
             os.close(read)
             os.waitpid(pid, 0)
-            assert answer == b"closed"
+            assert answer == b"closed", answer
         client.release(got.database)
         assert got.database not in provision.list_instances(admin_dsn)
     finally:
