@@ -115,6 +115,12 @@ async def stub_control_api() -> tuple[web.AppRunner, str]:
     return runner, f"http://127.0.0.1:{port}"
 
 
+async def switch_instance(session: aiohttp.ClientSession, inst: dict[str, Any]) -> None:
+    """What a trainer's lease does with an instance claimed with ``"switch": "client"``."""
+    async with session.post(inst["controlUrl"] + "/bind", json={"env": inst["environment"]}) as r:
+        assert r.status == 200, await r.text()
+
+
 class Bench:
     def __init__(self, cp: Any, instances: int, log: Any) -> None:
         self.cp, self.n, self.log = cp, instances, log
@@ -274,8 +280,7 @@ class Bench:
                     claim_id = got["id"]
                 for inst in got["instances"]:
                     if inst.get("switched") is False:  # the client's switch: part of the claim's latency
-                        async with session.post(inst["controlUrl"] + "/bind", json={"env": inst["environment"]}) as r:
-                            assert r.status == 200, await r.text()
+                        await switch_instance(session, inst)
                 claim_lat.append((time.perf_counter() - t) * 1000)
                 done.append(1)
                 async with session.delete(f"{base}/{claim_id}") as r:
@@ -365,17 +370,13 @@ class Bench:
         :class:`awm.episode.sources.OperatorSource` does), inside the group's time."""
         lat: list[float] = []
 
-        async def switch(session: aiohttp.ClientSession, inst: dict[str, Any]) -> None:
-            async with session.post(inst["controlUrl"] + "/bind", json={"env": inst["environment"]}) as r:
-                assert r.status == 200, await r.text()
-
         async def one(env: str) -> str:
             t = time.perf_counter()
             got = await alloc.claim(group, group_size=group, environment=env, wait_seconds=120,
                                     switch="client" if client_switch else None)
             pending = [i for i in got["instances"] if i.get("switched") is False]
             if pending:
-                await asyncio.gather(*(switch(self.session, i) for i in pending))
+                await asyncio.gather(*(switch_instance(self.session, i) for i in pending))
             lat.append((time.perf_counter() - t) * 1000)
             assert all(i["environment"] == env for i in got["instances"]), got
             return str(got["id"])

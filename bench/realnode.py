@@ -28,8 +28,8 @@ What it measures, each against a baseline taken in the same run:
 ``--late-envs`` environments of the generated catalog (awm.synth.varied, in a catalog image built
 here and cached): every environment in turn, ``--late-clients`` at a time, claim one instance
 (the switch), replay a task through MCP, release: a first pass (templates made), a pass of
-switches to environments the pods do not hold, one of repeats (cached), one switched by the client. Reports claim-to-connected p50/p99, the first tool call, episodes
-complete, instances replaced at release (a non-pristine reset), and each pod's memory with its
+switches to environments the pods do not hold, one of repeats (cached), one switched by the
+client. Reports claim-to-connected p50/p99, the first tool call, episodes complete, instances replaced at release (a non-pristine reset), and each pod's memory with its
 cached environments.
 
 Needs root and what tests/test_realnode.py needs (images/build.py, k8s/build.sh, Debian packages).
@@ -361,7 +361,6 @@ def main() -> int:
     return 0
 
 
-
 # --------------------------------------------------------------------------- late binding (--late)
 
 LATE_RESOURCES = {"requests": {"cpu": "20m", "memory": "128Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}}
@@ -384,8 +383,9 @@ def varied_catalog_image(builder: Any, count: int) -> tuple[str, str, list[str]]
     for n in names:
         h.update(n.encode() + b"\0" + (src / f"{n}.json").read_bytes())
     key = h.hexdigest()[:16]
-    ref, archive = f"localhost/awm-catalog-varied:{key}", builder.cache / f"catalog-varied-{key}.tar"
-    if not archive.is_file():
+    built = builder._cached("catalog-varied", key)  # the image builder's own cache and records
+    if built is None:
+        t0, ref = time.monotonic(), f"localhost/awm-catalog-varied:{key}"
         busybox = builder.busybox()
         with tempfile.TemporaryDirectory() as d:
             for n in names:
@@ -399,10 +399,8 @@ def varied_catalog_image(builder: Any, count: int) -> tuple[str, str, list[str]]
                 builder.buildah("commit", "--quiet", c, ref)
             finally:
                 builder.buildah("rm", c)
-        part = archive.with_suffix(".tar.part")
-        builder.buildah("push", "--quiet", ref, f"docker-archive:{part}:{ref}")
-        part.rename(archive)
-    return ref, str(archive), names
+        built = builder._save("catalog-varied", key, ref, time.monotonic() - t0)
+    return built.ref, built.archive, names
 
 
 async def late_rounds(operator_url: str, fleet: str, envs: list[str], bundles: dict[str, Any], clients: int,

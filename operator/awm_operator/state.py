@@ -223,19 +223,16 @@ class Fleet:
         old = self.pods.pop(name, None)
         self.doomed.discard(name)
         if old is not None:
-            self._unfile(old)
-        self.bound_env.pop(name, None)
-        if old is not None:
+            self._unfile(old)  # filed under what it served: before its switch is forgotten
             self.pods_gone_at = time.monotonic()
             self.poke()
+        self.bound_env.pop(name, None)
 
 
     def env_of(self, name: str) -> str | None:
         """The environment a pod serves now, as far as this replica knows."""
-        if name in self.bound_env:
-            return self.bound_env[name]
         info = self.pods.get(name)
-        return info.env if info else None
+        return self._serves(info) if info is not None else self.bound_env.get(name)
 
     def _serves(self, info: PodInfo) -> str:
         return self.bound_env.get(info.name, info.env)
