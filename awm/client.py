@@ -145,6 +145,10 @@ class ControlClient:
         """Serve ``env`` from now on (late binding; its MCP sessions end: connect again)."""
         return await self._call("POST", "/bind", {"env": env})
 
+    async def prepare(self, env: str) -> dict[str, Any]:
+        """Make ``env`` ready without serving it (late binding): a later claim of it costs a reset."""
+        return await self._call("POST", "/prepare", {"env": env})
+
     async def verify(self, final_answer: str | None = None) -> dict[str, Any]:
         return await self._call("POST", "/verify", {"final_answer": final_answer})
 

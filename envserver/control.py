@@ -7,6 +7,8 @@ Served on its own port (a pod exposes only the MCP port to agents' network polic
                                                                (env: of that environment, bound first)
     POST /bind    {"env": str}                              -> serve that environment from now on (late
                                                                binding; 409 on a pinned instance)
+    POST /prepare {"env": str}                              -> make that environment ready without serving
+                                                               it (a later claim of it costs a reset)
     POST /verify  {"final_answer": str | null}              -> verdict, reward, reason
     GET  /diff[?rows=N]                                     -> rows inserted/updated/deleted per table
                                                                (N > 0: and up to N of those rows each)
@@ -16,7 +18,6 @@ Served on its own port (a pod exposes only the MCP port to agents' network polic
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -102,6 +103,11 @@ def build_control(instance: EnvInstance, middleware: list[Middleware] | None = N
             return await instance.bind(_env(await _body(request), True))  # type: ignore[arg-type]
         return await handle(call, tend_workers())
 
+    async def prepare(request: Request) -> Response:
+        async def call() -> dict[str, Any]:
+            return await instance.prepare(_env(await _body(request), True))  # type: ignore[arg-type]
+        return await handle(call)
+
     async def verify(request: Request) -> Response:
         async def call() -> dict[str, Any]:
             body = await _body(request)
@@ -141,6 +147,7 @@ def build_control(instance: EnvInstance, middleware: list[Middleware] | None = N
     return Starlette(routes=[
         Route("/reset", reset, methods=["POST"]),
         Route("/bind", bind, methods=["POST"]),
+        Route("/prepare", prepare, methods=["POST"]),
         Route("/verify", verify, methods=["POST"]),
         Route("/diff", diff, methods=["GET"]),
         Route("/checksum", checksum, methods=["GET"]),

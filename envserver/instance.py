@@ -86,6 +86,7 @@ class EnvInstance:
         self._first = bundle
         self.binding: Binding = None  # type: ignore[assignment] - set by start()
         self._bindings: OrderedDict[str, Binding] = OrderedDict()  # least recently used first
+        self._preparing: set[str] = set()  # environments being prepared (made ready, not served)
         # One fork server per kind of code (tools of an imported app need its libraries): workers
         # of every environment fork from it; it holds no connection and no credential.
         self._zygotes: dict[bool, Zygote] = {}
@@ -148,8 +149,11 @@ class EnvInstance:
             log.warning("WEAK ISOLATION accepted: untrusted code runs without %s",
                         ", ".join(f"{k} ({v})" for k, v in isolation.get("missing", {}).items()))
 
-    async def _new_binding(self, bundle: EnvBundle, phase: Callable[[str], None] = lambda _: None) -> Binding:
-        """The environment's own database (from the database source) and runtime, connected."""
+    async def _new_binding(self, bundle: EnvBundle, phase: Callable[[str], None] = lambda _: None,
+                           aside: bool = False) -> Binding:
+        """The environment's own database (from the database source) and runtime, connected.
+        ``aside``: connect on a thread of its own, not the instance's database thread (a
+        preparation while another environment's episode runs must not queue behind its calls)."""
         loop = asyncio.get_running_loop()
         database, dsn = await loop.run_in_executor(None, self.databases.acquire, bundle.name)
         phase("acquire_database")
@@ -160,7 +164,7 @@ class EnvInstance:
             raise
         phase("tool_runtime")
         try:
-            await self._db(binding.db.connect)
+            await (loop.run_in_executor(None, binding.db.connect) if aside else self._db(binding.db.connect))
             phase("connect")
         except BaseException:
             await self._drop(binding)
@@ -272,6 +276,80 @@ class EnvInstance:
         return {"env": env, "switched": True, "cached": cached, "bind_ms": round(ms, 3), "phases_ms": phases,
                 "reset_ms": round(result.ms, 3), "pristine": result.pristine, "instance": self.name,
                 "previous": previous.name, "cached_envs": list(self._bindings)}, result
+
+    async def prepare(self, env: str) -> dict[str, Any]:
+        """Make ``env`` ready without serving it: its database acquired from the provisioner,
+        connected and checked against its snapshot, kept with the cached environments, so that
+        a later claim of it costs a reset instead of a switch. The operator asks ahead of claims
+        (a GRPO step's environments are known before its groups are claimed), also while this
+        instance runs another environment's episode: nothing here touches the current binding,
+        its workers or its connection (the work runs off the instance's database thread), and
+        no worker is started (a cached environment gets fresh workers when it is bound).
+        The least recently used cached environment other than the current one makes room."""
+        if not isinstance(env, str) or not env:
+            raise ControlError(400, "env must be a non-empty string")
+        if self.wedged:
+            raise ControlError(503, "instance is restarting")
+        if not self.databases.late:
+            raise ControlError(409, f"instance {self.name} is pinned to {self.binding.name!r}; it "
+                                    f"cannot prepare {env!r}", env=self.binding.name)
+        if self.cache_envs < 2:
+            raise ControlError(409, f"instance {self.name} keeps one environment (cache_envs 1): no room to "
+                                    f"prepare {env!r} beside the one it serves")
+        if env in self._bindings:
+            return {"env": env, "prepared": False, "cached": True, "instance": self.name,
+                    "cached_envs": list(self._bindings)}
+        if env in self._preparing:
+            raise ControlError(409, f"{env!r} is being prepared on instance {self.name} already")
+        self._preparing.add(env)
+        start = time.perf_counter()
+        phases: dict[str, float] = {}
+        mark = start
+
+        def phase(name: str) -> None:
+            nonlocal mark
+            now = time.perf_counter()
+            phases[name] = round((now - mark) * 1000, 3)
+            mark = now
+
+        loop = asyncio.get_running_loop()
+        made: Binding | None = None
+        try:
+            bundle = await loop.run_in_executor(None, self._find, env)
+            phase("load_bundle")
+            made = await self._new_binding(bundle, phase, aside=True)
+            result = await loop.run_in_executor(None, lambda: made.db.reset(verify=True))  # checksummed
+            phase("checksum")
+            if not result.pristine:
+                raise ControlError(500, f"cannot prepare {env!r}: its new database is not at its snapshot")
+            async with self._lock:
+                if self.wedged or env in self._bindings:  # bound meanwhile (a claim was faster)
+                    kept = False
+                else:
+                    self._bindings[env] = made
+                    kept, made = True, None
+                    while len(self._bindings) > self.cache_envs:
+                        oldest = next(e for e in self._bindings if e != self.binding.name)
+                        await self._drop(self._bindings.pop(oldest))
+        except ControlError:
+            raise
+        except ProvisionerLost as exc:
+            self._wedge(f"provisioner connection lost: {exc}")
+            raise ControlError(503, f"cannot prepare {env!r}: the provisioner is gone; the instance restarts") from None
+        except BindError as exc:
+            raise ControlError(409, str(exc)) from None
+        except (ProvisionerError, DatabaseLost) as exc:
+            raise ControlError(503, f"cannot prepare {env!r}: {exc}") from None
+        except Exception as exc:
+            raise ControlError(500, f"cannot prepare {env!r}: {type(exc).__name__}: {exc}") from None
+        finally:
+            self._preparing.discard(env)
+            if made is not None:
+                await self._drop(made)
+        ms = (time.perf_counter() - start) * 1000
+        self.metrics.prepares.labels("made" if kept else "raced").inc()
+        return {"env": env, "prepared": kept, "cached": not kept, "prepare_ms": round(ms, 3), "phases_ms": phases,
+                "instance": self.name, "serving": self.binding.name, "cached_envs": list(self._bindings)}
 
     def _find(self, env: str) -> EnvBundle:
         if self.catalog is None:

@@ -36,6 +36,8 @@ class Metrics:
                              "provisioner), cached (kept from before), failed.", ["kind"], registry=r)
         self.bind_latency = Histogram("awm_bind_seconds", "Switch latency (claim of an environment to the "
                                       "first tool call possible).", ["kind"], buckets=_FAST, registry=r)
+        self.prepares = Counter("awm_prepares_total", "Environments made ready ahead of a claim (POST "
+                                "/prepare): made, or raced (bound by a claim meanwhile).", ["outcome"], registry=r)
         self.resets = Histogram("awm_reset_seconds", "Episode reset latency by strategy.",
                                 ["strategy"], buckets=_FAST, registry=r)
         self.episodes = Counter("awm_episodes_total", "Verified episodes by environment and verdict.",

@@ -144,12 +144,64 @@ async def test_hostile_bind_requests_get_clear_errors(fleet):
         assert (await client.get("/readyz")).status_code == 200
 
 
+async def test_an_environment_made_ready_ahead_costs_a_reset_when_claimed(admin_dsn, bundles):
+    """POST /prepare during another environment's episode: that episode goes on untouched (its
+    writes, its tools, the environment served), and a claim of the prepared one is then a
+    reset of a database checked against its snapshot, not a switch to a new database."""
+    async with LocalFleet(bundles, database=Database(admin_dsn), allow_ungated=True, instances=1,
+                          cache_envs=2) as fleet:
+        handle = fleet.instances[0]
+        control = ControlClient(handle.control_url)
+        mcp = McpSession(handle.mcp_url)
+        try:
+            first = (await control.info())["env"]
+            assert first == "notes"
+            await control.reset("add_note")
+            await mcp.initialize()
+            await mcp.call_tool("add_note", {"title": "during the preparation"})
+            made = await control.prepare("crm")
+            assert made["prepared"] is True and made["serving"] == "notes", made
+            assert made["cached_envs"] == ["notes", "crm"] and made["phases_ms"]["acquire_database"] >= 0
+            # the episode of notes is as it was: same environment, same session, its write still there
+            info = await control.info()
+            assert info["env"] == "notes" and info["cached_envs"] == ["notes", "crm"]
+            assert "during the preparation" in json.dumps((await mcp.call_tool("list_notes", {})).structured)
+            assert (await control.diff())["tables"] != {}
+            again = await control.prepare("crm")  # made already: nothing to do
+            assert again["prepared"] is False and again["cached"] is True
+            bound = await control.bind("crm")
+            assert bound["cached"] is True and bound["previous"] == "notes"
+            assert (await control.diff())["tables"] == {}
+            assert (await control.checksum())["pristine"] is True
+            # room is made by the least recently used environment that is not served now
+            made = await control.prepare("project_tracker")
+            assert made["cached_envs"] == ["crm", "project_tracker"], made
+            with pytest.raises(ControlApiError) as err:
+                await control.prepare("no_such_env")
+            assert err.value.status == 404
+            async with httpx.AsyncClient() as client:
+                text = (await client.get(handle.control_url + "/metrics")).text
+                for body, status in (({"env": 7}, 400), ({}, 400), ({"env": "\ud800"}, 400)):
+                    r = await client.post(handle.control_url + "/prepare", content=json.dumps(body),
+                                          headers={"content-type": "application/json"})
+                    assert r.status_code == status and "error" in r.json(), (body, r.text)
+            assert _metric(text, "awm_prepares_total", outcome="made") == 2
+            assert _metric(text, "awm_binds_total", kind="cached") == 1
+            assert _metric(text, "awm_binds_total", kind="new") == 0
+        finally:
+            await mcp.close()
+            await control.close()
+
+
 async def test_a_pinned_instance_refuses_to_switch(admin_dsn, notes_bundle):
     async with LocalFleet([notes_bundle], database=Database(admin_dsn), allow_ungated=True, binding="pinned") as fleet:
         control = ControlClient(fleet.instances[0].control_url)
         try:
             with pytest.raises(ControlApiError) as err:
                 await control.bind("crm")
+            assert err.value.status == 409 and "pinned" in str(err.value)
+            with pytest.raises(ControlApiError) as err:
+                await control.prepare("crm")
             assert err.value.status == 409 and "pinned" in str(err.value)
             assert (await control.bind("notes"))["switched"] is False
         finally:

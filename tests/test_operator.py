@@ -729,6 +729,40 @@ def test_plan_late_prefers_pods_that_serve_the_environment() -> None:
     assert "a2" not in fleet.available["crm"] and "a2" not in fleet.bound_env
 
 
+def test_pods_made_ready_ahead_are_filed_under_that_environment() -> None:
+    """The allocation API's prepare: pods that serve or are made ready for an environment count
+    toward it; the others come from free pods of environments not wanted, then from held pods;
+    a prepared pod is filed under its environment until it is switched to anything."""
+    fleet = Fleet("ns", "f")
+    for name in ("a1", "a2", "b1", "b2", "c1", "c2"):
+        fleet.update_pod(PodInfo(name, name[0], True, "Running", "10.0.0.1", False, 1, None, "http://10.0.0.1:8001"))
+    fleet.assign("held", ClaimRecord([["c1", "c2"]]))
+    assert fleet.to_prepare({"a": 2}) == {}  # two free pods serve it already
+    # a: one more; b: served already; x: two. No free pod of an environment not wanted is
+    # left, so the held pods, as far as they go (a best effort: claims switch otherwise).
+    assert fleet.to_prepare({"a": 3, "b": 1, "x": 2}) == {"c1": "a", "c2": "x"}
+    fleet = Fleet("ns", "f")
+    for name in ("a1", "b1", "b2", "c1"):
+        fleet.update_pod(PodInfo(name, name[0], True, "Running", "10.0.0.1", False, 1, None, "http://10.0.0.1:8001"))
+    fleet.assign("held", ClaimRecord([["c1"]]))
+    chosen = fleet.to_prepare({"x": 3, "a": 1})
+    assert chosen == {"b1": "x", "b2": "x", "c1": "x"}  # b's free pods (b not wanted), then the held one
+    for name, env in chosen.items():
+        fleet.mark_prepared(name, env)
+    assert dict(fleet.available) == {"a": {"a1": None}, "x": {"b1": None, "b2": None}}
+    assert fleet.to_prepare({"x": 3}) == {}  # two free and one held pod are on it
+    (group,) = plan_late(fleet.available, ClaimRequest(2, environment="x"))
+    assert sorted(group) == ["b1", "b2"]  # the claim lands where it is ready
+    fleet.unassign("held")
+    assert set(fleet.available["x"]) == {"b1", "b2", "c1"}  # released: filed under what it made ready
+    fleet.switched("b1", "a")  # claimed for another environment: the preparation is forgotten
+    assert "b1" not in fleet.prepared and set(fleet.available["a"]) == {"a1", "b1"}
+    fleet.mark_prepared("b2", None)  # the pod failed to make it ready
+    assert set(fleet.available["x"]) == {"c1"} and set(fleet.available["b"]) == {"b2"}
+    fleet.remove_pod("c1")
+    assert "c1" not in fleet.prepared and "x" not in fleet.available
+
+
 # --------------------------------------------------------------------------- allocation
 
 

@@ -120,8 +120,31 @@ def test_a_late_binding_fleet_switches_its_pods_to_the_claimed_environment(clust
             finally:
                 await lease.disconnect()
                 await alloc.release(got["id"])
+            # prepare: the operator makes an environment ready on a free pod ahead of its claim,
+            # and the claim lands there. crm counts as ready: the GRPO claim's pods serve it.
+            for _ in range(100):  # the release is answered before its ledger write frees the pod
+                if (await alloc.fleet())["ready"] == 1:
+                    break
+                await asyncio.sleep(0.1)
+            assert (await alloc.prepare({"crm": 2}, wait=True))["chosen"] == 0
+            made = await alloc.prepare({"project_tracker": 1}, wait=True)
+            assert made["chosen"] == 1 and made["prepared"] == 1 and made["failed"] == 0, made
+            (ready_pod,) = made["pods"]
+            assert made["pods"][ready_pod] == "project_tracker" and ready_pod not in {i["pod"] for i in grpo["instances"]}
+            assert "project_tracker" in httpx.get(control + "/info").json()["cached_envs"]
+            again = await alloc.prepare({"project_tracker": 1}, wait=True)
+            assert again["chosen"] == 0  # it is ready already
+            got = await alloc.claim(count=1, environment="project_tracker", wait_seconds=10)
+            assert [i["pod"] for i in got["instances"]] == [ready_pod]
+            await alloc.release(got["id"])
+            for body in ({"environments": {"missing-from-fleet": 1}}, {"environments": {"crm": -1}},
+                         {"environments": {}}, {"environments": ["crm"]}, {"environments": {"crm": 1}, "wait": "yes"}):
+                r = httpx.post(f"{api_url(operator)}/v1/namespaces/{NS}/envfleets/late/prepare", json=body,
+                               headers=bearer())
+                assert r.status_code == 400 and "error" in r.json(), (body, r.text)
     asyncio.run(api_claim())
-    assert (metric(operator, "awm_claim_switch_seconds_count", fleet="late") or 0) - switches == 2
+    assert (metric(operator, "awm_prepares_total", fleet="late", outcome="made") or 0) >= 1
+    assert (metric(operator, "awm_claim_switch_seconds_count", fleet="late") or 0) - switches == 3
     # An environment no pod started on is served too: late binding, not a per-environment pool.
     cluster.delete("envclaims", "late-crm")
     wait_for("all 3 back", lambda: cluster.ready("late", 3) and not cluster.ledger("late"))

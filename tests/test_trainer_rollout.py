@@ -128,3 +128,42 @@ async def test_unreachable_instances_are_masked_kept_out_and_skipped(notes, note
     with pytest.raises(InstancesUnavailable, match="no instance of 'notes' could be used for 2 s .*gone"):
         await pool.claim("notes")
     await pool.close()
+
+
+async def test_the_next_groups_environments_are_told_to_the_source_before_they_are_claimed(source, notes_bundle):
+    """A late-binding fleet makes the next groups' environments ready while the current groups
+    run (InstanceSource.prepare): the service tells the source each upcoming task once, within
+    ``max_inflight_groups`` of the order, with ``group_size`` instances for each."""
+    from awm.episode.sources import InstanceSource
+
+    class Telling(InstanceSource):
+        def __init__(self, inner: InstanceSource) -> None:
+            self.inner, self.told = inner, []
+
+        def envs(self):
+            return self.inner.envs()
+
+        async def claim(self, env=None):
+            return await self.inner.claim(env)
+
+        async def claim_group(self, env, size):
+            return await self.inner.claim_group(env, size)
+
+        async def release(self, leases, healthy=True):
+            await self.inner.release(leases, healthy)
+
+        async def prepare(self, wants):
+            self.told.append(dict(wants))
+
+    telling = Telling(source)
+    svc = service(telling, ReplayPolicy([notes_bundle]), RolloutConfig(group_size=2, max_inflight_groups=2, seed=3))
+    await svc.collect(1)  # runs one task; the two after it are told (2 instances each)
+    await asyncio.sleep(0)
+    assert telling.told == [{"notes": 4}]
+    await svc.collect(1)  # the order's last task was told already; nothing is left to tell
+    await svc.collect(1)  # the pass ends
+    await asyncio.sleep(0)
+    assert telling.told == [{"notes": 4}]
+    await svc.collect(1)  # a new pass: its first task runs, the next two are told
+    await asyncio.sleep(0)
+    assert telling.told == [{"notes": 4}, {"notes": 4}]

@@ -17,6 +17,7 @@ finished GRPO groups to the learner with bounded staleness.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import random
@@ -77,7 +78,9 @@ class RolloutService:
         self.agent, self.reward, self.cfg, self.log = agent, reward, cfg, log
         self.on_trajectory = on_trajectory
         self._rng = random.Random(cfg.seed)
-        self._order: list[TaskRef] = []
+        self._order: list[TaskRef] = []  # the pass's tasks still to run, the next one last
+        self._ahead = 0  # tasks at the end of the order told to the source already (_look_ahead)
+        self._telling: set[asyncio.Task[None]] = set()
         self._queue: asyncio.Queue[Group | BaseException] = asyncio.Queue()
         self._slots = asyncio.Semaphore(cfg.max_inflight_groups)
         self._producer: asyncio.Task[None] | None = None
@@ -94,13 +97,33 @@ class RolloutService:
         if state:
             self._rng.setstate(state["rng"])
             self._order = [TaskRef(env, task_id) for env, task_id in state["order"]]
+            self._ahead = 0
 
     def next_task(self) -> TaskRef:
         """Tasks in a fresh shuffled order each pass, so every task is seen equally often."""
         if not self._order:
             self._order = list(self.tasks)
             self._rng.shuffle(self._order)
-        return self._order.pop()
+            self._ahead = 0
+        task = self._order.pop()
+        self._ahead = max(0, self._ahead - 1)
+        return task
+
+    def _look_ahead(self) -> None:
+        """Tell the source which environments the next groups will claim (the next
+        ``max_inflight_groups`` tasks of the order, each told once), so that a late-binding
+        fleet makes them ready while the current groups run (:meth:`InstanceSource.prepare`)."""
+        window = min(self.cfg.max_inflight_groups, len(self._order))
+        if window <= self._ahead:
+            return
+        upcoming = self._order[len(self._order) - window:len(self._order) - self._ahead]
+        self._ahead = window
+        wants: collections.Counter[str] = collections.Counter()
+        for task in upcoming:
+            wants[task.env] += self.cfg.group_size
+        told = asyncio.get_running_loop().create_task(self.source.prepare(dict(wants)))
+        self._telling.add(told)
+        told.add_done_callback(self._telling.discard)
 
     async def run_group(self, task: TaskRef) -> Group:
         group_id = uuid.uuid4().hex[:12]
@@ -144,7 +167,9 @@ class RolloutService:
     async def collect(self, n_groups: int) -> list[Group]:
         """Run ``n_groups`` groups now (concurrently) and return them: the synchronous baseline."""
         t0 = time.perf_counter()
-        groups = await asyncio.gather(*(self.run_group(self.next_task()) for _ in range(n_groups)))
+        tasks = [self.next_task() for _ in range(n_groups)]
+        self._look_ahead()  # the next step's groups, made ready while these run
+        groups = await asyncio.gather(*(self.run_group(task) for task in tasks))
         self.wait_s += time.perf_counter() - t0
         return list(groups)
 
@@ -158,6 +183,7 @@ class RolloutService:
         while True:
             await self._slots.acquire()
             task = asyncio.get_running_loop().create_task(self._produce_one(self.next_task()))
+            self._look_ahead()
             self._running.add(task)
             task.add_done_callback(self._running.discard)
 
@@ -190,7 +216,7 @@ class RolloutService:
         return out
 
     async def stop(self) -> None:
-        tasks = [t for t in [self._producer, *self._running] if t is not None]
+        tasks = [t for t in [self._producer, *self._running, *self._telling] if t is not None]
         for task in tasks:
             task.cancel()
         for task in tasks:

@@ -141,6 +141,13 @@ class AllocationClient:
                 "ttlSeconds": ttl_seconds, "holder": holder, **({"switch": switch} if switch else {})}
         return await self._call("POST", "/claims", body)
 
+    async def prepare(self, environments: Mapping[str, int], wait: bool = False) -> dict[str, Any]:
+        """binding: late - make ``environments`` (name -> instances) ready on the fleet's pods
+        ahead of their claims, e.g. a GRPO step's next groups: a claim of one then lands on a
+        pod that has it ready and costs a reset instead of a switch. ``wait``: answer once they
+        are made (what was made and what failed), else once the pods are chosen."""
+        return await self._call("POST", "/prepare", {"environments": dict(environments), "wait": wait})
+
     async def release_holder(self, holder: str) -> dict[str, Any]:
         """Release every claim of ``holder`` (``{"released": [ids], "returned", "replaced"}``)."""
         return self._result(await self._request("DELETE", "/claims", params={"holder": holder}))

@@ -144,6 +144,12 @@ class InstanceSource(abc.ABC):
     async def release(self, leases: Lease | list[Lease], healthy: bool = True) -> None:
         """Give instances back; ``healthy=False``: one failed us and must be checked first."""
 
+    async def prepare(self, wants: Mapping[str, int]) -> None:
+        """A hint: ``wants`` (environment -> instances) will be claimed soon (a GRPO step's next
+        groups), so a source that binds environments late may make them ready now, off the
+        claim path. Never fails a run; the default does nothing."""
+        return None
+
     async def close(self) -> None:
         return None
 
@@ -730,6 +736,14 @@ class OperatorSource(InstanceSource):
         env = self._turns.pick(self._envs) if env is None else env
         (lease,) = await self._connected(await self.operator.claim(env, 1, None))
         return lease
+
+    async def prepare(self, wants: Mapping[str, int]) -> None:
+        """The operator makes them ready on the fleet's pods (a late-binding fleet; a pinned
+        one refuses, which is fine: its pods serve their environment already)."""
+        try:
+            await self.alloc.prepare(wants)
+        except (AllocationError, httpx.HTTPError) as exc:
+            log.info("prepare %s: %s (claims will switch instead)", dict(wants), exc)
 
     async def claim_group(self, env: str, size: int) -> list[Lease]:
         return await self._connected(await self.operator.claim(env, size, size if size > 1 else None))

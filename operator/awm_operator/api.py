@@ -53,7 +53,7 @@ from awm_operator import auth as authn
 from awm_operator import hostguard
 from awm_operator.allocator import ClaimError, NotActive, Unavailable, describe
 from awm_operator.campaigns import add_campaign_routes
-from awm_operator.crds import GROUP, VERSION
+from awm_operator.crds import GROUP, MAX_REPLICAS, VERSION
 from awm_operator.kube import ApiError
 from awm_operator.reconcile import Context
 from awm_operator.state import ClaimRequest, Fleets
@@ -207,6 +207,34 @@ def build_api(ctx: Context, fleets: Fleets, auth: authn.Authenticator | None = N
                                   "instances": [{**b.as_status(), "switched": b.switched} for b in bound],
                                   "expiresAt": record.expires if record else None,
                                   "latencyMs": round((time.monotonic() - t0) * 1000, 3)}, status=201)
+
+    @routes.post("/v1/namespaces/{ns}/envfleets/{fleet}/prepare")
+    async def prepare(request: web.Request) -> web.Response:
+        """binding: late - ``{"environments": {"<env>": n, ...}, "wait": false}``: make ``n``
+        instances of each ready ahead of their claims (a GRPO step's next groups). Answers at
+        once (202) unless ``wait`` is true (200, with what was made and what failed)."""
+        fleet = fleet_of(request)
+        try:
+            body: dict[str, Any] = await request.json() if request.can_read_body else {}
+            wants = body.get("environments")
+            if not isinstance(wants, dict) or not wants or len(wants) > ENVIRONMENT_NAMES:
+                raise ValueError(f"environments must map 1-{ENVIRONMENT_NAMES} environment names to counts")
+            for env, n in wants.items():
+                if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= MAX_REPLICAS:
+                    raise ValueError(f"the count of {env!r} must be an integer from 0 to {MAX_REPLICAS}")
+            wait = body.get("wait", False)
+            if not isinstance(wait, bool):
+                raise ValueError("wait must be true or false")
+        except (ValueError, TypeError, AttributeError) as exc:
+            return _error(400, f"bad request: {exc}")
+        try:
+            done = await ctx.allocator.prepare(fleet, wants, background=not wait)
+        except ClaimError as exc:
+            return _error(400, str(exc))
+        except NotActive as exc:
+            return _error(503, str(exc))
+        return web.json_response({"namespace": fleet.namespace, "fleet": fleet.name, **done},
+                                 status=200 if wait else 202)
 
     @routes.get("/v1/namespaces/{ns}/envfleets/{fleet}/claims/{id}")
     async def get_claim(request: web.Request) -> web.Response:

@@ -9,7 +9,7 @@ in the namespace - as Agones' allocator does with mutual TLS:
 =========================================  =========================================
 request                                     needs (in the fleet's namespace)
 =========================================  =========================================
-POST .../claims, renew, DELETE              ``create`` ``envclaims.awm.dev``
+POST .../claims, renew, DELETE, prepare     ``create`` ``envclaims.awm.dev``
 GET .../claims/{id}, GET the fleet          ``get`` ``envclaims.awm.dev``
 POST /v1/namespaces/{ns}/campaigns/{name}   ``update`` ``campaigns.awm.dev/status``
 /progress
@@ -121,6 +121,7 @@ NEEDS: dict[tuple[str, str], Need] = {
     ("GET", _FLEET): Need("get", "envclaims"),
     ("GET", _FLEET + "/instances"): Need("get", "envclaims"),
     ("POST", _FLEET + "/claims"): Need("create", "envclaims"),
+    ("POST", _FLEET + "/prepare"): Need("create", "envclaims"),
     ("DELETE", _FLEET + "/claims"): Need("create", "envclaims"),
     ("GET", _FLEET + "/claims/{id}"): Need("get", "envclaims"),
     ("POST", _FLEET + "/claims/{id}/renew"): Need("create", "envclaims"),

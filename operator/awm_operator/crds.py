@@ -181,6 +181,11 @@ class EnvFleetSpec(_Spec):
         "fleet's environments, switched to the one a claim asks for (a fresh database of it from the "
         "pod's provisioner sidecar; the last few stay ready), so the fleet is sized by concurrent "
         "episodes, not environments x groups. Late binding needs an image catalog."))
+    cache_environments: int = Field(4, alias="cacheEnvironments", ge=1, le=64, description=(
+        "binding: late - environments each pod keeps ready (its database and bundle) besides the "
+        "one it serves: a repeat claim of one, or of one made ready ahead (the allocation API's "
+        "prepare), costs a reset instead of a switch. Each costs the pod a few MB and an open "
+        "connection on its Postgres shard."))
     catalog: CatalogSource
     database: DatabaseRef
     template: PodOverrides = Field(default_factory=PodOverrides)

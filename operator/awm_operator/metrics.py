@@ -32,6 +32,9 @@ class Metrics:
         self.releases = Counter("awm_instances_released_total",
                                 "Released instances: returned to the pool after a reset, or replaced.",
                                 ["namespace", "fleet", "result"], registry=r)
+        self.prepares = Counter("awm_prepares_total", "binding: late - environments made ready on pods ahead "
+                                "of their claims, by outcome (made, failed).", ["namespace", "fleet", "outcome"],
+                                registry=r)
         self.switch_latency = Histogram("awm_claim_switch_seconds",
                                         "binding: late - switching a claim's pods to its environment (all at once).",
                                         ["namespace", "fleet"], buckets=LATENCY_BUCKETS, registry=r)

@@ -227,7 +227,8 @@ def _late_binding(pod: dict[str, Any], fleet: str, namespace: str, spec: EnvFlee
     }
     server = pod["spec"]["containers"][0]
     server["command"] = ["python", "-m", "awm.envserver", "--catalog", CATALOG_DIR, "--env", env,
-                         "--provisioner", PROVISIONER_SOCKET, "--name", "$(POD_NAME)", "--host", "0.0.0.0",
+                         "--provisioner", PROVISIONER_SOCKET, "--cache-envs", str(spec.cache_environments),
+                         "--name", "$(POD_NAME)", "--host", "0.0.0.0",
                          "--mcp-port", str(MCP_PORT), "--control-port", str(CONTROL_PORT)]
     server["env"] = [e for e in server["env"] if e["name"] != "AWM_INSTANCE_DSN_FILE"]
     for volume in pod["spec"]["volumes"]:

@@ -17,7 +17,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import Any, Collection, Iterable, Mapping
+from typing import Any, Callable, Collection, Iterable, Mapping
 
 from awm_operator.crds import EnvFleetSpec
 from awm_operator.databases import Shard
@@ -185,6 +185,10 @@ class Fleet:
     # label and annotation name the one it started on). Best effort: a claim of an environment
     # always switches its pods (a no-op where they serve it), so a lost entry costs nothing.
     bound_env: dict[str, str] = field(default_factory=dict)
+    # binding: late - pods asked to make an environment ready ahead of its claims (POST
+    # /prepare): filed under that environment while free, so a claim of it lands there and
+    # costs a reset, not a switch. Forgotten once the pod is switched to anything.
+    prepared: dict[str, str] = field(default_factory=dict)
 
     # ---- spec
     def set_body(self, body: dict[str, Any]) -> None:
@@ -227,15 +231,18 @@ class Fleet:
             self.pods_gone_at = time.monotonic()
             self.poke()
         self.bound_env.pop(name, None)
-
+        self.prepared.pop(name, None)
 
     def env_of(self, name: str) -> str | None:
-        """The environment a pod serves now, as far as this replica knows."""
+        """The environment a pod serves now (or has been made ready for), as far as this
+        replica knows."""
         info = self.pods.get(name)
         return self._serves(info) if info is not None else self.bound_env.get(name)
 
     def _serves(self, info: PodInfo) -> str:
-        return self.bound_env.get(info.name, info.env)
+        """The key a free pod is filed under: the environment it was made ready for, else the
+        one it serves. A claim of either costs the pod a reset."""
+        return self.prepared.get(info.name) or self.bound_env.get(info.name, info.env)
 
     def _unfile(self, info: PodInfo) -> bool:
         """Take the pod out of the free pods (True if it was there). An environment left with
@@ -253,11 +260,49 @@ class Fleet:
     def switched(self, name: str, env: str) -> None:
         """binding: late - the pod said it serves ``env`` now (it is held by a claim, but a claim
         released meanwhile may have freed it already: it is filed under ``env`` then)."""
+        def change() -> None:
+            self.bound_env[name] = env
+            self.prepared.pop(name, None)
+        self._refile(name, change)
+
+    def mark_prepared(self, name: str, env: str | None) -> None:
+        """binding: late - the pod is making ``env`` ready (None: it failed to, or forget it)."""
+        def change() -> None:
+            if env is None:
+                self.prepared.pop(name, None)
+            else:
+                self.prepared[name] = env
+        self._refile(name, change)
+
+    def _refile(self, name: str, change: Callable[[], None]) -> None:
+        """Apply ``change`` to what a pod is filed under, keeping a free pod filed."""
         info = self.pods.get(name)
         free = info is not None and self._unfile(info)
-        self.bound_env[name] = env
+        change()
         if free:
-            self.available[env][name] = None
+            assert info is not None
+            self.available[self._serves(info)][name] = None
+
+    def to_prepare(self, wants: Mapping[str, int]) -> dict[str, str]:
+        """binding: late - pods to make ready for ``wants`` (environment -> instances wanted
+        ready, e.g. a GRPO step's groups, known before they are claimed) -> {pod: environment}.
+        Pods filed under an environment (serving it, or made ready for it), free or held by a
+        claim, count toward it. The rest come from free pods of environments not wanted, then
+        from held ones (they make it ready while their episode runs, and are filed under it
+        when released)."""
+        held = [self.pods[n] for n, claim in self.owner.items()
+                if claim not in self.releasing and n in self.pods and not self.pods[n].deleting]
+        have: dict[str, int] = defaultdict(int)
+        for info in held:
+            have[self._serves(info)] += 1
+        need = {env: n - have[env] - len(self.available.get(env, ())) for env, n in wants.items()}
+        need = {env: n for env, n in need.items() if n > 0}
+        if not need:
+            return {}
+        free = (n for env, names in self.available.items() if env not in wants for n in names)
+        others = (info.name for info in held if self._serves(info) not in wants)
+        candidates = iter([*islice(free, sum(need.values())), *islice(others, sum(need.values()))])
+        return {name: env for env, n in need.items() for name in islice(candidates, n)}
 
     @property
     def late(self) -> bool:
