@@ -29,7 +29,7 @@ What it measures, each against a baseline taken in the same run:
 here and cached): every environment in turn, ``--late-clients`` at a time, claim one instance
 (the switch), replay a task through MCP, release: a first pass (templates made), a pass of
 switches to environments the pods do not hold, one of repeats (cached), one switched by the
-client. Reports claim-to-connected p50/p99, the first tool call, episodes complete, instances replaced at release (a non-pristine reset), and each pod's memory with its
+client, one in waves of ``--late-pods`` environments told to the operator ahead (``prepare``). Reports claim-to-connected p50/p99, the first tool call, episodes complete, instances replaced at release (a non-pristine reset), and each pod's memory with its
 cached environments.
 
 Needs root and what tests/test_realnode.py needs (images/build.py, k8s/build.sh, Debian packages).
@@ -313,6 +313,7 @@ def main() -> int:
     ap.add_argument("--late-pods", type=int, default=16)
     ap.add_argument("--late-envs", type=int, default=64)
     ap.add_argument("--late-clients", type=int, default=8, help="episodes at once")
+    ap.add_argument("--late-cache-envs", type=int, default=8, help="the fleet's cacheEnvironments")
     a = ap.parse_args()
     # SIGTERM (a timeout, a Ctrl-C from a runner) must still stop the node and restore the host
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -334,7 +335,7 @@ def main() -> int:
             raise RuntimeError(f"helm install: {r.stderr}")
         out["helm_install_s"] = round(time.monotonic() - t1, 1)
         if a.late:
-            out["late"] = late_fleet(cp, builder, a.late_pods, a.late_envs, a.late_clients)
+            out["late"] = late_fleet(cp, builder, a.late_pods, a.late_envs, a.late_clients, a.late_cache_envs)
             return 0
         sizes = {}
         for n in a.sizes:
@@ -404,28 +405,39 @@ def varied_catalog_image(builder: Any, count: int) -> tuple[str, str, list[str]]
 
 
 async def late_rounds(operator_url: str, fleet: str, envs: list[str], bundles: dict[str, Any], clients: int,
-                      switch: str | None) -> dict[str, Any]:
+                      switch: str | None, prepare_waves: int = 0) -> dict[str, Any]:
     """Every environment once, ``clients`` at a time: claim one instance of it (the switch), replay
     its first task's reference solution through MCP, release (the operator's reset with verify).
-    -> claim latencies, verdicts, instances replaced at release (a non-pristine reset)."""
+    -> claim latencies, verdicts, instances replaced at release (a non-pristine reset).
+
+    ``prepare_waves``: the environments in waves of that many, each wave told to the operator
+    first (``prepare``, waited for: what a trainer does for its next groups while the current
+    ones run) and then claimed: -> also what the preparations cost and whether each claim landed
+    on the pod that made its environment ready."""
     from awm.episode.allocation import AllocationClient
     from awm.episode.sources import Lease
     from awm.gates import replay
 
-    todo = list(envs)
+    todo: list[str] = []
     claim_ms: list[float] = []
+    answer_ms: list[float] = []  # the allocation API's answer alone (the rest: the MCP session's set-up)
+    made_for: dict[str, str] = {}  # env -> the pod told to make it ready
+    landed = 0
+    preparations: list[dict[str, Any]] = []
     first_call_ms: list[float] = []
     verdicts: dict[str, str] = {}
     phases: list[dict[str, float]] = []
     replaced = 0
 
     async def worker(alloc: AllocationClient) -> None:
-        nonlocal replaced
+        nonlocal replaced, landed
         while todo:
             env = todo.pop(0)
             t0 = time.perf_counter()
             got = await alloc.claim(count=1, environment=env, wait_seconds=300, switch=switch)
+            answer_ms.append((time.perf_counter() - t0) * 1000)
             (inst,) = got["instances"]
+            landed += made_for.get(env) == inst["pod"]
             lease = Lease(env, inst["pod"], inst["mcpUrl"], inst["controlUrl"], unswitched=inst.get("switched") is False)
             try:
                 handle = await lease.connect()  # switches it first when the operator left that to us
@@ -443,9 +455,27 @@ async def late_rounds(operator_url: str, fleet: str, envs: list[str], bundles: d
 
     async with AllocationClient(operator_url, NS, fleet) as alloc:
         t0 = time.perf_counter()
-        await asyncio.gather(*(worker(alloc) for _ in range(clients)))
+        for start in range(0, len(envs), prepare_waves or len(envs)):
+            wave = envs[start:start + (prepare_waves or len(envs))]
+            if prepare_waves:
+                for _ in range(100):  # the last release's ledger write frees its pod just after the answer
+                    if (await alloc.fleet())["ready"] >= len(wave):
+                        break
+                    await asyncio.sleep(0.05)
+                t1 = time.perf_counter()
+                made = await alloc.prepare({e: 1 for e in wave}, wait=True)
+                made_for.update({env: pod for pod, env in made["pods"].items()})
+                preparations.append({**{k: made[k] for k in ("asked", "chosen", "prepared", "cached", "failed")},
+                                     "ms": round((time.perf_counter() - t1) * 1000, 1)})
+            todo.extend(wave)
+            await asyncio.gather(*(worker(alloc) for _ in range(clients)))
         wall = time.perf_counter() - t0
-    return {"episodes": len(verdicts), "complete": sum(v == "complete" for v in verdicts.values()),
+    waves = {}
+    if prepare_waves:
+        waves = {"prepare_waves": preparations, "landed_on_prepared_pod": landed,
+                 "prepare_wave_ms_p50": pct([w["ms"] for w in preparations], 0.5)}
+    return {**waves, "episodes": len(verdicts), "complete": sum(v == "complete" for v in verdicts.values()),
+            "claim_answer_p50_ms": pct(answer_ms, 0.5),
             "not_complete": {e: v for e, v in verdicts.items() if v != "complete"},
             "claim_to_connected_p50_ms": pct(claim_ms, 0.5), "claim_to_connected_p99_ms": pct(claim_ms, 0.99),
             "first_call_p50_ms": pct(first_call_ms, 0.5), "replaced_at_release": replaced,
@@ -476,7 +506,7 @@ async def _info(control_url: str) -> dict[str, Any]:
         await control.close()
 
 
-def late_fleet(cp: Any, builder: Any, pods: int, count: int, clients: int) -> dict[str, Any]:
+def late_fleet(cp: Any, builder: Any, pods: int, count: int, clients: int, cache_envs: int = 8) -> dict[str, Any]:
     """binding: late on the real node: ``pods`` env pods serving ``count`` environments of the
     generated catalog in turn: the environments' first use on the cluster (their templates are
     made), switches to databases new to the pod, repeats of cached ones, and switches made by the
@@ -500,22 +530,27 @@ def late_fleet(cp: Any, builder: Any, pods: int, count: int, clients: int) -> di
     t0 = time.monotonic()
     cp.api("POST", f"{API}/envfleets", {"apiVersion": "awm.dev/v1alpha1", "kind": "EnvFleet", "metadata": {"name": name},
                                         "spec": {"environments": names, "replicas": pods, "binding": "late",
+                                                 "cacheEnvironments": cache_envs,
                                                  "catalog": {"image": ref, "path": "/catalog"},
                                                  "serving": {"allowUngated": True},
                                                  "database": {"secretName": "awm-database"},
                                                  "template": {"resources": LATE_RESOURCES}}})
     ready_times(cp, f"awm.dev/fleet={name}", pods)
-    out: dict[str, Any] = {"pods": pods, "environments": count, "ready_s": round(time.monotonic() - t0, 1)}
+    out: dict[str, Any] = {"pods": pods, "environments": count, "cache_environments": cache_envs,
+                           "ready_s": round(time.monotonic() - t0, 1)}
     ips = [p["status"]["podIP"] for p in cp.api("GET", f"/api/v1/namespaces/{NS}/pods?labelSelector=awm.dev/fleet={name}")["items"]]
     # Claims are planned "pods that serve it first, then the free pods in turn", so a pass in the
     # same order as the one before lands each environment on the pod that has it cached, and a
     # pass in an order rotated by one lands it on a pod that does not (awm_binds_total says which
     # each pass got: "new" or "cached").
-    passes = (("first_use", 0, None), ("switch", 1, None), ("repeat", 1, None), ("client_switch", 2, "client"))
-    for label, turn, switch in passes:
+    # The last pass tells the operator each wave of ``pods`` environments ahead (prepare), as a
+    # trainer does for its next groups, and then claims them.
+    passes = (("first_use", 0, None, 0), ("switch", 1, None, 0), ("repeat", 1, None, 0),
+              ("client_switch", 2, "client", 0), ("prepared", 3, "client", pods))
+    for label, turn, switch, waves in passes:
         before = bind_kinds(ips)
         order = names[turn:] + names[:turn]
-        out[label] = asyncio.run(late_rounds(operator_url, name, order, bundles, clients, switch))
+        out[label] = asyncio.run(late_rounds(operator_url, name, order, bundles, clients, switch, waves))
         after = bind_kinds(ips)
         out[label]["binds_by_kind"] = {k: after[k] - before.get(k, 0) for k in after if after[k] - before.get(k, 0)}
         print(json.dumps({label: out[label]}), file=sys.stderr, flush=True)

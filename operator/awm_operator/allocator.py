@@ -263,13 +263,13 @@ class Allocator:
             fleet.mark_prepared(name, env)
         gate = asyncio.Semaphore(PREPARE_CONCURRENCY)
 
-        async def one(name: str, env: str) -> bool:
+        async def one(name: str, env: str) -> str:
             async with gate:
-                ok = await self._prepare_env(fleet.pods.get(name), env)
-            if not ok and fleet.prepared.get(name) == env:
+                outcome = await self._prepare_env(fleet.pods.get(name), env)
+            if outcome == "failed" and fleet.prepared.get(name) == env:
                 fleet.mark_prepared(name, None)
-            self.metrics.prepares.labels(fleet.namespace, fleet.name, "made" if ok else "failed").inc()
-            return ok
+            self.metrics.prepares.labels(fleet.namespace, fleet.name, outcome).inc()
+            return outcome
 
         work = asyncio.gather(*(one(n, e) for n, e in chosen.items()))
         asked = {"asked": sum(wants.values()), "chosen": len(chosen), "pods": dict(chosen)}
@@ -279,21 +279,26 @@ class Allocator:
             task.add_done_callback(self._forgetting.discard)
             return asked
         results = await work
-        return {**asked, "prepared": sum(results), "failed": len(results) - sum(results)}
+        return {**asked, **{k: results.count(k) for k in ("prepared", "cached", "failed")}}
 
-    async def _prepare_env(self, pod: PodInfo | None, env: str) -> bool:
+    async def _prepare_env(self, pod: PodInfo | None, env: str) -> str:
+        """One pod: "prepared" (a database made ready), "cached" (it had the environment
+        already), or "failed"."""
         if pod is None or not pod.control_url or pod.deleting:
-            return False
+            return "failed"
         try:
             async with self.http.post(pod.control_url.rstrip("/") + "/prepare", json={"env": env},
                                       timeout=self.bind_timeout) as r:
                 if r.status != 200:
                     log.warning("preparing %s on %s failed: HTTP %s %s", env, pod.name, r.status, (await r.text())[:200])
-                    return False
-                return (await r.json(content_type=None)).get("env") == env
+                    return "failed"
+                answer = await r.json(content_type=None)
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
             log.warning("preparing %s on %s failed: %s", env, pod.name, exc)
-            return False
+            return "failed"
+        if not isinstance(answer, dict) or answer.get("env") != env:
+            return "failed"
+        return "prepared" if answer.get("prepared") else "cached"
 
     async def renew(self, fleet: Fleet, claim_id: str, ttl: float) -> float:
         """Push a claim's expiry to ``ttl`` seconds from now; returns the new expiry."""

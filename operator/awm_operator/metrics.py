@@ -33,7 +33,7 @@ class Metrics:
                                 "Released instances: returned to the pool after a reset, or replaced.",
                                 ["namespace", "fleet", "result"], registry=r)
         self.prepares = Counter("awm_prepares_total", "binding: late - environments made ready on pods ahead "
-                                "of their claims, by outcome (made, failed).", ["namespace", "fleet", "outcome"],
+                                "of their claims, by outcome (prepared, cached: it had it already, failed).", ["namespace", "fleet", "outcome"],
                                 registry=r)
         self.switch_latency = Histogram("awm_claim_switch_seconds",
                                         "binding: late - switching a claim's pods to its environment (all at once).",
