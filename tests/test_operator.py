@@ -750,6 +750,8 @@ def test_pods_made_ready_ahead_are_filed_under_that_environment() -> None:
     for name, env in chosen.items():
         fleet.mark_prepared(name, env)
     assert dict(fleet.available) == {"a": {"a1": None}, "x": {"b1": None, "b2": None}}
+    # filed under x (a GRPO group claim naming no environment switches it to x), serving b still
+    assert (fleet.key_of("b1"), fleet.env_of("b1")) == ("x", "b")
     assert fleet.to_prepare({"x": 3}) == {}  # two free and one held pod are on it
     (group,) = plan_late(fleet.available, ClaimRequest(2, environment="x"))
     assert sorted(group) == ["b1", "b2"]  # the claim lands where it is ready

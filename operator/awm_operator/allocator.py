@@ -192,7 +192,7 @@ class Allocator:
         marked ``switched: false``."""
         targets: dict[str, str] = {}
         for b in bound:
-            env = req.environment or (fleet.env_of(b.pod.name) if req.group_size else None)
+            env = req.environment or (fleet.key_of(b.pod.name) if req.group_size else None)
             if env is not None:
                 targets[b.pod.name] = env
         if not targets:

@@ -214,7 +214,7 @@ class Fleet:
         if old is not None:
             self._unfile(old)
         if self._free(info):
-            self.available[self._serves(info)][info.name] = None
+            self.available[self._key(info)][info.name] = None
             self._grew()
         if old is None or (old.ready, old.phase, old.deleting, old.control_url, old.problem) != (
                 info.ready, info.phase, info.deleting, info.control_url, info.problem):
@@ -234,21 +234,26 @@ class Fleet:
         self.prepared.pop(name, None)
 
     def env_of(self, name: str) -> str | None:
-        """The environment a pod serves now (or has been made ready for), as far as this
-        replica knows."""
+        """The environment a pod serves now, as far as this replica knows."""
         info = self.pods.get(name)
-        return self._serves(info) if info is not None else self.bound_env.get(name)
+        return self.bound_env.get(name, info.env) if info is not None else self.bound_env.get(name)
 
-    def _serves(self, info: PodInfo) -> str:
-        """The key a free pod is filed under: the environment it was made ready for, else the
-        one it serves. A claim of either costs the pod a reset."""
+    def key_of(self, name: str) -> str | None:
+        """What a pod is filed under (:meth:`_key`): the environment a group claim that names
+        none switches it to."""
+        info = self.pods.get(name)
+        return self._key(info) if info is not None else self.bound_env.get(name)
+
+    def _key(self, info: PodInfo) -> str:
+        """What a free pod is filed under: the environment it was made ready for, else the one
+        it serves. A claim of either costs the pod a reset."""
         return self.prepared.get(info.name) or self.bound_env.get(info.name, info.env)
 
     def _unfile(self, info: PodInfo) -> bool:
         """Take the pod out of the free pods (True if it was there). An environment left with
         none goes too: a late fleet's pods move among a catalog's thousand environments, and the
         plans walk the environments that have free pods, not every one ever served."""
-        key = self._serves(info)
+        key = self._key(info)
         names = self.available.get(key)
         if names is None or info.name not in names:
             return False
@@ -281,7 +286,7 @@ class Fleet:
         change()
         if free:
             assert info is not None
-            self.available[self._serves(info)][name] = None
+            self.available[self._key(info)][name] = None
 
     def to_prepare(self, wants: Mapping[str, int]) -> dict[str, str]:
         """binding: late - pods to make ready for ``wants`` (environment -> instances wanted
@@ -294,13 +299,13 @@ class Fleet:
                 if claim not in self.releasing and n in self.pods and not self.pods[n].deleting]
         have: dict[str, int] = defaultdict(int)
         for info in held:
-            have[self._serves(info)] += 1
+            have[self._key(info)] += 1
         need = {env: n - have[env] - len(self.available.get(env, ())) for env, n in wants.items()}
         need = {env: n for env, n in need.items() if n > 0}
         if not need:
             return {}
         free = (n for env, names in self.available.items() if env not in wants for n in names)
-        others = (info.name for info in held if self._serves(info) not in wants)
+        others = (info.name for info in held if self._key(info) not in wants)
         candidates = iter([*islice(free, sum(need.values())), *islice(others, sum(need.values()))])
         return {name: env for env, n in need.items() for name in islice(candidates, n)}
 
@@ -380,7 +385,7 @@ class Fleet:
                 del self.owner[name]
             info = self.pods.get(name)
             if info is not None and self._free(info):
-                self.available[self._serves(info)][name] = None
+                self.available[self._key(info)][name] = None
                 self._grew()
         self.nudge()
 
@@ -400,7 +405,7 @@ class Fleet:
             self.reserved.discard(name)
             info = self.pods.get(name)
             if info is not None and self._free(info):
-                self.available[self._serves(info)][name] = None
+                self.available[self._key(info)][name] = None
                 self._grew()
 
     async def wait_capacity(self, timeout: float | None) -> None:
