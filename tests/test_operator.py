@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import psycopg
 import pytest
 import yaml
@@ -613,8 +614,9 @@ async def test_the_instance_list_says_state_claim_and_holder() -> None:
 
 
 async def test_the_client_asks_again_when_a_standby_answers() -> None:
-    """Behind one Service, a standby replica answers 503 and does nothing: the client asks again
-    on a new connection until the active one answers; other errors are not retried."""
+    """Behind one Service, a standby replica answers 503 and does nothing: the client asks again,
+    each time on a connection that closes after its answer, until the active one answers; other
+    errors are not retried."""
     import httpx
 
     from awm.episode.allocation import AllocationClient, AllocationError
@@ -633,12 +635,51 @@ async def test_the_client_asks_again_when_a_standby_answers() -> None:
         alloc = AllocationClient("http://op:8080", "ns", "f", client=http)
         assert (await alloc.claim(count=1))["id"] == "api_1"
         assert seen == [("POST", "keep-alive"), ("POST", "close"), ("POST", "close")]
-        assert "connection" not in http.headers  # the caller's client is left as it was
+        assert http.headers["connection"] == "keep-alive"  # the caller's client is left as it was
         seen.clear()
         seen.extend([("x", None)] * 2)  # no more standbys
         with pytest.raises(AllocationError) as err:
             await alloc.release("api_1")
         assert err.value.status == 404 and len(seen) == 3
+
+
+async def test_a_standby_answer_cuts_no_other_request_of_a_shared_client() -> None:
+    """A trainer's episodes claim at once through one client. One of them meeting a standby must
+    not cut the others' requests (an answer lost after the operator bound the claim leaves it held
+    by nobody until its TTL): the operator closes the connection it answered 503 on, and the
+    client asks again on a new one, leaving the others alone."""
+    from aiohttp import web
+    from aiohttp.test_utils import TestServer
+
+    from awm.episode.allocation import AllocationClient
+    from awm_operator.api import unavailable_closes
+
+    standby_once: list[str] = []
+
+    async def claims(request: web.Request) -> web.Response:
+        env = (await request.json())["environment"]
+        if env == "slow":
+            await asyncio.sleep(0.5)
+        elif not standby_once:
+            standby_once.append(env)
+            raise web.HTTPServiceUnavailable(text='{"error": "this operator replica is a standby"}',
+                                             content_type="application/json")
+        return web.json_response({"id": f"api_{env}", "instances": []}, status=201)
+
+    app = web.Application(middlewares=[unavailable_closes])
+    app.router.add_post("/v1/namespaces/ns/envfleets/f/claims", claims)
+    async with TestServer(app) as server:
+        async with AllocationClient(str(server.make_url("")), "ns", "f") as alloc:
+            slow = asyncio.ensure_future(alloc.claim(environment="slow"))
+            await asyncio.sleep(0.1)
+            assert (await alloc.claim(environment="fast"))["id"] == "api_fast"
+            assert (await slow)["id"] == "api_slow" and standby_once == ["fast"]
+        async with aiohttp.ClientSession() as http:  # the standby's answer closes its connection
+            standby_once.clear()
+            async with http.post(server.make_url("/v1/namespaces/ns/envfleets/f/claims"), json={"environment": "x"}) as r:
+                assert r.status == 503 and r.headers.get("Connection", "").lower() == "close"
+            async with http.post(server.make_url("/v1/namespaces/ns/envfleets/f/claims"), json={"environment": "x"}) as r:
+                assert r.status == 201 and r.headers.get("Connection", "").lower() != "close"
 
 
 def test_stuck_pods_say_why() -> None:

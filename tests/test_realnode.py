@@ -823,8 +823,15 @@ def _mean(values: Any) -> float:
 
 
 def _job_logs(cp: Any, job: str) -> str:
+    """The Job's log, and those of its campaign's env pods (every container: the env server and,
+    late binding, the provisioner sidecar)."""
     r = cp.kubectl("-n", NS, "logs", f"job/{job}", "--all-containers", "--tail=200", check=False)
-    return f"--- logs of job/{job}\n{r.stdout}{r.stderr}"
+    out = [f"--- logs of job/{job}\n{r.stdout}{r.stderr}"]
+    for pod in cp.api("GET", f"/api/v1/namespaces/{NS}/pods?labelSelector=awm.dev/fleet={job}")["items"]:
+        name = pod["metadata"]["name"]
+        r = cp.kubectl("-n", NS, "logs", name, "--all-containers", "--prefix", "--tail=60", check=False)
+        out.append(f"--- logs of env pod {name}\n{r.stdout}{r.stderr}")
+    return "\n".join(out)
 
 
 LATE_ENVS = ["crm", "bike_shop", "project_tracker"]

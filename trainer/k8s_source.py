@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 import httpx
 
-from awm.episode.allocation import OperatorSettings, bearer, new_connection, past_standby
+from awm.episode.allocation import OperatorSettings, bearer, past_standby
 from awm.episode.sources import HeldClaimsSource
 
 log = logging.getLogger("trainer.k8s")
@@ -78,10 +78,8 @@ class ProgressReporter:
         while self._latest is not None:
             body, self._latest = self._latest, None
             try:
-                r = await past_standby(lambda: self._client.post(self.url, json=body, headers=bearer()),
-                                       self._new_connection, self.standby_retries)
-                if not self._own:
-                    self._client.headers.pop("Connection", None)
+                r = await past_standby(lambda extra: self._client.post(self.url, json=body, headers={**bearer(), **extra}),
+                                       self.standby_retries)
                 if r.status_code >= 400:
                     raise httpx.HTTPStatusError(f"HTTP {r.status_code}: {r.text[:200]}", request=r.request, response=r)
                 self.sent += 1
@@ -90,9 +88,6 @@ class ProgressReporter:
                 self._latest = {**body, **(self._latest or {})}  # newer numbers win; nothing is lost
                 log.warning("progress report to %s failed: %s", self.url, exc)
                 return  # the next report, or the close, tries again
-
-    async def _new_connection(self) -> None:
-        self._client = await new_connection(self._client, self._own)
 
     @property
     def pending(self) -> bool:

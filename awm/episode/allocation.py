@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,34 +77,30 @@ class AllocationError(RuntimeError):
         self.status = status
 
 
-async def past_standby(send: Callable[[], Awaitable[httpx.Response]], reconnect: Callable[[], Awaitable[None]],
-                       retries: int) -> httpx.Response:
-    """``send()`` until a replica other than a standby answers. With several operator replicas
-    behind one Service, a standby answers 503 at once and did nothing; the Service balances per
-    connection, so a client that kept its pooled connection would ask the standby forever:
-    ``reconnect()`` and ask again. A slow 503 (an active replica that lost its lease while the
-    request waited) is returned as it is: the caller's own deadline decides."""
+async def past_standby(send: Callable[[dict[str, str]], Awaitable[httpx.Response]], retries: int) -> httpx.Response:
+    """``send(headers)`` until a replica other than a standby answers. With several operator
+    replicas behind one Service, a standby answers 503 at once and did nothing; the Service
+    balances per connection, so the connection it answered on must not be used again: the
+    operator closes it (``Connection: close`` on its 503s), and each retry asks for a connection
+    that closes after its answer. The client itself is never closed here: requests of other
+    tasks share it (a trainer's episodes claim at once), and a claim whose request is cut off
+    would be bound with nobody to hear it. A slow 503 (an active replica that lost its lease
+    while the request waited) is returned as it is: the caller's own deadline decides."""
     delay = 0.1
     for attempt in range(retries + 1):
         started = time.monotonic()
-        r = await send()
+        r = await send({"Connection": "close"} if attempt else {})
         if r.status_code != 503 or attempt == retries or time.monotonic() - started > 2.0:
             return r
-        await reconnect()
         await asyncio.sleep(delay)
         delay = min(delay * 2, 2.0)
     raise AssertionError("unreachable")
 
 
-async def new_connection(client: httpx.AsyncClient, own: bool) -> httpx.AsyncClient:
-    """Drop a pooled connection (to a standby): a client of our own is replaced by a new one; a
-    caller's client gets ``Connection: close`` on its next request instead (remove the header
-    once an answer came)."""
-    if own:
-        await client.aclose()
-        return httpx.AsyncClient(timeout=client.timeout)
-    client.headers["Connection"] = "close"
-    return client
+def new_claim_id() -> str:
+    """An allocation-API claim id chosen by the client (``api_`` and 32 hex digits), so that a
+    claim can be asked for again, after a lost answer, without binding it twice."""
+    return f"api_{secrets.token_hex(16)}"
 
 
 class AllocationClient:
@@ -131,14 +128,17 @@ class AllocationClient:
 
     async def claim(self, count: int = 1, group_size: int | None = None, environment: str | None = None,
                     wait_seconds: float = 30.0, ttl_seconds: float | None = None,
-                    holder: str | None = None, switch: str | None = None) -> dict[str, Any]:
+                    holder: str | None = None, switch: str | None = None, claim_id: str | None = None) -> dict[str, Any]:
         """Bind instances; unless released or renewed within ``ttl_seconds`` (the operator's
         default when None), the operator releases them by itself. ``holder`` names who holds
         them, so that :meth:`release_holder` can free them all. ``switch="client"``: a
         late-binding fleet answers at once, and each instance marked ``"switched": false`` is
-        the caller's to switch (:meth:`awm.episode.sources.Lease.connect` does)."""
+        the caller's to switch (:meth:`awm.episode.sources.Lease.connect` does). ``claim_id``
+        (:func:`new_claim_id`): asking again with the same id after a lost answer returns the
+        claim bound the first time instead of binding a second one."""
         body = {"count": count, "groupSize": group_size, "environment": environment, "waitSeconds": wait_seconds,
-                "ttlSeconds": ttl_seconds, "holder": holder, **({"switch": switch} if switch else {})}
+                "ttlSeconds": ttl_seconds, "holder": holder, **({"switch": switch} if switch else {}),
+                **({"id": claim_id} if claim_id else {})}
         return await self._call("POST", "/claims", body)
 
     async def prepare(self, environments: Mapping[str, int], wait: bool = False) -> dict[str, Any]:
@@ -170,17 +170,12 @@ class AllocationClient:
 
     async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         """One request, asked again past a standby replica (:func:`past_standby`)."""
-        r = await past_standby(lambda: self._client.request(method, self.base + path, headers=self._headers(), **kwargs),
-                               self._new_connection, self.standby_retries)
-        if not self._own:
-            self._client.headers.pop("Connection", None)
-        return r
+        return await past_standby(lambda extra: self._client.request(method, self.base + path,
+                                                                     headers={**self._headers(), **extra}, **kwargs),
+                                  self.standby_retries)
 
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self._token}"} if self._token else bearer()
-
-    async def _new_connection(self) -> None:
-        self._client = await new_connection(self._client, self._own)
 
     @staticmethod
     def _result(r: httpx.Response) -> dict[str, Any]:

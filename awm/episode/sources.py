@@ -44,7 +44,7 @@ from typing import Any, Mapping
 
 import httpx
 
-from awm.episode.allocation import AllocationClient, AllocationError, OperatorSettings
+from awm.episode.allocation import AllocationClient, AllocationError, OperatorSettings, new_claim_id
 from awm.episode.session import EnvHandle
 
 log = logging.getLogger("awm.episode.sources")
@@ -535,13 +535,16 @@ class OperatorClaims:
     async def claim(self, env: str, count: int, group_size: int | None) -> list[Lease]:
         deadline = time.monotonic() + self.claim_timeout_s
         extra: dict[str, Any] = {"ttl_seconds": self.ttl_s} if self.ttl_s else {}
+        # One id for every attempt: an attempt whose answer was lost (the operator bound it, the
+        # connection broke) is returned by the next one instead of held by nobody until its TTL.
+        claim_id = new_claim_id()
         delay = 0.5
         while True:
             left = deadline - time.monotonic()
             try:
                 got = await self.alloc.claim(count=count, group_size=group_size, environment=env,
                                              wait_seconds=max(0.0, min(60.0, left)), holder=self.holder,
-                                             switch="client", **extra)
+                                             switch="client", claim_id=claim_id, **extra)
                 break
             except AllocationError as exc:
                 if exc.status not in (404, 409, 503) or left <= 0:

@@ -46,6 +46,11 @@ class Unavailable(RuntimeError):
     """Not enough ready instances within the time the caller was willing to wait."""
 
 
+class InProgress(RuntimeError):
+    """The claim id is being bound by another request right now (a client that asked again
+    before its first request ended): ask again once that one has."""
+
+
 @dataclass
 class Bound:
     pod: PodInfo
@@ -113,6 +118,9 @@ class Allocator:
         if problem:
             self.metrics.claims.labels(fleet.namespace, fleet.name, source, "failed").inc()
             raise ClaimError(problem)
+        if claim_id in fleet.claiming:  # two binds of one id at once would each pick pods
+            raise InProgress(f"claim {claim_id} is being bound by another request")
+        fleet.claiming.add(claim_id)
         failed_switches = 0
         try:
             while True:
@@ -162,6 +170,7 @@ class Allocator:
                     fleet.poke()  # the autoscaler sees the demand
                 await fleet.wait_capacity(remaining)
         finally:
+            fleet.claiming.discard(claim_id)
             if fleet.pending.pop(claim_id, None) is not None:
                 fleet.nudge()  # less demand: the autoscaler may scale down, after its delay
 

@@ -42,6 +42,7 @@ another identity's), unless the operator runs with AWM_API_AUTH=off.
 from __future__ import annotations
 
 import asyncio
+import re
 import secrets
 import time
 from typing import Any
@@ -51,7 +52,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from awm_operator import auth as authn
 from awm_operator import hostguard
-from awm_operator.allocator import ClaimError, NotActive, Unavailable, describe
+from awm_operator.allocator import ClaimError, InProgress, NotActive, Unavailable, describe
 from awm_operator.campaigns import add_campaign_routes
 from awm_operator.crds import GROUP, MAX_REPLICAS, VERSION
 from awm_operator.kube import ApiError
@@ -59,6 +60,7 @@ from awm_operator.reconcile import Context
 from awm_operator.state import ClaimRequest, Fleets
 
 MAX_WAIT = 600.0
+CLAIM_ID = re.compile(r"api_[0-9a-f]{16,64}")  # a claim id a client may choose (to ask again after a lost answer)
 HOLDER_RELEASE_CONCURRENCY = 64  # releases of one DELETE ?holder= in flight (resets, ledger writes)
 
 
@@ -85,6 +87,21 @@ def fleet_summary(obj: dict[str, Any], fleets: Fleets) -> dict[str, Any]:
     if fleet is not None and fleet.spec is not None and fleet.active and not fleet.deleted:
         row |= {**fleet.counts().as_dict(), "demand": fleet.demand(), "live": True}
     return row
+
+
+@web.middleware
+async def unavailable_closes(request: web.Request, handler: Any) -> web.StreamResponse:
+    """A 503 (a standby replica, or one that does not act on the fleet) closes its connection:
+    the Service balances per connection, so the client's next request gets a new one, which may
+    reach the active replica (awm.episode.allocation.past_standby asks again)."""
+    try:
+        response = await handler(request)
+    except web.HTTPServiceUnavailable as exc:
+        exc.force_close()
+        raise
+    if response.status == 503:
+        response.force_close()
+    return response
 
 
 def build_api(ctx: Context, fleets: Fleets, auth: authn.Authenticator | None = None) -> web.Application:
@@ -190,9 +207,14 @@ def build_api(ctx: Context, fleets: Fleets, auth: authn.Authenticator | None = N
             wait = min(float(body.get("waitSeconds", ctx.config.claim_wait_default)), MAX_WAIT)
             ttl = ttl_of(body)
             holder = holder_of(body.get("holder"))
+            claim_id = body.get("id") or f"api_{secrets.token_hex(8)}"
+            if not isinstance(claim_id, str) or not CLAIM_ID.fullmatch(claim_id):
+                raise ValueError("id must be api_ and 16-64 lowercase hex digits")
         except (ValueError, TypeError, AttributeError) as exc:
             return _error(400, f"bad request: {exc}")
-        claim_id = f"api_{secrets.token_hex(8)}"
+        denied = not_yours(request, fleet, claim_id)  # asked again after a lost answer: the maker's only
+        if denied is not None:
+            return denied
         try:
             bound = await ctx.allocator.claim(fleet, claim_id, req, wait, source="api", ttl=ttl, holder=holder,
                                               owner=caller(request))
@@ -200,7 +222,7 @@ def build_api(ctx: Context, fleets: Fleets, auth: authn.Authenticator | None = N
             return _error(400, str(exc))
         except NotActive as exc:
             return _error(503, str(exc))
-        except Unavailable as exc:
+        except (Unavailable, InProgress) as exc:
             return _error(409, str(exc))
         record = fleet.claims.get(claim_id)
         return web.json_response({"id": claim_id, "namespace": fleet.namespace, "fleet": fleet.name,
@@ -316,8 +338,8 @@ def build_api(ctx: Context, fleets: Fleets, auth: authn.Authenticator | None = N
 
     add_campaign_routes(routes, ctx, fleets)  # GET .../campaigns, POST .../campaigns/{name}/progress (campaigns.py)
     cfg = ctx.config
-    app = web.Application(middlewares=[hostguard.guard(cfg.api_allowed_hosts, cfg.api_allowed_origins,
-                                                       cfg.cluster_domains), authn.middleware(auth)])
+    app = web.Application(middlewares=[unavailable_closes, hostguard.guard(cfg.api_allowed_hosts, cfg.api_allowed_origins,
+                                                                           cfg.cluster_domains), authn.middleware(auth)])
     app.add_routes(routes)
     return app
 

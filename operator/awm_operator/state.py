@@ -170,6 +170,7 @@ class Fleet:
     reserved: set[str] = field(default_factory=set)
     doomed: set[str] = field(default_factory=set)            # deleted by us, not yet gone
     pending: dict[str, ClaimRequest] = field(default_factory=dict)  # claim id -> what it waits for
+    claiming: set[str] = field(default_factory=set)         # claim ids being bound now (one request each)
     claims: dict[str, ClaimRecord] = field(default_factory=dict)  # the ledger, as last written
     owner: dict[str, str] = field(default_factory=dict)     # pod name -> claim id holding it
     releasing: set[str] = field(default_factory=set)        # claim ids being released
