@@ -8,8 +8,10 @@ milliseconds per call (docs/benchmarks.md measures both); any MCP client works a
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
+import ssl
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +19,19 @@ import httpx
 
 PROTOCOL_VERSION = "2025-06-18"
 _ACCEPT = "application/json, text/event-stream"
+
+
+@functools.cache
+def _tls() -> ssl.SSLContext:
+    return httpx.create_ssl_context()
+
+
+def http_client(timeout: float = 60.0) -> httpx.AsyncClient:
+    """An HTTP client with the process's one TLS context. ``httpx.AsyncClient()`` builds its own
+    (loading the CA bundle: ~19 ms of CPU, measured), and a claimed instance needs a few clients
+    (its control API, its MCP session): three of them were most of a repeat claim's ~56 ms on the
+    real node (docs/benchmarks.md)."""
+    return httpx.AsyncClient(timeout=timeout, verify=_tls())
 
 
 class McpError(RuntimeError):
@@ -41,7 +56,7 @@ class ToolOutcome:
 class McpSession:
     def __init__(self, url: str, timeout: float = 60.0, client: httpx.AsyncClient | None = None) -> None:
         self.url = url
-        self._client = client or httpx.AsyncClient(timeout=timeout)
+        self._client = client or http_client(timeout)
         self._own_client = client is None
         self._ids = itertools.count(1)
         self._headers = {"Accept": _ACCEPT, "Content-Type": "application/json"}
@@ -131,7 +146,7 @@ class ControlClient:
 
     def __init__(self, base_url: str, timeout: float = 60.0, client: httpx.AsyncClient | None = None) -> None:
         self.base_url = base_url.rstrip("/")
-        self._client = client or httpx.AsyncClient(timeout=timeout)
+        self._client = client or http_client(timeout)
         self._own_client = client is None
 
     async def reset(self, task_id: str | None = None, verify: bool = False, env: str | None = None) -> dict[str, Any]:

@@ -22,6 +22,8 @@ from typing import Any, Awaitable, Callable, Mapping
 
 import httpx
 
+from awm.client import http_client
+
 
 SA_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
 SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
@@ -113,7 +115,7 @@ class AllocationClient:
         self.base = f"{base_url.rstrip('/')}/v1/namespaces/{namespace}/envfleets/{fleet}"
         self._token = token
         self.standby_retries = standby_retries
-        self._client = client or httpx.AsyncClient(timeout=timeout)
+        self._client = client or http_client(timeout)
         self._own = client is None
 
     async def __aenter__(self) -> "AllocationClient":
