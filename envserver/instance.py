@@ -322,6 +322,7 @@ class EnvInstance:
             phase("checksum")
             if not result.pristine:
                 raise ControlError(500, f"cannot prepare {env!r}: its new database is not at its snapshot")
+            evicted: list[Binding] = []
             async with self._lock:
                 if self.wedged or env in self._bindings:  # bound meanwhile (a claim was faster)
                     kept = False
@@ -330,7 +331,9 @@ class EnvInstance:
                     kept, made = True, None
                     while len(self._bindings) > self.cache_envs:
                         oldest = next(e for e in self._bindings if e != self.binding.name)
-                        await self._drop(self._bindings.pop(oldest))
+                        evicted.append(self._bindings.pop(oldest))
+            for binding in evicted:  # unreachable now: dropped without holding up the episode's calls
+                await self._drop(binding)
         except ControlError:
             raise
         except ProvisionerLost as exc:
