@@ -407,6 +407,28 @@ async def test_grpo_groups_over_more_environments_than_instances(admin_dsn, bund
         assert source.switches >= 4  # the two instances served all three environments
 
 
+async def test_a_local_fleet_makes_the_databases_of_environments_told_ahead(admin_dsn, bundles):
+    """InstanceSource.prepare on a local late-binding fleet: its provisioner makes databases of
+    the environments told (one per instance to be claimed), and the switch that follows takes a
+    made one instead of cloning on the claim path."""
+    source = LocalFleetSource(bundles, replicas=1, database=Database(admin_dsn), allow_ungated=True, instances=2)
+    async with source:
+        provisioner = source.fleet.provisioner
+        assert "project_tracker" not in {h.env for h in source.fleet.instances}
+        await source.prepare({"project_tracker": 16})  # as many as the fleet has instances: 2
+        deadline = time.monotonic() + 60
+        while provisioner.ready_count("project_tracker") < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert provisioner.ready_count("project_tracker") == 2
+        hits = provisioner.stats["ready_hits"]
+        lease = await source.claim("project_tracker")
+        try:
+            assert lease.env == "project_tracker" and provisioner.stats["ready_hits"] == hits + 1
+        finally:
+            await source.release(lease)
+        await source.prepare({"no_such_env": 1})  # a hint: an unknown environment is no failure
+
+
 def test_an_instance_keeps_the_series_of_its_most_recently_served_environments() -> None:
     """Metrics of a late-binding instance stay bounded: the series of an environment served more
     than ``served_envs`` switches ago are removed (its tools', episodes', info), the recent ones kept."""

@@ -503,6 +503,19 @@ class LocalFleetSource(PoolSource):
     async def __aenter__(self) -> LocalFleetSource:
         return await self.start()
 
+    async def prepare(self, wants: Mapping[str, int]) -> None:
+        """Late binding: the fleet's provisioner makes databases of these environments ahead (one
+        per instance that will be claimed, as far as the fleet's instances go), so that the
+        instances switched to them connect to a made database instead of cloning one."""
+        provisioner = self.fleet.provisioner
+        if provisioner is None:
+            return
+        for env, count in wants.items():
+            try:
+                await asyncio.to_thread(provisioner.prefill, env, min(count, len(self.fleet.instances)))
+            except Exception as exc:  # noqa: BLE001 - a hint: the claim clones on its path instead
+                log.info("prepare %s: %s", env, exc)
+
     async def close(self) -> None:
         try:
             await super().close()
