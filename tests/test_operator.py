@@ -794,6 +794,7 @@ def test_pods_made_ready_ahead_are_filed_under_that_environment() -> None:
     # filed under x (a GRPO group claim naming no environment switches it to x), serving b still
     assert (fleet.key_of("b1"), fleet.env_of("b1")) == ("x", "b")
     assert fleet.to_prepare({"x": 3}) == {}  # two free and one held pod are on it
+    assert fleet.to_prepare({"y": 2}) == {"a1": "y"}  # told next: the pods made ready for x keep it
     (group,) = plan_late(fleet.available, ClaimRequest(2, environment="x"))
     assert sorted(group) == ["b1", "b2"]  # the claim lands where it is ready
     fleet.unassign("held")

@@ -295,7 +295,7 @@ class Fleet:
         Pods filed under an environment (serving it, or made ready for it), free or held by a
         claim, count toward it. The rest come from free pods of environments not wanted, then
         from held ones (they make it ready while their episode runs, and are filed under it
-        when released)."""
+        when released); never from pods made ready for another environment already."""
         held = [self.pods[n] for n, claim in self.owner.items()
                 if claim not in self.releasing and n in self.pods and not self.pods[n].deleting]
         have: dict[str, int] = defaultdict(int)
@@ -305,8 +305,11 @@ class Fleet:
         need = {env: n for env, n in need.items() if n > 0}
         if not need:
             return {}
-        free = (n for env, names in self.available.items() if env not in wants for n in names)
-        others = (info.name for info in held if self._key(info) not in wants)
+        # A pod made ready for an environment told earlier keeps it (a trainer tells its next
+        # groups a few at a time): only pods not made ready for anything are asked.
+        free = (n for env, names in self.available.items() if env not in wants for n in names
+                if n not in self.prepared)
+        others = (info.name for info in held if self._key(info) not in wants and info.name not in self.prepared)
         candidates = iter([*islice(free, sum(need.values())), *islice(others, sum(need.values()))])
         return {name: env for env, n in need.items() for name in islice(candidates, n)}
 
