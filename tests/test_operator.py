@@ -795,8 +795,12 @@ def test_pods_made_ready_ahead_are_filed_under_that_environment() -> None:
     assert (fleet.key_of("b1"), fleet.env_of("b1")) == ("x", "b")
     assert fleet.to_prepare({"x": 3}) == {}  # two free and one held pod are on it
     assert fleet.to_prepare({"y": 2}) == {"a1": "y"}  # told next: the pods made ready for x keep it
-    (group,) = plan_late(fleet.available, ClaimRequest(2, environment="x"))
+    (group,) = plan_late(fleet.available, ClaimRequest(2, environment="x"), fleet.prepared)
     assert sorted(group) == ["b1", "b2"]  # the claim lands where it is ready
+    # a claim of another environment takes pods made ready for nothing first
+    assert plan_late(fleet.available, ClaimRequest(1, environment="z"), fleet.prepared) == [["a1"]]
+    (group,) = plan_late(fleet.available, ClaimRequest(3, environment="z"), fleet.prepared)
+    assert group[0] == "a1" and set(group[1:]) == {"b1", "b2"}
     fleet.unassign("held")
     assert set(fleet.available["x"]) == {"b1", "b2", "c1"}  # released: filed under what it made ready
     fleet.switched("b1", "a")  # claimed for another environment: the preparation is forgotten

@@ -140,7 +140,7 @@ class Allocator:
                     self.metrics.claims.labels(fleet.namespace, fleet.name, source, "bound").inc()
                     return bound
                 if fleet.active and fleet.ledger is not None:
-                    groups = plan_late(fleet.available, req) if fleet.late else plan(fleet.available, req)
+                    groups = plan_late(fleet.available, req, fleet.prepared) if fleet.late else plan(fleet.available, req)
                     if groups is not None:
                         bound = await self._bind(fleet, claim_id, groups, ttl, holder, owner)
                         if bound is not None and fleet.late:

@@ -121,21 +121,24 @@ def plan(available: Mapping[str, Collection[str]], req: ClaimRequest) -> list[li
     return [picked]
 
 
-def plan_late(available: Mapping[str, Collection[str]], req: ClaimRequest) -> list[list[str]] | None:
+def plan_late(available: Mapping[str, Collection[str]], req: ClaimRequest,
+              spare: Collection[str] = ()) -> list[list[str]] | None:
     """:func:`plan` for a late-binding fleet, where every free pod can serve the claim's
-    environment (``available`` is keyed by what each pod serves now): pods that serve it already
-    first (a repeat claim costs them a reset, not a switch), then any others. A claim for no
-    environment is planned as :func:`plan` does (GRPO groups of one environment each, the one
-    their pods serve now). Its cost is the claim's size, not the fleet's: a claim of an
-    environment no free pod serves takes the first others it finds."""
+    environment (``available`` is keyed by what each pod serves now, or was made ready for):
+    pods filed under it first (a repeat claim costs them a reset, not a switch), then any others,
+    those in ``spare`` (made ready for another environment) last. A claim for no environment is
+    planned as :func:`plan` does (GRPO groups of one environment each, the one their pods are
+    filed under). Its cost is the claim's size, not the fleet's: a claim of an environment no
+    free pod serves takes the first others it finds."""
     if req.environment is None:
         return plan(available, req)
     picked = list(islice(available.get(req.environment, ()), req.count))
-    for env, names in available.items():
-        if len(picked) >= req.count:
-            break
-        if env != req.environment:
-            picked.extend(islice(names, req.count - len(picked)))
+    for last in (False, True):
+        for env, names in available.items():
+            if len(picked) >= req.count:
+                break
+            if env != req.environment:
+                picked.extend(islice((n for n in names if (n in spare) == last), req.count - len(picked)))
     if len(picked) < req.count:
         return None
     size = req.group_size or req.count
