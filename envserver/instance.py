@@ -64,6 +64,20 @@ class Episode:
 MAX_LOGGED_RESULT = 20_000  # characters of one tool result kept in the episode log
 
 
+class _Phases:
+    """Where a switch's (or a preparation's) time went: call it with each phase's name as the
+    phase ends; ``ms`` holds each phase's milliseconds, in order."""
+
+    def __init__(self) -> None:
+        self.ms: dict[str, float] = {}
+        self._mark = time.perf_counter()
+
+    def __call__(self, name: str) -> None:
+        now = time.perf_counter()
+        self.ms[name] = round((now - self._mark) * 1000, 3)
+        self._mark = now
+
+
 class EnvInstance:
     def __init__(self, bundle: EnvBundle, dsn: str | None, name: str, verifier_workers: int = 1,
                  exit_when_wedged: bool = True, allow_weak_isolation: bool = False,
@@ -210,15 +224,7 @@ class EnvInstance:
                                     f"cannot serve {env!r} (started without a provisioner)", env=self.binding.name)
         binding = self._bindings.get(env)
         cached = binding is not None
-        phases: dict[str, float] = {}
-        mark = time.perf_counter()
-
-        def phase(name: str) -> None:
-            nonlocal mark
-            now = time.perf_counter()
-            phases[name] = round((now - mark) * 1000, 3)
-            mark = now
-
+        phase = _Phases()
         made: Binding | None = None
         try:
             if binding is None:
@@ -242,17 +248,10 @@ class EnvInstance:
             elif cached and binding is not None and not isinstance(exc, asyncio.CancelledError):
                 self._bindings.pop(env, None)  # its reset failed: never serve it again
                 await self._drop(binding)
-            if isinstance(exc, ProvisionerLost):
-                self._wedge(f"provisioner connection lost: {exc}")
-                raise ControlError(503, f"cannot bind {env!r}: the provisioner is gone; the instance "
-                                        "restarts") from None
-            if isinstance(exc, BindError):
-                raise ControlError(409, str(exc)) from None
-            if isinstance(exc, (ProvisionerError, DatabaseLost)):
-                raise ControlError(503, f"cannot bind {env!r}: {exc}") from None
-            if isinstance(exc, Exception) and not isinstance(exc, ControlError):
-                raise ControlError(500, f"cannot bind {env!r}: {type(exc).__name__}: {exc}") from None
-            raise
+            answer = self._switch_failure(exc, "bind", env)
+            if answer is exc:
+                raise
+            raise answer from None
         previous = self.binding
         # The previous environment's workers are detached now (nothing can reach them) and
         # killed off the claim path.
@@ -273,7 +272,7 @@ class EnvInstance:
         kind = "cached" if cached else "new"
         self.metrics.binds.labels(kind).inc()
         self.metrics.bind_latency.labels(kind).observe(ms / 1000)
-        return {"env": env, "switched": True, "cached": cached, "bind_ms": round(ms, 3), "phases_ms": phases,
+        return {"env": env, "switched": True, "cached": cached, "bind_ms": round(ms, 3), "phases_ms": phase.ms,
                 "reset_ms": round(result.ms, 3), "pristine": result.pristine, "instance": self.name,
                 "previous": previous.name, "cached_envs": list(self._bindings)}, result
 
@@ -303,15 +302,7 @@ class EnvInstance:
             raise ControlError(409, f"{env!r} is being prepared on instance {self.name} already")
         self._preparing.add(env)
         start = time.perf_counter()
-        phases: dict[str, float] = {}
-        mark = start
-
-        def phase(name: str) -> None:
-            nonlocal mark
-            now = time.perf_counter()
-            phases[name] = round((now - mark) * 1000, 3)
-            mark = now
-
+        phase = _Phases()
         loop = asyncio.get_running_loop()
         made: Binding | None = None
         try:
@@ -334,25 +325,34 @@ class EnvInstance:
                         evicted.append(self._bindings.pop(oldest))
             for binding in evicted:  # unreachable now: dropped without holding up the episode's calls
                 await self._drop(binding)
-        except ControlError:
-            raise
-        except ProvisionerLost as exc:
-            self._wedge(f"provisioner connection lost: {exc}")
-            raise ControlError(503, f"cannot prepare {env!r}: the provisioner is gone; the instance restarts") from None
-        except BindError as exc:
-            raise ControlError(409, str(exc)) from None
-        except (ProvisionerError, DatabaseLost) as exc:
-            raise ControlError(503, f"cannot prepare {env!r}: {exc}") from None
-        except Exception as exc:
-            raise ControlError(500, f"cannot prepare {env!r}: {type(exc).__name__}: {exc}") from None
+        except BaseException as exc:
+            answer = self._switch_failure(exc, "prepare", env)
+            if answer is exc:
+                raise
+            raise answer from None
         finally:
             self._preparing.discard(env)
             if made is not None:
                 await self._drop(made)
         ms = (time.perf_counter() - start) * 1000
         self.metrics.prepares.labels("made" if kept else "raced").inc()
-        return {"env": env, "prepared": kept, "cached": not kept, "prepare_ms": round(ms, 3), "phases_ms": phases,
+        return {"env": env, "prepared": kept, "cached": not kept, "prepare_ms": round(ms, 3), "phases_ms": phase.ms,
                 "instance": self.name, "serving": self.binding.name, "cached_envs": list(self._bindings)}
+
+    def _switch_failure(self, exc: BaseException, verb: str, env: str) -> BaseException:
+        """What a failed switch or preparation answers: a :class:`ControlError` (``exc`` itself
+        when it is one, or not an ``Exception``, e.g. a cancellation). A lost provisioner wedges
+        the instance (its databases are being dropped: it must start again)."""
+        if isinstance(exc, ControlError) or not isinstance(exc, Exception):
+            return exc
+        if isinstance(exc, ProvisionerLost):
+            self._wedge(f"provisioner connection lost: {exc}")
+            return ControlError(503, f"cannot {verb} {env!r}: the provisioner is gone; the instance restarts")
+        if isinstance(exc, BindError):
+            return ControlError(409, str(exc))
+        if isinstance(exc, (ProvisionerError, DatabaseLost)):
+            return ControlError(503, f"cannot {verb} {env!r}: {exc}")
+        return ControlError(500, f"cannot {verb} {env!r}: {type(exc).__name__}: {exc}")
 
     def _find(self, env: str) -> EnvBundle:
         if self.catalog is None:
