@@ -81,3 +81,15 @@ async def test_a_request_head_must_arrive_within_its_deadline(http, monkeypatch)
     finally:
         server.should_exit = True
         await task
+
+
+def test_a_server_on_httptools_never_imports_h11():
+    """An env server holds only the HTTP parser it uses (h11 is ~2 MB of every instance's memory)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from awm.envserver import __main__, listener; "
+            "assert listener.protocol('auto').__name__ == 'HttpToolsHeadDeadline'; "
+            "print('h11' in sys.modules, 'websockets' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]
