@@ -406,7 +406,7 @@ class Bench:
                 step_envs = rng.sample(catalog, step_groups)
                 spec = {"environments": step_envs if mode == "pinned" else catalog, "replicas": self.n, "catalog": {},
                         "database": {"secretName": "awm-db"}, "template": template,
-                        **({"binding": "late"} if mode == "late" else {})}
+                        "binding": mode}
                 fleet = {"apiVersion": "awm.dev/v1alpha1", "kind": "EnvFleet", "metadata": {"name": "bench"},
                          "spec": spec}
                 t0 = time.monotonic()
@@ -466,6 +466,7 @@ class Bench:
         try:
             fleet = {"apiVersion": "awm.dev/v1alpha1", "kind": "EnvFleet", "metadata": {"name": "bench"},
                      "spec": {"environments": [f"env{i}" for i in range(8)], "replicas": self.n, "catalog": {},
+                              "binding": "pinned",
                               "database": {"secretName": "awm-db"},
                               "template": {"annotations": {"awm.dev/control-url": control_url}}}}
             cpu0 = self.cpu()

@@ -221,7 +221,7 @@ def env_fleet(cp: Any, n: int) -> tuple[list[float], list[float], dict[str, floa
     idle = idle_rates()
     cpu0, procs0, t0 = busy_cpu_s(), process_cpu(), time.monotonic()
     cp.api("POST", f"{API}/envfleets", {"apiVersion": "awm.dev/v1alpha1", "kind": "EnvFleet", "metadata": {"name": name},
-                                        "spec": {"environments": ENVS, "replicas": n, "catalog": {},
+                                        "spec": {"environments": ENVS, "replicas": n, "catalog": {}, "binding": "pinned",
                                                  "database": {"secretName": "awm-database"},
                                                  "template": {"resources": POD_RESOURCES}}})
     phases: dict[str, list[float]] = {}

@@ -414,7 +414,7 @@ def test_the_playground_claims_with_the_users_own_token(cluster: Cluster, operat
     cluster.cp.api("POST", f"{API}/namespaces/{NS}/envfleets", {
         "apiVersion": "awm.dev/v1alpha1", "kind": "EnvFleet", "metadata": {"name": name},
         "spec": {"environments": ["notes"], "replicas": 1, "catalog": {}, "database": {"secretName": "awm-db"},
-                 "template": {"annotations": env_urls}}})
+                 "binding": "pinned", "template": {"annotations": env_urls}}})
     player, stranger = client_token(cluster.cp, "player"), client_token(cluster.cp, "stranger")
     grant_claims(cluster.cp, NS, CLIENTS_NS, "player")  # the stranger may not claim in NS
     monkeypatch.setenv("AWM_API_TOKEN", viewer_token(cluster))  # the UI's own identity: list only
@@ -523,12 +523,21 @@ def test_impossible_campaigns_are_refused(cluster: Cluster) -> None:
         assert exc.value.code == 422 and message in exc.value.read().decode()
 
 
-def test_a_paper_shaped_campaign_is_sized_by_concurrent_episodes(cluster: Cluster, operator: InThread) -> None:
+def test_a_paper_shaped_campaign_runs_its_step_on_kwok(cluster: Cluster, operator: InThread,
+                                                      env_urls: dict[str, str]) -> None:
     """The AWM paper's step: 64 GRPO groups of 16 over 526 environments. Per environment that is
     8,416 instances (refused: over 4,096); with concurrentGroups the API server accepts it and the
-    operator makes a late-binding fleet of 1,024, whose Job claims one group at a time."""
-    from awm.episode.sources import OperatorSource, run_source
+    operator makes a late-binding fleet of 1,024 and the Job's config. Then the campaign runs its
+    step's claims as its Job does: the fleet's 1,024 pods Ready, 64 group claims of 16 at once,
+    each of another of the 526 environments, through the Job's own claim path (``run_source`` →
+    ``OperatorSource``, ``switch: client``), all released (the operator resets every instance),
+    and the campaign deleted with its fleet. kwok runs no containers: every pod's control API is
+    one real env server (``env_urls``), which takes the releases' resets; the episodes of a step
+    run in the scaled-down campaigns (below, and on real pods: tests/test_realnode.py)."""
+    import random
+
     from awm.episode.allocation import OperatorSettings
+    from awm.episode.sources import OperatorSource, run_source
 
     envs = [f"env_{i:04d}" for i in range(526)]
     base = {"mode": "training", "environments": envs, "catalog": {}, "database": {"secretName": "awm-db"},
@@ -537,7 +546,9 @@ def test_a_paper_shaped_campaign_is_sized_by_concurrent_episodes(cluster: Cluste
         cluster.create(f"paper-{uuid.uuid4().hex[:5]}", base)
     assert exc.value.code == 422 and "concurrentGroups" in exc.value.read().decode()
     name = f"paper-{uuid.uuid4().hex[:5]}"
-    cluster.create(name, {**base, "concurrentGroups": 64})
+    t0 = time.monotonic()
+    cluster.create(name, {**base, "concurrentGroups": 64, "fleetTemplate": {"annotations": env_urls},
+                          "job": {"nodeSelector": {NODE_LABEL: "never"}}})  # kwok would complete the Job: the test plays it
     status = wait_for("the campaign's children", lambda: (s := cluster.status(name)).get("job") == name and s)
     assert status["instances"] == 1024
     fleet = cluster.fleet(name)
@@ -545,18 +556,56 @@ def test_a_paper_shaped_campaign_is_sized_by_concurrent_episodes(cluster: Cluste
     assert fleet["spec"]["replicas"] == fleet["spec"]["maxReplicas"] == 1024
     train_cfg = TrainConfig.from_dict(yaml.safe_load(cluster.config_map(f"{name}-train-config")["data"]["train.yaml"]))
     assert (train_cfg.instances, train_cfg.rollout.group_size, train_cfg.rollout.max_inflight_groups) == (1024, 16, 64)
-    # Inside the Job: one operator claim per group, of the group's environment (no per-environment holding).
-    settings = OperatorSettings.from_env(container_env(cluster.job(name)))
-    assert settings is not None
+    job_settings = OperatorSettings.from_env(container_env(cluster.job(name)))
+    assert job_settings is not None and job_settings.fleet == name
+    wait_for("the fleet's 1,024 pods Ready", lambda: ((cluster.fleet(name) or {}).get("status") or {}).get("ready") == 1024,
+             timeout=600, interval=1)
+    ready_s = time.monotonic() - t0
 
     class Named:
         def __init__(self, name: str) -> None:
             self.name, self.scenario = name, type("S", (), {"description": ""})()
 
-    source = run_source([Named(e) for e in envs], 1, 16, settings=settings, instances=train_cfg.instances)
-    assert isinstance(source, OperatorSource) and source.envs() == envs
-    asyncio.run(source.close())
+    # The Job's settings, with the operator's address as this process reaches it.
+    settings = dataclasses.replace(job_settings, operator_url=api_url(operator))
+    step = random.Random(0).sample(envs, 64)
+
+    async def one_step() -> tuple[list[list[Any]], float, list[float]]:
+        source = run_source([Named(e) for e in envs], 1, 16, settings=settings, instances=train_cfg.instances)
+        assert isinstance(source, OperatorSource) and source.envs() == envs
+        latencies: list[float] = []
+
+        async def claim(env: str) -> list[Any]:
+            t = time.monotonic()
+            leases = await source.operator.claim(env, 16, 16)
+            latencies.append(time.monotonic() - t)
+            return leases
+
+        try:
+            t = time.monotonic()
+            groups = await asyncio.gather(*(claim(env) for env in step))
+            took = time.monotonic() - t
+            for leases in groups:
+                await source.operator.release(leases[0].claim_id)
+        finally:
+            await source.close()
+        return groups, took, sorted(latencies)
+
+    groups, step_s, latencies = asyncio.run(one_step())
+    assert [len(g) for g in groups] == [16] * 64
+    assert [{lease.env for lease in g} for g in groups] == [{env} for env in step]  # a group: one environment
+    assert len({lease.name for g in groups for lease in g}) == 1024  # every pod of the fleet, once
+    assert all(len({lease.claim_id for lease in g}) == 1 for g in groups)  # a group is one claim
+    # Pods that served another environment are left to the Job to switch as it connects.
+    assert sum(lease.unswitched for g in groups for lease in g) >= 1024 - 2 * 64
+    wait_for("the step's instances released", lambda: (cluster.fleet(name) or {}).get("status", {}).get("allocated") == 0
+             and cluster.fleet(name)["status"].get("ready") == 1024, timeout=120)
+    print(f"paper-shaped campaign on kwok: 1,024 pods Ready {ready_s:.1f} s after the Campaign; "
+          f"its step of 64 x 16 bound in {step_s * 1000:.0f} ms (group claims p50 {latencies[31] * 1000:.0f} ms, "
+          f"slowest {latencies[-1] * 1000:.0f} ms)")
     cluster.delete(name)
+    wait_for("the campaign's fleet and pods gone", lambda: cluster.fleet(name) is None and not cluster.fleet_pods(name),
+             timeout=600, interval=2)
 
 
 # --------------------------------------------------------------------------- the real learner in a campaign's Job

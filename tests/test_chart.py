@@ -603,7 +603,7 @@ def _operator_crds():
     return crds
 
 
-EXAMPLE_FILES = ("envfleet.yaml", "envfleet-late.yaml", "envclaim.yaml", "grpo-claim.yaml", "campaign-training.yaml",
+EXAMPLE_FILES = ("envfleet.yaml", "envfleet-pinned.yaml", "envclaim.yaml", "grpo-claim.yaml", "campaign-training.yaml",
                  "campaign-evaluation.yaml", "campaign-qwen3-4b-8gpu.yaml", "campaign-qwen3-4b-nodes.yaml")
 
 
@@ -631,7 +631,9 @@ def test_examples_match_the_models() -> None:
         models[doc["kind"]].model_validate(doc["spec"])
         kinds.append(doc["kind"])
     assert kinds == ["EnvFleet", "EnvFleet", "EnvClaim", "EnvClaim", "Campaign", "Campaign", "Campaign", "Campaign"]
-    assert crds.EnvFleetSpec.model_validate(yaml.safe_load((EXAMPLES / "envfleet-late.yaml").read_text())["spec"]).late
+    # The default fleet binds late (a catalog image, no binding given); the pinned one says so.
+    assert crds.EnvFleetSpec.model_validate(yaml.safe_load((EXAMPLES / "envfleet.yaml").read_text())["spec"]).late
+    assert not crds.EnvFleetSpec.model_validate(yaml.safe_load((EXAMPLES / "envfleet-pinned.yaml").read_text())["spec"]).late
     assert sorted(p.name for p in EXAMPLES.glob("*.yaml")) == sorted(EXAMPLE_FILES)
     grpo = yaml.safe_load((EXAMPLES / "grpo-claim.yaml").read_text())["spec"]
     assert grpo["count"] % grpo["groupSize"] == 0

@@ -210,13 +210,13 @@ def command_head(argv: list[str]) -> list[str]:
     return head
 
 
-def pod_commands() -> dict[str, list[str]]:
+def pod_commands(binding: str = "pinned") -> dict[str, list[str]]:
     """container name -> command, from the operator's env-pod manifest (catalog from an image)."""
     from awm_operator.config import OperatorConfig
     from awm_operator.crds import EnvFleetSpec
     from awm_operator.pods import pod_manifest
     spec = EnvFleetSpec.model_validate({"environments": ["crm"], "catalog": {"image": "awm-catalog:0.1.0"},
-                                        "database": {"secretName": "awm-database"}})
+                                        "database": {"secretName": "awm-database"}, "binding": binding})
     pod = pod_manifest("demo", "default", "uid", spec, "crm", OperatorConfig())
     containers = pod["spec"]["initContainers"] + pod["spec"]["containers"]
     return {c["name"]: c["command"] for c in containers}
@@ -229,10 +229,12 @@ def test_envserver_image_commands(tmp_path: Path, helm: str) -> None:
     built = replay("envserver", tmp_path)
     commands = {"entrypoint": entrypoint("envserver")}
     commands.update({k: v for k, v in pod_commands().items() if k in ("provision", "envserver")})
+    # a late-binding pod's (the default binding): its provisioner sidecar and its env server
+    commands.update({f"late {k}": v for k, v in pod_commands("late").items() if k in ("provisioner", "envserver")})
     # the chart's web view runs `awm ui` from this image (charts/awm/templates/ui.yaml)
     ui = one(render(helm, "ui.enabled=true", "ui.runsClaim=runs"), "Deployment", "awm-ui")["spec"]["template"]["spec"]
     commands["ui"] = ui["containers"][0]["command"] + ui["containers"][0]["args"]
-    assert set(commands) == {"entrypoint", "provision", "envserver", "ui"}
+    assert set(commands) == {"entrypoint", "provision", "envserver", "late provisioner", "late envserver", "ui"}
     for what, argv in commands.items():
         r = built.run(*command_head(argv), "--help")
         assert r.returncode == 0 and "usage" in (r.stdout + r.stderr).lower(), f"{what}: {argv}\n{r.stdout}\n{r.stderr}"

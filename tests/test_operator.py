@@ -41,8 +41,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def fleet_spec(**extra) -> EnvFleetSpec:
+    """A pinned fleet unless ``binding`` is given (most of these tests are about pinned pods; the
+    default binding has tests of its own)."""
     return EnvFleetSpec.model_validate({"environments": ["crm", "bike_shop"], "replicas": 4, "catalog": {},
-                                        "database": {"secretName": "awm-database"}, **extra})
+                                        "database": {"secretName": "awm-database"}, "binding": "pinned", **extra})
 
 
 # --------------------------------------------------------------------------- pods
@@ -740,6 +742,31 @@ def test_a_late_binding_pod_carries_the_catalog_and_a_provisioner_sidecar() -> N
     assert [c["name"] for c in pinned["spec"]["initContainers"]] == ["bundle", "provision"]
     with pytest.raises(ValueError, match="image catalog"):
         fleet_spec(binding="late", catalog={"url": "http://catalog.example/"})
+
+
+def test_fleets_bind_late_by_default_except_over_a_catalog_url() -> None:
+    """Late binding is the default path: a fleet that does not say `binding` binds late with a
+    catalog image, and is pinned over catalog.url (which late binding does not support yet)."""
+    from awm_operator.api import fleet_summary
+    from awm_operator.crds import binding_of
+    from awm_operator.state import Fleets
+
+    def spec(**extra) -> EnvFleetSpec:
+        return EnvFleetSpec.model_validate({"environments": ["crm"], "database": {"secretName": "db"}, **extra})
+
+    assert spec(catalog={}).late and spec(catalog={"image": "reg/cat:1"}).late
+    assert not spec(catalog={"url": "http://catalog.example/"}).late
+    assert not spec(catalog={}, binding="pinned").late and spec(catalog={}, binding="late").late
+    assert [binding_of(b, u) for b, u in ((None, None), (None, "http://c/"), ("pinned", None), ("late", None))] == [
+        "late", "pinned", "pinned", "late"]
+    cfg = OperatorConfig(release="rel", envserver_image="reg/awm-envserver:1", catalog_image="reg/awm-catalog:1")
+    pod = pod_manifest("f", "ns", "uid-1", spec(catalog={}), "crm", cfg)
+    assert [c["name"] for c in pod["spec"]["initContainers"]] == ["bundle", "provisioner"]  # a late pod
+    # `GET .../envfleets` reports the binding the fleet has, given or not.
+    meta = {"namespace": "ns", "name": "f"}
+    rows = [fleet_summary({"metadata": meta, "spec": s}, Fleets()) for s in
+            ({"catalog": {}}, {"catalog": {"url": "http://c/"}}, {"catalog": {}, "binding": "pinned"})]
+    assert [r["binding"] for r in rows] == ["late", "pinned", "pinned"]
 
 
 def test_plan_late_prefers_pods_that_serve_the_environment() -> None:

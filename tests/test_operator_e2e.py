@@ -39,8 +39,10 @@ NS = "awm-e2e"
 
 def fleet_spec(replicas: int, control_url: str | None, environments: list[str] | None = None,
                **extra: Any) -> dict[str, Any]:
+    """A pinned fleet unless ``binding`` is given (the stub control URLs of kwok pods here are
+    pinned env servers; late-binding fleets say so and point at ``late_server``)."""
     spec: dict[str, Any] = {"environments": environments or ["crm", "bike_shop", "notes"], "replicas": replicas,
-                            "catalog": {}, "database": {"secretName": "awm-db"}, **extra}
+                            "catalog": {}, "database": {"secretName": "awm-db"}, "binding": "pinned", **extra}
     if control_url:
         spec["template"] = {"annotations": {A_CONTROL_URL: control_url}}
     return spec
@@ -589,6 +591,41 @@ def _gone(cluster: Cluster, what: str) -> bool:
         return False
     except urllib.error.HTTPError as exc:
         return exc.code == 404
+
+
+def test_a_fleet_binds_late_unless_it_says_otherwise(cluster: Cluster, operator: InThread, late_server: Any) -> None:
+    """The default path: a fleet that does not say `binding` over a catalog image binds late (its
+    pod carries the catalog and a provisioner sidecar; a claim switches it), and the API server
+    keeps it late (binding: pinned is refused on it). Over catalog.url a fleet is pinned, and
+    binding: late is refused there."""
+    spec = fleet_spec(1, late_server.control_url, ["notes", "crm"])
+    del spec["binding"]
+    cluster.create("envfleets", "bydefault", spec)
+    assert "binding" not in cluster.get("envfleets", "bydefault")["spec"]  # stored as given: no default written
+    wait_for("1 ready", lambda: cluster.ready("bydefault", 1))
+    (pod,) = cluster.pods("bydefault")
+    assert [c["name"] for c in pod["spec"]["initContainers"]] == ["bundle", "provisioner"]
+    crm = claim_of(cluster, "bydefault-crm", {"fleet": "bydefault", "count": 1, "environment": "crm"})
+    assert crm["phase"] == "Bound" and crm["instances"][0]["environment"] == "crm", crm
+    assert httpx.get(late_server.control_url + "/info").json()["env"] == "crm"
+
+    def patch(fleet: str, body: dict[str, Any]) -> subprocess.CompletedProcess:
+        return cluster.cp.kubectl("-n", cluster.ns, "patch", f"envfleet/{fleet}", "--type", "merge",
+                                  "-p", json.dumps(body), check=False)
+
+    refused = patch("bydefault", {"spec": {"binding": "pinned"}})
+    assert refused.returncode != 0 and "binding cannot change" in refused.stderr, refused.stderr
+    assert patch("bydefault", {"spec": {"binding": "late"}}).returncode == 0  # what it was already
+    cluster.delete("envclaims", "bydefault-crm")
+    cluster.delete("envfleets", "bydefault")
+    url_spec = {**fleet_spec(0, None, ["crm"]), "catalog": {"url": "http://catalog.invalid/"}}
+    del url_spec["binding"]
+    cluster.create("envfleets", "byurl", url_spec)
+    refused = patch("byurl", {"spec": {"binding": "late"}})
+    assert refused.returncode != 0 and "image catalog" in refused.stderr, refused.stderr
+    cluster.delete("envfleets", "byurl")
+    wait_for("both fleets gone", lambda: cluster.get("envfleets", "bydefault") is None
+             and cluster.get("envfleets", "byurl") is None, timeout=60)
 
 
 def test_a_late_binding_fleet_scales_with_concurrent_episodes_not_environments(cluster: Cluster, operator: InThread,

@@ -285,7 +285,9 @@ def _exec(cp: Any, pod: str, *cmd: str, container: str | None = None) -> subproc
 
 @pytest.fixture(scope="module")
 def fleet(chart: Cluster) -> str:
-    chart.create("envfleets", "real", {"environments": ENVS, "replicas": 8, "catalog": {},
+    # pinned: these tests are about pinned pods (the walkthrough and the late-binding tests below
+    # run the default, late binding, on this node)
+    chart.create("envfleets", "real", {"environments": ENVS, "replicas": 8, "catalog": {}, "binding": "pinned",
                                         "database": {"secretName": f"{RELEASE}-database"}})
     try:
         wait_for("8 real env pods Ready", lambda: chart.ready("real", 8), timeout=300, interval=1)
@@ -935,7 +937,7 @@ def test_postgres_shards_a_lost_shards_pods_are_replaced_on_the_other(chart: Clu
     assert r.returncode == 0, f"helm upgrade failed: {r.stderr}\n{_describe(cp)}"
     name = "sharded"
     small = {"requests": {"cpu": "20m", "memory": "96Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}}
-    chart.create("envfleets", name, {"environments": ["crm"], "replicas": 2, "catalog": {},
+    chart.create("envfleets", name, {"environments": ["crm"], "replicas": 2, "catalog": {}, "binding": "pinned",
                                      "database": {"secretName": f"{RELEASE}-database"},
                                      "template": {"resources": small}})
     bundle = catalog.load(None, ["crm"])[0]
@@ -1037,7 +1039,7 @@ def test_env_pods_under_the_gvisor_runtime_class(chart: Cluster) -> None:
     require(cp.node.gvisor, "runsc and containerd-shim-runsc-v1 are not built: run k8s/build.sh")
     fleets = {"gvisor": {"runtimeClassName": GVISOR_RUNTIME_CLASS}, "runc1": {}}
     for name, template in fleets.items():
-        chart.create("envfleets", name, {"environments": ["crm"], "replicas": 1, "catalog": {},
+        chart.create("envfleets", name, {"environments": ["crm"], "replicas": 1, "catalog": {}, "binding": "pinned",
                                          "database": {"secretName": f"{RELEASE}-database"}, "template": template})
     try:
         for name in fleets:

@@ -54,7 +54,7 @@ from awm_operator import auth as authn
 from awm_operator import hostguard
 from awm_operator.allocator import ClaimError, InProgress, NotActive, Unavailable, describe
 from awm_operator.campaigns import add_campaign_routes
-from awm_operator.crds import GROUP, MAX_REPLICAS, VERSION
+from awm_operator.crds import GROUP, MAX_REPLICAS, VERSION, binding_of
 from awm_operator.kube import ApiError
 from awm_operator.reconcile import Context
 from awm_operator.state import ClaimRequest, Fleets
@@ -77,7 +77,7 @@ def fleet_summary(obj: dict[str, Any], fleets: Fleets) -> dict[str, Any]:
     replicas, ready, allocated = (int(status.get(k) or 0) for k in ("replicas", "ready", "allocated"))
     names = list(status.get("environments") or spec.get("environments") or [])
     row: dict[str, Any] = {
-        "namespace": meta["namespace"], "fleet": meta["name"], "binding": spec.get("binding", "pinned"),
+        "namespace": meta["namespace"], "fleet": meta["name"], "binding": binding_of(spec.get("binding"), (spec.get("catalog") or {}).get("url")),
         "environments": len(names), "environmentNames": names[:ENVIRONMENT_NAMES],
         "replicas": replicas, "ready": ready, "allocated": allocated,
         "starting": max(0, replicas - ready - allocated), "demand": None, "live": False,

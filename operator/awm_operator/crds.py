@@ -150,6 +150,16 @@ class PodOverrides(_Spec):
     annotations: dict[str, str] | None = None
 
 
+def binding_of(binding: str | None, catalog_url: str | None) -> str:
+    """An EnvFleet's binding: as its spec gives it, else late, the fleet sized by concurrent
+    episodes (issue 22's default path), except over catalog.url, which late binding does not
+    support yet. _BINDING_CEL is the same rule for the API server's validation."""
+    return binding or ("pinned" if catalog_url else "late")
+
+
+_BINDING_CEL = "(has({s}.binding) ? {s}.binding : (has({s}.catalog.url) ? 'pinned' : 'late'))"
+
+
 class EnvFleetSpec(_Spec):
     model_config = ConfigDict(populate_by_name=True, extra="forbid", json_schema_extra={"x-kubernetes-validations": [
         {"rule": "(has(self.environments) && size(self.environments) > 0) != has(self.environmentSelector)",
@@ -160,8 +170,9 @@ class EnvFleetSpec(_Spec):
          "message": "minReplicas must not exceed maxReplicas"},
         {"rule": "!has(self.binding) || self.binding != 'late' || !has(self.catalog.url)",
          "message": "binding: late needs an image catalog (catalog.url is not supported with it yet)"},
-        {"rule": "(has(self.binding) ? self.binding : 'pinned') == (has(oldSelf.binding) ? oldSelf.binding : 'pinned')",
-         "message": "binding cannot change on an existing fleet (its pods were made for the other kind)"}]})
+        {"rule": f"{_BINDING_CEL.format(s='self')} == {_BINDING_CEL.format(s='oldSelf')}",
+         "message": "binding cannot change on an existing fleet (its pods were made for the other kind; "
+                    "without spec.binding, a fleet is late with an image catalog and pinned with catalog.url)"}]})
 
     environments: list[str] = Field(default_factory=list, description="Environment names in the catalog; "
                                     "instances are spread evenly across them, except that waiting claims for "
@@ -176,11 +187,13 @@ class EnvFleetSpec(_Spec):
     max_replicas: int = Field(MAX_REPLICAS, alias="maxReplicas", ge=0, le=MAX_REPLICAS)
     autoscale: bool = Field(False, description="Replicas = allocated + pending claims + buffer, "
                             "within [minReplicas, maxReplicas].")
-    binding: Literal["pinned", "late"] = Field("pinned", description=(
-        "pinned: a pod serves the environment it was created for. late: every pod serves any of the "
-        "fleet's environments, switched to the one a claim asks for (a fresh database of it from the "
-        "pod's provisioner sidecar; the last few stay ready), so the fleet is sized by concurrent "
-        "episodes, not environments x groups. Late binding needs an image catalog."))
+    binding: Literal["pinned", "late"] | None = Field(None, description=(
+        "late (the default with an image catalog): every pod serves any of the fleet's environments, "
+        "switched to the one a claim asks for (a fresh database of it from the pod's provisioner "
+        "sidecar; the last few stay ready), so the fleet is sized by concurrent episodes, not "
+        "environments x groups. pinned (the default with catalog.url, which late binding does not "
+        "support yet): a pod serves the environment it was created for, and needs no provisioner "
+        "sidecar."))
     cache_environments: int = Field(4, alias="cacheEnvironments", ge=1, le=64, description=(
         "binding: late - environments each pod keeps ready (its database and bundle) besides the "
         "one it serves: a repeat claim of one, or of one made ready ahead (the allocation API's "
@@ -211,7 +224,7 @@ class EnvFleetSpec(_Spec):
 
     @property
     def late(self) -> bool:
-        return self.binding == "late"
+        return binding_of(self.binding, self.catalog.url) == "late"
 
 
 class ObjectStatus(_Spec):
