@@ -561,11 +561,16 @@ def test_concurrent_groups_size_a_campaign_by_episodes_not_environments() -> Non
     assert spec.late and spec.instances == 1024
     fleet = cm.fleet_manifest("paper", "rl", "u", spec)["spec"]
     assert fleet["binding"] == "late" and fleet["replicas"] == fleet["maxReplicas"] == 1024
+    assert "cacheEnvironments" not in fleet  # the EnvFleet's default
+    cached = CampaignSpec.model_validate({**base, "concurrentGroups": 64, "cacheEnvironments": 8})
+    assert cm.fleet_manifest("paper", "rl", "u", cached)["spec"]["cacheEnvironments"] == 8
     cfg = TrainConfig.from_dict(cm.train_config(spec))
     assert cfg.instances == 1024 and cfg.rollout.max_inflight_groups == 64
     for bad, message in (({"concurrentGroups": 300}, "at most"), ({"concurrentGroups": 4, "groupsPerEnvironment": 2},
                                                                  "not both"),
-                         ({"concurrentGroups": 4, "catalog": {"url": "http://c/"}}, "image catalog")):
+                         ({"concurrentGroups": 4, "catalog": {"url": "http://c/"}}, "image catalog"),
+                         ({"cacheEnvironments": 8}, "set concurrentGroups"),
+                         ({"concurrentGroups": 4, "cacheEnvironments": 65}, "less than or equal")):
         with pytest.raises(ValidationError, match=message):
             CampaignSpec.model_validate({**base, **bad})
     evaluation = CampaignSpec.model_validate({**base, "mode": "evaluation", "training": None, "concurrentGroups": 8,

@@ -517,7 +517,8 @@ def test_impossible_campaigns_are_refused(cluster: Cluster) -> None:
     base = {"mode": "evaluation", "environments": ["crm"], "catalog": {}, "database": {"secretName": "awm-db"},
             "evaluation": {"baseUrl": "http://x/v1", "model": "m", "k": 8}}
     for spec, message in (({**base, "groupsPerEnvironment": 600}, "at most 4096"),
-                          ({**base, "mode": "training"}, "each mode needs its own section")):
+                          ({**base, "mode": "training"}, "each mode needs its own section"),
+                          ({**base, "cacheEnvironments": 8}, "set concurrentGroups")):
         with pytest.raises(urllib.error.HTTPError) as exc:
             cluster.create(f"bad-{uuid.uuid4().hex[:5]}", spec)
         assert exc.value.code == 422 and message in exc.value.read().decode()
@@ -547,13 +548,13 @@ def test_a_paper_shaped_campaign_runs_its_step_on_kwok(cluster: Cluster, operato
     assert exc.value.code == 422 and "concurrentGroups" in exc.value.read().decode()
     name = f"paper-{uuid.uuid4().hex[:5]}"
     t0 = time.monotonic()
-    cluster.create(name, {**base, "concurrentGroups": 64, "fleetTemplate": {"annotations": env_urls},
+    cluster.create(name, {**base, "concurrentGroups": 64, "cacheEnvironments": 8, "fleetTemplate": {"annotations": env_urls},
                           "job": {"nodeSelector": {NODE_LABEL: "never"}}})  # kwok would complete the Job: the test plays it
     status = wait_for("the campaign's children", lambda: (s := cluster.status(name)).get("job") == name and s)
     assert status["instances"] == 1024
     fleet = cluster.fleet(name)
     assert fleet is not None and fleet["spec"]["binding"] == "late" and len(fleet["spec"]["environments"]) == 526
-    assert fleet["spec"]["replicas"] == fleet["spec"]["maxReplicas"] == 1024
+    assert fleet["spec"]["replicas"] == fleet["spec"]["maxReplicas"] == 1024 and fleet["spec"]["cacheEnvironments"] == 8
     train_cfg = TrainConfig.from_dict(yaml.safe_load(cluster.config_map(f"{name}-train-config")["data"]["train.yaml"]))
     assert (train_cfg.instances, train_cfg.rollout.group_size, train_cfg.rollout.max_inflight_groups) == (1024, 16, 64)
     job_settings = OperatorSettings.from_env(container_env(cluster.job(name)))

@@ -161,7 +161,8 @@ def fleet_manifest(campaign: str, namespace: str, uid: str, spec: CampaignSpec) 
                  "catalog": spec.catalog.model_dump(by_alias=True, exclude_none=True),
                  "database": spec.database.model_dump(by_alias=True, exclude_none=True),
                  "template": spec.fleet_template.model_dump(by_alias=True, exclude_none=True),
-                 "serving": spec.serving.model_dump(by_alias=True, exclude_none=True)},
+                 "serving": spec.serving.model_dump(by_alias=True, exclude_none=True),
+                 **({"cacheEnvironments": spec.cache_environments} if spec.cache_environments else {})},
     }
 
 

@@ -437,6 +437,8 @@ def _campaign_rules() -> list[dict[str, str]]:
          "message": "give concurrentGroups or groupsPerEnvironment, not both"},
         {"rule": "!has(self.concurrentGroups) || !has(self.catalog.url)",
          "message": "concurrentGroups (late binding) needs an image catalog"},
+        {"rule": "!has(self.cacheEnvironments) || has(self.concurrentGroups)",
+         "message": "cacheEnvironments is for a late-binding fleet: set concurrentGroups"},
     ]
 
 
@@ -556,6 +558,10 @@ class CampaignSpec(_Spec):
         "binds environments late (EnvFleet binding: late) and holds concurrentGroups x group size "
         "instances whatever the number of environments: the paper's step of 64 groups of 16 over "
         "526 environments is 1,024 instances, not 8,416."))
+    cache_environments: int | None = Field(None, alias="cacheEnvironments", ge=1, le=64, description=(
+        "With concurrentGroups: environments each of the fleet's pods keeps ready besides the one it "
+        "serves (EnvFleet cacheEnvironments, default 4). More of them make a repeat claim of an "
+        "environment a reset more often, at a few MB and a Postgres connection each."))
     catalog: CatalogSource
     database: DatabaseRef
     fleet_template: PodOverrides = Field(default_factory=PodOverrides, alias="fleetTemplate",
@@ -607,6 +613,8 @@ class CampaignSpec(_Spec):
                                  "Deployment (policy.base_url, a shared policy.sync_dir)")
             if (self.training.config.get("policy") or {}).get("kind") != "vllm":
                 raise ValueError("training.vllm needs training.config.policy.kind vllm")
+        if self.concurrent_groups is None and self.cache_environments is not None:
+            raise ValueError("cacheEnvironments is for a late-binding fleet: set concurrentGroups")
         if self.concurrent_groups is not None:
             if self.groups_per_environment != 1:
                 raise ValueError("give concurrentGroups or groupsPerEnvironment, not both")
