@@ -10,7 +10,8 @@ renders (thinking on and off) and the log-probs exactly the learner's for the sa
 sync by runtime LoRA loading and by full reload, where every reply carries the version of the
 weights that generated it (its log-probs match that version's model, even for requests running
 while the sync happens); ``awm train`` with ``policy.kind: vllm`` end to end; the AWM agent
-format on a real instance.
+format on a real instance. The server has an API key (every request of the policy, weight syncs
+included, carries it), given as ``--api-key`` and passed to the process in its environment.
 """
 
 from __future__ import annotations
@@ -31,6 +32,13 @@ from tests.conftest import require
 from tests.tiny_qwen import LORA_DIR, MODEL_DIR, lamps_context
 
 pytestmark = pytest.mark.slow
+API_KEY = "awm-test-" + os.urandom(8).hex()
+
+
+@pytest.fixture(autouse=True)
+def policy_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a user of a keyed server sets for ``awm train`` (policy.base_url): the policy's key."""
+    monkeypatch.setenv("AWM_POLICY_API_KEY", API_KEY)
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +52,8 @@ def vllm(tmp_path_factory: pytest.TempPathFactory):
         except Exception as exc:  # noqa: BLE001 - reported by require below
             error = str(exc)[-2000:]
     require(vllm_env.installed(), f"vLLM is not installed in {vllm_env.env_dir()} (python3 tests/vllm_env.py) {error}")
-    server = VllmServer(str(vllm_env.python()), str(MODEL_DIR.resolve()), tmp_path_factory.mktemp("vllm"))
+    server = VllmServer(str(vllm_env.python()), str(MODEL_DIR.resolve()), tmp_path_factory.mktemp("vllm"),
+                        extra_args=["--api-key", API_KEY])
     try:
         server.start()
     except RuntimeError as exc:
@@ -94,6 +103,36 @@ def policy(vllm, tmp_path, **kwargs):
 
     return VllmPolicy(vllm.base_url, vllm.served_name, temperature=1.0, max_tokens=64, timeout_s=120,
                       sync_dir=str(tmp_path / "weights"), **kwargs)
+
+
+def test_the_servers_key_is_required_and_not_on_its_command_line(vllm):
+    """``--api-key`` reaches vLLM as VLLM_API_KEY, not on the command line that every process of
+    the machine can read (``/proc/<pid>/cmdline``) and logs repeat; the server refuses requests
+    without it."""
+    import httpx
+
+    assert httpx.get(vllm.base_url + "/models", timeout=30).status_code == 401
+    ok = httpx.get(vllm.base_url + "/models", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=30)
+    assert ok.status_code == 200 and ok.json()["data"][0]["id"] == vllm.served_name
+    pids = [vllm.process.pid]
+    for pid in pids:  # the server and every process it started
+        for task in Path(f"/proc/{pid}/task").glob("*"):
+            pids += [int(p) for p in (task / "children").read_text().split()]
+    assert len(pids) > 1  # (vLLM's engine core runs in a process of its own)
+    for pid in pids:
+        assert API_KEY.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes()
+    assert API_KEY not in vllm.log_path.read_text(errors="replace")
+
+
+def test_an_api_key_in_the_servers_args_goes_to_its_environment(tmp_path):
+    from awm.trainer.vllm_server import VllmServer, split_api_key
+
+    assert split_api_key(["--api-key", "k1", "--max-model-len", "512"]) == (["--max-model-len", "512"], "k1")
+    assert split_api_key(["--api-key=k2"]) == ([], "k2") and split_api_key(["--seed", "1"]) == (["--seed", "1"], None)
+    server = VllmServer("python", "model", tmp_path, extra_args=["--api-key", "k1", "--seed", "1"])
+    assert "k1" not in server.command() and server.command()[-2:] == ["--seed", "1"]
+    assert server.environment()["VLLM_API_KEY"] == "k1"
+    assert "VLLM_API_KEY" not in VllmServer("python", "model", tmp_path).environment()
 
 
 async def test_tool_calls_token_ids_and_logprobs_match_the_template_and_the_learner(vllm, tokenizer, tmp_path):

@@ -99,11 +99,12 @@ async def vllm_policy(cfg: TrainConfig, tokenizer: Any, version: int, run_dir: P
     """The vLLM policy of a run, and the server it started (``policy.server``) or None."""
     from awm.trainer.chatformat import chat_format
     from awm.trainer.vllm_policy import VllmPolicy
-    from awm.trainer.vllm_server import VllmServer
+    from awm.trainer.vllm_server import VllmServer, split_api_key
 
     pc = cfg.policy
     server = None
     base_url = pc.base_url
+    api_key = ""  # a server of our own with --api-key: the policy sends that key
     if pc.server:
         spec = dict(pc.server)
         server = VllmServer(python=str(spec.pop("python")), model=str(Path(pc.path or "").resolve()),
@@ -112,7 +113,8 @@ async def vllm_policy(cfg: TrainConfig, tokenizer: Any, version: int, run_dir: P
                             extra_args=list(spec.pop("args", [])), **spec)
         await asyncio.to_thread(server.start)
         base_url = server.base_url
-    policy = VllmPolicy(str(base_url), pc.served_model, temperature=pc.temperature, max_tokens=pc.max_new_tokens,
+        api_key = split_api_key(server.extra_args)[1] or ""
+    policy = VllmPolicy(str(base_url), pc.served_model, api_key=api_key, temperature=pc.temperature, max_tokens=pc.max_new_tokens,
                         timeout_s=pc.request_timeout_s, version=version,
                         sync_dir=pc.sync_dir or str(run_dir / "weights"), weight_sync=pc.weight_sync,
                         thinking=pc.thinking, format=chat_format(tokenizer, pc.thinking), extra_body=dict(pc.extra_body))

@@ -128,7 +128,10 @@ class OpenAIPolicy:
     def __post_init__(self) -> None:
         self.base_url = self.base_url.rstrip("/")
         self.api_key = self.api_key or os.environ.get("AWM_POLICY_API_KEY") or os.environ.get("OPENAI_API_KEY", "")
-        self._http = httpx.AsyncClient(timeout=self.timeout_s)
+        # Every request carries the key: the chat calls and, for vLLM, its weight-sync endpoints
+        # (/v1/load_lora_adapter and the like answer 401 without it on a server with a key).
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else None
+        self._http = httpx.AsyncClient(timeout=self.timeout_s, headers=headers)
 
     @property
     def name(self) -> str:
@@ -155,7 +158,6 @@ class OpenAIPolicy:
 
     async def _post(self, body: dict[str, Any]) -> dict[str, Any]:
         url = self.base_url + "/chat/completions"
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         last = ""
         wait = 0.0
         for attempt in range(max(1, self.retries)):
@@ -163,8 +165,8 @@ class OpenAIPolicy:
                 await _backoff(wait or min(0.5 * 2 ** (attempt - 1), 30.0))
             wait = 0.0
             try:
-                response = await self._http.post(url, content=json.dumps(body), headers={
-                    **headers, "Content-Type": "application/json"})
+                response = await self._http.post(url, content=json.dumps(body),
+                                                 headers={"Content-Type": "application/json"})
             except httpx.HTTPError as exc:
                 last = f"cannot reach {url}: {type(exc).__name__}: {exc}"
                 continue

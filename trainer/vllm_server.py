@@ -24,6 +24,23 @@ from pathlib import Path
 import httpx
 
 
+def split_api_key(args: list[str]) -> tuple[list[str], str | None]:
+    """``args`` without ``--api-key K`` (or ``--api-key=K``), and K. The server gets its key as
+    ``VLLM_API_KEY`` instead: a command line is readable by every process of the machine
+    (``ps``, ``/proc/<pid>/cmdline``) and ends up in logs, an environment is not."""
+    rest: list[str] = []
+    key: str | None = None
+    it = iter(args)
+    for arg in it:
+        if arg == "--api-key":
+            key = next(it, "")
+        elif arg.startswith("--api-key="):
+            key = arg.split("=", 1)[1]
+        else:
+            rest.append(arg)
+    return rest, key
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
@@ -67,7 +84,7 @@ class VllmServer:
                 "--logprobs-mode", "processed_logprobs", "--disable-log-stats"]
         if self.lora_rank:
             args += ["--enable-lora", "--max-lora-rank", str(self.lora_rank), "--max-loras", str(self.max_loras)]
-        return args + list(self.extra_args)
+        return args + split_api_key(list(self.extra_args))[0]
 
     def environment(self) -> dict[str, str]:
         keep = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "LC_ALL", "USER")}
@@ -75,7 +92,8 @@ class VllmServer:
         tmp = self.scratch / "tmp"
         cache.mkdir(parents=True, exist_ok=True)
         tmp.mkdir(parents=True, exist_ok=True)
-        return {**keep, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_CACHE_ROOT": str(cache),
+        key = split_api_key(list(self.extra_args))[1]
+        return {**keep, **({"VLLM_API_KEY": key} if key else {}), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_CACHE_ROOT": str(cache),
                 "TMPDIR": str(tmp), "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
                 "VLLM_SERVER_DEV_MODE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", **self.env}
 
