@@ -548,7 +548,8 @@ def test_a_paper_shaped_campaign_runs_its_step_on_kwok(cluster: Cluster, operato
     assert exc.value.code == 422 and "concurrentGroups" in exc.value.read().decode()
     name = f"paper-{uuid.uuid4().hex[:5]}"
     t0 = time.monotonic()
-    cluster.create(name, {**base, "concurrentGroups": 64, "cacheEnvironments": 8, "fleetTemplate": {"annotations": env_urls},
+    cluster.create(name, {**base, "concurrentGroups": 64, "cacheEnvironments": 8,
+                          "fleetTemplate": {"annotations": env_urls},
                           "job": {"nodeSelector": {NODE_LABEL: "never"}}})  # kwok would complete the Job: the test plays it
     status = wait_for("the campaign's children", lambda: (s := cluster.status(name)).get("job") == name and s)
     assert status["instances"] == 1024
@@ -559,8 +560,8 @@ def test_a_paper_shaped_campaign_runs_its_step_on_kwok(cluster: Cluster, operato
     assert (train_cfg.instances, train_cfg.rollout.group_size, train_cfg.rollout.max_inflight_groups) == (1024, 16, 64)
     job_settings = OperatorSettings.from_env(container_env(cluster.job(name)))
     assert job_settings is not None and job_settings.fleet == name
-    wait_for("the fleet's 1,024 pods Ready", lambda: ((cluster.fleet(name) or {}).get("status") or {}).get("ready") == 1024,
-             timeout=600, interval=1)
+    wait_for("the fleet's 1,024 pods Ready",
+             lambda: ((cluster.fleet(name) or {}).get("status") or {}).get("ready") == 1024, timeout=600, interval=1)
     ready_s = time.monotonic() - t0
 
     class Named:

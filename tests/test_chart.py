@@ -632,8 +632,10 @@ def test_examples_match_the_models() -> None:
         kinds.append(doc["kind"])
     assert kinds == ["EnvFleet", "EnvFleet", "EnvClaim", "EnvClaim", "Campaign", "Campaign", "Campaign", "Campaign"]
     # The default fleet binds late (a catalog image, no binding given); the pinned one says so.
-    assert crds.EnvFleetSpec.model_validate(yaml.safe_load((EXAMPLES / "envfleet.yaml").read_text())["spec"]).late
-    assert not crds.EnvFleetSpec.model_validate(yaml.safe_load((EXAMPLES / "envfleet-pinned.yaml").read_text())["spec"]).late
+    def fleet_of(name: str) -> Any:
+        return crds.EnvFleetSpec.model_validate(yaml.safe_load((EXAMPLES / name).read_text())["spec"])
+
+    assert fleet_of("envfleet.yaml").late and not fleet_of("envfleet-pinned.yaml").late
     assert sorted(p.name for p in EXAMPLES.glob("*.yaml")) == sorted(EXAMPLE_FILES)
     grpo = yaml.safe_load((EXAMPLES / "grpo-claim.yaml").read_text())["spec"]
     assert grpo["count"] % grpo["groupSize"] == 0

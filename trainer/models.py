@@ -114,8 +114,8 @@ async def vllm_policy(cfg: TrainConfig, tokenizer: Any, version: int, run_dir: P
         await asyncio.to_thread(server.start)
         base_url = server.base_url
         api_key = split_api_key(server.extra_args)[1] or ""
-    policy = VllmPolicy(str(base_url), pc.served_model, api_key=api_key, temperature=pc.temperature, max_tokens=pc.max_new_tokens,
-                        timeout_s=pc.request_timeout_s, version=version,
+    policy = VllmPolicy(str(base_url), pc.served_model, api_key=api_key, temperature=pc.temperature,
+                        max_tokens=pc.max_new_tokens, timeout_s=pc.request_timeout_s, version=version,
                         sync_dir=pc.sync_dir or str(run_dir / "weights"), weight_sync=pc.weight_sync,
                         thinking=pc.thinking, format=chat_format(tokenizer, pc.thinking), extra_body=dict(pc.extra_body))
     return policy, server

@@ -93,8 +93,8 @@ class VllmServer:
         cache.mkdir(parents=True, exist_ok=True)
         tmp.mkdir(parents=True, exist_ok=True)
         key = split_api_key(list(self.extra_args))[1]
-        return {**keep, **({"VLLM_API_KEY": key} if key else {}), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_CACHE_ROOT": str(cache),
-                "TMPDIR": str(tmp), "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+        return {**keep, **({"VLLM_API_KEY": key} if key else {}), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+                "VLLM_CACHE_ROOT": str(cache), "TMPDIR": str(tmp), "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
                 "VLLM_SERVER_DEV_MODE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", **self.env}
 
     def start(self) -> VllmServer:

@@ -76,8 +76,9 @@ def fleet_summary(obj: dict[str, Any], fleets: Fleets) -> dict[str, Any]:
     meta, spec, status = obj["metadata"], obj.get("spec") or {}, obj.get("status") or {}
     replicas, ready, allocated = (int(status.get(k) or 0) for k in ("replicas", "ready", "allocated"))
     names = list(status.get("environments") or spec.get("environments") or [])
+    binding = binding_of(spec.get("binding"), (spec.get("catalog") or {}).get("url"))
     row: dict[str, Any] = {
-        "namespace": meta["namespace"], "fleet": meta["name"], "binding": binding_of(spec.get("binding"), (spec.get("catalog") or {}).get("url")),
+        "namespace": meta["namespace"], "fleet": meta["name"], "binding": binding,
         "environments": len(names), "environmentNames": names[:ENVIRONMENT_NAMES],
         "replicas": replicas, "ready": ready, "allocated": allocated,
         "starting": max(0, replicas - ready - allocated), "demand": None, "live": False,
