@@ -731,7 +731,7 @@ def test_evaluation_campaign_job_runs_as_a_real_pod(chart: Cluster, fleet: str, 
             except AssertionError as exc:
                 raise AssertionError(f"{exc}\n{_job_logs(cp, name)}\n{_describe(cp)}") from None
             requests = list(llm.requests)
-        logs = _job_logs(cp, name)
+        logs = _job_logs(cp, name) + _masked_episodes(results / "eval" / "trajectories.jsonl")
         assert status["phase"] == "Succeeded", f"{status}\n{logs}"
 
         # The campaign's status: the numbers `awm eval` reported from its episodes.
@@ -822,6 +822,18 @@ def _seconds(start: str, end: str) -> int:
 def _mean(values: Any) -> float:
     values = [v for v in values if v is not None]
     return sum(values) / len(values)
+
+
+def _masked_episodes(trajectories: Path) -> str:
+    """Why the run's masked episodes were masked (our failures, not the policy's), for a failure
+    message."""
+    try:
+        ends = [e for e in map(json.loads, trajectories.read_text().splitlines()) if e.get("event") == "end"]
+    except (OSError, ValueError) as exc:
+        return f"\n--- no trajectories: {exc}"
+    masked = [{k: e.get(k) for k in ("env", "task_id", "instance", "stop_reason", "mask_reason", "infra_error")}
+              for e in ends if e.get("masked")]
+    return "".join(f"\n--- masked episode {json.dumps(m)}" for m in masked)
 
 
 def _job_logs(cp: Any, job: str) -> str:
