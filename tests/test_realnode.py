@@ -170,13 +170,17 @@ def test_node_teardown_removes_kube_router_chains_and_ipsets(tmp_path: Path) -> 
                  lambda: any(c.startswith("KUBE-POD-FW-") for c in node_module.kube_router_chains())
                  and any(c.startswith("KUBE-NWPLCY-") and c != "KUBE-NWPLCY-DEFAULT" for c in node_module.kube_router_chains())
                  and len(node_module.kube_router_ipsets()) >= 2, timeout=120, interval=0.5)
+        # Each list is read before leftovers(): the kubelet keeps adding chains while it runs (its
+        # IPv6 KUBE-FIREWALL appeared between the two reads once), and a chain made after
+        # leftovers() read the tables is not one it missed.
         chains, ipsets = node_module.kube_router_chains(), node_module.kube_router_ipsets()
+        chains6 = node_module._chains("ip6tables-save", ("KUBE-",))
         running = set(node.leftovers())
         assert {f"iptables chain {c}" for c in chains} <= running, running   # what leftovers() would report
         assert {f"ipset {s}" for s in ipsets} <= running, running
         # IPv6 and cgroup v2 too: the kubelet makes its IPv6 chains on an IPv4 node, runc the
         # pods' cgroups in the unified hierarchy of a hybrid host
-        assert {f"ip6tables chain {c}" for c in node_module._chains("ip6tables-save", ("KUBE-",))} <= running
+        assert {f"ip6tables chain {c}" for c in chains6} <= running, running
         if node_module._cgroup_v2_roots():
             assert f"cgroup unified:{node.cgroup_root}" in running, running
     finally:
