@@ -99,7 +99,7 @@ async def vllm_policy(cfg: TrainConfig, tokenizer: Any, version: int, run_dir: P
     """The vLLM policy of a run, and the server it started (``policy.server``) or None."""
     from awm.trainer.chatformat import chat_format
     from awm.trainer.vllm_policy import VllmPolicy
-    from awm.trainer.vllm_server import VllmServer, split_api_key
+    from awm.trainer.vllm_server import VllmServer
 
     pc = cfg.policy
     server = None
@@ -113,7 +113,7 @@ async def vllm_policy(cfg: TrainConfig, tokenizer: Any, version: int, run_dir: P
                             extra_args=list(spec.pop("args", [])), **spec)
         await asyncio.to_thread(server.start)
         base_url = server.base_url
-        api_key = split_api_key(server.extra_args)[1] or ""
+        api_key = server.api_key or ""
     policy = VllmPolicy(str(base_url), pc.served_model, api_key=api_key, temperature=pc.temperature,
                         max_tokens=pc.max_new_tokens, timeout_s=pc.request_timeout_s, version=version,
                         sync_dir=pc.sync_dir or str(run_dir / "weights"), weight_sync=pc.weight_sync,

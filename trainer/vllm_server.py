@@ -73,6 +73,11 @@ class VllmServer:
         return f"http://{self.host}:{self.port}"
 
     @property
+    def api_key(self) -> str | None:
+        """The key of ``--api-key`` in ``extra_args`` (the server gets it as VLLM_API_KEY)."""
+        return split_api_key(list(self.extra_args))[1]
+
+    @property
     def log_path(self) -> Path:
         return self.scratch / "vllm.log"
 
@@ -92,7 +97,7 @@ class VllmServer:
         tmp = self.scratch / "tmp"
         cache.mkdir(parents=True, exist_ok=True)
         tmp.mkdir(parents=True, exist_ok=True)
-        key = split_api_key(list(self.extra_args))[1]
+        key = self.api_key
         return {**keep, **({"VLLM_API_KEY": key} if key else {}), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                 "VLLM_CACHE_ROOT": str(cache), "TMPDIR": str(tmp), "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
                 "VLLM_SERVER_DEV_MODE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", **self.env}
