@@ -7,8 +7,10 @@ The starter catalog ships inside the package; ``"starter"`` names it.
 
 from __future__ import annotations
 
+import atexit
 import random
 import re
+import shutil
 import tarfile
 import tempfile
 import zipfile
@@ -49,6 +51,7 @@ def resolve(catalog: str | Path | None) -> Path:
 
 def _extract(archive: Path) -> Path:
     target = Path(tempfile.mkdtemp(prefix="awm-catalog-"))
+    atexit.register(shutil.rmtree, target, True)  # the bundles' files are read while the process runs
     if archive.name.endswith(".zip"):
         with zipfile.ZipFile(archive) as zf:
             for member in zf.namelist():

@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import secrets
+import shutil
 import socket
 import sys
 import tempfile
@@ -171,7 +172,9 @@ class LocalFleet:
         self.allow_ungated = allow_ungated
         self.instances: list[InstanceHandle] = []
         self.fleet_id = fleet_id or secrets.token_hex(3)
-        self._workdir = Path(tempfile.mkdtemp(prefix="awm-fleet-"))
+        # The catalog files the env servers read and the provisioner's socket: made at start,
+        # removed at stop (a laptop that runs `awm serve` daily must not collect them in /tmp).
+        self._workdir: Path | None = None
         self._supervisor: asyncio.Task[None] | None = None
         self._stopping = False
         self.provision_s = 0.0
@@ -210,6 +213,7 @@ class LocalFleet:
         else:  # late: the environments instances start on; the provisioner makes others on demand
             starting = self.bundles[: self.total] if self.total is not None else self.bundles
         templates = provision.ensure_templates(self.database.admin_dsn, starting, jobs=os.cpu_count() or 1)
+        self._workdir = Path(tempfile.mkdtemp(prefix="awm-fleet-"))
         catalog_dir = self._workdir / "catalog"
         catalog_dir.mkdir(exist_ok=True)
         catalog_dir.chmod(0o755)
@@ -329,6 +333,9 @@ class LocalFleet:
             for handle in self.instances:
                 with contextlib.suppress(Exception):
                     await asyncio.to_thread(provision.drop_instance, self.database.admin_dsn, handle.name)
+        if self._workdir is not None:  # every env server that read it has exited
+            shutil.rmtree(self._workdir, ignore_errors=True)
+            self._workdir = None
 
 
 async def _drain(stream: asyncio.StreamReader | None, name: str) -> None:

@@ -28,6 +28,26 @@ def require(condition: object, reason: str) -> None:
     pytest.skip(reason)
 
 
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:  # type: ignore[no-untyped-def]
+    """Each failure's own message once more, short, at the very end: a CI log is read from its
+    tail, and one failure's long report (a module fixture's, repeated for each of its tests) can
+    push every other failure's out of it."""
+    reports = terminalreporter.stats.get("failed", []) + terminalreporter.stats.get("error", [])
+    if not reports:
+        return
+    terminalreporter.section("failures, in short")
+    seen: set[str] = set()
+    for report in reports:
+        crash = getattr(report.longrepr, "reprcrash", None)
+        message = crash.message if crash is not None else str(report.longrepr)
+        line = f"{os.path.relpath(crash.path, config.rootpath)}:{crash.lineno}" if crash is not None else ""
+        if message in seen:
+            terminalreporter.write_line(f"{report.nodeid} ({report.when}): the same as above")
+            continue
+        seen.add(message)
+        terminalreporter.write_line(f"{report.nodeid} ({report.when}) {line}:\n{message[:2500]}")
+
+
 @pytest.fixture(scope="session")
 def pg(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedPostgres]:
     server = EmbeddedPostgres(tmp_path_factory.mktemp("awm-home") / "postgres")

@@ -122,6 +122,17 @@ async def test_killed_fleet_databases_are_reaped_by_the_next_fleet(admin_dsn: st
     assert not [n for n in provision.list_instances(admin_dsn) if n.startswith("awm_i_next")]
 
 
+async def test_a_stopped_fleet_leaves_no_files_behind(admin_dsn: str, notes_bundle) -> None:
+    """The catalog copies its env servers read and the provisioner's socket live in a directory of
+    the fleet's own, removed at stop: `awm serve` run daily must not fill /tmp."""
+    for binding in ("pinned", "late"):
+        fleet = LocalFleet([notes_bundle], database=Database(admin_dsn), binding=binding, allow_ungated=True)
+        async with fleet:
+            workdir = fleet._workdir
+            assert workdir is not None and (workdir / "catalog" / f"{notes_bundle.name}.json").is_file()
+        assert not workdir.exists(), binding
+
+
 def test_gc_command_keeps_foreign_and_live_databases(admin_dsn: str, notes_bundle, tmp_path: Path) -> None:
     bundle_path = tmp_path / "notes.json"
     bundle_path.write_text(notes_bundle.model_dump_json())

@@ -115,9 +115,10 @@ def browser(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untype
         opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
         return opts
 
-    # Chromium once exited at start in a CI run (not reproduced: it started in every run since,
-    # alone and after the same tests). Three attempts; a failure keeps chromedriver's verbose log,
-    # whose tail says why Chrome exited.
+    # Chromium has exited at start in some CI runs (all three attempts of the run; never by hand
+    # right after). Three attempts; a failure keeps chromedriver's verbose log, and Chrome is then
+    # started once by itself, so that the failure says how it exited (code or signal) and what it
+    # printed, with the machine's state at that moment.
     from selenium.common.exceptions import SessionNotCreatedException
 
     for attempt in range(3):
@@ -129,11 +130,29 @@ def browser(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untype
         except SessionNotCreatedException as exc:
             tail = log.read_text(errors="replace")[-3000:] if log.exists() else "(no chromedriver log)"
             if attempt == 2:
-                raise AssertionError(f"chromium did not start three times: {exc.msg}\nchromedriver log:\n{tail}") from None
+                raise AssertionError(f"chromium did not start three times: {exc.msg}\n"
+                                     f"{_chromium_alone(options().arguments)}\nchromedriver log:\n{tail}") from None
             print(f"chromium did not start (attempt {attempt + 1}): {exc.msg}\n{tail}", file=sys.stderr)
             time.sleep(2)
     yield driver
     driver.quit()
+
+
+def _chromium_alone(arguments: list[str]) -> str:
+    """Chrome started without chromedriver, with its own logging: how it exited, what it printed,
+    and what the machine had then (processes, memory, disk, this process's signal masks)."""
+    args = [CHROMIUM, *arguments, "--enable-logging=stderr", "--v=1", "--dump-dom", "about:blank"]
+    try:
+        done = subprocess.run(args, capture_output=True, text=True, timeout=60)
+        how = f"exit code {done.returncode}" if done.returncode >= 0 else f"signal {-done.returncode}"
+        printed = (done.stderr or "")[-4000:]
+    except subprocess.TimeoutExpired as exc:
+        how, printed = "still running after 60 s", str(exc.stderr or "")[-4000:]
+    status = Path("/proc/self/status").read_text()
+    masks = " ".join(line for line in status.splitlines() if line.startswith(("SigBlk", "SigIgn", "Threads")))
+    machine = subprocess.run("ps -eLf | wc -l; free -m; df -h /tmp /dev/shm; ulimit -a",
+                             shell=True, capture_output=True, text=True).stdout
+    return f"chromium alone: {how}\n{printed}\npytest: {masks}\nthreads, memory, disk, limits:\n{machine}"
 
 
 def wait(predicate, what: str) -> Any:  # type: ignore[no-untyped-def]
