@@ -400,11 +400,13 @@ async def test_grpo_groups_over_more_environments_than_instances(admin_dsn, bund
         groups = await svc.collect(6)  # each task twice
         assert sorted(g.task.env for g in groups) == sorted([b.name for b in bundles] * 2)
         for group in groups:
-            assert len(group.trajectories) == 2 and all(t.pristine for t in group.trajectories)
+            assert len(group.trajectories) == 2 and all(t.pristine for t in group.trajectories), (
+                group.task, [(t.instance, t.pristine, t.verdict, t.mask_reason, t.infra_error) for t in group.trajectories])
             assert {t.verdict["verdict"] for t in group.trajectories} == {"complete"}, (
                 group.task, [(t.instance, t.verdict, [m for m in t.messages if m.get("role") == "tool"])
                              for t in group.trajectories])
-        assert source.switches >= 4  # the two instances served all three environments
+        # the two instances served all three environments
+        assert source.switches >= 4, (source.switches, [(g.task.env, [t.instance for t in g.trajectories]) for g in groups])
 
 
 async def test_a_local_fleet_makes_the_databases_of_environments_told_ahead(admin_dsn, bundles):
