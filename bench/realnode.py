@@ -27,9 +27,11 @@ What it measures, each against a baseline taken in the same run:
 ``--late``: a late-binding EnvFleet of ``--late-pods`` pods (provisioner sidecars) over
 ``--late-envs`` environments of the generated catalog (awm.synth.varied, in a catalog image built
 here and cached): every environment in turn, ``--late-clients`` at a time, claim one instance
-(the switch), replay a task through MCP, release: a first pass (templates made), a pass of
-switches to environments the pods do not hold, one of repeats (cached), one switched by the
-client, one in waves of ``--late-pods`` environments told to the operator ahead (``prepare``). Reports claim-to-connected p50/p99, the first tool call, episodes complete, instances replaced at release (a non-pristine reset), and each pod's memory with its
+(the switch), replay a task through MCP, release, over two sets of ``--late-envs``
+environments: first passes (templates made), a pass not told ahead whose environments some pod
+keeps (the operator plans each claim onto it), a pass of switches to environments no pod keeps,
+one of repeats (cached), one switched by the client, one in waves of ``--late-pods``
+environments told to the operator ahead (``prepare``). Reports claim-to-connected p50/p99, the first tool call, episodes complete, instances replaced at release (a non-pristine reset), and each pod's memory with its
 cached environments.
 
 Needs root and what tests/test_realnode.py needs (images/build.py, k8s/build.sh, Debian packages).
@@ -313,7 +315,9 @@ def main() -> int:
     ap.add_argument("--late-pods", type=int, default=16)
     ap.add_argument("--late-envs", type=int, default=64)
     ap.add_argument("--late-clients", type=int, default=8, help="episodes at once")
-    ap.add_argument("--late-cache-envs", type=int, default=8, help="the fleet's cacheEnvironments")
+    ap.add_argument("--late-cache-envs", type=int, default=None,
+                    help="the fleet's cacheEnvironments (default: --late-envs / --late-pods, so that each pass over "
+                         "one set of environments evicts the other from the pods' caches)")
     a = ap.parse_args()
     # SIGTERM (a timeout, a Ctrl-C from a runner) must still stop the node and restore the host
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -506,16 +510,20 @@ async def _info(control_url: str) -> dict[str, Any]:
         await control.close()
 
 
-def late_fleet(cp: Any, builder: Any, pods: int, count: int, clients: int, cache_envs: int = 8) -> dict[str, Any]:
-    """binding: late on the real node: ``pods`` env pods serving ``count`` environments of the
-    generated catalog in turn: the environments' first use on the cluster (their templates are
-    made), switches to databases new to the pod, repeats of cached ones, and switches made by the
-    client (``"switch": "client"``); every episode replays a task to complete and every release
-    must reset pristine. Then each pod's memory with its cached environments."""
+def late_fleet(cp: Any, builder: Any, pods: int, count: int, clients: int, cache_envs: int | None = None) -> dict[str, Any]:
+    """binding: late on the real node: ``pods`` env pods serving two sets of ``count``
+    environments of the generated catalog in turn: the environments' first use on the cluster
+    (their templates are made), claims not told ahead of environments some pod keeps, switches to
+    databases new to the pod, repeats of kept ones, switches made by the client (``"switch":
+    "client"``) and claims told ahead; every episode replays a task to complete and every release
+    must reset pristine. Then each pod's memory with its cached environments. ``cache_envs``
+    (the fleet's cacheEnvironments): ``count / pods`` by default, so that a pass over one set
+    evicts the other."""
+    cache_envs = cache_envs or max(1, count // pods)
     from awm import catalog as awm_catalog
     from tests.k8s_e2e import CLIENTS_NS, client_token, grant_claims
 
-    ref, archive, names = varied_catalog_image(builder, count)
+    ref, archive, names = varied_catalog_image(builder, 2 * count)
     cp.node.load_images([archive])
     from awm.synth import varied
 
@@ -539,17 +547,27 @@ def late_fleet(cp: Any, builder: Any, pods: int, count: int, clients: int, cache
     out: dict[str, Any] = {"pods": pods, "environments": count, "cache_environments": cache_envs,
                            "ready_s": round(time.monotonic() - t0, 1)}
     ips = [p["status"]["podIP"] for p in cp.api("GET", f"/api/v1/namespaces/{NS}/pods?labelSelector=awm.dev/fleet={name}")["items"]]
-    # Claims are planned "pods that serve it first, then the free pods in turn", so a pass in the
-    # same order as the one before lands each environment on the pod that has it cached, and a
-    # pass in an order rotated by one lands it on a pod that does not (awm_binds_total says which
-    # each pass got: "new" or "cached").
-    # The last pass tells the operator each wave of ``pods`` environments ahead (prepare), as a
-    # trainer does for its next groups, and then claims them.
-    passes = (("first_use", 0, None, 0), ("switch", 1, None, 0), ("repeat", 1, None, 0),
-              ("client_switch", 2, "client", 0), ("prepared", 3, "client", pods))
-    for label, turn, switch, waves in passes:
+    # Two sets of ``count`` environments, A and B. Claims are planned "pods that serve it first,
+    # then pods that keep it cached, then any others", and the pods keep ``cache_envs`` each, so
+    # with pods x cache_envs = count a pass over one set evicts the other from every cache. Each
+    # pass's order is rotated from the last one over its set (no claim lands on the pod that
+    # serves it by the order alone); awm_binds_total says what each pass's binds were: "new"
+    # (a new database) or "cached" (a reset of a kept one).
+    a, b = names[:count], names[count:]
+
+    def rot(envs: list[str], k: int) -> list[str]:
+        return envs[k:] + envs[:k]
+
+    # (label, environments in claim order, who switches, waves told to the operator ahead)
+    passes = (("first_use", a, None, 0),                 # A's templates are made on the shard
+              ("first_use_b", b, None, 0),               # B's; the pods now keep B
+              ("held", rot(b, 1), None, 0),              # not told ahead: each lands on a pod that keeps it
+              ("switch", rot(a, 1), None, 0),            # no pod keeps A any more: new databases
+              ("repeat", rot(a, 2), None, 0),            # A again: kept
+              ("client_switch", rot(b, 2), "client", 0),  # B, evicted by A, switched by the client
+              ("prepared", rot(a, 3), "client", pods))    # A, evicted by B: told ahead in waves of ``pods``
+    for label, order, switch, waves in passes:
         before = bind_kinds(ips)
-        order = names[turn:] + names[:turn]
         out[label] = asyncio.run(late_rounds(operator_url, name, order, bundles, clients, switch, waves))
         after = bind_kinds(ips)
         out[label]["binds_by_kind"] = {k: after[k] - before.get(k, 0) for k in after if after[k] - before.get(k, 0)}

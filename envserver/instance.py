@@ -504,6 +504,7 @@ class EnvInstance:
             "repaired": result.repaired,
             "escaped": result.escaped,
             "ungated": self.episode.ungated,
+            "cached_envs": list(self._bindings),  # what a claim of it costs a reset (the operator files it so)
         }
 
     def tend_workers(self) -> None:

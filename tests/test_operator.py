@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from aiohttp import web
 import psycopg
 import pytest
 import yaml
@@ -797,6 +798,53 @@ def test_plan_late_prefers_pods_that_serve_the_environment() -> None:
     assert "a2" not in fleet.available["crm"] and "a2" not in fleet.bound_env
 
 
+def test_a_claim_lands_on_free_pods_that_keep_its_environment() -> None:
+    """A late pod keeps the environments it served (its answers' cached_envs): a claim of one of
+    them lands on such a pod, after those that serve it and before any other (a reset there, not
+    a new database); pods made ready for another environment stay last. The index follows the
+    pods as they are held, released, refiled and removed, and counts toward a preparation."""
+    fleet = Fleet("ns", "f")
+    for name in ("a1", "a2", "b1", "b2", "c1"):
+        fleet.update_pod(PodInfo(name, name[0], True, "Running", "10.0.0.1", False, 1, None, "http://10.0.0.1:8001"))
+    fleet.switched("a1", "a", ["x", "a"])
+    fleet.switched("b1", "b", ["y", "x", "b"])
+    fleet.switched("b2", "b", ["y", "b"])
+    assert {e: set(n) for e, n in fleet.holding.items()} == {"x": {"a1", "b1"}, "y": {"b1", "b2"}}
+
+    def claim(env: str, count: int, group_size: int | None = None) -> list[list[str]] | None:
+        return plan_late(fleet.available, ClaimRequest(count, environment=env, group_size=group_size),
+                         fleet.prepared, fleet.holding)
+
+    assert sorted(claim("x", 2)[0]) == ["a1", "b1"]
+    (group,) = claim("x", 3)
+    assert sorted(group[:2]) == ["a1", "b1"] and group[2] in {"a2", "b2", "c1"} and len(set(group)) == 3
+    (group,) = claim("b", 3)  # serving it first, then one that keeps... none: any other
+    assert set(group[:2]) == {"b1", "b2"} and len(set(group)) == 3
+    assert len(set(claim("x", 5)[0])) == 5 and claim("x", 6) is None  # never a pod twice
+    fleet.mark_prepared("b1", "z")  # made ready for z: kept for it, last for x
+    (group,) = claim("x", 4)
+    assert group[0] == "a1" and "b1" not in group
+    assert claim("x", 5)[0][-1] == "b1"
+    fleet.reserve(["a1"])  # taken: not free, not holding
+    assert set(fleet.holding["x"]) == {"b1"} and "a1" not in fleet.available["a"]
+    fleet.unreserve(["a1"])
+    assert set(fleet.holding["x"]) == {"a1", "b1"}
+    fleet.assign("held", ClaimRecord([["a1", "b2"]]))
+    assert set(fleet.holding["x"]) == {"b1"} and set(fleet.holding["y"]) == {"b1"}
+    fleet.reported("a1", "x", ["a", "x"])  # released: its client had switched it to x
+    fleet.unassign("held")
+    assert "a1" in fleet.available["x"] and set(fleet.holding["a"]) == {"a1"} and "a1" not in fleet.holding["x"]
+    # a free pod that keeps x counts toward x's preparation, and is not taken for another one
+    assert fleet.to_prepare({"x": 1}) == {}
+    chosen = fleet.to_prepare({"y": 2})  # b2 keeps it (b1 too, but b1 is made ready for z)
+    assert len(chosen) == 1 and "b2" not in chosen
+    assert "b2" not in fleet.to_prepare({"y": 3, "w": 1})
+    fleet.holds("b2", [])
+    assert "y" not in fleet.holding or "b2" not in fleet.holding["y"]
+    fleet.remove_pod("b1")
+    assert "b1" not in fleet.cached and all("b1" not in names for names in fleet.holding.values())
+
+
 def test_pods_made_ready_ahead_are_filed_under_that_environment() -> None:
     """The allocation API's prepare: pods that serve or are made ready for an environment count
     toward it; the others come from free pods of environments not wanted, then from held pods;
@@ -1431,6 +1479,93 @@ async def test_two_replicas_binding_one_envclaim_agree_on_its_instances() -> Non
     await b.ledger.commit({"victim.u1": ClaimRecord([["p0"]], expires=time.time() + 60)})
     await a.ledger.commit({"victim.u1": ClaimRecord([["p0"]], expires=time.time() + 120)})
     assert a.claims["victim.u1"].expires and a.claims["victim.u1"].expires > time.time() + 60
+
+
+class CachingPod:
+    """A late pod's control API as the operator sees it: /bind switches and keeps the last
+    ``keep`` environments (least recently used dropped), /reset answers what it serves and keeps."""
+
+    def __init__(self, env: str, keep: int = 2) -> None:
+        self.env, self.keep, self.cached, self.binds = env, keep, [env], []
+        self.url = ""
+
+    def bind(self, env: str) -> dict[str, Any]:
+        kept = env in self.cached
+        self.binds.append((env, "serving" if env == self.env else "cached" if kept else "new"))
+        if env in self.cached:
+            self.cached.remove(env)
+        self.cached = [*self.cached, env][-self.keep:]
+        switched, self.env = env != self.env, env
+        return {"env": env, "switched": switched, "cached": kept, "cached_envs": list(self.cached)}
+
+    async def start(self) -> web.AppRunner:
+        async def bind(request: web.Request) -> web.Response:
+            return web.json_response(self.bind((await request.json())["env"]))
+
+        async def reset(_: web.Request) -> web.Response:
+            return web.json_response({"pristine": True, "env": self.env, "cached_envs": list(self.cached)})
+
+        app = web.Application()
+        app.router.add_post("/bind", bind)
+        app.router.add_post("/reset", reset)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+        return runner
+
+
+async def test_the_operator_learns_what_late_pods_keep_and_claims_land_there() -> None:
+    """binding: late through the allocator, against two pods' control APIs: what each pod keeps
+    comes from its answers (/bind at a claim, /reset at a release, which also says what a client
+    switched it to), and a claim of an environment one pod keeps lands on that pod (a reset there)
+    rather than on one that would need a new database."""
+    from awm_operator.allocator import Allocator
+
+    pods = {"p0": CachingPod("a"), "p1": CachingPod("a")}
+    runners = [await p.start() for p in pods.values()]
+    server = ConfigMapServer()
+    fleet = Fleet("ns", "f", uid="u1")
+    fleet.spec = fleet_spec(environments=["a", "b", "c", "d"], binding="late")
+    for name, stub in pods.items():
+        fleet.update_pod(PodInfo.from_pod(pod(name, env="a", **{A_CONTROL_URL: stub.url})))
+    fleet.ledger = Ledger(server, fleet, Metrics())  # type: ignore[arg-type]
+    await fleet.ledger.load()
+    fleet.active = True
+    metrics = Metrics()
+    alloc = Allocator(kube=None, metrics=metrics)  # type: ignore[arg-type]
+
+    async def claim(cid: str, req: ClaimRequest) -> list[str]:
+        bound = await alloc.claim(fleet, cid, req, wait=5, source="api")
+        names = [b.pod.name for b in bound]
+        await alloc.release(fleet, cid)
+        return names
+
+    try:
+        assert await claim("1", ClaimRequest(1, environment="b")) == ["p0"]  # p0 keeps a, b
+        assert await claim("2", ClaimRequest(1, environment="c")) == ["p1"]  # p1 keeps a, c
+        assert await claim("3", ClaimRequest(1, environment="d")) == ["p0"]  # p0 keeps b, d
+        assert fleet.cached == {"p0": ("b", "d"), "p1": ("a", "c")}
+        assert {e: set(n) for e, n in fleet.holding.items()} == {"a": {"p1"}, "b": {"p0"}}
+        # b: p1 comes first among the free pods (filed under c, before p0 under d), but p0 keeps b
+        assert await claim("4", ClaimRequest(1, environment="b")) == ["p0"]
+        assert pods["p0"].binds[-1] == ("b", "cached")
+        moved = "p1"
+        kinds = {k: metrics.switches.labels("ns", "f", k)._value.get() for k in ("serving", "cached", "new")}  # noqa: SLF001
+        assert kinds == {"serving": 0, "cached": 1, "new": 3}, kinds
+        # A claim its client switches: the operator learns what the pod serves at its release.
+        (got,) = [b.pod.name for b in await alloc.claim(fleet, "client", ClaimRequest(1, environment="c",
+                                                                                     client_switches=True),
+                                                         wait=5, source="api")]
+        assert got == moved  # it serves c
+        pods[moved].bind("d")  # the client switched it elsewhere (as a lease with another environment would)
+        await alloc.release(fleet, "client")
+        assert fleet.env_of(moved) == "d" and moved in fleet.available["d"] and fleet.cached[moved] == ("c", "d")
+    finally:
+        await alloc.close()
+        for runner in runners:
+            await runner.cleanup()
 
 
 async def test_a_status_another_replica_wrote_over_is_written_again() -> None:

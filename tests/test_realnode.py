@@ -859,12 +859,14 @@ def test_a_late_binding_fleet_serves_every_environment_in_turn(chart: Cluster) -
     """binding: late on the real node: two pods, each with the catalog and a provisioner sidecar,
     switched to each environment a claim names (GRPO groups of 2, every environment in turn,
     twice: by the operator, then by the client's leases): every episode on the switched pods sees that environment's tools,
-    replays its task to complete, and is reset pristine at release; databases stay bounded and
-    a killed pod's go with it."""
+    replays its task to complete, and is reset pristine at release; a claim nobody told ahead
+    lands on the pod that keeps its environment; databases stay bounded and a killed pod's go
+    with it."""
     cp = chart.cp
     name = "late"
     small = {"requests": {"cpu": "20m", "memory": "96Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}}
     chart.create("envfleets", name, {"environments": LATE_ENVS, "replicas": 2, "binding": "late", "catalog": {},
+                                     "cacheEnvironments": 2,
                                      "database": {"secretName": f"{RELEASE}-database"},
                                      "template": {"resources": small}})
     try:
@@ -917,13 +919,30 @@ def test_a_late_binding_fleet_serves_every_environment_in_turn(chart: Cluster) -
                     finally:
                         released = await alloc.release(got["id"])
                         assert released["replaced"] == 0, released  # every reset at release was pristine
+                # Both pods keep the last two environments (cacheEnvironments: 2). One of them
+                # switches to the first; then a claim of the second lands on the other pod, which
+                # keeps it (a reset), not on the one that dropped it to make room (a new database).
+                first, second = LATE_ENVS[0], LATE_ENVS[1]
+                got = await alloc.claim(count=1, environment=first, wait_seconds=120)
+                moved = got["instances"][0]["pod"]
+                await alloc.release(got["id"])
+                kept = {p["metadata"]["name"]: (await _info(p)) for p in chart.pods(name)}
+                assert second not in kept[moved]["cached_envs"] and all(
+                    second in i["cached_envs"] for pod, i in kept.items() if pod != moved), kept
+                for _ in range(100):  # the release is answered before its ledger write frees the pod
+                    if (await alloc.fleet())["ready"] == 2:
+                        break
+                    await asyncio.sleep(0.1)
+                got = await alloc.claim(count=1, environment=second, wait_seconds=120)
+                assert got["instances"][0]["pod"] != moved, (got, kept)
+                await alloc.release(got["id"])
             return seen
 
         seen = asyncio.run(rounds())
         assert len(seen) == 2 * len(LATE_ENVS) * 2
         for env, verdict, tools in seen:
             assert verdict == "complete" and tools == {t.name for t in bundles[env].tools}, (env, verdict)
-        # Databases: each pod holds at most its cached environments (4) and the ones made ahead.
+        # Databases: each pod holds at most its cached environments (2) and the ones made ahead.
         pods = [p["metadata"]["name"] for p in chart.pods(name)]
         held = _databases(chart)
         print(f"late binding on the real node: group claims with switch p50 "
@@ -1001,6 +1020,14 @@ def test_postgres_shards_a_lost_shards_pods_are_replaced_on_the_other(chart: Clu
     finally:
         chart.delete("envfleets", name)
         wait_for("the sharded fleet's pods gone", lambda: not chart.pods(name), timeout=180, interval=1)
+
+
+async def _info(pod: dict[str, Any]) -> dict[str, Any]:
+    control = ControlClient(f"http://{pod['status']['podIP']}:8001")
+    try:
+        return await control.info()
+    finally:
+        await control.close()
 
 
 def _late_databases(chart: Cluster, pod: str) -> list[str]:

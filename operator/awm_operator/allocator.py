@@ -17,7 +17,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Mapping
 
 import aiohttp
 
@@ -30,6 +30,7 @@ from awm_operator.state import ClaimRecord, ClaimRequest, Fleet, plan, plan_late
 log = logging.getLogger("awm.operator.allocator")
 
 
+MAX_CACHED = 64  # binding: late - environments of a pod's cached_envs taken into account (it keeps 1-16)
 MAX_SWITCH_ROUNDS = 3  # binding: late - a claim whose pods fail to switch this often gives up
 PREPARE_CONCURRENCY = 64  # binding: late - preparations of one request in flight (each one clone on its shard)
 
@@ -140,7 +141,8 @@ class Allocator:
                     self.metrics.claims.labels(fleet.namespace, fleet.name, source, "bound").inc()
                     return bound
                 if fleet.active and fleet.ledger is not None:
-                    groups = plan_late(fleet.available, req, fleet.prepared) if fleet.late else plan(fleet.available, req)
+                    groups = plan_late(fleet.available, req, fleet.prepared, fleet.holding) if fleet.late \
+                        else plan(fleet.available, req)
                     if groups is not None:
                         bound = await self._bind(fleet, claim_id, groups, ttl, holder, owner)
                         if bound is not None and fleet.late:
@@ -215,11 +217,12 @@ class Allocator:
         t0 = time.monotonic()
         results = await asyncio.gather(*(self._bind_env(pods[n], env) for n, env in targets.items()))
         self.metrics.switch_latency.labels(fleet.namespace, fleet.name).observe(time.monotonic() - t0)
-        refused = {n: why for n, (ok, why) in zip(targets, results) if ok is None}
-        failed = [n for n, (ok, _) in zip(targets, results) if ok is False]
-        for name, env in targets.items():
-            if name not in failed and name not in refused:
-                fleet.switched(name, env)
+        refused = {n: why for n, (ok, why, _) in zip(targets, results) if ok is None}
+        failed = [n for n, (ok, _, _) in zip(targets, results) if ok is False]
+        for (name, env), (ok, _, answer) in zip(targets.items(), results):
+            if ok:
+                fleet.switched(name, env, cached_envs(answer))
+                self.metrics.switches.labels(fleet.namespace, fleet.name, switch_kind(answer)).inc()
         if refused or failed:
             assert fleet.ledger is not None
             await fleet.ledger.commit({claim_id: None})  # undone: its pods are free again
@@ -232,24 +235,26 @@ class Allocator:
             return None
         return [replace(b, env=targets.get(b.pod.name) or fleet.env_of(b.pod.name)) for b in bound]
 
-    async def _bind_env(self, pod: PodInfo, env: str) -> tuple[bool | None, str]:
-        """Switch one pod: (True, ""), (False, why) when its state is unknown, (None, why) when it
-        refused the environment (4xx: the pod serves what it served)."""
+    async def _bind_env(self, pod: PodInfo, env: str) -> tuple[bool | None, str, dict[str, Any]]:
+        """Switch one pod: (True, "", its answer), (False, why, {}) when its state is unknown,
+        (None, why, {}) when it refused the environment (4xx: the pod serves what it served)."""
         if not pod.control_url:
-            return False, "no control URL"
+            return False, "no control URL", {}
         try:
             async with self.http.post(pod.control_url.rstrip("/") + "/bind", json={"env": env},
                                       timeout=self.bind_timeout) as r:
                 if 400 <= r.status < 500:
-                    return None, f"{pod.name} cannot serve {env!r}: {(await r.text())[:300]}"
+                    return None, f"{pod.name} cannot serve {env!r}: {(await r.text())[:300]}", {}
                 if r.status != 200:
                     log.warning("switch of %s to %s failed: HTTP %s %s", pod.name, env, r.status, (await r.text())[:200])
-                    return False, f"HTTP {r.status}"
-                ok = (await r.json(content_type=None)).get("env") == env
-                return ok, "" if ok else "it answered with another environment"
+                    return False, f"HTTP {r.status}", {}
+                answer = await r.json(content_type=None)
+                if not isinstance(answer, dict) or answer.get("env") != env:
+                    return False, "it answered with another environment", {}
+                return True, "", answer
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
             log.warning("switch of %s to %s failed: %s", pod.name, env, exc)
-            return False, str(exc)
+            return False, str(exc), {}
 
     async def prepare(self, fleet: Fleet, wants: dict[str, int], background: bool = False) -> dict[str, Any]:
         """binding: late - make environments ready on pods ahead of their claims (``wants``:
@@ -274,9 +279,11 @@ class Allocator:
 
         async def one(name: str, env: str) -> str:
             async with gate:
-                outcome = await self._prepare_env(fleet.pods.get(name), env)
+                outcome, answer = await self._prepare_env(fleet.pods.get(name), env)
             if outcome == "failed" and fleet.prepared.get(name) == env:
                 fleet.mark_prepared(name, None)
+            elif outcome != "failed" and name in fleet.pods:
+                fleet.holds(name, cached_envs(answer) or ())
             self.metrics.prepares.labels(fleet.namespace, fleet.name, outcome).inc()
             return outcome
 
@@ -290,24 +297,24 @@ class Allocator:
         results = await work
         return {**asked, **{k: results.count(k) for k in ("prepared", "cached", "failed")}}
 
-    async def _prepare_env(self, pod: PodInfo | None, env: str) -> str:
+    async def _prepare_env(self, pod: PodInfo | None, env: str) -> tuple[str, dict[str, Any]]:
         """One pod: "prepared" (a database made ready), "cached" (it had the environment
-        already), or "failed"."""
+        already), or "failed"; and its answer."""
         if pod is None or not pod.control_url or pod.deleting:
-            return "failed"
+            return "failed", {}
         try:
             async with self.http.post(pod.control_url.rstrip("/") + "/prepare", json={"env": env},
                                       timeout=self.bind_timeout) as r:
                 if r.status != 200:
                     log.warning("preparing %s on %s failed: HTTP %s %s", env, pod.name, r.status, (await r.text())[:200])
-                    return "failed"
+                    return "failed", {}
                 answer = await r.json(content_type=None)
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
             log.warning("preparing %s on %s failed: %s", env, pod.name, exc)
-            return "failed"
+            return "failed", {}
         if not isinstance(answer, dict) or answer.get("env") != env:
-            return "failed"
-        return "prepared" if answer.get("prepared") else "cached"
+            return "failed", {}
+        return ("prepared" if answer.get("prepared") else "cached"), answer
 
     async def renew(self, fleet: Fleet, claim_id: str, ttl: float) -> float:
         """Push a claim's expiry to ``ttl`` seconds from now; returns the new expiry."""
@@ -364,8 +371,13 @@ class Allocator:
             fleet.releasing.discard(claim_id)
 
     async def _reset_or_replace(self, fleet: Fleet, pod: PodInfo) -> bool:
-        """True if the instance was reset; else it is deleted (the reconciler replaces it)."""
-        if await self._reset(pod):
+        """True if the instance was reset; else it is deleted (the reconciler replaces it). A
+        late pod's answer says what it serves and keeps (a client may have switched it)."""
+        answer = await self._reset(pod)
+        if answer is not None:
+            env = answer.get("env")
+            if fleet.late and isinstance(env, str) and env and pod.name in fleet.pods:
+                fleet.reported(pod.name, env, cached_envs(answer))
             return True
         await self._replace_pod(fleet, pod)
         return False
@@ -381,16 +393,37 @@ class Allocator:
         except Exception as exc:  # noqa: BLE001 - the reconciler deletes doomed pods again if needed
             log.warning("could not delete %s/%s after it failed: %s", fleet.namespace, pod.name, exc)
 
-    async def _reset(self, pod: PodInfo) -> bool:
+    async def _reset(self, pod: PodInfo) -> dict[str, Any] | None:
+        """The pod's answer to a verified reset; None if it failed or was not pristine."""
         if not pod.control_url or pod.deleting or pod.failed:
-            return False
+            return None
         try:
             async with self.http.post(pod.control_url.rstrip("/") + "/reset",
                                       json={"task_id": None, "verify": True}) as r:
                 if r.status != 200:
                     log.warning("reset of %s failed: HTTP %s %s", pod.name, r.status, (await r.text())[:200])
-                    return False
-                return (await r.json(content_type=None)).get("pristine", True) is not False
+                    return None
+                answer = await r.json(content_type=None)
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
             log.warning("reset of %s failed: %s", pod.name, exc)
-            return False
+            return None
+        if not isinstance(answer, dict) or answer.get("pristine", True) is False:
+            return None
+        return answer
+
+
+def cached_envs(answer: Mapping[str, Any]) -> tuple[str, ...] | None:
+    """The environments a late pod said it keeps (``cached_envs`` of its answers to /bind,
+    /prepare and /reset), or None where it did not say; only names, at most MAX_CACHED."""
+    envs = answer.get("cached_envs")
+    if not isinstance(envs, list):
+        return None
+    return tuple(e for e in envs[:MAX_CACHED] if isinstance(e, str) and 0 < len(e) <= 253)
+
+
+def switch_kind(answer: Mapping[str, Any]) -> str:
+    """What a pod's /bind cost it: serving (it served the environment), cached (a reset of an
+    environment it kept), new (a new database)."""
+    if not answer.get("switched"):
+        return "serving"
+    return "cached" if answer.get("cached") else "new"

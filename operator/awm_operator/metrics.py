@@ -35,6 +35,10 @@ class Metrics:
         self.prepares = Counter("awm_prepares_total", "binding: late - environments made ready on pods ahead "
                                 "of their claims, by outcome (prepared, cached: it had it already, failed).", ["namespace", "fleet", "outcome"],
                                 registry=r)
+        self.switches = Counter("awm_claim_switches_total",
+                                "binding: late - pods bound to a claim's environment, by what it cost them: serving "
+                                "(no switch), cached (a reset of a kept environment), new (a new database).",
+                                ["namespace", "fleet", "kind"], registry=r)
         self.switch_latency = Histogram("awm_claim_switch_seconds",
                                         "binding: late - switching a claim's pods to its environment (all at once).",
                                         ["namespace", "fleet"], buckets=LATENCY_BUCKETS, registry=r)

@@ -122,23 +122,30 @@ def plan(available: Mapping[str, Collection[str]], req: ClaimRequest) -> list[li
 
 
 def plan_late(available: Mapping[str, Collection[str]], req: ClaimRequest,
-              spare: Collection[str] = ()) -> list[list[str]] | None:
+              spare: Collection[str] = (), holding: Mapping[str, Collection[str]] | None = None,
+              ) -> list[list[str]] | None:
     """:func:`plan` for a late-binding fleet, where every free pod can serve the claim's
     environment (``available`` is keyed by what each pod serves now, or was made ready for):
-    pods filed under it first (a repeat claim costs them a reset, not a switch), then any others,
-    those in ``spare`` (made ready for another environment) last. A claim for no environment is
-    planned as :func:`plan` does (GRPO groups of one environment each, the one their pods are
-    filed under). Its cost is the claim's size, not the fleet's: a claim of an environment no
-    free pod serves takes the first others it finds."""
+    pods filed under it first (a repeat claim costs them a reset, not a switch), then those that
+    keep it cached (``holding``: a reset too), then any others, those in ``spare`` (made ready
+    for another environment) last. A claim for no environment is planned as :func:`plan` does
+    (GRPO groups of one environment each, the one their pods are filed under). Its cost is the
+    claim's size, not the fleet's: a claim of an environment no free pod holds takes the first
+    others it finds."""
     if req.environment is None:
         return plan(available, req)
     picked = list(islice(available.get(req.environment, ()), req.count))
+    held: set[str] = set()  # also filed under another environment: not to be picked twice
+    if holding and len(picked) < req.count:
+        held.update(islice((n for n in holding.get(req.environment, ()) if n not in spare), req.count - len(picked)))
+        picked.extend(held)
     for last in (False, True):
         for env, names in available.items():
             if len(picked) >= req.count:
                 break
             if env != req.environment:
-                picked.extend(islice((n for n in names if (n in spare) == last), req.count - len(picked)))
+                picked.extend(islice((n for n in names if (n in spare) == last and n not in held),
+                                     req.count - len(picked)))
     if len(picked) < req.count:
         return None
     size = req.group_size or req.count
@@ -193,6 +200,13 @@ class Fleet:
     # /prepare): filed under that environment while free, so a claim of it lands there and
     # costs a reset, not a switch. Forgotten once the pod is switched to anything.
     prepared: dict[str, str] = field(default_factory=dict)
+    # binding: late - the environments each pod keeps besides the one it is filed under (its
+    # answers' ``cached_envs``: served before, or made ready), and the free pods by each of them.
+    # A claim of such an environment lands there next (a reset, not a switch): over a GRPO run's
+    # steps the pods' caches spread the catalog, so a claim nobody told ahead finds a pod that
+    # holds its environment. Best effort like bound_env: a claim always switches its pods.
+    cached: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    holding: dict[str, dict[str, None]] = field(default_factory=lambda: defaultdict(dict))
 
     # ---- spec
     def set_body(self, body: dict[str, Any]) -> None:
@@ -218,7 +232,7 @@ class Fleet:
         if old is not None:
             self._unfile(old)
         if self._free(info):
-            self.available[self._key(info)][info.name] = None
+            self._file(info)
             self._grew()
         if old is None or (old.ready, old.phase, old.deleting, old.control_url, old.problem) != (
                 info.ready, info.phase, info.deleting, info.control_url, info.problem):
@@ -236,6 +250,7 @@ class Fleet:
             self.poke()
         self.bound_env.pop(name, None)
         self.prepared.pop(name, None)
+        self.cached.pop(name, None)
 
     def env_of(self, name: str) -> str | None:
         """The environment a pod serves now, as far as this replica knows."""
@@ -253,10 +268,24 @@ class Fleet:
         it serves. A claim of either costs the pod a reset."""
         return self.prepared.get(info.name) or self.bound_env.get(info.name, info.env)
 
+    def _file(self, info: PodInfo) -> None:
+        """Among the free pods: under its key, and under each other environment it holds."""
+        key = self._key(info)
+        self.available[key][info.name] = None
+        for env in self.cached.get(info.name, ()):
+            if env != key:
+                self.holding[env][info.name] = None
+
     def _unfile(self, info: PodInfo) -> bool:
         """Take the pod out of the free pods (True if it was there). An environment left with
         none goes too: a late fleet's pods move among a catalog's thousand environments, and the
         plans walk the environments that have free pods, not every one ever served."""
+        for env in self.cached.get(info.name, ()):
+            holders = self.holding.get(env)
+            if holders is not None:
+                holders.pop(info.name, None)
+                if not holders:
+                    del self.holding[env]
         key = self._key(info)
         names = self.available.get(key)
         if names is None or info.name not in names:
@@ -266,12 +295,30 @@ class Fleet:
             del self.available[key]
         return True
 
-    def switched(self, name: str, env: str) -> None:
+    def switched(self, name: str, env: str, cached: Iterable[str] | None = None) -> None:
         """binding: late - the pod said it serves ``env`` now (it is held by a claim, but a claim
-        released meanwhile may have freed it already: it is filed under ``env`` then)."""
+        released meanwhile may have freed it already: it is filed under ``env`` then), and, when
+        it said so, which environments it keeps (``cached``)."""
         def change() -> None:
             self.bound_env[name] = env
             self.prepared.pop(name, None)
+            if cached is not None:
+                self.cached[name] = tuple(cached)
+        self._refile(name, change)
+
+    def reported(self, name: str, env: str, cached: Iterable[str] | None) -> None:
+        """binding: late - a held pod's answer at its release: what it serves (its client may
+        have switched it) and keeps. What it was made ready for meanwhile stays its key."""
+        def change() -> None:
+            self.bound_env[name] = env
+            if cached is not None:
+                self.cached[name] = tuple(cached)
+        self._refile(name, change)
+
+    def holds(self, name: str, cached: Iterable[str]) -> None:
+        """binding: late - the environments the pod said it keeps (a preparation's answer)."""
+        def change() -> None:
+            self.cached[name] = tuple(cached)
         self._refile(name, change)
 
     def mark_prepared(self, name: str, env: str | None) -> None:
@@ -290,7 +337,7 @@ class Fleet:
         change()
         if free:
             assert info is not None
-            self.available[self._key(info)][name] = None
+            self._file(info)
 
     def to_prepare(self, wants: Mapping[str, int]) -> dict[str, str]:
         """binding: late - pods to make ready for ``wants`` (environment -> instances wanted
@@ -304,14 +351,15 @@ class Fleet:
         have: dict[str, int] = defaultdict(int)
         for info in held:
             have[self._key(info)] += 1
-        need = {env: n - have[env] - len(self.available.get(env, ())) for env, n in wants.items()}
+        need = {env: n - have[env] - len(self.available.get(env, ()))
+                - sum(1 for name in self.holding.get(env, ()) if name not in self.prepared) for env, n in wants.items()}
         need = {env: n for env, n in need.items() if n > 0}
         if not need:
             return {}
         # A pod made ready for an environment told earlier keeps it (a trainer tells its next
         # groups a few at a time): only pods not made ready for anything are asked.
         free = (n for env, names in self.available.items() if env not in wants for n in names
-                if n not in self.prepared)
+                if n not in self.prepared and not any(e in wants for e in self.cached.get(n, ())))
         others = (info.name for info in held if self._key(info) not in wants and info.name not in self.prepared)
         candidates = iter([*islice(free, sum(need.values())), *islice(others, sum(need.values()))])
         return {name: env for env, n in need.items() for name in islice(candidates, n)}
@@ -392,7 +440,7 @@ class Fleet:
                 del self.owner[name]
             info = self.pods.get(name)
             if info is not None and self._free(info):
-                self.available[self._key(info)][name] = None
+                self._file(info)
                 self._grew()
         self.nudge()
 
@@ -412,7 +460,7 @@ class Fleet:
             self.reserved.discard(name)
             info = self.pods.get(name)
             if info is not None and self._free(info):
-                self.available[self._key(info)][name] = None
+                self._file(info)
                 self._grew()
 
     async def wait_capacity(self, timeout: float | None) -> None:
