@@ -70,11 +70,11 @@ def env_server(notes_fleet: Any) -> str:
 
 @pytest.fixture(scope="module")
 async def late_server(admin_dsn: str, notes_bundle: Any) -> Any:
-    """A real late-binding env server over three environments (its databases from a provisioner)."""
+    """A real late-binding env server over four environments (its databases from a provisioner)."""
     from awm import catalog
     from awm.fleet import Database, LocalFleet
 
-    bundles = [notes_bundle, *catalog.load("starter", ["crm", "project_tracker"])]
+    bundles = [notes_bundle, *catalog.load("starter", ["crm", "project_tracker", "bike_shop"])]
     fleet = LocalFleet(bundles, database=Database(admin_dsn), allow_ungated=True, instances=1, fleet_id="e2elate")
     await fleet.start()
     yield fleet.instances[0]
@@ -87,7 +87,7 @@ async def late_server(admin_dsn: str, notes_bundle: Any) -> Any:
 def test_a_late_binding_fleet_switches_its_pods_to_the_claimed_environment(cluster: Cluster, operator: InThread,
                                                                           late_server: Any, notes_bundle: Any) -> None:
     control = late_server.control_url
-    cluster.create("envfleets", "late", fleet_spec(3, control, ["notes", "crm", "project_tracker", "missing"],
+    cluster.create("envfleets", "late", fleet_spec(3, control, ["notes", "crm", "project_tracker", "bike_shop", "missing"],
                                                    binding="late"))
     wait_for("3 ready", lambda: cluster.ready("late", 3))
     switches = metric(operator, "awm_claim_switch_seconds_count", fleet="late") or 0
@@ -129,14 +129,17 @@ def test_a_late_binding_fleet_switches_its_pods_to_the_claimed_environment(clust
                     break
                 await asyncio.sleep(0.1)
             assert (await alloc.prepare({"crm": 2}, wait=True))["chosen"] == 0
-            made = await alloc.prepare({"project_tracker": 1}, wait=True)
+            # The free pod served project_tracker two claims ago and said it keeps it (its
+            # answers' cached_envs): nothing to make, and a claim of it would land there.
+            assert (await alloc.prepare({"project_tracker": 1}, wait=True))["chosen"] == 0
+            made = await alloc.prepare({"bike_shop": 1}, wait=True)  # no pod has served it
             assert made["chosen"] == 1 and made["prepared"] + made["cached"] == 1 and made["failed"] == 0, made
             (ready_pod,) = made["pods"]
-            assert made["pods"][ready_pod] == "project_tracker" and ready_pod not in {i["pod"] for i in grpo["instances"]}
-            assert "project_tracker" in httpx.get(control + "/info").json()["cached_envs"]
-            again = await alloc.prepare({"project_tracker": 1}, wait=True)
+            assert made["pods"][ready_pod] == "bike_shop" and ready_pod not in {i["pod"] for i in grpo["instances"]}
+            assert "bike_shop" in httpx.get(control + "/info").json()["cached_envs"]
+            again = await alloc.prepare({"bike_shop": 1}, wait=True)
             assert again["chosen"] == 0  # it is ready already
-            got = await alloc.claim(count=1, environment="project_tracker", wait_seconds=10)
+            got = await alloc.claim(count=1, environment="bike_shop", wait_seconds=10)
             assert [i["pod"] for i in got["instances"]] == [ready_pod]
             await alloc.release(got["id"])
             # A claim asked for again with its id (the first answer lost on the way) is the claim
@@ -157,7 +160,7 @@ def test_a_late_binding_fleet_switches_its_pods_to_the_claimed_environment(clust
                 assert r.status_code == 400 and "error" in r.json(), (body, r.text)
     asyncio.run(api_claim())
     assert sum(metric(operator, "awm_prepares_total", fleet="late", outcome=o) or 0 for o in ("prepared", "cached")) >= 1
-    # project_tracker, notes, prepared project_tracker, and the claim asked for twice (its pod is
+    # project_tracker, notes, prepared bike_shop, and the claim asked for twice (its pod is
     # asked to switch again the second time: a no-op where it serves the environment already)
     assert (metric(operator, "awm_claim_switch_seconds_count", fleet="late") or 0) - switches == 5
     # An environment no pod started on is served too: late binding, not a per-environment pool.
