@@ -152,7 +152,8 @@ def _chromium_alone(arguments: list[str]) -> str:
     masks = " ".join(line for line in status.splitlines() if line.startswith(("SigBlk", "SigIgn", "Threads")))
     machine = subprocess.run("ps -eLf | wc -l; free -m; df -h /tmp /dev/shm; ulimit -a",
                              shell=True, capture_output=True, text=True).stdout
-    return f"chromium alone: {how}\n{printed}\npytest: {masks}\nthreads, memory, disk, limits:\n{machine}"
+    return (f"chromium alone: {how}\npytest: {masks}\nthreads, memory, disk, limits:\n{machine}\n"
+            f"what it printed (its tail):\n{printed[-2000:]}")
 
 
 def wait(predicate, what: str) -> Any:  # type: ignore[no-untyped-def]
