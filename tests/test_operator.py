@@ -276,15 +276,11 @@ async def test_an_oversized_or_broken_index_is_refused() -> None:
         return web.Response(body=bodies[request.path]) if request.path in bodies else web.Response(status=404)
 
     app.router.add_get("/{kind}/index.json", serve)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    runner, url = await serve_app(app)
     try:
         async with aiohttp.ClientSession() as http:
             async def read(kind: str) -> list[str]:
-                return await catalog_index.read_index(None, http, "ns", CatalogSource(url=f"http://127.0.0.1:{port}/{kind}"))  # type: ignore[arg-type]
+                return await catalog_index.read_index(None, http, "ns", CatalogSource(url=f"{url}/{kind}"))  # type: ignore[arg-type]
             assert await read("ok") == ["crm"]
             with pytest.raises(ValueError, match="larger than 8 MiB"):
                 await read("big")
@@ -1030,6 +1026,15 @@ class ConfigMapServer:
         return obj
 
 
+async def serve_app(app: web.Application) -> tuple[web.AppRunner, str]:
+    """``app`` on a free port of 127.0.0.1: its runner (to clean up) and its URL."""
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+
+
 def ledger_fleet(pods: int) -> Fleet:
     fleet = Fleet("ns", "f", uid="u1")
     for i in range(pods):
@@ -1508,11 +1513,7 @@ class CachingPod:
         app = web.Application()
         app.router.add_post("/bind", bind)
         app.router.add_post("/reset", reset)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+        runner, self.url = await serve_app(app)
         return runner
 
 
