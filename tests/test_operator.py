@@ -841,6 +841,18 @@ def test_a_claim_lands_on_free_pods_that_keep_its_environment() -> None:
     assert "b1" not in fleet.cached and all("b1" not in names for names in fleet.holding.values())
 
 
+def test_grpo_steps_over_a_catalog_land_more_groups_on_pods_that_keep_their_environment() -> None:
+    """bench/late_cache.py in small: GRPO steps of random environments planned by the operator's
+    own state, each pod keeping its last 4; planned with the pods' caches, more of the bound pods
+    keep their group's environment (a reset) than when any free pod is taken (a new database)."""
+    from bench.late_cache import simulate
+
+    shape = dict(pods=128, envs=40, groups=8, group_size=16, cache=4, steps=30, warmup=10, seed=1)
+    before = simulate(**shape, cache_aware=False)["share"]
+    now = simulate(**shape, cache_aware=True)["share"]
+    assert now["cached"] > before["cached"] + 0.1 and now["new"] < before["new"], (before, now)
+
+
 def test_pods_made_ready_ahead_are_filed_under_that_environment() -> None:
     """The allocation API's prepare: pods that serve or are made ready for an environment count
     toward it; the others come from free pods of environments not wanted, then from held pods;
