@@ -172,8 +172,8 @@ class LocalFleet:
         self.allow_ungated = allow_ungated
         self.instances: list[InstanceHandle] = []
         self.fleet_id = fleet_id or secrets.token_hex(3)
-        # The catalog files the env servers read and the provisioner's socket: made at start,
-        # removed at stop (a laptop that runs `awm serve` daily must not collect them in /tmp).
+        # The catalog files the env servers read and the provisioner's socket: made by start()
+        # (before _provision, which bench/runtime.py replaces), removed at stop (a laptop that runs `awm serve` daily must not collect them in /tmp).
         self._workdir: Path | None = None
         self._supervisor: asyncio.Task[None] | None = None
         self._stopping = False
@@ -192,8 +192,14 @@ class LocalFleet:
                              "pip install 'awm-fleet[envserver]' (in a checkout: pip install -e '.[envserver]')")
         if self.database is None:
             self.database = await asyncio.to_thread(Database.open)
+        self._workdir = Path(tempfile.mkdtemp(prefix="awm-fleet-"))
         t0 = time.perf_counter()
-        self.instances = await asyncio.to_thread(self._provision)
+        try:
+            self.instances = await asyncio.to_thread(self._provision)
+        except BaseException:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+            self._workdir = None
+            raise
         self.provision_s = time.perf_counter() - t0
         try:
             await asyncio.gather(*(self._launch(h) for h in self.instances))
@@ -213,7 +219,7 @@ class LocalFleet:
         else:  # late: the environments instances start on; the provisioner makes others on demand
             starting = self.bundles[: self.total] if self.total is not None else self.bundles
         templates = provision.ensure_templates(self.database.admin_dsn, starting, jobs=os.cpu_count() or 1)
-        self._workdir = Path(tempfile.mkdtemp(prefix="awm-fleet-"))
+        assert self._workdir is not None  # made by start()
         catalog_dir = self._workdir / "catalog"
         catalog_dir.mkdir(exist_ok=True)
         catalog_dir.chmod(0o755)

@@ -145,15 +145,15 @@ def _chromium_alone(arguments: list[str]) -> str:
     try:
         done = subprocess.run(args, capture_output=True, text=True, timeout=60)
         how = f"exit code {done.returncode}" if done.returncode >= 0 else f"signal {-done.returncode}"
-        printed = (done.stderr or "")[-4000:]
+        printed = (done.stderr or "")[-2000:]
     except subprocess.TimeoutExpired as exc:
-        how, printed = "still running after 60 s", str(exc.stderr or "")[-4000:]
+        how, printed = "still running after 60 s", str(exc.stderr or "")[-2000:]
     status = Path("/proc/self/status").read_text()
     masks = " ".join(line for line in status.splitlines() if line.startswith(("SigBlk", "SigIgn", "Threads")))
     machine = subprocess.run("ps -eLf | wc -l; free -m; df -h /tmp /dev/shm; ulimit -a",
                              shell=True, capture_output=True, text=True).stdout
     return (f"chromium alone: {how}\npytest: {masks}\nthreads, memory, disk, limits:\n{machine}\n"
-            f"what it printed (its tail):\n{printed[-2000:]}")
+            f"what it printed (its tail):\n{printed}")
 
 
 def wait(predicate, what: str) -> Any:  # type: ignore[no-untyped-def]
