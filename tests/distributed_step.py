@@ -79,7 +79,7 @@ def run(lora: bool, coordinator: Any = None) -> dict[str, Any]:
 
 
 def main() -> None:
-    from awm.trainer.distributed import Coordinator, init
+    from awm.trainer.distributed import Coordinator, init, leave
 
     torch.set_num_threads(1)
     out = Path(sys.argv[1])
@@ -90,6 +90,7 @@ def main() -> None:
             torch.save({**results, "world": coordinator.world}, out)
     finally:
         coordinator.close()
+    leave(0)  # as `awm train` does: see leave() for the abort a normal exit risks here
 
 
 if __name__ == "__main__":

@@ -62,3 +62,21 @@ def test_two_process_fsdp_step_equals_the_single_process_step(sharded: dict, lor
         assert got["trained_tokens"] == expected["trained_tokens"] > 0
         for key in ("loss", "kl", "clip_fraction", "ratio_mean", "grad_norm", "logprob_gap", "tis_truncated_fraction"):
             assert got[key] == pytest.approx(expected[key], rel=1e-4, abs=1e-6), key
+
+
+def test_leave_runs_the_exit_handlers_and_flushes_before_ending_the_process(tmp_path: Path) -> None:
+    """A torchrun rank ends through leave() (no interpreter finalisation, where gloo's threads
+    can abort the process): what a normal exit would still do - exit handlers, unflushed output,
+    the exit code - happens all the same."""
+    marker = tmp_path / "atexit"
+    code = ("import atexit, sys\n"
+            "from awm.trainer.distributed import leave\n"
+            f"atexit.register(lambda: open({str(marker)!r}, 'w').write('ran'))\n"
+            "sys.stdout.write('no newline, still buffered')\n"
+            "leave(3)\n"
+            "print('not reached')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       stdin=subprocess.DEVNULL)
+    assert r.returncode == 3, r.stderr
+    assert r.stdout == "no newline, still buffered"
+    assert marker.read_text() == "ran"

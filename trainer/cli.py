@@ -224,6 +224,10 @@ def train(
                   f"({result.steps} steps)")
     console.print(f"wrote {result.run_dir / 'metrics.jsonl'}, {result.run_dir / 'reward_curve.png'}, "
                   f"{result.run_dir / 'trajectories.jsonl'}, {result.run_dir / 'checkpoints'}")
+    if cfg.learner.distributed:  # a torchrun rank: a normal exit may abort in gloo's threads
+        from awm.trainer.distributed import leave
+
+        leave(0)
 
 
 @trainer_app.command("eval")

@@ -28,10 +28,12 @@ then be a server's (``policy.kind: vllm``): a sharded model cannot sample on ran
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
+import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -191,3 +193,25 @@ class Coordinator:
     def close(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def leave(code: int = 0) -> NoReturn:
+    """End a torchrun process that took part in collectives, skipping the interpreter's finalisation.
+
+    Why: gloo's worker threads let go of a finished collective's tensors a moment *after* the
+    caller has seen it complete, and letting go of a tensor that Python has seen takes the GIL.
+    When that moment falls after the interpreter began finalising - a rank > 0 returns at once
+    after the last broadcast ("stop") - the thread is unwound inside a C++ destructor and the
+    process aborts ("terminate called without an active exception", SIGABRT; about one launch
+    in six on two busy cores). torchrun then reports a clean run as a failed rank. The threads
+    cannot be joined first: the process group outlives ``destroy_process_group`` (DTensor's
+    sharding caches keep its device mesh). So the exit handlers run and the standard streams
+    are flushed here, and the process ends without finalisation (its threads end with it).
+    """
+    atexit._run_exitfuncs()  # what a normal exit runs before finalising (logging.shutdown among them)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
