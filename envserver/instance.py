@@ -112,6 +112,7 @@ class EnvInstance:
         self.switches = 0
         self._isolation: dict[str, Any] = {}  # what confined the first workers (the same for every binding)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="awm-db")
+        self._dropping: set[asyncio.Task[None]] = set()  # evicted environments being dropped
         self._lock = asyncio.Lock()  # one control operation or tool call at a time
 
     # The current binding's parts, by the names the episode path uses.
@@ -193,11 +194,27 @@ class EnvInstance:
         except (ProvisionerError, OSError) as exc:  # dropped by the provisioner when we exit anyway
             log.warning("could not release the database of %s: %s", env, exc)
 
-    async def _drop(self, binding: Binding) -> None:
-        """Forget a cached environment: its workers, its connection, its database."""
-        await asyncio.get_running_loop().run_in_executor(None, binding.deactivate())
-        await self._db(binding.db.close)
+    async def _drop(self, binding: Binding, aside: bool = False) -> None:
+        """Forget a cached environment: its workers, its connection, its database. ``aside``:
+        close the connection off the instance's database thread (the binding is unreachable)."""
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, binding.deactivate())
+        await (loop.run_in_executor(None, binding.db.close) if aside else self._db(binding.db.close))
         await self._release(binding.name, binding.database)
+
+    def _drop_later(self, binding: Binding) -> None:
+        """Drop an evicted environment in the background. It is unreachable already (out of
+        ``_bindings`` and not the one served); what remains is the provisioner's ``DROP
+        DATABASE`` and killing its workers, ~40 ms of a 124 ms switch when it was on the claim
+        path (real node, docs/benchmarks.md). :meth:`close` waits for what is still running."""
+        task = asyncio.get_running_loop().create_task(self._drop(binding, aside=True))
+        self._dropping.add(task)
+        task.add_done_callback(self._dropped)
+
+    def _dropped(self, task: asyncio.Task[None]) -> None:
+        self._dropping.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("dropping an evicted environment failed: %s", task.exception())
 
     async def bind(self, env: str) -> dict[str, Any]:
         """Serve ``env`` from now on. The current episode ends; the instance database of ``env``
@@ -265,9 +282,8 @@ class EnvInstance:
         for callback in self.on_switch:
             callback()
         self.metrics.bound(previous.name, env)
-        while len(self._bindings) > self.cache_envs:
-            _, evicted = self._bindings.popitem(last=False)
-            await self._drop(evicted)
+        while len(self._bindings) > self.cache_envs:  # the least recently used goes, off the claim path
+            self._drop_later(self._bindings.popitem(last=False)[1])
         ms = (time.perf_counter() - start) * 1000
         kind = "cached" if cached else "new"
         self.metrics.binds.labels(kind).inc()
@@ -324,7 +340,7 @@ class EnvInstance:
                         oldest = next(e for e in self._bindings if e != self.binding.name)
                         evicted.append(self._bindings.pop(oldest))
             for binding in evicted:  # unreachable now: dropped without holding up the episode's calls
-                await self._drop(binding)
+                self._drop_later(binding)
         except BaseException as exc:
             answer = self._switch_failure(exc, "prepare", env)
             if answer is exc:
@@ -367,6 +383,7 @@ class EnvInstance:
     async def close(self) -> None:
         if self.judge is not None:
             await self.judge.close()
+        await asyncio.gather(*self._dropping, return_exceptions=True)
         for binding in list(self._bindings.values()):
             binding.deactivate()()
             await self._db(binding.db.close)
