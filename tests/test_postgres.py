@@ -206,3 +206,42 @@ def test_instance_role_reaches_only_its_own_database(admin_dsn, notes_bundle):
         provision.drop_instance(admin_dsn, a.dbname)
         provision.drop_instance(admin_dsn, b.dbname)
     assert "awm_i_iso_a" not in provision.list_instances(admin_dsn)
+
+
+def test_primary_keys_are_each_tables_key_columns_in_key_order(admin_dsn):
+    """What the reset engine reads at every connect (a switch's first connection to a new
+    database): the same answer as ``information_schema``, whose views it no longer queries."""
+    from awm.postgres import snapshot as snap
+
+    name = "awm_test_primary_keys"
+    with provision._admin(admin_dsn) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        with provision._admin(admin_dsn, name) as db:
+            db.execute("CREATE TABLE plain (id serial PRIMARY KEY, note text)")
+            db.execute("CREATE TABLE pair (b int, a int, c text, PRIMARY KEY (b, a))")  # key order differs from column order
+            db.execute("CREATE TABLE keyless (x int)")
+            db.execute("ALTER TABLE pair DROP COLUMN c")  # dropped columns keep their attnum gaps
+            db.execute("CREATE TABLE moved (z int, y int NOT NULL, UNIQUE (z))")
+            db.execute("ALTER TABLE moved ADD PRIMARY KEY (y)")  # a unique index is not the key
+            db.execute("CREATE SCHEMA other")
+            db.execute("CREATE TABLE other.elsewhere (id int PRIMARY KEY)")
+            db.execute("CREATE TABLE parted (k int, d date, PRIMARY KEY (k, d)) PARTITION BY RANGE (d)")
+            db.execute("CREATE TABLE parted_2026 PARTITION OF parted FOR VALUES FROM ('2026-01-01') TO ('2027-01-01')")
+            keys = snap.primary_keys(db)
+            assert keys == {"plain": ["id"], "pair": ["b", "a"], "moved": ["y"], "parted": ["k", "d"],
+                            "parted_2026": ["k", "d"]}
+            assert snap.primary_keys(db, "other") == {"elsewhere": ["id"]}
+            reference: dict[str, list[str]] = {}
+            for table, column in db.execute(
+                    "SELECT tc.table_name, kcu.column_name FROM information_schema.table_constraints tc "
+                    "JOIN information_schema.key_column_usage kcu ON kcu.constraint_name = tc.constraint_name "
+                    " AND kcu.table_schema = tc.table_schema AND kcu.table_name = tc.table_name "
+                    "WHERE tc.constraint_type = 'PRIMARY KEY' AND tc.table_schema = 'public' "
+                    "ORDER BY tc.table_name, kcu.ordinal_position"):
+                reference.setdefault(table, []).append(column)
+            assert keys == reference
+    finally:
+        with provision._admin(admin_dsn) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
