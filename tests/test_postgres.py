@@ -208,6 +208,31 @@ def test_instance_role_reaches_only_its_own_database(admin_dsn, notes_bundle):
     assert "awm_i_iso_a" not in provision.list_instances(admin_dsn)
 
 
+def test_an_instance_role_is_hashed_with_one_scram_iteration_and_still_needs_its_password(admin_dsn, notes_bundle):
+    """Its password is 24 random bytes, so SCRAM's iterations guard nothing: one (PostgreSQL >= 16)
+    spares the server's hash at creation and the env server's at each connect. The admin role
+    and the server's own default are untouched, and a wrong password is still refused."""
+    template = provision.ensure_template(admin_dsn, notes_bundle)
+    inst = provision.create_instance(admin_dsn, template, "awm_i_scram")
+    try:
+        with provision._admin(admin_dsn) as conn:
+            if conn.info.server_version < 160000:
+                pytest.fail("this test needs PostgreSQL >= 16 (scram_iterations); the embedded server is older")
+            stored = dict(conn.execute("SELECT rolname, rolpassword FROM pg_authid WHERE rolname = ANY(%s)",
+                                       (["awm_i_scram", "awm"],)).fetchall())
+            assert conn.execute("SHOW scram_iterations").fetchone()[0] == "4096"
+        assert stored["awm_i_scram"].startswith("SCRAM-SHA-256$1:"), stored["awm_i_scram"][:20]
+        assert stored["awm"].startswith("SCRAM-SHA-256$4096:")
+        with psycopg.connect(inst.dsn) as conn:
+            assert conn.execute("SELECT count(*) FROM notes").fetchone()[0] == 4
+        password = conninfo_to_dict(inst.dsn)["password"]
+        wrong = _dsn(inst.dsn, password=password[:-1] + ("y" if password.endswith("x") else "x"))
+        with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
+            psycopg.connect(wrong)
+    finally:
+        provision.drop_instance(admin_dsn, inst.dbname)
+
+
 def test_primary_keys_are_each_tables_key_columns_in_key_order(admin_dsn):
     """What the reset engine reads at every connect (a switch's first connection to a new
     database): the same answer as ``information_schema``, whose views it no longer queries."""
