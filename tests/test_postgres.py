@@ -1,6 +1,7 @@
 """Embedded server, templates and instance isolation, against a real PostgreSQL."""
 
 import json
+import time
 
 import psycopg
 from psycopg import sql
@@ -270,3 +271,41 @@ def test_primary_keys_are_each_tables_key_columns_in_key_order(admin_dsn):
     finally:
         with provision._admin(admin_dsn) as conn:
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def test_clones_are_wal_logged_on_a_durable_server_and_file_copied_without_fsync(admin_dsn, notes_bundle):
+    """The provisioner's strategy follows the server: the embedded one runs without fsync
+    (FILE_COPY); with fsync on - made so here for a moment, as the chart's shards run - a clone
+    goes through the WAL (FILE_COPY's checkpoints would sync every instance's dirty buffers), and
+    that clone is a whole instance: its role reads the template's rows, at the snapshot."""
+    from awm.postgres import snapshot as snap
+
+    template = provision.ensure_template(admin_dsn, notes_bundle)
+
+    def strategy_when(fsync: str) -> str | None:
+        deadline = time.monotonic() + 30
+        while True:  # a reload reaches new backends at once, but do not trust that blindly
+            with provision._admin(admin_dsn) as conn:
+                if conn.execute("SHOW fsync").fetchone()[0] == fsync or time.monotonic() > deadline:
+                    return provision.clone_strategy(conn)
+            time.sleep(0.05)
+
+    assert strategy_when("off") == "FILE_COPY"
+    try:
+        with provision._admin(admin_dsn) as conn:
+            conn.execute("ALTER SYSTEM SET fsync = on")
+            conn.execute("SELECT pg_reload_conf()")
+        assert strategy_when("on") == "WAL_LOG"
+        with provision._admin(admin_dsn) as conn:
+            inst = provision._create_instance(conn, admin_dsn, template, "awm_i_wal_logged", {}, "WAL_LOG")
+        try:
+            with psycopg.connect(inst.dsn) as conn:
+                assert conn.execute("SELECT count(*) FROM notes").fetchone()[0] == 4
+                assert snap.compute_checksum(conn) == snap.stored_checksum(conn)
+        finally:
+            provision.drop_instance(admin_dsn, inst.dbname)
+    finally:
+        with provision._admin(admin_dsn) as conn:
+            conn.execute("ALTER SYSTEM RESET fsync")
+            conn.execute("SELECT pg_reload_conf()")
+    assert strategy_when("off") == "FILE_COPY"

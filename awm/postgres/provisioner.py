@@ -19,7 +19,8 @@ holds is dropped. So a crashed instance leaks nothing, and one instance cannot d
 Where the time goes (docs/benchmarks.md, "Instance databases at claim time"): a clone costs
 files, not rows, 70-280 ms on a loaded disk; connecting to a database made ahead costs ~8 ms of
 server CPU. So the provisioner keeps, per environment in demand, ``keep`` databases made ahead
-(``CREATE DATABASE ... STRATEGY FILE_COPY``, the cheapest clone in server CPU) and refills them
+(``CREATE DATABASE``: ``WAL_LOG`` on a durable server, ``FILE_COPY`` without ``fsync``, the cheaper
+for each: :func:`awm.postgres.provision.clone_strategy`) and refills them
 off the claim path; an environment with none ready is cloned on the claim path. The template of
 an environment is made once per snapshot digest (:func:`awm.postgres.provision.template_name`).
 
@@ -176,8 +177,10 @@ class Provisioner:
     def _clone(self, env: str) -> provision.Instance:
         template = self.template(env)
         with provision._admin(self.admin_dsn) as conn:
-            if self._strategy is None:  # STRATEGY exists from PostgreSQL 15 on
-                self._strategy = "FILE_COPY" if conn.info.server_version >= 150000 else ""
+            if self._strategy is None:  # WAL_LOG on a durable server, FILE_COPY without fsync
+                self._strategy = provision.clone_strategy(conn) or ""
+                log.info("instance databases are cloned with %s", f"STRATEGY {self._strategy}"
+                         if self._strategy else "the server's default strategy")
             instance = provision._create_instance(conn, self.admin_dsn, template, self._name(env),
                                                   {**self.meta, "provisioner": self.prefix},
                                                   self._strategy or None)
