@@ -8,7 +8,7 @@ in Linux's abstract namespace written ``@name``: see :func:`socket_address`):
 
     {"op": "acquire", "env": "shop"}        -> {"ok": true, "database": "awm_i_...", "dsn": "...",
                                                 "template": "awm_tpl_...", "checksum": "...", "ms": 0.4}
-    {"op": "release", "database": "awm_i_..."} -> {"ok": true}
+    {"op": "release", "database": "awm_i_..."} -> {"ok": true}                 (dropped right after)
     {"op": "prefill", "env": "shop", "count": 2} -> {"ok": true}      (make ready ones ahead)
     anything else                          -> {"ok": false, "error": "..."}
 
@@ -133,6 +133,7 @@ class Provisioner:
         # pods, two fleets): ``prefix`` plus a random token of this process.
         self._token = secrets.token_hex(2)
         self._refill = ThreadPoolExecutor(max(1, refill_jobs), thread_name_prefix="awm-provision-refill")
+        self._drops = ThreadPoolExecutor(1, thread_name_prefix="awm-provision-drop")  # releases, after their answer
         self._strategy: str | None = None
         self.closed = False
         self.stats = {"acquired": 0, "ready_hits": 0, "clones_on_claim": 0, "refills": 0, "released": 0}
@@ -234,6 +235,19 @@ class Provisioner:
             self._made.pop(database, None)
             self.stats["released"] += 1
 
+    def release_later(self, database: str) -> None:
+        """:meth:`release` in the background (one drop at a time). The socket's ``release`` answers
+        before the drop: an env server releases an evicted environment's database off its claim
+        path, and its next ``acquire`` on the same connection would otherwise wait behind the
+        ``DROP DATABASE`` (27-57 ms on a disk, measured)."""
+        def drop() -> None:
+            try:
+                self.release(database)
+            except Exception as exc:  # noqa: BLE001 - close() and the fleet's sweeps drop what is left
+                log.warning("provisioner: dropping %s failed: %s: %s", database, type(exc).__name__, exc)
+
+        self._drops.submit(drop)
+
     def prefill(self, env: str, count: int) -> None:
         """Make ``count`` databases of ``env`` ahead (in the background), e.g. for a GRPO step's
         environments, known when the step starts."""
@@ -282,6 +296,7 @@ class Provisioner:
         """Drop every database made here (handed out or ready)."""
         self.closed = True
         self._refill.shutdown(wait=True, cancel_futures=True)
+        self._drops.shutdown(wait=True)  # releases already answered: drop them (the rest follows)
         with self._lock:
             names, self._made = list(self._made), {}
             self._ready.clear()
@@ -343,7 +358,7 @@ class _Handler(socketserver.StreamRequestHandler):
                 if database not in held:  # never another instance's database
                     return {"ok": False, "error": f"not a database of this connection: {str(database)[:80]!r}"}
                 held.discard(database)
-                provisioner.release(database)
+                provisioner.release_later(database)
                 return {"ok": True}
             if op == "prefill":
                 env, count = request.get("env"), request.get("count", 1)
