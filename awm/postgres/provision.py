@@ -434,9 +434,10 @@ def _create_instance(conn: psycopg.Connection, admin_dsn: str, template: Templat
             raise ValueError(f"unknown CREATE DATABASE strategy {strategy!r}")
         clone = sql.SQL("{} STRATEGY {}").format(clone, sql.SQL(strategy.upper()))
     conn.execute(clone)
-    conn.execute(sql.SQL("REVOKE ALL ON DATABASE {} FROM PUBLIC").format(db))
-    conn.execute(sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(db, role))
-    conn.execute(sql.SQL("COMMENT ON DATABASE {} IS {}").format(db, comment))
+    with conn.transaction():  # one commit (a synchronous one on a durable server), not three
+        conn.execute(sql.SQL("REVOKE ALL ON DATABASE {} FROM PUBLIC").format(db))
+        conn.execute(sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(db, role))
+        conn.execute(sql.SQL("COMMENT ON DATABASE {} IS {}").format(db, comment))
     params = conninfo_to_dict(admin_dsn)
     params.update(dbname=name, user=name, password=password)
     return Instance(template.env, name, name, make_conninfo(**params))
