@@ -204,9 +204,10 @@ class EnvInstance:
 
     def _drop_later(self, binding: Binding) -> None:
         """Drop an evicted environment in the background. It is unreachable already (out of
-        ``_bindings`` and not the one served); what remains is the provisioner's ``DROP
-        DATABASE`` and killing its workers, ~40 ms of a 124 ms switch when it was on the claim
-        path (real node, docs/benchmarks.md). :meth:`close` waits for what is still running."""
+        ``_bindings`` and not the one served); what remains is killing its workers and the
+        provisioner's ``DROP DATABASE`` (27-57 ms on a disk), which a switch that evicted used to
+        wait for (docs/benchmarks.md, "A switch to a new database, cheaper"). :meth:`close` waits
+        for the drops still running."""
         task = asyncio.get_running_loop().create_task(self._drop(binding, aside=True))
         self._dropping.add(task)
         task.add_done_callback(self._dropped)
