@@ -47,6 +47,14 @@ def _metric(text: str, name: str, **labels: str) -> float | None:
     return None
 
 
+def _wait_dropped(admin_dsn: str, database: str, seconds: float = 10.0) -> None:
+    """Until ``database`` is gone (drops run after the answer that causes them), then say so."""
+    deadline = time.monotonic() + seconds
+    while database in provision.list_instances(admin_dsn) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert database not in provision.list_instances(admin_dsn)
+
+
 async def test_an_instance_switches_environment_and_keeps_every_guarantee(fleet, bundles):
     handle = fleet.instances[0]
     control = ControlClient(handle.control_url)
@@ -281,17 +289,9 @@ def test_the_provisioner_hands_each_database_to_one_connection(admin_dsn, bundle
         second = two.acquire("notes")
         assert second.ready is True and second.database != got.database
         two.close()  # a connection that closes (its instance exited) drops what it held
-        for _ in range(100):
-            if second.database not in provision.list_instances(admin_dsn):
-                break
-            time.sleep(0.05)
-        assert second.database not in provision.list_instances(admin_dsn)
+        _wait_dropped(admin_dsn, second.database, 5.0)
         one.release(got.database)  # answered at once, dropped right after
-        for _ in range(200):
-            if got.database not in provision.list_instances(admin_dsn):
-                break
-            time.sleep(0.05)
-        assert got.database not in provision.list_instances(admin_dsn)
+        _wait_dropped(admin_dsn, got.database)
     finally:
         one.close()
         two.close()
@@ -339,11 +339,7 @@ def test_the_provisioner_on_an_abstract_name_answers_its_own_uid_only(admin_dsn,
             os.waitpid(pid, 0)
             assert answer == b"closed", answer
         client.release(got.database)
-        for _ in range(200):
-            if got.database not in provision.list_instances(admin_dsn):
-                break
-            time.sleep(0.05)
-        assert got.database not in provision.list_instances(admin_dsn)
+        _wait_dropped(admin_dsn, got.database)
     finally:
         client.close()
         server.close()
