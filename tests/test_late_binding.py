@@ -10,6 +10,7 @@ import os
 import signal
 import socket
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import psycopg
@@ -19,7 +20,8 @@ from awm import catalog
 from awm.client import ControlApiError, ControlClient, McpError, McpSession
 from awm.episode.sources import Lease, LocalFleetSource, PoolSource
 from awm.fleet import Database, LocalFleet
-from awm.postgres import provision
+from awm.postgres import provision, snapshot
+from awm.postgres.spares import SPARE, Spares, made_at
 from awm.postgres.provisioner import Provisioner, ProvisionerClient, ProvisionerError, ProvisionerServer
 
 
@@ -459,3 +461,108 @@ def test_an_instance_keeps_the_series_of_its_most_recently_served_environments()
     assert 'awm_tool_calls_total{env="e4",outcome="ok",tool="tool"} 1.0' in text
     m.bound("e5", "e3")  # served again: the most recent, nothing of it lost
     assert 'env="e3"' in generate_latest(m.registry).decode()
+
+
+# --------------------------------------------------------------------------- spares shared by a pool
+
+
+def _spares(admin_dsn: str, pool: Spares | None = None) -> list[str]:
+    """Spare databases on the server (of one pool's ``pool`` if given), in no order."""
+    start = f"{SPARE}{pool.pool}_" if pool else SPARE
+    return [d for d in provision.list_instances(admin_dsn) if d.startswith(start)]
+
+
+def _until(what: str, ok, seconds: float = 30.0):
+    deadline = time.monotonic() + seconds
+    while not (got := ok()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+    return got
+
+
+def test_a_spare_made_by_one_pods_provisioner_is_taken_by_anothers(admin_dsn, bundles):
+    """Two provisioners of one pool (two pods of a fleet): a claim of an environment on the
+    first leaves a spare of it on the server; the second's claim of it takes that spare (renamed
+    to its own instance, with a role that reaches only it, at the template's checksum) instead of
+    cloning; a provisioner of another pool never takes it; the operator's sweep of gone pods
+    leaves spares, the fleet's finalizer listing has them."""
+    by_name = {b.name: b for b in bundles}
+    meta = {"fleet": "sparetest", "namespace": "ns-spares"}
+    make = (lambda prefix, pool, spares=8: Provisioner(admin_dsn, by_name.__getitem__, prefix, keep=0,
+                                                       meta={**meta, "pod": prefix}, max_spares=spares, pool=pool))
+    one, two, other = make("sparepoda", "pool-a"), make("sparepodb", "pool-a"), make("sparepodc", "pool-b")
+    try:
+        first = one.acquire("crm", "a")
+        assert (first.ready, first.spare) == (False, False)  # nothing made ahead yet: a clone
+        (spare,) = _until("a spare of crm", lambda: _spares(admin_dsn, one.spares))
+        with pytest.raises(psycopg.OperationalError, match="permission denied"):  # no instance reaches a spare
+            psycopg.connect(first.dsn.replace(f"dbname={first.database}", f"dbname={spare}"), connect_timeout=5).close()
+        taken = two.acquire("crm", "b")
+        assert (taken.ready, taken.spare, taken.database) == (True, True, taken.database)
+        assert taken.database.startswith(provision.INSTANCE_PREFIX) and spare not in provision.list_instances(admin_dsn)
+        with psycopg.connect(taken.dsn, connect_timeout=5) as conn:
+            assert snapshot.compute_checksum(conn).digest == taken.checksum
+            assert conn.execute("SELECT current_user").fetchone()[0] == taken.database
+        with pytest.raises(psycopg.OperationalError):  # its role reaches its own database only
+            psycopg.connect(taken.dsn.replace(f"dbname={taken.database}", f"dbname={first.database}"),
+                            connect_timeout=5).close()
+        comment = provision.instances_with_meta(admin_dsn)[taken.database]
+        assert (comment["pod"], comment.get("spare")) == ("sparepodb", None)  # the taker's, no longer a spare
+        # the next spare of crm was made again (by either), and another pool's claim clones
+        (again,) = _until("the next spare of crm", lambda: _spares(admin_dsn, one.spares))
+        assert again != spare
+        cloned = other.acquire("crm", "c")
+        assert (cloned.ready, cloned.spare) == (False, False) and again in _spares(admin_dsn)
+        # the operator: a sweep of gone pods keeps the fleet's spares; its finalizer's listing has them
+        from awm_operator import databases
+
+        listed = databases.fleet_databases(admin_dsn, "ns-spares", "sparetest")
+        assert listed[again] == "" and listed[taken.database] == "sparepodb"
+        gone = databases.drop_orphans(admin_dsn, "ns-spares", "sparetest", live_pods={"sparepodb", "sparepodc"})
+        assert first.database in gone and again not in gone and again in provision.list_instances(admin_dsn)
+        assert one.stats["clones_on_claim"] == 1 and two.stats["spare_hits"] == 1
+    finally:
+        for p in (one, two, other):
+            p.close()
+        for name in _spares(admin_dsn):
+            provision.drop_instance(admin_dsn, name)
+
+
+def test_spares_are_bounded_and_a_group_claim_makes_one_of_each(admin_dsn, bundles):
+    """Eight claims at once of one environment on four provisioners of a pool (a GRPO group on
+    four pods) each get their own database and leave one spare, not eight; spares beyond the
+    pool's bound are dropped oldest first; one left half-made by a dead maker goes once stale."""
+    by_name = {b.name: b for b in bundles}
+    pods = [Provisioner(admin_dsn, by_name.__getitem__, f"sparegrp{i}", keep=0, meta={"pod": f"p{i}"},
+                        max_spares=2, pool="pool-group") for i in range(4)]
+    try:
+        with ThreadPoolExecutor(8) as ex:
+            got = list(ex.map(lambda i: pods[i % 4].acquire("project_tracker", f"g{i}"), range(8)))
+        assert len({g.database for g in got}) == 8
+        _until("a spare of project_tracker", lambda: _spares(admin_dsn, pods[0].spares))
+        time.sleep(0.5)  # every queued look has run by now: none made a second
+        for p in pods:
+            p._refill.submit(lambda: None).result(timeout=30)
+        assert len(_spares(admin_dsn, pods[0].spares)) == 1
+        # two more environments: three spares for a bound of two, the oldest (project_tracker's) dropped
+        pods[0].acquire("notes", "n")
+        _until("a spare of notes", lambda: len(_spares(admin_dsn, pods[0].spares)) == 2)
+        pods[1].acquire("crm", "c")
+        def spare_envs() -> list[str]:
+            meta = provision.instances_with_meta(admin_dsn)
+            return sorted(meta[n]["env"] for n in _spares(admin_dsn, pods[0].spares))
+
+        _until("a spare of crm", lambda: "crm" in spare_envs())
+        pods[1]._refill.submit(lambda: None).result(timeout=30)  # its trim has run
+        assert spare_envs() == ["crm", "notes"]
+        assert all(made_at(n) for n in _spares(admin_dsn, pods[0].spares))
+        # a spare half made by a maker that died (no comment, an old time in its name) is dropped
+        stale = pods[0].spares.prefix(pods[0].template("notes"), making=True) + f"{int((time.time() - 3600) * 1000):011x}_dead"
+        with provision._admin(admin_dsn) as conn:
+            conn.execute(provision.clone_statement(pods[0].template("notes"), stale))
+            assert stale in pods[0].spares.trim(conn)
+    finally:
+        for p in pods:
+            p.close()
+        for name in _spares(admin_dsn):
+            provision.drop_instance(admin_dsn, name)

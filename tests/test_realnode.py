@@ -788,9 +788,12 @@ def test_evaluation_campaign_job_runs_as_a_real_pod(chart: Cluster, fleet: str, 
         episodes = [e for e in events if e["event"] == "end"]
         assert sorted(e["task_id"] for e in episodes) == sorted([EVAL_SOLVED, EVAL_MISSED, EVAL_OTHER] * EVAL_K)
         assert {e["instance"] for e in episodes} <= seen_pods and seen_pods, (seen_pods, [e["instance"] for e in episodes])
-        # two pods served both environments: switched at the claims, not one pod per environment
+        # both environments' episodes on the one late fleet of EVAL_K pods (a per-environment fleet
+        # would need a pod set per environment). Whether a pod also switched depends on timing: a
+        # claim prefers a free pod that keeps its environment cached, so each environment may stay
+        # on one pod; switching itself is proved by test_a_late_binding_fleet_serves_every_environment_in_turn.
         served = {env: {e["instance"] for e in episodes if e["env"] == env} for env in rates}
-        assert served["crm"] & served["project_tracker"], served
+        assert all(served.values()) and len(served["crm"] | served["project_tracker"]) <= EVAL_K, served
         for e in episodes:
             calls = [c for t in e["turns"] for c in t["tool_calls"]]
             outcomes = [r for t in e["turns"] for r in t["results"]]

@@ -407,40 +407,70 @@ def _create_instance(conn: psycopg.Connection, admin_dsn: str, template: Templat
                      meta: dict[str, str] | None, strategy: str | None = None) -> Instance:
     """:func:`create_instance` on an admin connection the caller holds. ``strategy``: the
     ``CREATE DATABASE`` strategy (``FILE_COPY`` or ``WAL_LOG``; None: the server's default)."""
-    password = secrets.token_urlsafe(24)
-    db, role = sql.Identifier(name), sql.Identifier(name)
     _drop(conn, name)
-    comment = sql.Literal(json.dumps({**(meta or {}), "env": template.env, "template": template.dbname}))
+    comment = instance_comment(template, meta)
     # The role and its owner record (the comment) are made in one transaction, before the
     # database exists: a process killed at any point of this function leaves nothing without an
     # owner for reap_abandoned and the operator's sweeps to find (CREATE DATABASE cannot run in a
     # transaction; its own comment follows it).
     with conn.transaction():
-        # One connection: the env server's. A stolen password cannot open a second one beside it.
-        conn.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {} IN ROLE {}, {} CONNECTION LIMIT 1").format(
-            role, sql.Literal(scram_verifier(password)), sql.Identifier(TOOL_ROLE), sql.Identifier(READER_ROLE)))
-        conn.execute(sql.SQL("COMMENT ON ROLE {} IS {}").format(role, comment))
-        # Temporary files are the cluster's disk, shared with every other instance: a sort or hash
-        # that spills is bounded (superuser-only setting: the role cannot raise it).
-        try:
-            with conn.transaction():
-                conn.execute(sql.SQL("ALTER ROLE {} SET temp_file_limit = {}").format(
-                    role, sql.Literal(TEMP_FILE_LIMIT)))
-        except psycopg.errors.InsufficientPrivilege:
-            log.warning("cannot set temp_file_limit for instance roles (the admin role is not a superuser)")
-    clone = sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(db, sql.Identifier(template.dbname))
+        password = instance_role(conn, name, comment)
+    conn.execute(clone_statement(template, name, strategy))
+    with conn.transaction():  # one commit (a synchronous one on a durable server), not three
+        open_database(conn, name, name, comment)
+    return Instance(template.env, name, name, instance_dsn(admin_dsn, name, password))
+
+
+def instance_comment(template: Template, meta: dict[str, Any] | None) -> str:
+    """The comment of an instance database and its role: ``meta`` (owner) and where it came from."""
+    return json.dumps({**(meta or {}), "env": template.env, "template": template.dbname})
+
+
+def instance_dsn(admin_dsn: str, name: str, password: str) -> str:
+    """The DSN of instance ``name``: the admin's server, the instance's database, role and password."""
+    params = conninfo_to_dict(admin_dsn)
+    params.update(dbname=name, user=name, password=password)
+    return make_conninfo(**params)
+
+
+def clone_statement(template: Template, name: str, strategy: str | None = None) -> sql.Composed:
+    """``CREATE DATABASE name TEMPLATE ...`` (``STRATEGY`` when given: FILE_COPY or WAL_LOG)."""
+    clone = sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(name), sql.Identifier(template.dbname))
     if strategy is not None:
         if strategy.upper() not in ("FILE_COPY", "WAL_LOG"):
             raise ValueError(f"unknown CREATE DATABASE strategy {strategy!r}")
         clone = sql.SQL("{} STRATEGY {}").format(clone, sql.SQL(strategy.upper()))
-    conn.execute(clone)
-    with conn.transaction():  # one commit (a synchronous one on a durable server), not three
-        conn.execute(sql.SQL("REVOKE ALL ON DATABASE {} FROM PUBLIC").format(db))
-        conn.execute(sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(db, role))
-        conn.execute(sql.SQL("COMMENT ON DATABASE {} IS {}").format(db, comment))
-    params = conninfo_to_dict(admin_dsn)
-    params.update(dbname=name, user=name, password=password)
-    return Instance(template.env, name, name, make_conninfo(**params))
+    return clone
+
+
+def instance_role(conn: psycopg.Connection, name: str, comment: str) -> str:
+    """Create instance ``name``'s role (in the caller's transaction) and return its password.
+
+    One connection at most: the env server's; a stolen password cannot open a second one
+    beside it. Temporary files are the cluster's disk, shared with every other instance, so a
+    sort or hash that spills is bounded (a superuser-only setting: the role cannot raise it)."""
+    password = secrets.token_urlsafe(24)
+    role = sql.Identifier(name)
+    conn.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {} IN ROLE {}, {} CONNECTION LIMIT 1").format(
+        role, sql.Literal(scram_verifier(password)), sql.Identifier(TOOL_ROLE), sql.Identifier(READER_ROLE)))
+    conn.execute(sql.SQL("COMMENT ON ROLE {} IS {}").format(role, sql.Literal(comment)))
+    try:
+        with conn.transaction():
+            conn.execute(sql.SQL("ALTER ROLE {} SET temp_file_limit = {}").format(
+                role, sql.Literal(TEMP_FILE_LIMIT)))
+    except psycopg.errors.InsufficientPrivilege:
+        log.warning("cannot set temp_file_limit for instance roles (the admin role is not a superuser)")
+    return password
+
+
+def open_database(conn: psycopg.Connection, database: str, role: str | None, comment: str) -> None:
+    """Database ``database`` reachable by ``role`` only (None: by nobody but the admin), and its
+    owner record, in the caller's transaction."""
+    db = sql.Identifier(database)
+    conn.execute(sql.SQL("REVOKE ALL ON DATABASE {} FROM PUBLIC").format(db))
+    if role is not None:
+        conn.execute(sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(db, sql.Identifier(role)))
+    conn.execute(sql.SQL("COMMENT ON DATABASE {} IS {}").format(db, sql.Literal(comment)))
 
 
 def drop_instance(admin_dsn: str, name: str) -> None:

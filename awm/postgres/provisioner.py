@@ -52,6 +52,7 @@ import psycopg
 
 from awm.bundle import EnvBundle
 from awm.postgres import provision
+from awm.postgres.spares import Spares
 
 log = logging.getLogger("awm.provisioner")
 
@@ -101,6 +102,7 @@ class Acquired:
     checksum: str
     ms: float  # time inside the provisioner: ~0 for a database made ahead, a clone's time otherwise
     ready: bool  # made ahead (True) or cloned on the claim path (False)
+    spare: bool = False  # made ahead by any provisioner of the fleet (a shared spare), not this one
 
 
 class Provisioner:
@@ -108,11 +110,13 @@ class Provisioner:
 
     ``bundles`` finds an environment's bundle by name (raises ``KeyError`` for an unknown one).
     ``keep``: databases made ahead per environment once it has been asked for (0: clone on every
-    claim). ``meta`` goes into every database comment (the owner, for ``reap_abandoned``)."""
+    claim). ``meta`` goes into every database comment (the owner, for ``reap_abandoned``).
+    ``max_spares``: databases made ahead on the server for every provisioner of the same ``pool``
+    (:class:`Spares`; 0: none)."""
 
     def __init__(self, admin_dsn: str, bundles: Callable[[str], EnvBundle], prefix: str,
                  keep: int = 1, meta: dict[str, str] | None = None, refill_jobs: int = 1,
-                 max_ready: int = 16) -> None:
+                 max_ready: int = 16, max_spares: int = 0, pool: str = "") -> None:
         self.admin_dsn = admin_dsn
         self._bundles = bundles
         self.prefix = prefix
@@ -136,7 +140,9 @@ class Provisioner:
         self._drops = ThreadPoolExecutor(1, thread_name_prefix="awm-provision-drop")  # releases, after their answer
         self._strategy: str | None = None
         self.closed = False
-        self.stats = {"acquired": 0, "ready_hits": 0, "clones_on_claim": 0, "refills": 0, "released": 0}
+        self.spares = Spares(admin_dsn, pool or prefix, max_spares, self.meta) if max_spares > 0 else None
+        self.stats = {"acquired": 0, "ready_hits": 0, "spare_hits": 0, "clones_on_claim": 0, "refills": 0,
+                      "spares_made": 0, "released": 0}
 
     # -- templates and clones --------------------------------------------------------------------
 
@@ -175,16 +181,23 @@ class Provisioner:
             raise ProvisionerError(f"database name {name!r} would exceed 63 bytes")
         return name
 
+    def strategy(self, conn: psycopg.Connection) -> str | None:
+        """The ``CREATE DATABASE`` strategy, asked once: WAL_LOG on a durable server, FILE_COPY
+        without fsync."""
+        if self._strategy is None:
+            self._strategy = provision.clone_strategy(conn) or ""
+            log.info("instance databases are cloned with %s", f"STRATEGY {self._strategy}"
+                     if self._strategy else "the server's default strategy")
+        return self._strategy or None
+
+    def _owner(self) -> dict[str, str]:
+        return {**self.meta, "provisioner": self.prefix}
+
     def _clone(self, env: str) -> provision.Instance:
         template = self.template(env)
         with provision._admin(self.admin_dsn) as conn:
-            if self._strategy is None:  # WAL_LOG on a durable server, FILE_COPY without fsync
-                self._strategy = provision.clone_strategy(conn) or ""
-                log.info("instance databases are cloned with %s", f"STRATEGY {self._strategy}"
-                         if self._strategy else "the server's default strategy")
             instance = provision._create_instance(conn, self.admin_dsn, template, self._name(env),
-                                                  {**self.meta, "provisioner": self.prefix},
-                                                  self._strategy or None)
+                                                  self._owner(), self.strategy(conn))
         with self._lock:
             self._made[instance.dbname] = instance
         return instance
@@ -211,17 +224,25 @@ class Provisioner:
         with self._lock:
             ready = self._ready.get(env)
             instance = ready.popleft() if ready else None
-            made_ahead = instance is not None
-            self.stats["acquired"] += 1
-            self.stats["ready_hits" if instance else "clones_on_claim"] += 1
+        kind = "ready_hits" if instance is not None else "clones_on_claim"
+        if instance is None and self.spares is not None:
+            instance = self.spares.take(template, self._name(env), self._owner())
+            if instance is not None:
+                kind = "spare_hits"
+                with self._lock:
+                    self._made[instance.dbname] = instance
         if instance is None:
             instance = self._clone(env)
-        if holder:
-            with self._lock:
+        with self._lock:
+            self.stats["acquired"] += 1
+            self.stats[kind] += 1
+            if holder:
                 self._holders[instance.dbname] = holder
         self._top_up(env)
+        if self.spares is not None:
+            self._refill.submit(self._make_spare, env)
         return Acquired(env, instance.dbname, instance.dsn, template.dbname, template.checksum,
-                        (time.perf_counter() - start) * 1000, made_ahead)
+                        (time.perf_counter() - start) * 1000, kind != "clones_on_claim", kind == "spare_hits")
 
     def release(self, database: str) -> None:
         """Drop a database this provisioner made (its role with it)."""
@@ -288,14 +309,30 @@ class Provisioner:
             with self._lock:
                 self._refilling[env] -= 1
 
+    def _make_spare(self, env: str) -> None:
+        """A spare of ``env`` on the server, unless one is there or being made (off the claim path)."""
+        try:
+            template = self.template(env)
+            if not self.closed and self.spares is not None and self.spares.wanted(template):
+                with provision._admin(self.admin_dsn) as conn:
+                    made = self.spares.make(conn, template, self._owner(), self.strategy(conn))
+                if made:
+                    with self._lock:
+                        self.stats["spares_made"] += 1
+        except Exception as exc:  # noqa: BLE001 - a spare is an optimisation: the next claim clones
+            log.warning("spare of %s failed: %s: %s", env, type(exc).__name__, exc)
+
     def ready_count(self, env: str | None = None) -> int:
         with self._lock:
             return sum(len(q) for e, q in self._ready.items() if env is None or e == env)
 
     def close(self) -> None:
-        """Drop every database made here (handed out or ready)."""
+        """Drop every database made here (handed out or ready). Spares stay: they belong to the
+        pool (the fleet), not to this provisioner."""
         self.closed = True
         self._refill.shutdown(wait=True, cancel_futures=True)
+        if self.spares is not None:
+            self.spares.close()
         self._drops.shutdown(wait=True)  # releases already answered: drop them (the rest follows)
         with self._lock:
             names, self._made = list(self._made), {}
@@ -464,7 +501,8 @@ class ProvisionerClient:
 
     def acquire(self, env: str) -> Acquired:
         r = self.request({"op": "acquire", "env": env, "instance": self.instance})
-        return Acquired(r["env"], r["database"], r["dsn"], r["template"], r["checksum"], r["ms"], r["ready"])
+        return Acquired(r["env"], r["database"], r["dsn"], r["template"], r["checksum"], r["ms"], r["ready"],
+                        bool(r.get("spare", False)))
 
     def release(self, database: str) -> None:
         self.request({"op": "release", "database": database})
@@ -496,6 +534,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prefix", required=True, help="whose databases (the pod's name): hashed into their names")
     parser.add_argument("--keep", type=int, default=0, help="databases made ahead per environment in demand")
     parser.add_argument("--meta", default="{}", help="JSON object for every database comment (pod, fleet, namespace)")
+    parser.add_argument("--spares", type=int, default=0,
+                        help="spare databases of recently claimed environments kept on the server for every "
+                             "provisioner of the same fleet (namespace and fleet of --meta); 0: none")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     admin = os.environ.pop("AWM_ADMIN_DSN", "")
@@ -507,8 +548,10 @@ def main(argv: list[str] | None = None) -> None:
     import hashlib
 
     prefix = hashlib.sha256(args.prefix.encode()).hexdigest()[:8]
+    meta = json.loads(args.meta)
+    pool = json.dumps([meta.get("namespace", ""), meta.get("fleet", "")]) if meta.get("fleet") else prefix
     provisioner = Provisioner(admin, lambda env: catalog.find(root, env), prefix, keep=args.keep,
-                              meta=json.loads(args.meta))
+                              meta=meta, max_spares=args.spares, pool=pool)
     server = ProvisionerServer(provisioner, args.socket)
     import signal
 

@@ -199,6 +199,11 @@ class EnvFleetSpec(_Spec):
         "one it serves: a repeat claim of one, or of one made ready ahead (the allocation API's "
         "prepare), costs a reset instead of a switch. Each costs the pod a few MB and an open "
         "connection on its Postgres shard."))
+    spare_databases: int = Field(64, alias="spareDatabases", ge=0, le=1024, description=(
+        "binding: late - databases the fleet keeps made ahead on each Postgres shard for any of its "
+        "pods: one of each environment claimed recently, the oldest dropped beyond this many. A switch "
+        "to an environment with a spare takes it (a rename) instead of cloning on the claim path. "
+        "Each costs the shard's disk the size of the environment's database (a few MB); 0: none."))
     catalog: CatalogSource
     database: DatabaseRef
     template: PodOverrides = Field(default_factory=PodOverrides)

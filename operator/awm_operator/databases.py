@@ -35,9 +35,9 @@ from awm.postgres import provision
 
 DEFAULT_SHARD = "default"
 _KEY = re.compile(r"^dsn(?:-([a-z0-9]([a-z0-9-]{0,28}[a-z0-9])?))?$")
-# Connection slots one instance holds at most: the env server's one, and a late-binding pod's
-# provisioner (one admin connection, a second while it makes a database). Pinned pods hold one
-# once provisioned; counting two for both keeps the estimate on the safe side.
+# Connection slots one instance holds: the env server's one, and a late-binding pod's provisioner
+# (one admin connection kept for taking spares; others for a moment while it makes a database).
+# Pinned pods hold one once provisioned; counting two for both keeps the estimate on the safe side.
 SLOTS_PER_INSTANCE = 2
 PROBE_TIMEOUT_S = 3
 
@@ -113,10 +113,13 @@ def choose_shard(shards: Iterable[Shard], starting: Mapping[str, int]) -> Shard 
     return best
 
 
-def fleet_databases(admin_dsn: str, namespace: str, fleet: str) -> dict[str, str]:
-    """Database name -> pod name, for every instance database of this fleet on one shard."""
+def fleet_databases(admin_dsn: str, namespace: str, fleet: str, spares: bool = True) -> dict[str, str]:
+    """Database name -> pod name, for every instance database of this fleet on one shard (with its
+    spares, the databases its pods' provisioners made ahead for any of them, whose pod is ``""``,
+    unless ``spares`` is False)."""
     return {db: str(meta.get("pod", "")) for db, meta in provision.instances_with_meta(admin_dsn).items()
-            if meta.get("fleet") == fleet and meta.get("namespace") == namespace}
+            if meta.get("fleet") == fleet and meta.get("namespace") == namespace
+            and (spares or not meta.get("spare"))}
 
 
 def drop(admin_dsn: str, names: list[str]) -> None:
@@ -125,7 +128,9 @@ def drop(admin_dsn: str, names: list[str]) -> None:
 
 
 def drop_orphans(admin_dsn: str, namespace: str, fleet: str, live_pods: set[str]) -> list[str]:
-    """Drop the databases on one shard whose pod no longer exists; return their names."""
-    gone = [db for db, pod in fleet_databases(admin_dsn, namespace, fleet).items() if pod not in live_pods]
+    """Drop the databases on one shard whose pod no longer exists; return their names. Spares
+    belong to the fleet, not to a pod: they go with the fleet (its finalizer)."""
+    gone = [db for db, pod in fleet_databases(admin_dsn, namespace, fleet, spares=False).items()
+            if pod not in live_pods]
     drop(admin_dsn, gone)
     return gone
