@@ -318,6 +318,9 @@ def main() -> int:
     ap.add_argument("--late-cache-envs", type=int, default=None,
                     help="the fleet's cacheEnvironments (default: --late-envs / --late-pods, so that each pass over "
                          "one set of environments evicts the other from the pods' caches)")
+    ap.add_argument("--late-spares", type=int, default=None,
+                    help="the fleet's spareDatabases (default: the EnvFleet's); 0 for the baseline without spares, "
+                         "2 x --late-envs to keep a spare of every environment of both sets")
     a = ap.parse_args()
     # SIGTERM (a timeout, a Ctrl-C from a runner) must still stop the node and restore the host
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -339,7 +342,8 @@ def main() -> int:
             raise RuntimeError(f"helm install: {r.stderr}")
         out["helm_install_s"] = round(time.monotonic() - t1, 1)
         if a.late:
-            out["late"] = late_fleet(cp, builder, a.late_pods, a.late_envs, a.late_clients, a.late_cache_envs)
+            out["late"] = late_fleet(cp, builder, a.late_pods, a.late_envs, a.late_clients, a.late_cache_envs,
+                                     a.late_spares)
             return 0
         sizes = {}
         for n in a.sizes:
@@ -510,7 +514,8 @@ async def _info(control_url: str) -> dict[str, Any]:
         await control.close()
 
 
-def late_fleet(cp: Any, builder: Any, pods: int, count: int, clients: int, cache_envs: int | None = None) -> dict[str, Any]:
+def late_fleet(cp: Any, builder: Any, pods: int, count: int, clients: int, cache_envs: int | None = None,
+               spares: int | None = None) -> dict[str, Any]:
     """binding: late on the real node: ``pods`` env pods serving two sets of ``count``
     environments of the generated catalog in turn: the environments' first use on the cluster
     (their templates are made), claims not told ahead of environments some pod keeps, switches to
@@ -518,7 +523,8 @@ def late_fleet(cp: Any, builder: Any, pods: int, count: int, clients: int, cache
     "client"``) and claims told ahead; every episode replays a task to complete and every release
     must reset pristine. Then each pod's memory with its cached environments. ``cache_envs``
     (the fleet's cacheEnvironments): ``count / pods`` by default, so that a pass over one set
-    evicts the other."""
+    evicts the other. ``spares``: the fleet's spareDatabases (None: the EnvFleet's default); a
+    switch to an environment with a spare on the shard takes it instead of cloning."""
     cache_envs = cache_envs or max(1, count // pods)
     from awm import catalog as awm_catalog
     from tests.k8s_e2e import CLIENTS_NS, client_token, grant_claims
@@ -539,13 +545,14 @@ def late_fleet(cp: Any, builder: Any, pods: int, count: int, clients: int, cache
     cp.api("POST", f"{API}/envfleets", {"apiVersion": "awm.dev/v1alpha1", "kind": "EnvFleet", "metadata": {"name": name},
                                         "spec": {"environments": names, "replicas": pods, "binding": "late",
                                                  "cacheEnvironments": cache_envs,
+                                                 **({"spareDatabases": spares} if spares is not None else {}),
                                                  "catalog": {"image": ref, "path": "/catalog"},
                                                  "serving": {"allowUngated": True},
                                                  "database": {"secretName": "awm-database"},
                                                  "template": {"resources": LATE_RESOURCES}}})
     ready_times(cp, f"awm.dev/fleet={name}", pods)
     out: dict[str, Any] = {"pods": pods, "environments": count, "cache_environments": cache_envs,
-                           "ready_s": round(time.monotonic() - t0, 1)}
+                           "spare_databases": spares, "ready_s": round(time.monotonic() - t0, 1)}
     ips = [p["status"]["podIP"] for p in cp.api("GET", f"/api/v1/namespaces/{NS}/pods?labelSelector=awm.dev/fleet={name}")["items"]]
     # Two sets of ``count`` environments, A and B. Claims are planned "pods that serve it first,
     # then pods that keep it cached, then any others", and the pods keep ``cache_envs`` each, so
