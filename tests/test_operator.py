@@ -725,6 +725,10 @@ def test_a_late_binding_pod_carries_the_catalog_and_a_provisioner_sidecar() -> N
     assert "/run/awm" not in {m["mountPath"] for m in sidecar["volumeMounts"]}
     meta = json.loads(sidecar["command"][sidecar["command"].index("--meta") + 1])
     assert meta == {"pod": "$(POD_NAME)", "fleet": "train", "namespace": "ns"}  # the orphan sweep finds them
+    assert sidecar["command"][sidecar["command"].index("--spares") + 1] == "64"  # spareDatabases' default
+    spareless = pod_manifest("train", "ns", "uid-1", fleet_spec(binding="late", spareDatabases=0), "crm", cfg)
+    command = spareless["spec"]["initContainers"][1]["command"]
+    assert command[command.index("--spares") + 1] == "0"
     assert [e["name"] for e in sidecar["env"]] == ["AWM_ADMIN_DSN", "POD_NAME"]
     assert sidecar["securityContext"]["readOnlyRootFilesystem"] is True
     server = pod["spec"]["containers"][0]

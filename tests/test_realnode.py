@@ -950,15 +950,33 @@ def test_a_late_binding_fleet_serves_every_environment_in_turn(chart: Cluster) -
         held = _databases(chart)
         print(f"late binding on the real node: group claims with switch p50 "
               f"{sorted(switches)[len(switches) // 2] * 1000:.0f} ms; {len(held)} instance databases in all")
+        # Spares: one of each environment claimed, made by the pods' provisioners for either pod
+        # (the fleet's, no pod's), the switches after the first of each environment took them.
+        spares = wait_for("a spare of each environment", lambda: (
+            s := _spares(chart, name)) and sorted(s.values()) == sorted(LATE_ENVS) and s, timeout=60, interval=1)
         victim = pods[0]
         mine = _late_databases(chart, victim)
         assert mine, "the pod's provisioner recorded its databases with the pod's name"
+        assert not set(mine) & set(spares)
+        spare_oids = _oids(chart, list(spares))
         cp.kubectl("-n", NS, "delete", "pod", victim, "--wait=true", "--timeout=120s")
         wait_for("the killed pod's databases dropped",
                  lambda: not set(mine) & set(_databases(chart)), timeout=180, interval=2)
+        # the sweep of the deleted pod's databases left the fleet's spares (the replacement pod may
+        # have taken its first environment's, and then made the next)
+        wait_for("a spare of each environment after the sweep",
+                 lambda: sorted(_spares(chart, name).values()) == sorted(LATE_ENVS), timeout=60, interval=1)
+        # the replacement pod's first database is a spare it took (the same database, renamed)
+        (new_pod,) = wait_for("the replacement pod", lambda: [p["metadata"]["name"] for p in chart.pods(name)
+                                                              if p["metadata"]["name"] not in pods] or None,
+                              timeout=180, interval=1)
+        first_db = wait_for("its first database", lambda: _late_databases(chart, new_pod), timeout=180, interval=1)
+        assert set(_oids(chart, first_db)) & set(spare_oids), (first_db, spares)
     finally:
         chart.delete("envfleets", name)
         wait_for("the late fleet's pods gone", lambda: not chart.pods(name), timeout=180, interval=1)
+    # the fleet's finalizer drops its spares with its databases
+    wait_for("the late fleet's spares dropped", lambda: not _spares(chart, name), timeout=120, interval=1)
 
 
 def test_postgres_shards_a_lost_shards_pods_are_replaced_on_the_other(chart: Cluster, images: dict[str, Any]) -> None:
@@ -1041,6 +1059,25 @@ def _late_databases(chart: Cluster, pod: str) -> list[str]:
               f"and shobj_description(oid, 'pg_database')::jsonb->>'pod' = '{pod}'")
     assert r.returncode == 0, r.stderr
     return r.stdout.split()
+
+
+def _oids(chart: Cluster, databases: list[str]) -> list[str]:
+    """The OIDs of ``databases`` on the chart's Postgres (a renamed database keeps its OID)."""
+    names = ",".join(f"'{d}'" for d in databases) or "''"
+    r = _exec(chart.cp, f"{RELEASE}-postgres-0", "psql", "-h", "/var/run/postgresql", "-U", "postgres", "-Atc",
+              f"select oid from pg_database where datname in ({names})")
+    assert r.returncode == 0, r.stderr
+    return r.stdout.split()
+
+
+def _spares(chart: Cluster, fleet: str) -> dict[str, str]:
+    """Spare databases of ``fleet`` on the chart's Postgres: name -> environment."""
+    r = _exec(chart.cp, f"{RELEASE}-postgres-0", "psql", "-h", "/var/run/postgresql", "-U", "postgres", "-Atc",
+              "select datname, shobj_description(oid, 'pg_database')::jsonb->>'env' from pg_database "
+              "where datname like 'awm_i_sp_%' "
+              f"and shobj_description(oid, 'pg_database')::jsonb->>'fleet' = '{fleet}'")
+    assert r.returncode == 0, r.stderr
+    return dict(line.split("|", 1) for line in r.stdout.split())
 
 
 def _ready_seconds(pod: dict[str, Any]) -> int:
