@@ -57,7 +57,6 @@ from awm.postgres.spares import Spares
 log = logging.getLogger("awm.provisioner")
 
 MAX_LINE = 64 * 1024  # a request is a name or two
-SPARE_DELAY_S = 0.5  # a spare is made this long after the claim that asked for it (Provisioner._make_spare)
 SOCKET_ENV = "AWM_PROVISIONER_SOCKET"
 
 
@@ -140,7 +139,6 @@ class Provisioner:
         self._refill = ThreadPoolExecutor(max(1, refill_jobs), thread_name_prefix="awm-provision-refill")
         self._drops = ThreadPoolExecutor(1, thread_name_prefix="awm-provision-drop")  # releases, after their answer
         self._spare_jobs = ThreadPoolExecutor(1, thread_name_prefix="awm-provision-spare")
-        self._closing = threading.Event()
         self._strategy: str | None = None
         self.closed = False
         self.spares = Spares(admin_dsn, pool or prefix, max_spares, self.meta) if max_spares > 0 else None
@@ -313,12 +311,9 @@ class Provisioner:
                 self._refilling[env] -= 1
 
     def _make_spare(self, env: str) -> None:
-        """A spare of ``env`` on the server, unless one is there or being made (off the claim path).
-
-        It waits :data:`SPARE_DELAY_S` first: the claim that asked for it is still connecting to
-        its database and checking it, on the same server, and a clone beside that doubled the
-        connect (10 -> 22 ms on the real node, measured)."""
-        if self._closing.wait(SPARE_DELAY_S):
+        """A spare of ``env`` on the server, unless one is there or being made (off the claim
+        path, on a thread of its own: refills of ready databases do not queue behind it)."""
+        if self.closed:
             return
         try:
             template = self.template(env)
@@ -339,7 +334,6 @@ class Provisioner:
         """Drop every database made here (handed out or ready). Spares stay: they belong to the
         pool (the fleet), not to this provisioner."""
         self.closed = True
-        self._closing.set()
         self._refill.shutdown(wait=True, cancel_futures=True)
         self._spare_jobs.shutdown(wait=True, cancel_futures=True)
         if self.spares is not None:
