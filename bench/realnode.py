@@ -321,6 +321,9 @@ def main() -> int:
     ap.add_argument("--late-spares", type=int, default=None,
                     help="the fleet's spareDatabases (default: the EnvFleet's); 0 for the baseline without spares, "
                          "2 x --late-envs to keep a spare of every environment of both sets")
+    ap.add_argument("--helm-set", action="append", default=[], metavar="KEY=VALUE",
+                    help="more chart values for the install (repeatable), e.g. "
+                         "'postgres.extraArgs={-c,shared_buffers=1GB}'")
     a = ap.parse_args()
     # SIGTERM (a timeout, a Ctrl-C from a runner) must still stop the node and restore the host
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -337,7 +340,9 @@ def main() -> int:
         out["image_import_s"] = {Path(k).name.split("-")[0]: round(v, 1) for k, v in loads.items()}
         out["image_mb"] = {n: round(images[n].size_bytes / 1e6) for n in chart.COMPONENTS}
         t1 = time.monotonic()
-        r = chart.helm_install(cp, {n: b.ref for n, b in images.items()}, release="awm", namespace=NS)
+        r = chart.helm_install(cp, {n: b.ref for n, b in images.items()}, release="awm", namespace=NS,
+                               sets=tuple(a.helm_set))
+        out["helm_sets"] = a.helm_set
         if r.returncode != 0:
             raise RuntimeError(f"helm install: {r.stderr}")
         out["helm_install_s"] = round(time.monotonic() - t1, 1)
