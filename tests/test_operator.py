@@ -1612,3 +1612,63 @@ async def test_a_status_another_replica_wrote_over_is_written_again() -> None:
     fleet.set_body({"metadata": {"name": "f"}, "status": other})
     await rec.patch_status(force=False)
     assert len(writes) == 2 and writes[-1]["ready"] == 2 and writes[-1]["allocated"] == 0
+
+
+# --------------------------------------------------------------------------- the pod watch
+
+
+async def test_a_silent_pod_watch_is_dropped_and_relisted() -> None:
+    """A watch stream whose peer vanished without closing it (no event, no bookmark) is given up
+    after ``silence_s`` and the pods are listed again, so a pod that became Ready meanwhile is
+    seen; before, the stream blocked for its whole request timeout (330 s). A real HTTP server
+    that answers the list and then holds each watch open, silent."""
+    from kubernetes_asyncio import client as k8s
+
+    from awm_operator.kube import Kube
+    from awm_operator.state import Fleets
+    from awm_operator.watch import PodWatcher
+
+    def pod(name: str) -> dict[str, Any]:
+        body = pod_manifest("f", "ns", "uid-1", fleet_spec(), "crm", OperatorConfig())
+        body["metadata"].update(name=name, resourceVersion="1")
+        body["status"] = {"phase": "Running", "podIP": "10.0.0.1",
+                          "conditions": [{"type": "Ready", "status": "True"}]}
+        return body
+
+    lists: list[int] = []
+    watches: list[int] = []
+
+    async def pods(request: web.Request) -> web.StreamResponse:
+        if request.query.get("watch") != "true":
+            lists.append(1)
+            items = [pod("a")] + ([pod("b")] if len(lists) > 1 else [])  # b started while the stream was dead
+            return web.json_response({"kind": "PodList", "metadata": {"resourceVersion": "5"}, "items": items})
+        watches.append(1)
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(request)
+        await asyncio.sleep(3600)  # silent and never closed
+        return response
+
+    app = web.Application()
+    app.router.add_get("/api/v1/namespaces/ns/pods", pods)
+    runner = web.AppRunner(app, shutdown_timeout=0.1)  # its watches never end by themselves
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # noqa: SLF001 - the port the OS chose
+    kube = Kube(k8s.ApiClient(k8s.Configuration(host=f"http://127.0.0.1:{port}")))
+    fleets = Fleets()
+    watcher = PodWatcher(kube, fleets, "ns", silence_s=0.5)
+    task = asyncio.create_task(watcher.run())
+    try:
+        for _ in range(200):
+            if "b" in (fleets.get("ns", "f") or fleets.ensure("ns", "f")).pods:
+                break
+            await asyncio.sleep(0.05)
+        assert set(fleets.ensure("ns", "f").pods) == {"a", "b"}, (lists, watches)
+        assert len(lists) >= 2 and len(watches) >= 1
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await kube.close()
+        await runner.cleanup()

@@ -18,6 +18,8 @@ import json
 import logging
 from typing import Any
 
+import aiohttp
+
 from awm_operator.kube import LIST_PAGE, ApiError, Kube
 from awm_operator.pods import APP_NAME, L_NAME, PodInfo
 from awm_operator.state import Fleets
@@ -25,6 +27,13 @@ from awm_operator.state import Fleets
 log = logging.getLogger("awm.operator.watch")
 
 SELECTOR = f"{L_NAME}={APP_NAME}"
+WATCH_S = 300  # the API server ends each watch after this long; it is then resumed
+# A watch the API server keeps open sends a bookmark about every minute (allowWatchBookmarks; the
+# watch cache's defaultBookmarkFrequency), so a stream silent for this long is dead: its peer went
+# away without closing it (a node, a route, a conntrack entry lost). Relisting then, instead of at
+# the request's end (330 s), bounds how long the pools miss pod events (pods Ready that no claim
+# sees). Without a watch cache (no bookmarks) an idle watch is relisted this often: one list.
+SILENCE_S = 150.0
 
 
 def owner_fleet(pod: dict[str, Any]) -> str | None:
@@ -47,8 +56,10 @@ def apply_event(fleets: Fleets, kind: str, pod: dict[str, Any]) -> None:
 
 
 class PodWatcher:
-    def __init__(self, kube: Kube, fleets: Fleets, namespace: str | None, page: int = LIST_PAGE) -> None:
+    def __init__(self, kube: Kube, fleets: Fleets, namespace: str | None, page: int = LIST_PAGE,
+                 silence_s: float = SILENCE_S) -> None:
         self.kube, self.fleets, self.namespace, self.page = kube, fleets, namespace, page
+        self.silence_s = silence_s
         self.synced = asyncio.Event()  # the first list has been applied
 
     @property
@@ -89,10 +100,11 @@ class PodWatcher:
     async def _watch(self, version: str) -> str | None:
         """Stream events; return the version to resume from, or None to relist (410 Gone)."""
         query = [("labelSelector", SELECTOR), ("watch", "true"), ("resourceVersion", version),
-                 ("allowWatchBookmarks", "true"), ("timeoutSeconds", "300")]
+                 ("allowWatchBookmarks", "true"), ("timeoutSeconds", str(WATCH_S))]
+        timeout = aiohttp.ClientTimeout(total=WATCH_S + 30, sock_connect=30, sock_read=self.silence_s)
         response = await self.kube.api.call_api(
             self.path, "GET", query_params=query, header_params={"Accept": "application/json"},
-            auth_settings=["BearerToken"], _preload_content=False, _request_timeout=330)
+            auth_settings=["BearerToken"], _preload_content=False, _request_timeout=timeout)
         try:
             if response.status != 200:
                 raise ApiError(response.status, (await response.read()).decode(errors="replace"))
