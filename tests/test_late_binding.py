@@ -565,3 +565,29 @@ def test_spares_are_bounded_and_a_group_claim_makes_one_of_each(admin_dsn, bundl
             p.close()
         for name in _spares(admin_dsn):
             provision.drop_instance(admin_dsn, name)
+
+
+def test_a_fleets_spares_without_a_comment_still_go_with_the_fleet(admin_dsn, bundles):
+    """A spare being made whose maker was killed before writing its comment is found by its name
+    (the fleet's pool is in it): the fleet's finalizer drops it, the sweep of gone pods does not."""
+    from awm_operator import databases
+
+    from awm.postgres.spares import fleet_pool
+
+    by_name = {b.name: b for b in bundles}
+    provisioner = Provisioner(admin_dsn, by_name.__getitem__, "nocomment", keep=0)
+    spares = Spares(admin_dsn, fleet_pool("ns-nc", "fleet-nc"), 4)
+    template = provisioner.template("notes")
+    orphan = spares.prefix(template, making=True) + f"{int(time.time() * 1000):011x}_dead"
+    try:
+        with provision._admin(admin_dsn) as conn:
+            conn.execute(provision.clone_statement(template, orphan))
+        assert databases.fleet_databases(admin_dsn, "ns-nc", "fleet-nc") == {orphan: ""}
+        assert databases.fleet_databases(admin_dsn, "ns-nc", "other") == {}
+        assert databases.drop_orphans(admin_dsn, "ns-nc", "fleet-nc", live_pods=set()) == []
+        databases.drop(admin_dsn, list(databases.fleet_databases(admin_dsn, "ns-nc", "fleet-nc")))
+        assert orphan not in provision.list_instances(admin_dsn)
+    finally:
+        provision.drop_instance(admin_dsn, orphan)
+        spares.close()
+        provisioner.close()

@@ -52,7 +52,7 @@ import psycopg
 
 from awm.bundle import EnvBundle
 from awm.postgres import provision
-from awm.postgres.spares import Spares
+from awm.postgres.spares import Spares, fleet_pool
 
 log = logging.getLogger("awm.provisioner")
 
@@ -554,7 +554,7 @@ def main(argv: list[str] | None = None) -> None:
 
     prefix = hashlib.sha256(args.prefix.encode()).hexdigest()[:8]
     meta = json.loads(args.meta)
-    pool = json.dumps([meta.get("namespace", ""), meta.get("fleet", "")]) if meta.get("fleet") else prefix
+    pool = fleet_pool(meta.get("namespace", ""), meta["fleet"]) if meta.get("fleet") else prefix
     provisioner = Provisioner(admin, lambda env: catalog.find(root, env), prefix, keep=args.keep,
                               meta=meta, max_spares=args.spares, pool=pool)
     server = ProvisionerServer(provisioner, args.socket)

@@ -55,6 +55,19 @@ def _digest(text: str, n: int = 6) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:n]
 
 
+def fleet_pool(namespace: str, fleet: str) -> str:
+    """The pool of a Kubernetes fleet's spares (its pods' provisioners share them)."""
+    return json.dumps([namespace, fleet])
+
+
+def pool_prefixes(pool: str) -> tuple[str, str]:
+    """The name prefixes of ``pool``'s spares and of those being made: the operator finds a
+    fleet's by name too, so that one whose maker was killed before writing its comment still
+    goes with the fleet."""
+    digest = _digest(pool)
+    return f"{SPARE}{digest}_", f"{MAKING}{digest}_"
+
+
 def made_at(name: str) -> float:
     """When a spare (or one being made) was made, from its name (0 if the name has no time)."""
     try:
@@ -71,6 +84,7 @@ class Spares:
 
     def __init__(self, admin_dsn: str, pool: str, max_spares: int, meta: dict[str, Any] | None = None) -> None:
         self.admin_dsn = admin_dsn
+        self.pool_name = pool
         self.pool = _digest(pool)
         self.max_spares = max_spares
         self.meta = {k: v for k, v in (meta or {}).items() if k != "pod"}
@@ -197,7 +211,7 @@ class Spares:
         making them; return what was dropped."""
         names = [r[0] for r in conn.execute(
             "SELECT datname FROM pg_database WHERE starts_with(datname, %s) OR starts_with(datname, %s)",
-            (f"{SPARE}{self.pool}_", f"{MAKING}{self.pool}_")).fetchall()]
+            pool_prefixes(self.pool_name)).fetchall()]
         spares = sorted((n for n in names if n.startswith(SPARE)), key=made_at)
         stale = [n for n in names if n.startswith(MAKING) and time.time() - made_at(n) > STALE_MAKING_S]
         drop = spares[:max(0, len(spares) - self.max_spares)] + stale

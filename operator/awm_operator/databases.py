@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import psycopg
 
 from awm.postgres import provision
+from awm.postgres import spares as spares_of
 
 DEFAULT_SHARD = "default"
 _KEY = re.compile(r"^dsn(?:-([a-z0-9]([a-z0-9-]{0,28}[a-z0-9])?))?$")
@@ -117,9 +118,10 @@ def fleet_databases(admin_dsn: str, namespace: str, fleet: str, spares: bool = T
     """Database name -> pod name, for every instance database of this fleet on one shard (with its
     spares, the databases its pods' provisioners made ahead for any of them, whose pod is ``""``,
     unless ``spares`` is False)."""
+    own = spares_of.pool_prefixes(spares_of.fleet_pool(namespace, fleet))
     return {db: str(meta.get("pod", "")) for db, meta in provision.instances_with_meta(admin_dsn).items()
-            if meta.get("fleet") == fleet and meta.get("namespace") == namespace
-            and (spares or not meta.get("spare"))}
+            if (meta.get("fleet") == fleet and meta.get("namespace") == namespace and (spares or not meta.get("spare")))
+            or (spares and db.startswith(own))}
 
 
 def drop(admin_dsn: str, names: list[str]) -> None:
