@@ -17,7 +17,8 @@ A spare's comment is the pool's metadata without a pod, and ``"spare": true``: t
 sweep of deleted pods' databases leaves it, the fleet's finalizer drops it with the fleet. One
 being made has its maker's comment (pod included), so the maker's death leaves nothing without
 an owner; one whose maker died before writing the comment is dropped by the next maker of the
-pool once it is older than :data:`STALE_MAKING_S` (the time is in its name).
+pool once it is older than :data:`STALE_MAKING_S` (the time is in its name), or with the fleet
+(the operator finds a fleet's spares by the pool digest in their names too: :func:`pool_prefixes`).
 
 Bounds: one spare per environment, made after each claim of it unless one is there or being
 made (a try-lock per pool and template: the sixteen claims of a GRPO group make one, not
