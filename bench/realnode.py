@@ -498,16 +498,21 @@ async def late_rounds(operator_url: str, fleet: str, envs: list[str], bundles: d
 
 
 def bind_kinds(ips: list[str]) -> dict[str, float]:
-    """Switches so far over the pods, by kind (awm_binds_total: new, cached, failed), from each env
-    server's own metrics: whether a pass switched to new databases or reset cached ones."""
+    """Switches so far over the pods, by kind (awm_binds_total: new, cached, failed), and the
+    databases they got by source (awm_databases_acquired_total: ``database_clone``, ``_ready``,
+    ``_spare``), from each env server's own metrics: whether a pass switched to new databases or
+    reset cached ones, and where the new ones came from."""
     import re
     import urllib.request
 
     kinds: dict[str, float] = {}
     for ip in ips:
         with urllib.request.urlopen(f"http://{ip}:8001/metrics", timeout=10) as r:
-            for m in re.finditer(r'^awm_binds_total\{kind="(\w+)"\} ([0-9.e+]+)$', r.read().decode(), re.M):
-                kinds[m[1]] = kinds.get(m[1], 0) + float(m[2])
+            text = r.read().decode()
+        for m in re.finditer(r'^awm_binds_total\{kind="(\w+)"\} ([0-9.e+]+)$', text, re.M):
+            kinds[m[1]] = kinds.get(m[1], 0) + float(m[2])
+        for m in re.finditer(r'^awm_databases_acquired_total\{source="(\w+)"\} ([0-9.e+]+)$', text, re.M):
+            kinds[f"database_{m[1]}"] = kinds.get(f"database_{m[1]}", 0) + float(m[2])
     return kinds
 
 

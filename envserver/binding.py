@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Callable, NamedTuple, Protocol
 
 from awm.bundle import EnvBundle
 from awm.gates import gate_status
@@ -28,12 +28,22 @@ class BindError(Exception):
     """An environment this instance cannot serve (unknown, or a pinned instance asked for another)."""
 
 
+class Database(NamedTuple):
+    """An instance database as its source handed it over."""
+
+    name: str  # the provisioner's name for it ("" for a pinned instance's)
+    dsn: str
+    # where it came from: "clone" (made on the claim path), "ready" (made ahead by this pod's
+    # provisioner), "spare" (made ahead by any provisioner of the fleet), "fixed" (pinned)
+    source: str
+
+
 class DatabaseSource(Protocol):
-    """Where a binding's instance database comes from: (database name, DSN)."""
+    """Where a binding's instance database comes from."""
 
     late: bool
 
-    def acquire(self, env: str) -> tuple[str, str]: ...
+    def acquire(self, env: str) -> Database: ...
 
     def release(self, database: str) -> None: ...
 
@@ -46,10 +56,10 @@ class FixedDatabase:
     def __init__(self, env: str, dsn: str) -> None:
         self.env, self.dsn = env, dsn
 
-    def acquire(self, env: str) -> tuple[str, str]:
+    def acquire(self, env: str) -> Database:
         if env != self.env:
             raise BindError(f"this instance is pinned to {self.env!r} (started without a provisioner)")
-        return "", self.dsn
+        return Database("", self.dsn, "fixed")
 
     def release(self, database: str) -> None:
         return None
@@ -63,9 +73,9 @@ class ProvisionedDatabases:
     def __init__(self, client: ProvisionerClient) -> None:
         self.client = client
 
-    def acquire(self, env: str) -> tuple[str, str]:
+    def acquire(self, env: str) -> Database:
         got = self.client.acquire(env)
-        return got.database, got.dsn
+        return Database(got.database, got.dsn, "spare" if got.spare else "ready" if got.ready else "clone")
 
     def release(self, database: str) -> None:
         if database:
@@ -84,12 +94,13 @@ class Binding:
     initial_sqlite: bytes | None = None  # the snapshot as SQLite, for AWM-convention verifiers
     episodes: int = 0
     last_used: float = field(default_factory=time.monotonic)
+    source: str = ""  # where its database came from (Database.source)
 
     @classmethod
-    def new(cls, bundle: EnvBundle, database: str, dsn: str, verifier_kind: str | None) -> Binding:
-        db = EpisodeDatabase(dsn, statement_timeout_ms=int(bundle.limits.tool_timeout_s * 1000))
-        return cls(bundle, db, database, {t.id: gate_status(bundle, t, verifier_kind) for t in bundle.tasks},
-                   ToolRuntime(bundle))
+    def new(cls, bundle: EnvBundle, database: Database, verifier_kind: str | None) -> Binding:
+        db = EpisodeDatabase(database.dsn, statement_timeout_ms=int(bundle.limits.tool_timeout_s * 1000))
+        return cls(bundle, db, database.name, {t.id: gate_status(bundle, t, verifier_kind) for t in bundle.tasks},
+                   ToolRuntime(bundle), source=database.source)
 
     @property
     def name(self) -> str:

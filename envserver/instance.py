@@ -170,12 +170,14 @@ class EnvInstance:
         ``aside``: connect on a thread of its own, not the instance's database thread (a
         preparation while another environment's episode runs must not queue behind its calls)."""
         loop = asyncio.get_running_loop()
-        database, dsn = await loop.run_in_executor(None, self.databases.acquire, bundle.name)
+        database = await loop.run_in_executor(None, self.databases.acquire, bundle.name)
         phase("acquire_database")
+        if self.databases.late:
+            self.metrics.databases.labels(database.source).inc()
         try:
-            binding = await loop.run_in_executor(None, Binding.new, bundle, database, dsn, self.verifier_kind)
+            binding = await loop.run_in_executor(None, Binding.new, bundle, database, self.verifier_kind)
         except BaseException:
-            await self._release(bundle.name, database)
+            await self._release(bundle.name, database.name)
             raise
         phase("tool_runtime")
         try:
@@ -289,7 +291,8 @@ class EnvInstance:
         kind = "cached" if cached else "new"
         self.metrics.binds.labels(kind).inc()
         self.metrics.bind_latency.labels(kind).observe(ms / 1000)
-        return {"env": env, "switched": True, "cached": cached, "bind_ms": round(ms, 3), "phases_ms": phase.ms,
+        return {"env": env, "switched": True, "cached": cached,
+                "database_source": None if cached else binding.source, "bind_ms": round(ms, 3), "phases_ms": phase.ms,
                 "reset_ms": round(result.ms, 3), "pristine": result.pristine, "instance": self.name,
                 "previous": previous.name, "cached_envs": list(self._bindings)}, result
 

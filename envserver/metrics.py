@@ -36,6 +36,10 @@ class Metrics:
                              "provisioner), cached (kept from before), failed.", ["kind"], registry=r)
         self.bind_latency = Histogram("awm_bind_seconds", "Switch latency (claim of an environment to the "
                                       "first tool call possible).", ["kind"], buckets=_FAST, registry=r)
+        self.databases = Counter("awm_databases_acquired_total", "Instance databases this instance got (at its "
+                                 "start, a switch or a preparation), by source: clone (made on the claim path), ready (made ahead "
+                                 "by this pod's provisioner), spare (made ahead by any of the fleet's).", ["source"],
+                                 registry=r)
         self.prepares = Counter("awm_prepares_total", "Environments made ready ahead of a claim (POST "
                                 "/prepare): made, or raced (bound by a claim meanwhile).", ["outcome"], registry=r)
         self.resets = Histogram("awm_reset_seconds", "Episode reset latency by strategy.",
@@ -69,6 +73,8 @@ class Metrics:
             self.episodes.labels(env, outcome)
         for kind in ("new", "cached", "failed"):
             self.binds.labels(kind)
+        for source in ("clone", "ready", "spare"):
+            self.databases.labels(source)
         for kind in ("prompt", "completion"):
             self.judge_tokens.labels(kind)
 

@@ -73,6 +73,7 @@ async def test_an_instance_switches_environment_and_keeps_every_guarantee(fleet,
 
         switched = await control.bind("crm")
         assert switched["switched"] is True and switched["cached"] is False and switched["pristine"] is True
+        assert switched["database_source"] in ("clone", "ready")  # a local fleet has no spares
         assert switched["previous"] == "notes"
         assert (await control.info())["database"] not in (None, notes_db)
         # The old MCP session ended with the switch: the client must initialize again ...
@@ -110,6 +111,8 @@ async def test_an_instance_switches_environment_and_keeps_every_guarantee(fleet,
         assert _metric(text, "awm_instance_info", env="crm") == 0
         assert _metric(text, "awm_binds_total", kind="new") == 1
         assert _metric(text, "awm_binds_total", kind="cached") == 1
+        # two databases acquired: the first environment's at the start, crm's at the switch
+        assert sum(_metric(text, "awm_databases_acquired_total", source=s) for s in ("clone", "ready", "spare")) == 2
         assert _metric(text, "awm_tool_calls_total", env="notes", tool="add_note", outcome="ok") == 1
     finally:
         await mcp.close()

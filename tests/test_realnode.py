@@ -886,6 +886,7 @@ def test_a_late_binding_fleet_serves_every_environment_in_turn(chart: Cluster) -
             assert inits["provisioner"]["state"].get("running"), inits["provisioner"]  # a native sidecar
         bundles = {b.name: b for b in catalog.load(None, LATE_ENVS)}
         switches: list[float] = []
+        sources: list[str] = []  # where the client-switched pods' databases came from
 
         async def rounds() -> list[tuple[str, str, set[str]]]:
             seen = []
@@ -905,6 +906,7 @@ def test_a_late_binding_fleet_serves_every_environment_in_turn(chart: Cluster) -
                             await asyncio.gather(*(lease.connect() for lease in leases))
                         finally:
                             await asyncio.gather(*(lease.disconnect() for lease in leases))
+                        sources.extend(str((lease.switched or {}).get("database_source")) for lease in leases)
                     switches.append(time.perf_counter() - t0)
                     try:
                         for inst in got["instances"]:
@@ -943,6 +945,9 @@ def test_a_late_binding_fleet_serves_every_environment_in_turn(chart: Cluster) -
 
         seen = asyncio.run(rounds())
         assert len(seen) == 2 * len(LATE_ENVS) * 2
+        # the environments the pods had dropped (cacheEnvironments 2 of 3) came back as the spares
+        # the first round left (a reset where a pod still kept one: "None", no new database)
+        assert "spare" in sources and set(sources) <= {"spare", "clone", "None"}, sources
         for env, verdict, tools in seen:
             assert verdict == "complete" and tools == {t.name for t in bundles[env].tools}, (env, verdict)
         # Databases: each pod holds at most its cached environments (2) and the ones made ahead.
