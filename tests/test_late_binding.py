@@ -23,6 +23,7 @@ from awm.fleet import Database, LocalFleet
 from awm.postgres import provision, snapshot
 from awm.postgres.spares import SPARE, Spares, made_at
 from awm.postgres.provisioner import Provisioner, ProvisionerClient, ProvisionerError, ProvisionerServer
+from tests.k8s_e2e import wait_for
 
 
 @pytest.fixture(scope="module")
@@ -475,14 +476,6 @@ def _spares(admin_dsn: str, pool: Spares | None = None) -> list[str]:
     return [d for d in provision.list_instances(admin_dsn) if d.startswith(start)]
 
 
-def _until(what: str, ok, seconds: float = 30.0):
-    deadline = time.monotonic() + seconds
-    while not (got := ok()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-    return got
-
-
 def test_a_spare_made_by_one_pods_provisioner_is_taken_by_anothers(admin_dsn, bundles):
     """Two provisioners of one pool (two pods of a fleet): a claim of an environment on the
     first leaves a spare of it on the server; the second's claim of it takes that spare (renamed
@@ -497,7 +490,7 @@ def test_a_spare_made_by_one_pods_provisioner_is_taken_by_anothers(admin_dsn, bu
     try:
         first = one.acquire("crm", "a")
         assert (first.ready, first.spare) == (False, False)  # nothing made ahead yet: a clone
-        (spare,) = _until("a spare of crm", lambda: _spares(admin_dsn, one.spares))
+        (spare,) = wait_for("a spare of crm", lambda: _spares(admin_dsn, one.spares), interval=0.05)
         with pytest.raises(psycopg.OperationalError, match="permission denied"):  # no instance reaches a spare
             psycopg.connect(first.dsn.replace(f"dbname={first.database}", f"dbname={spare}"), connect_timeout=5).close()
         taken = two.acquire("crm", "b")
@@ -512,7 +505,7 @@ def test_a_spare_made_by_one_pods_provisioner_is_taken_by_anothers(admin_dsn, bu
         comment = provision.instances_with_meta(admin_dsn)[taken.database]
         assert (comment["pod"], comment.get("spare")) == ("sparepodb", None)  # the taker's, no longer a spare
         # the next spare of crm was made again (by either), and another pool's claim clones
-        (again,) = _until("the next spare of crm", lambda: _spares(admin_dsn, one.spares))
+        (again,) = wait_for("the next spare of crm", lambda: _spares(admin_dsn, one.spares), interval=0.05)
         assert again != spare
         cloned = other.acquire("crm", "c")
         assert (cloned.ready, cloned.spare) == (False, False) and again in _spares(admin_dsn)
@@ -542,19 +535,19 @@ def test_spares_are_bounded_and_a_group_claim_makes_one_of_each(admin_dsn, bundl
         with ThreadPoolExecutor(8) as ex:
             got = list(ex.map(lambda i: pods[i % 4].acquire("project_tracker", f"g{i}"), range(8)))
         assert len({g.database for g in got}) == 8
-        _until("a spare of project_tracker", lambda: _spares(admin_dsn, pods[0].spares))
+        wait_for("a spare of project_tracker", lambda: _spares(admin_dsn, pods[0].spares), interval=0.05)
         for p in pods:  # every queued look has run: none made a second
             p._spare_jobs.submit(lambda: None).result(timeout=30)
         assert len(_spares(admin_dsn, pods[0].spares)) == 1
         # two more environments: three spares for a bound of two, the oldest (project_tracker's) dropped
         pods[0].acquire("notes", "n")
-        _until("a spare of notes", lambda: len(_spares(admin_dsn, pods[0].spares)) == 2)
+        wait_for("a spare of notes", lambda: len(_spares(admin_dsn, pods[0].spares)) == 2, interval=0.05)
         pods[1].acquire("crm", "c")
         def spare_envs() -> list[str]:  # one listing: a spare may be dropped between two
             start = f"{SPARE}{pods[0].spares.pool}_"
             return sorted(m["env"] for n, m in provision.instances_with_meta(admin_dsn).items() if n.startswith(start))
 
-        _until("a spare of crm", lambda: "crm" in spare_envs())
+        wait_for("a spare of crm", lambda: "crm" in spare_envs(), interval=0.05)
         pods[1]._spare_jobs.submit(lambda: None).result(timeout=30)  # its trim has run
         assert spare_envs() == ["crm", "notes"]
         assert all(made_at(n) for n in _spares(admin_dsn, pods[0].spares))

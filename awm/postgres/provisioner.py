@@ -313,11 +313,11 @@ class Provisioner:
     def _make_spare(self, env: str) -> None:
         """A spare of ``env`` on the server, unless one is there or being made (off the claim
         path, on a thread of its own: refills of ready databases do not queue behind it)."""
-        if self.closed:
+        if self.closed or self.spares is None:
             return
         try:
             template = self.template(env)
-            if not self.closed and self.spares is not None and self.spares.wanted(template):
+            if self.spares.wanted(template):
                 with provision._admin(self.admin_dsn) as conn:
                     made = self.spares.make(conn, template, self._owner(), self.strategy(conn))
                 if made:

@@ -85,15 +85,15 @@ class Spares:
 
     def __init__(self, admin_dsn: str, pool: str, max_spares: int, meta: dict[str, Any] | None = None) -> None:
         self.admin_dsn = admin_dsn
-        self.pool_name = pool
         self.pool = _digest(pool)
+        self._prefixes = pool_prefixes(pool)  # (spares, being made)
         self.max_spares = max_spares
         self.meta = {k: v for k, v in (meta or {}).items() if k != "pod"}
         self._lock = threading.Lock()  # the take connection: one statement sequence at a time
         self._conn: psycopg.Connection | None = None
 
     def prefix(self, template: provision.Template, making: bool = False) -> str:
-        return f"{MAKING if making else SPARE}{self.pool}_{_digest(template.dbname)}_"
+        return f"{self._prefixes[making]}{_digest(template.dbname)}_"
 
     # -- taking (the claim path) ---------------------------------------------------------------
 
@@ -212,7 +212,7 @@ class Spares:
         making them; return what was dropped."""
         names = [r[0] for r in conn.execute(
             "SELECT datname FROM pg_database WHERE starts_with(datname, %s) OR starts_with(datname, %s)",
-            pool_prefixes(self.pool_name)).fetchall()]
+            self._prefixes).fetchall()]
         spares = sorted((n for n in names if n.startswith(SPARE)), key=made_at)
         stale = [n for n in names if n.startswith(MAKING) and time.time() - made_at(n) > STALE_MAKING_S]
         drop = spares[:max(0, len(spares) - self.max_spares)] + stale
