@@ -97,8 +97,11 @@ class Binding:
     source: str = ""  # where its database came from (Database.source)
 
     @classmethod
-    def new(cls, bundle: EnvBundle, database: Database, verifier_kind: str | None) -> Binding:
-        db = EpisodeDatabase(database.dsn, statement_timeout_ms=int(bundle.limits.tool_timeout_s * 1000))
+    def new(cls, bundle: EnvBundle, database: Database, verifier_kind: str | None,
+            db: EpisodeDatabase | None = None) -> Binding:
+        """``db``: the reset engine of ``database`` if made already (a switch connects it while
+        this runs); not connected here."""
+        db = db or EpisodeDatabase(database.dsn, statement_timeout_ms=int(bundle.limits.tool_timeout_s * 1000))
         return cls(bundle, db, database.name, {t.id: gate_status(bundle, t, verifier_kind) for t in bundle.tasks},
                    ToolRuntime(bundle), source=database.source)
 

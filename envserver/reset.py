@@ -33,7 +33,7 @@ import psycopg
 from psycopg import pq, sql
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
-from awm.postgres import snapshot as snap
+from awm.postgres import hostaddr, snapshot as snap
 from awm.postgres.provision import READER_ROLE
 from awm.sandbox.pool import WorkerPool
 from awm.envserver.dbapi import ResultTooLarge, SqlForbidden, execute_untrusted, to_json_value
@@ -76,35 +76,53 @@ class EpisodeDatabase:
 
     # -- connection ------------------------------------------------------------------------
 
-    def connect(self, wait_s: float = 30.0) -> None:
-        """(Re)connect, retrying while the server comes back; then load the snapshot facts."""
+    def connect(self, wait_s: float = 30.0, phase: Callable[[str], None] = lambda _: None) -> None:
+        """(Re)connect, retrying while the server comes back; then load the snapshot facts.
+        ``phase`` is called as each part ends ("open", "snapshot_facts": a switch's account)."""
         self.close()
         for attempt in Retrying(stop=stop_after_delay(wait_s), reraise=True,
                                 wait=wait_exponential(multiplier=0.05, max=1.0),
                                 retry=retry_if_exception_type(psycopg.OperationalError)):
             with attempt:
-                self.conn = psycopg.connect(
-                    self._dsn, autocommit=True, application_name="awm-envserver",
-                    # client_connection_check_interval: a statement whose client is gone (this
-                    # process killed mid-call) stops within a second instead of holding the
-                    # role's one connection slot until it ends.
-                    options=(f"-c statement_timeout={self._timeout_ms} -c search_path=public "
-                             "-c client_connection_check_interval=1000"),
-                )
+                self.conn = self._open()
+        phase("open")
         conn = self.conn
         assert conn is not None
-        self._sequences = snap.stored_sequences(conn)
+        facts = snap.read_facts(conn)
+        self._sequences = facts.sequences
         # One round trip: prove which transaction ends, end it, clear session state, rewind the
         # sequences, begin the next episode and note its identity.
         self._reset_sql = ("SELECT transaction_timestamp()::text; ROLLBACK; RESET ALL; RESET ROLE; UNLISTEN *; "
                            "SELECT pg_advisory_unlock_all(); "
                            f"{snap.restore_sequences_sql(self._sequences)}; BEGIN; "
                            "SELECT transaction_timestamp()::text")
-        self._expected = snap.stored_checksum(conn)
-        self._tables = snap.public_tables(conn)
-        self._keys = snap.primary_keys(conn)
+        self._expected = facts.expected
+        self._tables = facts.tables
+        self._keys = facts.keys
         self.lost = False
         self._episode_tx = None
+        phase("snapshot_facts")
+
+    def _open(self) -> psycopg.Connection:
+        """One connection attempt, to the server's address looked up once per process
+        (:mod:`awm.postgres.hostaddr`: no DNS walk on a switch's claim path)."""
+        try:
+            dsn = hostaddr.pinned(self._dsn)
+        except OSError:  # no answer from the resolver: let libpq try, and say why it failed
+            dsn = self._dsn
+        try:
+            return psycopg.connect(
+                dsn, autocommit=True, application_name="awm-envserver",
+                # client_connection_check_interval: a statement whose client is gone (this
+                # process killed mid-call) stops within a second instead of holding the
+                # role's one connection slot until it ends.
+                options=(f"-c statement_timeout={self._timeout_ms} -c search_path=public "
+                         "-c client_connection_check_interval=1000"),
+            )
+        except psycopg.OperationalError as exc:
+            if not exc.sqlstate:  # not the server's refusal (a SQLSTATE): the address did not answer
+                hostaddr.forget(self._dsn)  # the server may have moved: look it up again next time
+            raise
 
     def close(self) -> None:
         if self.conn is not None:

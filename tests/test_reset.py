@@ -141,3 +141,100 @@ def test_verifier_reads_are_read_only_and_see_the_episode(episode_db, pool):
         db.read_query(False, "SELECT nextval('notes_id_seq')", [])
     # The episode's own work survived the refused writes.
     assert db.diff() == {"notes": {"inserted": 0, "updated": 1, "deleted": 0}}
+
+
+class _UnixForwarder:
+    """A TCP listener on ``address`` that forwards each connection to the embedded server's
+    Unix socket: the TCP path (a host name, its address) that a shard's clients take."""
+
+    def __init__(self, address: str, socket_path: str) -> None:
+        import socket
+        import threading
+
+        family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        self.listener = socket.socket(family, socket.SOCK_STREAM)
+        self.listener.bind((address, 0))
+        self.listener.listen(16)
+        self.port = self.listener.getsockname()[1]
+        self._socket, self._path = socket, socket_path
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import threading
+
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = self._socket.socket(self._socket.AF_UNIX, self._socket.SOCK_STREAM)
+            server.connect(self._path)
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src, dst) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(2)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_a_host_name_is_resolved_once_and_again_after_a_failed_connection(episode_db, monkeypatch):
+    """The reset engine connects to a DSN's host by the address it looked up once
+    (awm.postgres.hostaddr: no DNS walk on a switch's claim path), and a connection refused at
+    a stale address makes it look the name up again, within the same connect."""
+    import socket
+
+    from awm.postgres import hostaddr
+
+    _, instance = episode_db
+    params = conninfo_to_dict(instance.dsn)
+    address = socket.getaddrinfo("localhost", 5432, proto=socket.IPPROTO_TCP, type=socket.SOCK_STREAM)[0][4][0]
+    forwarder = _UnixForwarder(address, f"{params['host']}/.s.PGSQL.{params.get('port') or 5432}")
+    lookups: list[str] = []
+    real = socket.getaddrinfo
+
+    def counting(host, *args, **kwargs):
+        lookups.append(host)
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", counting)
+    monkeypatch.setattr(hostaddr, "_addresses", {})
+    dsn = make_conninfo(**{**params, "host": "localhost", "port": str(forwarder.port)})
+    episode_db[0].close()  # the instance role's one connection
+    db = EpisodeDatabase(dsn)
+    try:
+        db.connect()
+        assert lookups == ["localhost"]
+        assert db.conn is not None and db.conn.info.hostaddr == address
+        assert db.reset(verify=True).pristine
+        db.close()
+        db.connect()  # the second connection: no lookup
+        assert lookups == ["localhost"]
+        db.close()
+        lookups.clear()
+        key = ("localhost", str(forwarder.port))
+        stale = "127.0.0.2" if "." in address else "::2"
+        hostaddr._addresses[key] = (stale, hostaddr._addresses[key][1])  # the server "moved"
+        db.connect(wait_s=10)
+        assert lookups == ["localhost"] and db.conn.info.hostaddr == address
+        assert db.reset(verify=True).pristine
+    finally:
+        db.close()
+        forwarder.close()
+    # Nothing to look up: a socket directory, an address, or hostaddr given.
+    assert hostaddr.pinned(instance.dsn) == instance.dsn
+    for given in ({"host": "127.0.0.1"}, {"host": "localhost", "hostaddr": "127.0.0.1"}):
+        ip_dsn = make_conninfo(**{**params, **given})
+        assert hostaddr.pinned(ip_dsn) == ip_dsn
