@@ -11,6 +11,7 @@ which holds the admin credential this process never sees.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple, Protocol
@@ -18,10 +19,13 @@ from typing import Callable, NamedTuple, Protocol
 from awm.bundle import EnvBundle
 from awm.gates import gate_status
 from awm.postgres.provisioner import ProvisionerClient
+from awm.postgres.snapshot import Facts
 from awm.sandbox.forkserver import Zygote
 from awm.sandbox.pool import WorkerPool, WorkerSpec
 from awm.envserver.reset import EpisodeDatabase
 from awm.envserver.tools import ToolRuntime
+
+log = logging.getLogger(__name__)
 
 
 class BindError(Exception):
@@ -36,6 +40,7 @@ class Database(NamedTuple):
     # where it came from: "clone" (made on the claim path), "ready" (made ahead by this pod's
     # provisioner), "spare" (made ahead by any provisioner of the fleet), "fixed" (pinned)
     source: str
+    facts: Facts | None = None  # its template's snapshot facts, where the source knows them
 
 
 class DatabaseSource(Protocol):
@@ -75,7 +80,13 @@ class ProvisionedDatabases:
 
     def acquire(self, env: str) -> Database:
         got = self.client.acquire(env)
-        return Database(got.database, got.dsn, "spare" if got.spare else "ready" if got.ready else "clone")
+        facts = None
+        if got.facts is not None:
+            try:
+                facts = Facts.from_json(got.facts)
+            except ValueError as exc:  # the instance reads them from its database instead
+                log.warning("the provisioner's facts of %s are unusable: %s", env, exc)
+        return Database(got.database, got.dsn, "spare" if got.spare else "ready" if got.ready else "clone", facts)
 
     def release(self, database: str) -> None:
         if database:
@@ -97,11 +108,9 @@ class Binding:
     source: str = ""  # where its database came from (Database.source)
 
     @classmethod
-    def new(cls, bundle: EnvBundle, database: Database, verifier_kind: str | None,
-            db: EpisodeDatabase | None = None) -> Binding:
-        """``db``: the reset engine of ``database`` if made already (a switch connects it while
-        this runs); not connected here."""
-        db = db or EpisodeDatabase(database.dsn, statement_timeout_ms=int(bundle.limits.tool_timeout_s * 1000))
+    def new(cls, bundle: EnvBundle, database: Database, verifier_kind: str | None) -> Binding:
+        db = EpisodeDatabase(database.dsn, statement_timeout_ms=int(bundle.limits.tool_timeout_s * 1000),
+                             facts=database.facts)
         return cls(bundle, db, database.name, {t.id: gate_status(bundle, t, verifier_kind) for t in bundle.tasks},
                    ToolRuntime(bundle), source=database.source)
 

@@ -71,16 +71,12 @@ class _Phases:
 
     def __init__(self) -> None:
         self.ms: dict[str, float] = {}
-        self._mark = self._start = time.perf_counter()
+        self._mark = time.perf_counter()
 
     def __call__(self, name: str) -> None:
         now = time.perf_counter()
         self.ms[name] = round((now - self._mark) * 1000, 3)
         self._mark = now
-
-    @property
-    def started(self) -> float:
-        return self._start
 
     def add(self, name: str, ms: float) -> None:
         """A part measured on its own (it ran beside the phases, so it is not one of them)."""
@@ -175,34 +171,32 @@ class EnvInstance:
 
     async def _new_binding(self, bundle: EnvBundle, phase: _Phases | None = None, aside: bool = False) -> Binding:
         """The environment's own database (from the database source) and runtime, connected.
-        The connection is made while the tool runtime is built (the one waits on the server,
-        the other runs Python). ``aside``: connect on a thread of its own, not the instance's
-        database thread (a preparation while another environment's episode runs must not queue
-        behind its calls)."""
+        ``aside``: connect on a thread of its own, not the instance's database thread (a
+        preparation while another environment's episode runs must not queue behind its calls).
+
+        The connection is not made while the tool runtime is built: both need the GIL, and a
+        thread that waits on the server then waits for the GIL as well (up to the 5 ms switch
+        interval at every answer); measured on the real node, the overlap made the bind slower."""
         phase = phase or _Phases()
         loop = asyncio.get_running_loop()
         database = await loop.run_in_executor(None, self.databases.acquire, bundle.name)
         phase("acquire_database")
         if self.databases.late:
             self.metrics.databases.labels(database.source).inc()
-        db = EpisodeDatabase(database.dsn, statement_timeout_ms=int(bundle.limits.tool_timeout_s * 1000))
-        parts = _Phases()
-        connect = functools.partial(db.connect, phase=parts)
-        connecting = asyncio.ensure_future(loop.run_in_executor(None, connect) if aside else self._db(connect))
         try:
-            binding = await loop.run_in_executor(None, Binding.new, bundle, database, self.verifier_kind, db)
+            binding = await loop.run_in_executor(None, Binding.new, bundle, database, self.verifier_kind)
         except BaseException:
-            await asyncio.gather(connecting, return_exceptions=True)
-            await (loop.run_in_executor(None, db.close) if aside else self._db(db.close))
             await self._release(bundle.name, database.name)
             raise
-        phase.add("tool_runtime", (time.perf_counter() - parts.started) * 1000)
+        phase("tool_runtime")
+        parts = _Phases()
+        connect = functools.partial(binding.db.connect, phase=parts)
         try:
-            await connecting
+            await (loop.run_in_executor(None, connect) if aside else self._db(connect))
         except BaseException:
             await self._drop(binding, aside=aside)
             raise
-        phase("connect")  # the part of the connection the tool runtime did not hide
+        phase("connect")
         for name, ms in parts.ms.items():
             phase.add(f"db.{name}", ms)
         return binding

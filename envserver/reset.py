@@ -59,8 +59,11 @@ class ResetResult:
 
 
 class EpisodeDatabase:
-    def __init__(self, dsn: str, statement_timeout_ms: int = 10_000) -> None:
+    def __init__(self, dsn: str, statement_timeout_ms: int = 10_000, facts: snap.Facts | None = None) -> None:
+        """``facts``: the snapshot facts of the database's template, where its source knows them
+        (else each connection reads them from the database)."""
         self._dsn = dsn
+        self._facts = facts
         self._timeout_ms = statement_timeout_ms
         self.conn: psycopg.Connection | None = None
         self.escaped = False
@@ -88,7 +91,7 @@ class EpisodeDatabase:
         phase("open")
         conn = self.conn
         assert conn is not None
-        facts = snap.read_facts(conn)
+        facts = self._facts or snap.read_facts(conn)
         self._sequences = facts.sequences
         # One round trip: prove which transaction ends, end it, clear session state, rewind the
         # sequences, begin the next episode and note its identity.

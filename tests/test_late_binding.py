@@ -269,6 +269,11 @@ def test_the_provisioner_hands_each_database_to_one_connection(admin_dsn, bundle
         assert got.database in provision.list_instances(admin_dsn)
         with psycopg.connect(got.dsn, connect_timeout=5) as conn:  # the instance's own role reaches it
             assert conn.execute("SELECT count(*) FROM notes").fetchone()[0] >= 0
+            # The template's snapshot facts come with the database: what the instance would
+            # otherwise read from it at its first connection.
+            assert snapshot.Facts.from_json(got.facts) == snapshot.read_facts(conn)
+        with pytest.raises(ValueError, match="malformed snapshot facts"):
+            snapshot.Facts.from_json({**got.facts, "checksums": [["notes", "many", "1"]]})
         with pytest.raises(ProvisionerError, match="not a database of this connection"):
             two.release(got.database)  # never another instance's
         with pytest.raises(ProvisionerError, match="unknown environment"):

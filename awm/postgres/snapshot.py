@@ -139,12 +139,34 @@ def stored_sequences(conn: psycopg.Connection) -> list[Sequence]:
 
 @dataclass
 class Facts:
-    """What the reset engine needs to know of an instance database, read once per connection."""
+    """What the reset engine needs to know of an instance database. They are the template's
+    (an instance database is its copy), so they are written into the template's comment once
+    (:func:`awm.postgres.provision.complete_template`) and handed to the env server with each
+    database; an instance reads them itself (:func:`read_facts`) only where they are not known."""
 
     sequences: list[Sequence]  # the snapshot's state of each sequence, by name
     expected: Checksum  # the snapshot's checksum
     tables: list[str]  # the public tables
     keys: dict[str, list[str]]  # each public table's primary key columns
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON form (row-hash sums as strings: they exceed 64 bits)."""
+        return {"sequences": [[s.name, s.last_value, s.is_called] for s in self.sequences],
+                "checksums": [[t, c, str(h)] for t, (c, h) in sorted(self.expected.tables.items())],
+                "tables": list(self.tables), "keys": {t: list(k) for t, k in self.keys.items()}}
+
+    @classmethod
+    def from_json(cls, data: Any) -> Facts:
+        """The inverse of :meth:`to_json`; ``ValueError`` for anything else."""
+        try:
+            sequences = [Sequence(str(n), int(v), bool(c)) for n, v, c in data["sequences"]]
+            expected = Checksum({str(t): (int(c), int(h)) for t, c, h in data["checksums"]},
+                                {s.name: (s.last_value, s.is_called) for s in sequences})
+            tables = [str(t) for t in data["tables"]]
+            keys = {str(t): [str(c) for c in cols] for t, cols in data["keys"].items()}
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ValueError(f"malformed snapshot facts: {type(exc).__name__}: {exc}") from None
+        return cls(sequences, expected, tables, keys)
 
 
 def read_facts(conn: psycopg.Connection) -> Facts:
