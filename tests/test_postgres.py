@@ -309,3 +309,20 @@ def test_clones_are_wal_logged_on_a_durable_server_and_file_copied_without_fsync
             conn.execute("ALTER SYSTEM RESET fsync")
             conn.execute("SELECT pg_reload_conf()")
     assert strategy_when("off") == "FILE_COPY"
+
+
+def test_one_transaction_is_all_or_nothing_and_leaves_the_connection_usable(admin_dsn):
+    """provision.one_transaction: the statements of a spare's take (or a clone's role and
+    grants) in one round trip; an error rolls back every one of them."""
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute("DROP TABLE IF EXISTS awm_one_tx")
+        provision.one_transaction(conn, [sql.SQL("CREATE TABLE awm_one_tx (v int)"),
+                                         sql.SQL("INSERT INTO awm_one_tx VALUES (1)")], synchronous=False)
+        with pytest.raises(psycopg.errors.UniqueViolation):
+            provision.one_transaction(conn, [sql.SQL("INSERT INTO awm_one_tx VALUES (2)"),
+                                             sql.SQL("CREATE UNIQUE INDEX ON awm_one_tx (v)"),
+                                             sql.SQL("INSERT INTO awm_one_tx VALUES (2)")])
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        assert conn.execute("SELECT array_agg(v) FROM awm_one_tx").fetchone()[0] == [1]
+        assert conn.execute("SELECT count(*) FROM pg_indexes WHERE tablename = 'awm_one_tx'").fetchone()[0] == 0
+        conn.execute("DROP TABLE awm_one_tx")

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
-from psycopg import sql
+from psycopg import pq, sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.types.json import Jsonb
 from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential
@@ -422,11 +422,10 @@ def _create_instance(conn: psycopg.Connection, admin_dsn: str, template: Templat
     # database exists: a process killed at any point of this function leaves nothing without an
     # owner for reap_abandoned and the operator's sweeps to find (CREATE DATABASE cannot run in a
     # transaction; its own comment follows it).
-    with conn.transaction():
-        password = instance_role(conn, name, comment)
+    role, password = instance_role_sql(conn, name, comment)
+    one_transaction(conn, role)
     conn.execute(clone_statement(template, name, strategy))
-    with conn.transaction():  # one commit (a synchronous one on a durable server), not three
-        open_database(conn, name, name, comment)
+    one_transaction(conn, open_database_sql(name, name, comment))  # one commit and one round trip, not three
     return Instance(template.env, name, name, instance_dsn(admin_dsn, name, password))
 
 
@@ -453,33 +452,64 @@ def clone_statement(template: Template, name: str, strategy: str | None = None) 
 
 
 def instance_role(conn: psycopg.Connection, name: str, comment: str) -> str:
-    """Create instance ``name``'s role (in the caller's transaction) and return its password.
+    """Create instance ``name``'s role (in the caller's transaction) and return its password."""
+    statements, password = instance_role_sql(conn, name, comment)
+    for statement in statements:
+        conn.execute(statement)
+    return password
+
+
+def instance_role_sql(conn: psycopg.Connection, name: str, comment: str) -> tuple[list[sql.Composable], str]:
+    """The statements that create instance ``name``'s role, and its password.
 
     One connection at most: the env server's; a stolen password cannot open a second one
     beside it. Temporary files are the cluster's disk, shared with every other instance, so a
-    sort or hash that spills is bounded (a superuser-only setting: the role cannot raise it)."""
+    sort or hash that spills is bounded (a superuser-only setting: the role cannot raise it;
+    left out, with a warning, where the admin role is not a superuser)."""
     password = secrets.token_urlsafe(24)
     role = sql.Identifier(name)
-    conn.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {} IN ROLE {}, {} CONNECTION LIMIT 1").format(
-        role, sql.Literal(scram_verifier(password)), sql.Identifier(TOOL_ROLE), sql.Identifier(READER_ROLE)))
-    conn.execute(sql.SQL("COMMENT ON ROLE {} IS {}").format(role, sql.Literal(comment)))
-    try:
-        with conn.transaction():
-            conn.execute(sql.SQL("ALTER ROLE {} SET temp_file_limit = {}").format(
-                role, sql.Literal(TEMP_FILE_LIMIT)))
-    except psycopg.errors.InsufficientPrivilege:
+    statements: list[sql.Composable] = [
+        sql.SQL("CREATE ROLE {} LOGIN PASSWORD {} IN ROLE {}, {} CONNECTION LIMIT 1").format(
+            role, sql.Literal(scram_verifier(password)), sql.Identifier(TOOL_ROLE), sql.Identifier(READER_ROLE)),
+        sql.SQL("COMMENT ON ROLE {} IS {}").format(role, sql.Literal(comment))]
+    if conn.info.parameter_status("is_superuser") == "on":
+        statements.append(sql.SQL("ALTER ROLE {} SET temp_file_limit = {}").format(role, sql.Literal(TEMP_FILE_LIMIT)))
+    else:
         log.warning("cannot set temp_file_limit for instance roles (the admin role is not a superuser)")
-    return password
+    return statements, password
 
 
 def open_database(conn: psycopg.Connection, database: str, role: str | None, comment: str) -> None:
     """Database ``database`` reachable by ``role`` only (None: by nobody but the admin), and its
     owner record, in the caller's transaction."""
+    for statement in open_database_sql(database, role, comment):
+        conn.execute(statement)
+
+
+def open_database_sql(database: str, role: str | None, comment: str) -> list[sql.Composable]:
+    """The statements of :func:`open_database`."""
     db = sql.Identifier(database)
-    conn.execute(sql.SQL("REVOKE ALL ON DATABASE {} FROM PUBLIC").format(db))
+    statements: list[sql.Composable] = [sql.SQL("REVOKE ALL ON DATABASE {} FROM PUBLIC").format(db)]
     if role is not None:
-        conn.execute(sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(db, sql.Identifier(role)))
-    conn.execute(sql.SQL("COMMENT ON DATABASE {} IS {}").format(db, sql.Literal(comment)))
+        statements.append(sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(db, sql.Identifier(role)))
+    statements.append(sql.SQL("COMMENT ON DATABASE {} IS {}").format(db, sql.Literal(comment)))
+    return statements
+
+
+def one_transaction(conn: psycopg.Connection, statements: list[sql.Composable], synchronous: bool = True) -> None:
+    """``statements`` as one transaction sent in one round trip (they take no parameters: the
+    simple query protocol), on an autocommit connection; rolled back and raised on an error.
+    ``synchronous=False``: its commit does not wait for the WAL to reach the disk (only where
+    losing it to a crash of the server loses nothing: see the callers)."""
+    body: list[sql.Composable] = [sql.SQL("BEGIN")]
+    if not synchronous:
+        body.append(sql.SQL("SET LOCAL synchronous_commit = off"))
+    try:
+        conn.execute(sql.SQL("; ").join([*body, *statements, sql.SQL("COMMIT")]))
+    except psycopg.Error:
+        if not conn.closed and conn.info.transaction_status == pq.TransactionStatus.INERROR:
+            conn.execute("ROLLBACK")
+        raise
 
 
 def drop_instance(admin_dsn: str, name: str) -> None:

@@ -116,12 +116,16 @@ class Spares:
         random.shuffle(spares)  # the pods of a group claim together: not all after the same one
         comment = provision.instance_comment(template, owner)
         for spare in spares[:TAKE_CANDIDATES]:
+            role, password = provision.instance_role_sql(conn, name, comment)
             try:
-                with conn.transaction():  # all or nothing: a spare, or an instance with its role
-                    conn.execute(sql.SQL("ALTER DATABASE {} RENAME TO {}").format(
-                        sql.Identifier(spare), sql.Identifier(name)))
-                    password = provision.instance_role(conn, name, comment)
-                    provision.open_database(conn, name, name, comment)
+                # All or nothing (a spare, or an instance with its role), in one round trip. Its
+                # commit need not wait for the disk: a server that crashes before the commit
+                # reaches it comes back with the spare still a spare (and with nothing written
+                # after it: the WAL reaches the disk in order), and the instance's connections,
+                # all it loses, are gone with the crash anyway.
+                provision.one_transaction(conn, [
+                    sql.SQL("ALTER DATABASE {} RENAME TO {}").format(sql.Identifier(spare), sql.Identifier(name)),
+                    *role, *provision.open_database_sql(name, name, comment)], synchronous=False)
             except (psycopg.errors.InvalidCatalogName, psycopg.errors.ObjectInUse):
                 continue  # another provisioner took it (or is dropping it) first
             return provision.Instance(template.env, name, name, provision.instance_dsn(self.admin_dsn, name, password))
