@@ -108,7 +108,7 @@ async def serve(args: argparse.Namespace) -> None:
     hosts = hostguard.allowed_hosts([args.host, control_host], args.allowed_host)
     origins = hostguard.allowed_origins(args.allowed_origin)
     http_protocol = listener.protocol(args.http)  # uvicorn's, with a deadline on every request head
-    mcp_app = hostguard.HostOriginGuard(McpApp(instance, json_response=args.json_response), hosts, origins)
+    mcp_app = hostguard.HostOriginGuard(McpApp(instance, json_response=args.json_response, after_call=instance.tend_workers), hosts, origins)
     control_app = build_control(instance, middleware=[hostguard.guard(hosts, origins)])
     # ws="none": neither listener speaks WebSocket, and uvicorn's default ("auto") imports a
     # WebSocket library into every env server (~0.6 MB of memory each).

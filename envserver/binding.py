@@ -139,13 +139,22 @@ class Binding:
         self.last_used = time.monotonic()
 
     def start_workers(self, wait: bool = False) -> None:
-        """Fork the workers of pools not yet started. The first tool call waits for the first
-        tool worker: it is forked first; the spare and the verifier's worker (needed at the next
-        reset, at the verification) after it."""
+        """Fork the workers not yet started. ``wait`` (an instance's start): all of them, and
+        block until they run. Otherwise (after a switch's answer, and at every later tend) in two
+        steps: first the tool worker the first call needs, alone; at the next tend (after the
+        first call's answer, or the next reset's) the spare and the verifier's worker. Those two
+        forks (~10 ms of CPU) would otherwise compete with the client's new MCP session and its
+        first call (measured: docs/benchmarks.md, "Spares shared by a fleet's pods")."""
         if self.pool is None or self.verifier_pool is None:
             return
-        first = self.pool.start(wait=wait)  # each start happens once (a pool started since: None)
-        self.verifier_pool.start(wait=wait, after=first)
+        if wait:
+            first = self.pool.start(wait=True)
+            self.verifier_pool.start(wait=True, after=first)
+        elif not self.pool.started:
+            self.pool.start(wait=False, spares=False)
+        else:
+            self.pool.start_spares()
+            self.verifier_pool.start(wait=False)
 
     def deactivate(self) -> Callable[[], None]:
         """Detach the workers (a cached binding keeps only its bundle and its database); returns

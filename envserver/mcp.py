@@ -58,8 +58,12 @@ class RpcError(Exception):
 class McpApp:
     """The ASGI app of one instance's MCP endpoint."""
 
-    def __init__(self, instance: EnvInstance, path: str = "/mcp", json_response: bool = True) -> None:
+    def __init__(self, instance: EnvInstance, path: str = "/mcp", json_response: bool = True,
+                 after_call: Callable[[], None] | None = None) -> None:
+        """``after_call``: run once a tool call's answer is sent (the env server forks there what
+        a switch left to fork: :meth:`EnvInstance.tend_workers`)."""
         self.instance = instance
+        self.after_call = after_call
         self.path = path.rstrip("/")
         self.json_response = json_response
         self.sessions: OrderedDict[str, str] = OrderedDict()  # session id -> protocol version
@@ -133,6 +137,8 @@ class McpApp:
             log.exception("MCP %s failed", rpc)
             return await self._error(send, request_id, RpcError(INTERNAL_ERROR, "Internal error"))
         await self._answer(send, request_id, result, session)
+        if rpc == "tools/call" and self.after_call is not None:
+            self.after_call()
 
     def _initialize(self, params: Any) -> tuple[dict[str, Any], str]:
         requested = params.get("protocolVersion") if isinstance(params, dict) else None

@@ -328,18 +328,23 @@ class WorkerPool:
         self.replaced = 0
         self.renewed = 0
         self.started = False  # an unstarted pool starts at its first request
+        self._owed = 0  # spares not started yet (start(spares=False))
         self.closed = False
 
-    def start(self, wait: bool = True, after: Future[None] | None = None) -> Future[None] | None:
+    def start(self, wait: bool = True, after: Future[None] | None = None, spares: bool = True) -> Future[None] | None:
         """Start every worker; ``wait``: block until they run and raise what the first one raised
         (else the first request waits for its worker, and gets any failure). ``after``: begin
         once that spawn (another pool's) is done, so that the worker needed first is forked first.
-        Returns the first worker's spawn; None (and nothing done) if the pool was started."""
+        ``spares=False``: the spares later, at :meth:`start_spares`. Returns the first worker's
+        spawn; None (and nothing done) if the pool was started."""
         with self._lock:
             if self.started:
                 return None
             self.started = True
-        futures = [self._spawn(after=after if i == 0 else None) for i in range(self.size + self.spares)]
+            if not spares:
+                self._owed = self.spares
+        count = self.size + (self.spares if spares else 0)
+        futures = [self._spawn(after=after if i == 0 else None) for i in range(count)]
         if not wait:
             return futures[0] if futures else None
         for future in futures:
@@ -414,6 +419,13 @@ class WorkerPool:
         with self._lock:
             self._live.discard(worker)
             self._retired.append(worker)
+
+    def start_spares(self) -> None:
+        """Start the spares a :meth:`start` with ``spares=False`` left for later."""
+        with self._lock:
+            owed, self._owed = self._owed, 0
+        for _ in range(owed):
+            self._spawn()
 
     def replace_retired(self) -> None:
         """Reap the retired workers and start their replacements, on the spawner thread."""
