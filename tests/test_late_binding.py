@@ -311,6 +311,28 @@ def test_the_provisioner_hands_each_database_to_one_connection(admin_dsn, bundle
     assert not [d for d in provision.list_instances(admin_dsn) if "provtest" in d]
 
 
+def test_a_whole_fleet_connecting_at_once_reaches_the_provisioner(admin_dsn, bundles, tmp_path):
+    """Every instance of a fleet connects to the provisioner as it starts, all at once. With the
+    socketserver default of 5 pending connections, the sixth got EAGAIN and its instance failed
+    to start (seen with 16 instances). Here 48 connect while the provisioner is not accepting
+    yet; all of them are answered once it is."""
+    by_name = {b.name: b for b in bundles}
+    provisioner = Provisioner(admin_dsn, lambda env: by_name[env], "rushtest", keep=0)
+    server = ProvisionerServer(provisioner, tmp_path / "rush.sock")  # listening, not accepting
+    clients = [ProvisionerClient(server.path, f"i{n}") for n in range(48)]
+    try:
+        with ThreadPoolExecutor(len(clients)) as pool:
+            connecting = [pool.submit(c.request, {"op": "prefill", "env": "notes", "count": 0}) for c in clients]
+            time.sleep(0.5)
+            server.start()
+            assert all(f.result(timeout=60)["ok"] for f in connecting)
+    finally:
+        for client in clients:
+            client.close()
+        server.close()
+        provisioner.close()
+
+
 def test_the_provisioner_on_an_abstract_name_answers_its_own_uid_only(admin_dsn, bundles):
     """An env pod's sidecar listens on ``@name`` (abstract: no file, shared by the pod's network
     namespace under runc and gVisor). There is no file mode to keep other users out, so each

@@ -448,6 +448,9 @@ class ProvisionerServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServ
     only our uid may ask), one thread per instance."""
 
     daemon_threads = True
+    # Every instance of a fleet connects when it starts, all at once (``awm serve -n 64``): the
+    # socketserver default of 5 pending connections turned the rest away (EAGAIN).
+    request_queue_size = 1024
 
     def __init__(self, provisioner: Provisioner, path: str | Path) -> None:
         self.provisioner = provisioner
@@ -499,7 +502,7 @@ class ProvisionerClient:
             try:
                 sock.connect(socket_address(self.path))
                 break
-            except (FileNotFoundError, ConnectionRefusedError) as exc:
+            except (FileNotFoundError, ConnectionRefusedError, BlockingIOError) as exc:  # not yet, or busy
                 sock.close()
                 if time.monotonic() > deadline:
                     raise ProvisionerError(f"provisioner at {self.path} unreachable: {exc}") from None
