@@ -106,6 +106,7 @@ class Binding:
     episodes: int = 0
     last_used: float = field(default_factory=time.monotonic)
     source: str = ""  # where its database came from (Database.source)
+    staged: bool = False  # its workers start in two steps (start_workers)
 
     @classmethod
     def new(cls, bundle: EnvBundle, database: Database, verifier_kind: str | None) -> Binding:
@@ -122,10 +123,13 @@ class Binding:
     def app(self) -> bool:
         return bool(self.runtime.load.get("app"))
 
-    def activate(self, zygote: Zygote, workers: int, allow_weak_isolation: bool, wait: bool) -> None:
+    def activate(self, zygote: Zygote, workers: int, allow_weak_isolation: bool, wait: bool,
+                 staged: bool = False) -> None:
         """Make this binding's worker pools (forked from ``zygote``). ``wait``: start the workers
         and block until they run (an instance's start); else (a switch) they start when
-        :meth:`start_workers` is called, once the switch's answer is sent, or at the first call."""
+        :meth:`start_workers` is called, once the switch's answer is sent, or at the first call.
+        ``staged``: in two steps (:meth:`start_workers`)."""
+        self.staged = staged
         memory_mb = self.bundle.limits.verifier_memory_mb
         # Tools and verifiers never share a worker, and no worker serves two episodes.
         self.pool = WorkerPool(WorkerSpec(memory_mb=memory_mb, load=self.runtime.load,
@@ -140,17 +144,21 @@ class Binding:
 
     def start_workers(self, wait: bool = False) -> None:
         """Fork the workers not yet started. ``wait`` (an instance's start): all of them, and
-        block until they run. Otherwise (after a switch's answer, and at every later tend) in two
-        steps: first the tool worker the first call needs, alone; at the next tend (after the
-        first call's answer, or the next reset's) the spare and the verifier's worker. Those two
-        forks (~10 ms of CPU) would otherwise compete with the client's new MCP session and its
-        first call (locally 9.0-9.4 ms from the switch's answer to the first call's, against
-        11.6 with all three forked at once: docs/benchmarks.md)."""
+        block until they run. Otherwise (after a switch's answer, and at every later tend) the
+        tool worker the first call needs first, the spare and the verifier's worker after it;
+        when ``staged`` (a switch to a new database, whose claim waits for its first call), in
+        two steps: the first tool worker alone, and the other two at the next tend (after the
+        first call's answer, or the next reset's). Those two forks (~10 ms of CPU) would
+        otherwise compete with the client's new MCP session and first call (locally 9.0-9.4 ms
+        from the switch's answer to the first call's answer, against 11.6 with all three forked
+        at once). A cached environment's claim is a reset, whose cost is the next claim's too:
+        its three forks follow the reset's answer, done before a quick next claim (staged, a
+        back-to-back repeat measured 2.4-2.9 ms a reset against 1.6-1.9: docs/benchmarks.md)."""
         if self.pool is None or self.verifier_pool is None:
             return
-        if wait:
-            first = self.pool.start(wait=True)
-            self.verifier_pool.start(wait=True, after=first)
+        if wait or not self.staged:
+            first = self.pool.start(wait=wait)
+            self.verifier_pool.start(wait=wait, after=first)
         elif not self.pool.started:
             self.pool.start(wait=False, spares=False)
         else:

@@ -271,7 +271,8 @@ class EnvInstance:
                 phase("reset")
             # The new environment's workers start before the old ones go: a failure here
             # leaves the instance as it was.
-            binding.activate(self._zygote(binding.app), self.workers, self.allow_weak_isolation, wait=False)
+            binding.activate(self._zygote(binding.app), self.workers, self.allow_weak_isolation, wait=False,
+                             staged=not cached)
             phase("start_workers")
         except BaseException as exc:
             if not isinstance(exc, ControlError):
