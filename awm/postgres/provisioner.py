@@ -62,7 +62,7 @@ MAX_LINE = 64 * 1024  # a request is a name or two
 SOCKET_ENV = "AWM_PROVISIONER_SOCKET"
 # What a claim's background work (its refill, its spare, the drop of what it evicted) waits
 # before it starts: the claim's own session and first call go first (Provisioner._settled).
-SETTLE_S = 0.25
+SETTLE_S = 0.1
 
 
 def socket_address(path: str) -> str:
@@ -300,7 +300,9 @@ class Provisioner:
         once they compete with this claim's own first moments on the same server (the client's
         new MCP session, its first tool call on the new database: a clone is a burst of writes,
         a drop a burst of unlinks). Measured locally: a refill clone right after a switch made its
-        session set-up and first call 4-6 ms slower (docs/benchmarks.md)."""
+        session set-up and first call 4-6 ms slower. Longer is not better: on the real node, with
+        claims back to back, 0.25 s pushed each spare's clone into the next claim's (its first use
+        526 ms p50 against 319 with 0.1 s: docs/benchmarks.md)."""
         not_before = time.monotonic() + self.settle_s
 
         def run() -> None:
