@@ -451,14 +451,6 @@ def clone_statement(template: Template, name: str, strategy: str | None = None) 
     return clone
 
 
-def instance_role(conn: psycopg.Connection, name: str, comment: str) -> str:
-    """Create instance ``name``'s role (in the caller's transaction) and return its password."""
-    statements, password = instance_role_sql(conn, name, comment)
-    for statement in statements:
-        conn.execute(statement)
-    return password
-
-
 def instance_role_sql(conn: psycopg.Connection, name: str, comment: str) -> tuple[list[sql.Composable], str]:
     """The statements that create instance ``name``'s role, and its password.
 

@@ -54,10 +54,6 @@ def public_tables(conn: psycopg.Connection) -> list[str]:
     return _relations(conn, ("r", "p"))
 
 
-def public_sequences(conn: psycopg.Connection) -> list[str]:
-    return _relations(conn, ("S",))
-
-
 # The public tables and sequences, as (name, relkind) rows: no parameters, so it can share a
 # round trip with other statements (the simple query protocol).
 RELATIONS_SQL = ("SELECT c.relname, c.relkind::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
@@ -131,10 +127,6 @@ def compute_checksum(conn: psycopg.Connection, schema: str = "public") -> Checks
 
 def stored_checksum(conn: psycopg.Connection) -> Checksum:
     return read_facts(conn).expected
-
-
-def stored_sequences(conn: psycopg.Connection) -> list[Sequence]:
-    return read_facts(conn).sequences
 
 
 @dataclass
