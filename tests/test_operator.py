@@ -1238,6 +1238,35 @@ def test_config_from_env() -> None:
     assert OperatorConfig.from_env({}).peering is None and OperatorConfig.from_env({}).namespaces == []
 
 
+async def test_startup_waits_for_every_peering_object() -> None:
+    """One KopfPeering per served namespace (a ClusterKopfPeering cluster-wide, none standalone);
+    the wait retries a missing object (404) and any other error until all exist."""
+    from awm_operator.kube import ApiError
+    from awm_operator.peering import peering_paths, wait_for_peering
+
+    assert peering_paths(OperatorConfig(namespaces=["a", "b"], peering="awm")) == [
+        "/apis/kopf.dev/v1/namespaces/a/kopfpeerings/awm", "/apis/kopf.dev/v1/namespaces/b/kopfpeerings/awm"]
+    assert peering_paths(OperatorConfig(peering="awm")) == ["/apis/kopf.dev/v1/clusterkopfpeerings/awm"]
+    assert peering_paths(OperatorConfig(namespaces=["a"])) == []
+
+    answers = {"/apis/kopf.dev/v1/namespaces/a/kopfpeerings/awm": [404, 500, 200],
+               "/apis/kopf.dev/v1/namespaces/b/kopfpeerings/awm": [200]}
+    asked: list[str] = []
+
+    class Kube:
+        async def request(self, method: str, path: str) -> dict[str, Any]:
+            asked.append(path)
+            status = answers[path].pop(0)
+            if status != 200:
+                raise ApiError(status, "{}")
+            return {}
+
+    await wait_for_peering(Kube(), OperatorConfig(namespaces=["a", "b"], peering="awm"), interval=0)  # type: ignore[arg-type]
+    assert asked.count("/apis/kopf.dev/v1/namespaces/a/kopfpeerings/awm") == 3
+    assert asked.count("/apis/kopf.dev/v1/namespaces/b/kopfpeerings/awm") == 1
+    assert not any(answers.values())
+
+
 def test_crds_in_chart_match_the_models(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["operator", "crds", "-o", str(tmp_path)])
     assert result.exit_code == 0, result.output

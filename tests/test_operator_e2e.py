@@ -16,6 +16,7 @@ import asyncio
 import json
 import os
 import subprocess
+import threading
 import time
 import urllib.error
 import uuid
@@ -939,6 +940,47 @@ def test_peering_one_replica_acts_and_a_standby_takes_over(control_plane: Any, c
         assert not {i["pod"] for i in second["instances"]} & {i["pod"] for i in first["instances"]}
         peer.delete("envfleets", "ha")
         wait_for("the fleet gone", lambda: peer.get("envfleets", "ha") is None, timeout=60)
+
+
+def test_replicas_started_before_their_peering_object_still_elect_one(control_plane: Any, cluster: Cluster,
+                                                                       admin_dsn: str) -> None:
+    """`helm install` creates the chart's KopfPeering after the operator's Deployment, so replicas
+    can start before it exists. kopf's first announcement then found nothing, and when the object
+    appeared both replicas saw no peer and acted together until the next keep-alive (~55 s: seen
+    on the real node as a release answered 404 by the replica that did not know the claim). The
+    startup now waits for the object. Judged by effects: neither replica is ready while it is
+    missing, and once it exists only one of them creates the fleet's pods."""
+    ns = "awm-peer-late"
+    setup_namespace(control_plane, ns, admin_dsn)
+    peer = Cluster(control_plane, ns)
+
+    def config(priority: int) -> OperatorConfig:
+        return operator_config(ns, peering="awm", priority=priority, scale_down_delay=30.0,
+                               db_sweep_interval=60.0, reset_timeout=30.0, claim_wait_default=30.0)
+
+    replicas = [InThread(config(10), control_plane.kubeconfig), InThread(config(20), control_plane.kubeconfig)]
+    starters = [threading.Thread(target=op.__enter__) for op in replicas]
+    for starter in starters:
+        starter.start()
+    try:
+        time.sleep(2)
+        assert not any(op.ready_flag.is_set() for op in replicas), "a replica started without its peering object"
+        control_plane.kubectl("apply", "-f", "-", input=json.dumps(
+            {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": "awm", "namespace": ns}}))
+        for starter in starters:
+            starter.join(60)
+        assert all(op.ready_flag.is_set() and op.error is None for op in replicas), [op.error for op in replicas]
+        peer.create("envfleets", "late-peer", fleet_spec(3, None, ["crm"]))
+        wait_for("3 pods", lambda: len(peer.pods("late-peer")) == 3, timeout=60)
+        time.sleep(1)
+        created = [metric(op, "awm_pod_operations_total", fleet="late-peer", operation="create") for op in replicas]
+        assert sorted(created) == [0, 3], created
+        assert created[1] == 3, created  # the higher priority acts
+        peer.delete("envfleets", "late-peer")
+        wait_for("the fleet gone", lambda: peer.get("envfleets", "late-peer") is None, timeout=60)
+    finally:
+        for op in replicas:
+            op.stop()
 
 
 def test_allocation_api_refuses_dns_rebinding(cluster: Cluster, operator: InThread) -> None:

@@ -316,6 +316,16 @@ def test_env_pods_run_on_the_real_node(chart: Cluster, fleet: str) -> None:
     names = {p["metadata"]["name"] for p in infra}
     assert any(n.startswith(f"{RELEASE}-postgres") for n in names)
     assert sum(n.startswith(f"{RELEASE}-operator") for n in names) == 2
+    # One of the two replicas acted on the fleet, the other never did: a replica that starts
+    # before `helm install` has created its KopfPeering object waits for it (awm_operator/peering.py).
+    # Without that wait both reconciled the fleet and bound the same claims for about a minute.
+    reconciled = []
+    for p in infra:
+        if p["metadata"]["name"].startswith(f"{RELEASE}-operator"):
+            text = httpx.get(f"http://{p['status']['podIP']}:9090/metrics", timeout=10).text
+            reconciled.append(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                                  if line.startswith("awm_reconcile_seconds_count")))
+    assert sorted(count > 0 for count in reconciled) == [False, True], reconciled
 
 
 def test_security_context_enforced_in_the_env_pod(chart: Cluster, fleet: str) -> None:

@@ -32,6 +32,7 @@ from awm_operator.config import OperatorConfig
 from awm_operator.crds import GROUP, VERSION, Condition, EnvClaimSpec, EnvClaimStatus
 from awm_operator.kube import ApiError, Kube, load_configuration
 from awm_operator.metrics import Metrics
+from awm_operator.peering import wait_for_peering
 from awm_operator.pods import selector
 from awm_operator.reconcile import Context, Reconciler, read_shards
 from awm_operator.state import ClaimRequest, Fleets
@@ -93,6 +94,9 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     cfg.api_port, cfg.metrics_port = (bound_port(r) for r in memo.runners)  # port 0: the one picked
     watchers = [PodWatcher(kube, memo.fleets, ns) for ns in (cfg.namespaces or [None])]
     memo.watch_tasks = [asyncio.create_task(w.run(), name=f"awm pod watch {w.namespace}") for w in watchers]
+    # Last, with the API and the pod watch already serving: kopf starts its peering after this
+    # handler, and its first announcement must find the peering objects (awm_operator/peering.py).
+    await wait_for_peering(kube, cfg)
 
 
 @kopf.on.cleanup()
