@@ -704,8 +704,10 @@ def test_operator_pod_killed_standby_takes_over(chart: Cluster, fleet: str) -> N
 # Last in the module: in two fresh-clone CI runs (2026-11-25) the module's fleet status stopped
 # counting its Ready pods after this campaign had run (the replacement pod was Ready in 3 s; the
 # EnvFleet's status.ready never reached 8 again), while the module alone passed three times in this
-# order. Under investigation (the closing note of that day has the evidence); until then the
-# pod-loss and failover tests run on a fleet no campaign has touched.
+# order. The same symptom came back on 2026-11-28 with the campaign last, and that run's logs showed
+# both operator replicas acting for their first minute (fixed since: awm_operator/peering.py), the
+# likely cause of both. The order stays: the pod-loss and failover tests run on a fleet no campaign
+# has touched.
 def test_evaluation_campaign_job_runs_as_a_real_pod(chart: Cluster, fleet: str, images: dict[str, Any]) -> None:
     """An evaluation Campaign of the paper's shape, scaled down, end to end on the real node: sized
     by concurrent episodes (``concurrentGroups`` 1 x k 2), so the operator makes a late-binding
