@@ -390,4 +390,19 @@ async def test_a_claimed_playground_session_is_its_claimers_and_ends_with_its_cl
     with pytest.raises(KeyError):
         await playground.session(inst.name, "mine")
     assert inst.name not in playground.sessions
+
+    # A release the operator answers 404 (the claim is gone already) is a release done; any other
+    # refusal is the caller's to see, and the session is dropped either way.
+    async def release(self, claim_id):  # noqa: ANN001
+        raise AllocationError(status, f"no claim {claim_id} in fleet f")
+
+    monkeypatch.setattr(AllocationClient, "release", release)
+    for status in (404, 503):
+        playground.sessions[inst.name] = Session(inst, Claimed("ns", "f", "api_2", digest("mine"), time.monotonic()))
+        if status == 404:
+            await playground.release(inst.name, "mine")
+        else:
+            with pytest.raises(AllocationError):
+                await playground.release(inst.name, "mine")
+        assert inst.name not in playground.sessions
     await view.close()

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +35,8 @@ from pydantic import BaseModel, Field
 from awm.episode.allocation import AllocationClient, AllocationError
 from awm.episode.session import EnvHandle, EpisodeSession
 from awm.ui.fleet import FleetView, Instance
+
+log = logging.getLogger("awm.ui")
 
 HOLDER = "playground"
 CLAIM_WAIT_S = 20.0  # how long a claim waits for a ready instance before the operator says 409
@@ -238,8 +241,16 @@ class Playground:
             return
         await session.close()
         if session.claimed is not None and token:
-            async with self._allocation(session.claimed, token) as alloc:
-                await alloc.release(session.claimed.claim_id)
+            try:
+                async with self._allocation(session.claimed, token) as alloc:
+                    await alloc.release(session.claimed.claim_id)
+            except AllocationError as exc:
+                if exc.status != 404:
+                    raise
+                # The operator no longer holds the claim (its TTL passed, or the replica that
+                # answered never knew it): the instance is free either way, which is what a
+                # release asks for. Answering 404 would tell the page its release failed.
+                log.info("playground release of %s: the operator had no claim %s", name, session.claimed.claim_id)
 
     async def close(self) -> None:
         """The server stops: its sessions end; claimed instances return at their claims' TTL."""
