@@ -41,6 +41,7 @@ class Database(NamedTuple):
     # provisioner), "spare" (made ahead by any provisioner of the fleet), "fixed" (pinned)
     source: str
     facts: Facts | None = None  # its template's snapshot facts, where the source knows them
+    verified: bool = False  # checksummed as its snapshot by the provisioner that made it (a spare)
 
 
 class DatabaseSource(Protocol):
@@ -86,7 +87,8 @@ class ProvisionedDatabases:
                 facts = Facts.from_json(got.facts)
             except ValueError as exc:  # the instance reads them from its database instead
                 log.warning("the provisioner's facts of %s are unusable: %s", env, exc)
-        return Database(got.database, got.dsn, "spare" if got.spare else "ready" if got.ready else "clone", facts)
+        return Database(got.database, got.dsn, "spare" if got.spare else "ready" if got.ready else "clone", facts,
+                        got.verified)
 
     def release(self, database: str) -> None:
         if database:
@@ -111,7 +113,7 @@ class Binding:
     @classmethod
     def new(cls, bundle: EnvBundle, database: Database, verifier_kind: str | None) -> Binding:
         db = EpisodeDatabase(database.dsn, statement_timeout_ms=int(bundle.limits.tool_timeout_s * 1000),
-                             facts=database.facts)
+                             facts=database.facts, verified=database.verified)
         return cls(bundle, db, database.name, {t.id: gate_status(bundle, t, verifier_kind) for t in bundle.tasks},
                    ToolRuntime(bundle), source=database.source)
 

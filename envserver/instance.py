@@ -264,8 +264,9 @@ class EnvInstance:
                 bundle = await asyncio.get_running_loop().run_in_executor(None, self._find, env)
                 phase("load_bundle")
                 binding = made = await self._new_binding(bundle, phase)
-                result = await self._db(lambda: made.db.reset(verify=True))  # checksummed
-                phase("checksum")
+                vouched = made.db.vouched
+                result = await self._db(lambda: made.db.reset(verify=True))  # checksummed (by its maker if vouched)
+                phase("reset_vouched" if vouched else "checksum")
             else:
                 result = await self._db(binding.db.reset)
                 phase("reset")
@@ -343,8 +344,9 @@ class EnvInstance:
             bundle = await loop.run_in_executor(None, self._find, env)
             phase("load_bundle")
             made = await self._new_binding(bundle, phase, aside=True)
-            result = await loop.run_in_executor(None, lambda: made.db.reset(verify=True))  # checksummed
-            phase("checksum")
+            vouched = made.db.vouched
+            result = await loop.run_in_executor(None, lambda: made.db.reset(verify=True))  # checksummed (by its maker if vouched)
+            phase("reset_vouched" if vouched else "checksum")
             if not result.pristine:
                 raise ControlError(500, f"cannot prepare {env!r}: its new database is not at its snapshot")
             evicted: list[Binding] = []

@@ -59,11 +59,16 @@ class ResetResult:
 
 
 class EpisodeDatabase:
-    def __init__(self, dsn: str, statement_timeout_ms: int = 10_000, facts: snap.Facts | None = None) -> None:
+    def __init__(self, dsn: str, statement_timeout_ms: int = 10_000, facts: snap.Facts | None = None,
+                 verified: bool = False) -> None:
         """``facts``: the snapshot facts of the database's template, where its source knows them
-        (else each connection reads them from the database)."""
+        (else each connection reads them from the database). ``verified``: the provisioner that
+        made the database checksummed it as the snapshot, and no role but the admin's could reach
+        it since; the first reset asked to verify takes that checksum as its own (the expected
+        value it would compare against comes from the same provisioner)."""
         self._dsn = dsn
         self._facts = facts
+        self._verified = verified
         self._timeout_ms = statement_timeout_ms
         self.conn: psycopg.Connection | None = None
         self.escaped = False
@@ -136,6 +141,11 @@ class EpisodeDatabase:
         self.conn = None
 
     @property
+    def vouched(self) -> bool:
+        """The next reset may take its maker's checksum as its own (see ``verified``)."""
+        return self._verified
+
+    @property
     def connected(self) -> bool:
         return self.conn is not None and not self.conn.closed and not self.lost
 
@@ -157,6 +167,9 @@ class EpisodeDatabase:
     def reset(self, verify: bool = False) -> ResetResult:
         start = time.perf_counter()
         strategy, repaired, pristine = "rollback", [], None
+        # The maker's checksum stands for this first reset only, and only on the connection that
+        # has run nothing since it opened (no episode: the database is as its maker left it).
+        vouched, self._verified = self._verified and self.connected and self._episode_tx is None, False
         if not self.connected:
             self.connect()
             verify = True  # after a crash or restart, prove the state instead of assuming it
@@ -165,13 +178,15 @@ class EpisodeDatabase:
         except DatabaseLost:
             # The server went away between episodes (a restart, a failover): reconnect once.
             self.connect()
-            verify = True
+            verify, vouched = True, False
             ended, began = self._guard(self._run_reset)
         if self._episode_tx is not None and ended != self._episode_tx and not self.escaped:
             self._escape("the transaction rolled back was not the episode's own")
         self._episode_tx = began
         escaped = self.escape_reason if self.escaped else None
-        if self.escaped or verify:
+        if vouched and verify and not self.escaped:
+            pristine = True
+        elif self.escaped or verify:
             bad = self.mismatches()
             if bad:
                 strategy, repaired = "restore", self._restore(bad)

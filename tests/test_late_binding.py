@@ -516,12 +516,12 @@ def test_a_spare_made_by_one_pods_provisioner_is_taken_by_anothers(admin_dsn, bu
     one, two, other = make("sparepoda", "pool-a"), make("sparepodb", "pool-a"), make("sparepodc", "pool-b")
     try:
         first = one.acquire("crm", "a")
-        assert (first.ready, first.spare) == (False, False)  # nothing made ahead yet: a clone
+        assert (first.ready, first.spare, first.verified) == (False, False, False)  # nothing made ahead yet: a clone
         (spare,) = wait_for("a spare of crm", lambda: _spares(admin_dsn, one.spares), interval=0.05)
         with pytest.raises(psycopg.OperationalError, match="permission denied"):  # no instance reaches a spare
             psycopg.connect(first.dsn.replace(f"dbname={first.database}", f"dbname={spare}"), connect_timeout=5).close()
         taken = two.acquire("crm", "b")
-        assert (taken.ready, taken.spare, taken.database) == (True, True, taken.database)
+        assert (taken.ready, taken.spare, taken.verified) == (True, True, True)  # checksummed by its maker
         assert taken.database.startswith(provision.INSTANCE_PREFIX) and spare not in provision.list_instances(admin_dsn)
         with psycopg.connect(taken.dsn, connect_timeout=5) as conn:
             assert snapshot.compute_checksum(conn).digest == taken.checksum
@@ -535,7 +535,7 @@ def test_a_spare_made_by_one_pods_provisioner_is_taken_by_anothers(admin_dsn, bu
         (again,) = wait_for("the next spare of crm", lambda: _spares(admin_dsn, one.spares), interval=0.05)
         assert again != spare
         cloned = other.acquire("crm", "c")
-        assert (cloned.ready, cloned.spare) == (False, False) and again in _spares(admin_dsn)
+        assert (cloned.ready, cloned.spare, cloned.verified) == (False, False, False) and again in _spares(admin_dsn)
         # the operator: a sweep of gone pods keeps the fleet's spares; its finalizer's listing has them
         from awm_operator import databases
 
@@ -547,6 +547,55 @@ def test_a_spare_made_by_one_pods_provisioner_is_taken_by_anothers(admin_dsn, bu
     finally:
         for p in (one, two, other):
             p.close()
+        for name in _spares(admin_dsn):
+            provision.drop_instance(admin_dsn, name)
+
+
+def test_a_spare_is_checksummed_by_its_maker_and_its_taker_trusts_that_once(admin_dsn, bundles):
+    """A spare's maker checksums the copy against the template's snapshot: one that differs is
+    dropped, never published. A taken spare says so (``verified``), and its env server's first
+    verifying reset takes the maker's checksum as its own: that reset trusts it (here the database
+    was changed behind everyone's back, as the admin, which no instance role can do to a spare),
+    and the next verifying reset checks again and restores."""
+    import dataclasses
+
+    from envserver.reset import EpisodeDatabase
+
+    by_name = {b.name: b for b in bundles}
+    maker = Provisioner(admin_dsn, by_name.__getitem__, "sparechk", keep=0, meta={"pod": "sparechk"},
+                        max_spares=4, pool="pool-check")
+    try:
+        template = maker.template("crm")
+        facts = snapshot.Facts.from_json(template.facts)
+        table, (count, digest) = next((t, v) for t, v in sorted(facts.expected.tables.items()) if v[0] > 0)
+        wrong = dataclasses.replace(facts.expected, tables={**facts.expected.tables, table: (count + 1, digest)})
+        bad = dataclasses.replace(template, facts=dataclasses.replace(facts, expected=wrong).to_json())
+        assert maker.spares is not None
+        with psycopg.connect(admin_dsn, autocommit=True) as conn:
+            with pytest.raises(RuntimeError, match="differs from its snapshot"):
+                maker.spares.make(conn, bad, {"pod": "sparechk"}, None)
+        assert _spares(admin_dsn, maker.spares) == [] and not [
+            d for d in provision.list_instances(admin_dsn) if d.startswith(maker.spares.prefix(template, making=True))]
+
+        maker._make_spare("crm")
+        assert len(_spares(admin_dsn, maker.spares)) == 1
+        taken = maker.acquire("crm", "x")
+        assert (taken.spare, taken.verified) == (True, True)
+        with provision._admin(admin_dsn, taken.database) as admin:  # behind everyone's back
+            admin.execute(f'TRUNCATE "{table}" CASCADE')
+        db = EpisodeDatabase(taken.dsn, facts=snapshot.Facts.from_json(taken.facts), verified=True)
+        db.connect()
+        try:
+            assert db.vouched
+            first = db.reset(verify=True)
+            assert first.pristine is True and first.strategy == "rollback" and not db.vouched
+            second = db.reset(verify=True)
+            assert second.strategy == "restore" and table in second.repaired and second.pristine is True
+            assert db.mismatches() == []
+        finally:
+            db.close()
+    finally:
+        maker.close()
         for name in _spares(admin_dsn):
             provision.drop_instance(admin_dsn, name)
 

@@ -60,6 +60,9 @@ class Instance:
     dbname: str
     role: str
     dsn: str
+    # Checksummed against its template's snapshot by the provisioner that made it, and reachable by
+    # no role but the admin's since (a spare: awm.postgres.spares), so its taker need not again.
+    verified: bool = False
 
 
 # Connecting is retried for a while: a server still starting, or out of connection slots while a

@@ -109,6 +109,7 @@ class Acquired:
     ready: bool  # made ahead (True) or cloned on the claim path (False)
     spare: bool = False  # made ahead by any provisioner of the fleet (a shared spare), not this one
     facts: dict[str, Any] | None = None  # the template's snapshot facts (snapshot.Facts.to_json), if kept
+    verified: bool = False  # checksummed as the snapshot by its maker (provision.Instance.verified)
 
 
 class Provisioner:
@@ -251,7 +252,7 @@ class Provisioner:
             self._spare_jobs.submit(self._settled(self._make_spare, env))
         return Acquired(env, instance.dbname, instance.dsn, template.dbname, template.checksum,
                         (time.perf_counter() - start) * 1000, kind != "clones_on_claim", kind == "spare_hits",
-                        template.facts)
+                        template.facts, instance.verified)
 
     def release(self, database: str) -> None:
         """Drop a database this provisioner made (its role with it)."""
@@ -539,7 +540,8 @@ class ProvisionerClient:
         r = self.request({"op": "acquire", "env": env, "instance": self.instance})
         facts = r.get("facts")
         return Acquired(r["env"], r["database"], r["dsn"], r["template"], r["checksum"], r["ms"], r["ready"],
-                        bool(r.get("spare", False)), facts if isinstance(facts, dict) else None)
+                        bool(r.get("spare", False)), facts if isinstance(facts, dict) else None,
+                        r.get("verified") is True)
 
     def release(self, database: str) -> None:
         self.request({"op": "release", "database": database})

@@ -42,6 +42,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from awm.postgres import provision
+from awm.postgres import snapshot as snap
 
 log = logging.getLogger("awm.provisioner")
 
@@ -67,6 +68,14 @@ def pool_prefixes(pool: str) -> tuple[str, str]:
     goes with the fleet."""
     digest = _digest(pool)
     return f"{SPARE}{digest}_", f"{MAKING}{digest}_"
+
+
+def _verified(comment: str | None, template: provision.Template) -> bool:
+    """Whether a spare's maker checksummed it as ``template``'s snapshot (its comment says so)."""
+    try:
+        return bool(template.checksum) and json.loads(comment or "{}").get("verified") == template.checksum
+    except (ValueError, AttributeError):
+        return False
 
 
 def made_at(name: str) -> float:
@@ -111,11 +120,11 @@ class Spares:
 
     def _take(self, conn: psycopg.Connection, template: provision.Template, name: str,
               owner: dict[str, Any]) -> provision.Instance | None:
-        spares = [r[0] for r in conn.execute("SELECT datname FROM pg_database WHERE starts_with(datname, %s)",
-                                             (self.prefix(template),)).fetchall()]
+        spares = conn.execute("SELECT datname, shobj_description(oid, 'pg_database') FROM pg_database "
+                              "WHERE starts_with(datname, %s)", (self.prefix(template),)).fetchall()
         random.shuffle(spares)  # the pods of a group claim together: not all after the same one
         comment = provision.instance_comment(template, owner)
-        for spare in spares[:TAKE_CANDIDATES]:
+        for spare, spare_comment in spares[:TAKE_CANDIDATES]:
             role, password = provision.instance_role_sql(conn, name, comment)
             try:
                 # All or nothing (a spare, or an instance with its role), in one round trip. Its
@@ -128,7 +137,8 @@ class Spares:
                     *role, *provision.open_database_sql(name, name, comment)], synchronous=False)
             except (psycopg.errors.InvalidCatalogName, psycopg.errors.ObjectInUse):
                 continue  # another provisioner took it (or is dropping it) first
-            return provision.Instance(template.env, name, name, provision.instance_dsn(self.admin_dsn, name, password))
+            return provision.Instance(template.env, name, name, provision.instance_dsn(self.admin_dsn, name, password),
+                                      verified=_verified(spare_comment, template))
         return None
 
     def _connection(self) -> psycopg.Connection:
@@ -185,10 +195,14 @@ class Spares:
             with conn.transaction():
                 provision.open_database(conn, making, None, provision.instance_comment(template, owner))
             # A first connection builds the database's relation cache file (pg_internal.init), so
-            # the taker's first connection skips that (~6 ms of a ~30 ms connect, measured).
+            # the taker's first connection skips that (~6 ms of a ~30 ms connect, measured). It
+            # also checksums the copy against the snapshot: the taker's env server then skips
+            # its own checksum (6-10 ms of a switch on the real node), and the reads leave the
+            # spare's pages in the server's shared buffers for it.
             with provision._admin(self.admin_dsn, making) as warm:
                 warm.execute("SELECT count(*) FROM pg_class").fetchone()
-            self._publish(conn, template, making, self.prefix(template) + stamp)
+                verified = self._verify(warm, template, making)
+            self._publish(conn, template, making, self.prefix(template) + stamp, verified)
         except BaseException:
             with contextlib.suppress(Exception):
                 provision.drop_instance(self.admin_dsn, making)
@@ -196,8 +210,23 @@ class Spares:
         self.trim(conn)
         return True
 
-    def _publish(self, conn: psycopg.Connection, template: provision.Template, making: str, spare: str) -> None:
-        comment = json.dumps({**self.meta, "spare": True, "env": template.env, "template": template.dbname})
+    @staticmethod
+    def _verify(warm: psycopg.Connection, template: provision.Template, making: str) -> str:
+        """The checksum digest of a new spare, which must be its template's snapshot's (a copy
+        that differs is an error: it is dropped, and the claim clones instead)."""
+        expected = (snap.Facts.from_json(template.facts) if template.facts else snap.read_facts(warm)).expected
+        got = snap.compute_checksum(warm)
+        bad = got.mismatches(expected)
+        if bad:
+            raise RuntimeError(f"spare {making} of {template.env} differs from its snapshot: {bad[:5]}")
+        return got.digest
+
+    def _publish(self, conn: psycopg.Connection, template: provision.Template, making: str, spare: str,
+                 verified: str = "") -> None:
+        # "verified": the digest the maker checksummed; until a take renames it, only admin
+        # roles may connect to a spare (provision.open_database with no role), so it still holds.
+        comment = json.dumps({**self.meta, "spare": True, "env": template.env, "template": template.dbname,
+                              **({"verified": verified} if verified else {})})
         for attempt in range(PUBLISH_TRIES):
             try:
                 with conn.transaction():
