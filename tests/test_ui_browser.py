@@ -100,6 +100,19 @@ def full_shot(driver, path: Path) -> None:  # type: ignore[no-untyped-def]
     driver.set_window_size(1400, 1000)
 
 
+# What chromedriver and Chrome get of this process's environment: no more. Earlier tests of the
+# session (vLLM, torch, TRL) leave variables behind, and Chromium has crashed at start (SIGTRAP,
+# a failed CHECK) in some CI runs late in the suite, never when these tests ran alone.
+CHROME_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TMPDIR", "TZ")
+
+
+def chrome_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k in CHROME_ENV}
+    if "TMPDIR" in env and not os.path.isdir(env["TMPDIR"]):  # a test's temporary directory, gone
+        del env["TMPDIR"]
+    return env
+
+
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     require(CHROMIUM and CHROMEDRIVER,
@@ -123,7 +136,8 @@ def browser(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untype
 
     for attempt in range(3):
         log = tmp_path_factory.mktemp("chromedriver") / "chromedriver.log"
-        service = webdriver.ChromeService(executable_path=CHROMEDRIVER, service_args=["--verbose"], log_output=str(log))
+        service = webdriver.ChromeService(executable_path=CHROMEDRIVER, service_args=["--verbose"], log_output=str(log),
+                                          env=chrome_env())
         try:
             driver = webdriver.Chrome(options=options(), service=service)
             break
@@ -143,7 +157,7 @@ def _chromium_alone(arguments: list[str]) -> str:
     and what the machine had then (processes, memory, disk, this process's signal masks)."""
     args = [CHROMIUM, *arguments, "--enable-logging=stderr", "--v=1", "--dump-dom", "about:blank"]
     try:
-        done = subprocess.run(args, capture_output=True, text=True, timeout=60)
+        done = subprocess.run(args, capture_output=True, text=True, timeout=60, env=chrome_env())
         how = f"exit code {done.returncode}" if done.returncode >= 0 else f"signal {-done.returncode}"
         printed = (done.stderr or "")[-2000:]
     except subprocess.TimeoutExpired as exc:
@@ -153,6 +167,7 @@ def _chromium_alone(arguments: list[str]) -> str:
     machine = subprocess.run("ps -eLf | wc -l; free -m; df -h /tmp /dev/shm; ulimit -a",
                              shell=True, capture_output=True, text=True).stdout
     return (f"chromium alone: {how}\npytest: {masks}\nthreads, memory, disk, limits:\n{machine}\n"
+            f"this process's environment, not passed to Chrome: {sorted(set(os.environ) - set(CHROME_ENV))}\n"
             f"what it printed (its tail):\n{printed}")
 
 
