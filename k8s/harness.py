@@ -22,6 +22,7 @@ import argparse
 import base64
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -79,9 +80,43 @@ def binaries_present(bin_dir: Path | None = None) -> bool:
     return all(os.access(d / b, os.X_OK) for b in BINARIES) and (d / KWOK_STAGES).is_file()
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
+_handed_out: set[int] = set()
+_port_lock = threading.Lock()
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port free now for a server that binds it *later* (seconds later, in another process).
+
+    Not ``bind(0)``: that hands out a port of the kernel's ephemeral range, which every outgoing
+    connection draws from too, so between our check and the server's bind a client socket can take
+    it ("bind: address already in use", seen for kube-controller-manager in CI). A port below the
+    ephemeral range is never given to a client socket; only an explicit bind can take it, and the
+    ports handed out here are remembered so two callers in this process never get the same one."""
+    low, _ = _ephemeral_range()
+    first = 10000 if low > 12000 else 1024
+    rng = random.Random()
+    with _port_lock:
+        for _ in range(200):
+            port = rng.randrange(first, low)
+            if port in _handed_out:
+                continue
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                try:
+                    s.bind((host, port))
+                except OSError:
+                    continue
+            _handed_out.add(port)
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # a crowded host: the old way
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
@@ -277,6 +312,11 @@ class ControlPlane:
         self._logfiles: list = []
 
     # ---- public helpers
+    @staticmethod
+    def free_port() -> int:
+        """A port for a server of this control plane or its node (see the module's free_port)."""
+        return free_port()
+
     def bin(self, name: str) -> str:
         return str(self.bin_dir / name)
 

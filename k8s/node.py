@@ -38,7 +38,6 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -62,6 +61,8 @@ class ControlPlane(Protocol):
     def kubectl(self, *args: str, check: bool = True, input: str | None = None) -> Any: ...
 
     def versions(self) -> dict[str, str]: ...
+
+    def free_port(self) -> int: ...
 
 NODE_BINARIES = ("kubelet", "kube-proxy", "coredns", "kube-router")
 HOST_TOOLS = {"containerd": "containerd", "runc": "runc", "ctr": "containerd",
@@ -189,12 +190,6 @@ def kube_router_ipsets() -> list[str]:
     if not shutil.which("ipset"):
         return []
     return [n for n in _run("ipset", "list", "-n", check=False).stdout.split() if n.startswith(KUBE_ROUTER_IPSETS)]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _pki_leaf(pki: Path, name: str, cn: str, org: str | None, server_ips: list[str] = ()) -> None:
@@ -658,11 +653,11 @@ log_path = "{r / 'logs'}/runsc-shim-%ID%.log"
         _pki_leaf(pki, f"kubelet-{self.index}", f"system:node:{self.name}", "system:nodes")
         _pki_leaf(pki, f"kubelet-serving-{self.index}", self.name, None, server_ips=[self.ip])
         kubeconfig = self._kubeconfig("kubelet", f"kubelet-{self.index}")
-        self.kubelet_port = _free_port()
+        self.kubelet_port = self.cp.free_port()
         config = {
             "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
             "address": self.ip, "port": self.kubelet_port, "readOnlyPort": 0,
-            "healthzBindAddress": "127.0.0.1", "healthzPort": _free_port(),
+            "healthzBindAddress": "127.0.0.1", "healthzPort": self.cp.free_port(),
             "tlsCertFile": str(pki / f"kubelet-serving-{self.index}.crt"),
             "tlsPrivateKeyFile": str(pki / f"kubelet-serving-{self.index}.key"),
             "authentication": {"x509": {"clientCAFile": str(pki / "ca.crt")},
@@ -722,7 +717,7 @@ log_path = "{r / 'logs'}/runsc-shim-%ID%.log"
             "hostnameOverride": self.name, "mode": "iptables", "clusterCIDR": str(ipaddress.ip_network(self.pod_cidr)),
             "iptables": {"masqueradeAll": True, "syncPeriod": "10s", "minSyncPeriod": "0s"},
             "conntrack": {"maxPerCore": 0},
-            "metricsBindAddress": f"127.0.0.1:{_free_port()}", "healthzBindAddress": f"127.0.0.1:{_free_port()}",
+            "metricsBindAddress": f"127.0.0.1:{self.cp.free_port()}", "healthzBindAddress": f"127.0.0.1:{self.cp.free_port()}",
         }
         (self.run / "kube-proxy.yaml").write_text(json.dumps(config, indent=1))
         self._spawn("kube-proxy", [str(self.cp.bin_dir / "kube-proxy"), f"--config={self.run / 'kube-proxy.yaml'}", "--v=1"])
