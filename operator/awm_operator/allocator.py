@@ -24,6 +24,7 @@ import aiohttp
 from awm_operator.ledger import LostRace
 from awm_operator.metrics import Metrics
 from awm_operator.kube import Kube
+from awm_operator.podhttp import PodHttp, PodHttpError
 from awm_operator.pods import PodInfo
 from awm_operator.state import ClaimRecord, ClaimRequest, Fleet, plan, plan_late
 
@@ -86,24 +87,24 @@ class Allocator:
     def __init__(self, kube: Kube, metrics: Metrics, reset_timeout: float = 30.0) -> None:
         self.kube = kube
         self.metrics = metrics
-        # aiohttp, not httpx: at a hundred releases a second the client's own CPU shows
-        self.reset_timeout = aiohttp.ClientTimeout(total=reset_timeout)
+        self.reset_timeout = reset_timeout
         # A switch may load the environment's template on its first claim on the cluster.
-        self.bind_timeout = aiohttp.ClientTimeout(total=max(reset_timeout, 300.0))
-        self._http: aiohttp.ClientSession | None = None
+        self.bind_timeout = max(reset_timeout, 300.0)
+        self._http: aiohttp.ClientSession | None = None  # other HTTP (a catalog's index)
+        self.pods = PodHttp()  # the pods' control API: switches and resets come by the thousand
         # work answered already: ledger writes of releases, preparations asked in the background
         self._forgetting: set[asyncio.Future[Any]] = set()
 
     @property
     def http(self) -> aiohttp.ClientSession:
         if self._http is None or self._http.closed:
-            self._http = aiohttp.ClientSession(timeout=self.reset_timeout,
-                                               connector=aiohttp.TCPConnector(limit=256, limit_per_host=0))
+            self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.reset_timeout))
         return self._http
 
     async def close(self) -> None:
         if self._forgetting:
             await asyncio.gather(*self._forgetting, return_exceptions=True)
+        await self.pods.close()
         if self._http is not None:
             await self._http.close()
 
@@ -245,20 +246,19 @@ class Allocator:
         if not pod.control_url:
             return False, "no control URL", {}
         try:
-            async with self.http.post(pod.control_url.rstrip("/") + "/bind", json={"env": env},
-                                      timeout=self.bind_timeout) as r:
-                if 400 <= r.status < 500:
-                    return None, f"{pod.name} cannot serve {env!r}: {(await r.text())[:300]}", {}
-                if r.status != 200:
-                    log.warning("switch of %s to %s failed: HTTP %s %s", pod.name, env, r.status, (await r.text())[:200])
-                    return False, f"HTTP {r.status}", {}
-                answer = await r.json(content_type=None)
-                if not isinstance(answer, dict) or answer.get("env") != env:
-                    return False, "it answered with another environment", {}
-                return True, "", answer
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+            r = await self.pods.post_json(pod.control_url.rstrip("/") + "/bind", {"env": env}, self.bind_timeout)
+            if 400 <= r.status < 500:
+                return None, f"{pod.name} cannot serve {env!r}: {r.text()}", {}
+            if r.status != 200:
+                log.warning("switch of %s to %s failed: HTTP %s %s", pod.name, env, r.status, r.text(200))
+                return False, f"HTTP {r.status}", {}
+            answer = r.json()
+        except (PodHttpError, ValueError) as exc:
             log.warning("switch of %s to %s failed: %s", pod.name, env, exc)
             return False, str(exc), {}
+        if not isinstance(answer, dict) or answer.get("env") != env:
+            return False, "it answered with another environment", {}
+        return True, "", answer
 
     async def prepare(self, fleet: Fleet, wants: dict[str, int], background: bool = False) -> dict[str, Any]:
         """binding: late - make environments ready on pods ahead of their claims (``wants``:
@@ -307,13 +307,12 @@ class Allocator:
         if pod is None or not pod.control_url or pod.deleting:
             return "failed", {}
         try:
-            async with self.http.post(pod.control_url.rstrip("/") + "/prepare", json={"env": env},
-                                      timeout=self.bind_timeout) as r:
-                if r.status != 200:
-                    log.warning("preparing %s on %s failed: HTTP %s %s", env, pod.name, r.status, (await r.text())[:200])
-                    return "failed", {}
-                answer = await r.json(content_type=None)
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+            r = await self.pods.post_json(pod.control_url.rstrip("/") + "/prepare", {"env": env}, self.bind_timeout)
+            if r.status != 200:
+                log.warning("preparing %s on %s failed: HTTP %s %s", env, pod.name, r.status, r.text(200))
+                return "failed", {}
+            answer = r.json()
+        except (PodHttpError, ValueError) as exc:
             log.warning("preparing %s on %s failed: %s", env, pod.name, exc)
             return "failed", {}
         if not isinstance(answer, dict) or answer.get("env") != env:
@@ -402,13 +401,13 @@ class Allocator:
         if not pod.control_url or pod.deleting or pod.failed:
             return None
         try:
-            async with self.http.post(pod.control_url.rstrip("/") + "/reset",
-                                      json={"task_id": None, "verify": True}) as r:
-                if r.status != 200:
-                    log.warning("reset of %s failed: HTTP %s %s", pod.name, r.status, (await r.text())[:200])
-                    return None
-                answer = await r.json(content_type=None)
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+            r = await self.pods.post_json(pod.control_url.rstrip("/") + "/reset", {"task_id": None, "verify": True},
+                                          self.reset_timeout)
+            if r.status != 200:
+                log.warning("reset of %s failed: HTTP %s %s", pod.name, r.status, r.text(200))
+                return None
+            answer = r.json()
+        except (PodHttpError, ValueError) as exc:
             log.warning("reset of %s failed: %s", pod.name, exc)
             return None
         if not isinstance(answer, dict) or answer.get("pristine", True) is False:
