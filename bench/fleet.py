@@ -29,7 +29,8 @@ cluster; the clients run in this process):
   after the ramp, and the peak of each over the whole run.
 
 Releases reset each instance through its control API: every pod points (``awm.dev/control-url``)
-at a stub control API in this process that answers ``/reset`` at once. The clients authenticate
+at a stub control API (``StubPods``, a process of its own) that answers ``/reset`` and ``/bind``
+at once. The clients authenticate
 with a ServiceAccount token (the operator's API checks it with TokenReview and RBAC, cached).
 """
 
@@ -38,9 +39,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import os
 import platform
 import shutil
+import socket
 import ssl
 import subprocess
 import sys
@@ -49,9 +52,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import aiohttp
-from aiohttp import web
+import httptools
+import httpx
+import uvloop
 
 from awm.episode.allocation import AllocationClient, bearer
 from awm_operator.cli import render
@@ -96,23 +100,77 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def stub_control_api() -> tuple[web.AppRunner, str]:
-    async def reset(_: web.Request) -> web.Response:
-        return web.json_response({"episode_id": "bench", "pristine": True, "reset_ms": 0.0})
+class _StubPod(asyncio.Protocol):
+    """Every pod's control API at once, answering at once: what the operator sends a pod (POST
+    /bind, /reset) parsed by httptools (the parser uvicorn runs in the env server)."""
 
-    async def bind(request: web.Request) -> web.Response:  # late binding: the operator's side only
-        env = (await request.json()).get("env")
-        return web.json_response({"env": env, "switched": True, "cached": False, "bind_ms": 0.0})
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport: asyncio.Transport = transport  # type: ignore[assignment]
+        self.parser = httptools.HttpRequestParser(self)
+        self.url, self.body = b"", b""
 
-    app = web.Application()
-    app.router.add_post("/reset", reset)
-    app.router.add_post("/bind", bind)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    return runner, f"http://127.0.0.1:{port}"
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            self.transport.close()
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+
+    def on_body(self, body: bytes) -> None:
+        self.body += body
+
+    def on_message_complete(self) -> None:
+        url, body, self.url, self.body = self.url, self.body, b"", b""
+        status = b"200 OK"
+        if url == b"/bind":  # late binding: the operator's side only
+            env = json.loads(body or b"{}").get("env")
+            answer: dict[str, Any] = {"env": env, "switched": True, "cached": False, "bind_ms": 0.0}
+        elif url == b"/reset":
+            answer = {"episode_id": "bench", "pristine": True, "reset_ms": 0.0}
+        else:
+            status, answer = b"404 Not Found", {"detail": "not found"}
+        out = json.dumps(answer).encode()
+        self.transport.write(b"HTTP/1.1 %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+                             % (status, len(out), out))
+        if not self.parser.should_keep_alive():
+            self.transport.close()
+
+
+def _serve_stub(sock: socket.socket) -> None:
+    async def main() -> None:
+        server = await asyncio.get_running_loop().create_server(_StubPod, sock=sock, backlog=4096)
+        await server.serve_forever()
+
+    uvloop.run(main())
+
+
+class StubPods:
+    """The control API every kwok pod points at (``awm.dev/control-url``), in a process of its own.
+
+    On a cluster each pod answers on its own CPU; here one stub answers for all 1,024 pods on the
+    same 2 cores as the operator, the control plane and the clients, so it is kept as cheap as it
+    can be (tens of microseconds a request) and off this process's event loop, which runs the
+    clients. Its listen backlog is large: a fan-out of a thousand connections at once overflowed
+    aiohttp's default of 128, and each dropped SYN waited a second to be sent again."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(4096)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.process = multiprocessing.get_context("spawn").Process(target=_serve_stub, args=(self.sock,),
+                                                                    name="awm-bench-stub-pods", daemon=True)
+        self.process.start()
+
+    def cpu_s(self) -> float:
+        return cpu_seconds(self.process.pid) if self.process.pid else 0.0  # type: ignore[arg-type]
+
+    async def cleanup(self) -> None:
+        self.process.terminate()
+        self.process.join(5)
+        self.sock.close()
 
 
 async def switch_instance(session: aiohttp.ClientSession, inst: dict[str, Any]) -> None:
@@ -125,6 +183,7 @@ class Bench:
     def __init__(self, cp: Any, instances: int, log: Any) -> None:
         self.cp, self.n, self.log = cp, instances, log
         self.profile: str | None = None
+        self.stub: StubPods | None = None  # the pods' control API, once a fleet is made
         self.clients: list[int] = [16]
         pki = Path(cp.workdir) / "pki"
         tls = ssl.create_default_context(cafile=str(pki / "ca.crt"))
@@ -136,6 +195,8 @@ class Bench:
         """CPU seconds used so far by each control-plane process, the operator and this client."""
         out = {name: cpu_seconds(p.pid) for name, p in self.cp.procs.items()}
         out["operator"], out["clients"] = cpu_seconds(self.operator_pid), cpu_seconds(os.getpid())
+        if self.stub is not None:
+            out["stub_pods"] = self.stub.cpu_s()
         return out
 
     def spy(self, phase: str, seconds: float) -> subprocess.Popen[bytes] | None:
@@ -369,7 +430,7 @@ class Bench:
         ``client_switch``: the client switches the group's instances itself, all at once (as
         :class:`awm.episode.sources.OperatorSource` does), inside the group's time; the time until
         the claims are answered (``step_claimed_ms``, ``group_answer_*``) is then reported too:
-        the operator's part, where the switches that follow hit one stub in this process instead
+        the operator's part, where the switches that follow hit one stub process instead
         of a thousand pods, each with its own CPU."""
         lat: list[float] = []
         answered: list[float] = []
@@ -405,7 +466,8 @@ class Bench:
         ``catalog_envs`` environments, and every step draws new environments."""
         import random
 
-        stub, control_url = await stub_control_api()
+        self.stub = stub = StubPods()
+        control_url = stub.url
         result: dict[str, Any] = {"catalog_envs": catalog_envs, "step": f"{step_groups} groups x {group}"}
         catalog = [f"env{i:04d}" for i in range(catalog_envs)]
         rng = random.Random(0)
@@ -470,7 +532,8 @@ class Bench:
         return result
 
     async def run(self) -> dict[str, Any]:
-        stub, control_url = await stub_control_api()
+        self.stub = stub = StubPods()
+        control_url = stub.url
         result: dict[str, Any] = {}
         try:
             fleet = {"apiVersion": "awm.dev/v1alpha1", "kind": "EnvFleet", "metadata": {"name": "bench"},
