@@ -22,7 +22,8 @@ _ACCEPT = "application/json, text/event-stream"
 
 
 @functools.cache
-def _tls() -> ssl.SSLContext:
+def tls_context() -> ssl.SSLContext:
+    """The process's one TLS context (certifi's CAs, as httpx's default): every client here shares it."""
     return httpx.create_ssl_context()
 
 
@@ -31,7 +32,7 @@ def http_client(timeout: float = 60.0) -> httpx.AsyncClient:
     (loading the CA bundle: ~19 ms of CPU, measured), and a claimed instance needs a few clients
     (its control API, its MCP session): three of them were most of a repeat claim's ~56 ms on the
     real node (docs/benchmarks.md)."""
-    return httpx.AsyncClient(timeout=timeout, verify=_tls())
+    return httpx.AsyncClient(timeout=timeout, verify=tls_context())
 
 
 class McpError(RuntimeError):

@@ -185,6 +185,7 @@ class Bench:
         self.profile: str | None = None
         self.stub: StubPods | None = None  # the pods' control API, once a fleet is made
         self.clients: list[int] = [16]
+        self.steps = 3  # --late: GRPO steps per fleet and switching mode
         pki = Path(cp.workdir) / "pki"
         tls = ssl.create_default_context(cafile=str(pki / "ca.crt"))
         tls.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
@@ -448,11 +449,15 @@ class Bench:
             assert all(i["environment"] == env for i in got["instances"]), got
             return str(got["id"])
 
+        cpu0 = self.cpu()
         ids = await asyncio.gather(*(one(env) for env in envs))
         wall = (time.perf_counter() - t0) * 1000
+        cpu1 = self.cpu()
         await asyncio.gather(*(alloc.release(i) for i in ids))
         out = {"groups": len(envs), "group_size": group, "step_bound_ms": round(wall, 1),
-               "group_claim_p50_ms": pct(lat, 0.5), "group_claim_p99_ms": pct(lat, 0.99)}
+               "group_claim_p50_ms": pct(lat, 0.5), "group_claim_p99_ms": pct(lat, 0.99),
+               # until bound (not the release): who spent the step's CPU; /proc's 10 ms ticks
+               "cpu_ms": {k: round((cpu1[k] - cpu0[k]) * 1000) for k in cpu0 if cpu1[k] > cpu0[k]}}
         if client_switch:
             out["step_claimed_ms"] = round((max(answered) - t0) * 1000, 1)
             out["group_answer_p99_ms"] = pct([(a - t0) * 1000 for a in answered], 0.99)
@@ -490,10 +495,16 @@ class Bench:
                     for by_client in ((False, True) if mode == "late" else (False,)):
                         key = "client_switch_steps" if by_client else "steps"
                         out[key] = []
-                        for n in range(3):
+                        spy = self.spy(f"{mode}-{key}", 8) if self.profile else None
+                        t_steps = time.monotonic()
+                        for n in range(self.steps):
                             envs = step_envs if mode == "pinned" else rng.sample(catalog, step_groups)
                             out[key].append(await self.step(alloc, "bench", envs, group, client_switch=by_client))
                             self.log(f"{mode} {key} {n}: {out[key][-1]}")
+                            if spy is not None and time.monotonic() - t_steps > 8:
+                                break  # with --profile: as many steps as the profile's 8 s hold
+                        if spy is not None:
+                            spy.wait()
                 # Single claims of a random environment (the late fleet: of its whole catalog, so
                 # nearly every claim switches its pod; the pinned one: of the step's environments),
                 # from the same lean client as the main benchmark's sustained loop.
@@ -649,6 +660,8 @@ def main() -> int:
     ap.add_argument("--catalog-envs", type=int, default=1000)
     ap.add_argument("--step-groups", type=int, default=64)
     ap.add_argument("--group-size", type=int, default=16)
+    ap.add_argument("--steps", type=int, default=3, help="--late: GRPO steps per fleet and mode (with --profile: "
+                                                           "at most those that fit the profile's 8 s)")
     args = ap.parse_args()
     log = (lambda msg: print(f"# {msg}", file=sys.stderr, flush=True))
     if not harness.binaries_present():
@@ -690,6 +703,7 @@ def main() -> int:
         bench = Bench(cp, args.instances, log)
         bench.profile = args.profile
         bench.clients = [int(c) for c in args.clients.split(",")]
+        bench.steps = args.steps
         bench.api, bench.operator_pid = f"http://127.0.0.1:{port}", operator.pid
         bench.metrics_url = f"http://127.0.0.1:{metrics}/metrics"
         result = asyncio.run(bench.run_late(args.catalog_envs, args.step_groups, args.group_size) if args.late

@@ -615,31 +615,41 @@ async def test_the_instance_list_says_state_claim_and_holder() -> None:
 async def test_the_client_asks_again_when_a_standby_answers() -> None:
     """Behind one Service, a standby replica answers 503 and does nothing: the client asks again,
     each time on a connection that closes after its answer, until the active one answers; other
-    errors are not retried."""
-    import httpx
+    errors are not retried, and an operator that does not answer is OperatorUnreachable."""
+    import socket
 
-    from awm.episode.allocation import AllocationClient, AllocationError
+    from aiohttp.test_utils import TestServer
 
-    seen: list[tuple[str, str | None]] = []
+    from awm.episode.allocation import AllocationClient, AllocationError, OperatorUnreachable
 
-    def handler(request: httpx.Request) -> httpx.Response:
-        seen.append((request.method, request.headers.get("connection")))
+    seen: list[tuple[str, str | None, str]] = []
+
+    async def handler(request: web.Request) -> web.Response:
+        seen.append((request.method, request.headers.get("Connection"), request.headers.get("Authorization", "")))
         if len(seen) <= 2:
-            return httpx.Response(503, json={"error": "this operator replica is a standby"})
+            return web.json_response({"error": "this operator replica is a standby"}, status=503)
         if request.method == "DELETE":
-            return httpx.Response(404, json={"error": "no such claim"})
-        return httpx.Response(201, json={"id": "api_1", "instances": []})
+            return web.json_response({"error": "no such claim"}, status=404)
+        return web.json_response({"id": "api_1", "instances": []}, status=201)
 
-    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as http:
-        alloc = AllocationClient("http://op:8080", "ns", "f", client=http)
-        assert (await alloc.claim(count=1))["id"] == "api_1"
-        assert seen == [("POST", "keep-alive"), ("POST", "close"), ("POST", "close")]
-        assert http.headers["connection"] == "keep-alive"  # the caller's client is left as it was
-        seen.clear()
-        seen.extend([("x", None)] * 2)  # no more standbys
-        with pytest.raises(AllocationError) as err:
-            await alloc.release("api_1")
-        assert err.value.status == 404 and len(seen) == 3
+    app = web.Application()
+    app.router.add_route("*", "/v1/namespaces/ns/envfleets/f/claims", handler)
+    app.router.add_route("*", "/v1/namespaces/ns/envfleets/f/claims/{id}", handler)
+    async with TestServer(app) as server:
+        async with AllocationClient(str(server.make_url("")), "ns", "f", token="t0ken") as alloc:
+            assert (await alloc.claim(count=1))["id"] == "api_1"
+            assert [(m, c) for m, c, _ in seen] == [("POST", None), ("POST", "close"), ("POST", "close")]
+            assert {a for _, _, a in seen} == {"Bearer t0ken"}
+            seen.clear()
+            seen.extend([("x", None, "")] * 2)  # no more standbys
+            with pytest.raises(AllocationError) as err:
+                await alloc.release("api_1")
+            assert err.value.status == 404 and len(seen) == 3
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))  # bound, never listening: refused
+        async with AllocationClient(f"http://127.0.0.1:{s.getsockname()[1]}", "ns", "f") as alloc:
+            with pytest.raises(OperatorUnreachable, match="claims"):
+                await alloc.claim(count=1)
 
 
 async def test_a_standby_answer_cuts_no_other_request_of_a_shared_client() -> None:

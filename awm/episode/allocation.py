@@ -1,8 +1,13 @@
-"""The client of the operator's allocation API (httpx only: no kopf, no Kubernetes client), and
+"""The client of the operator's allocation API (aiohttp only: no kopf, no Kubernetes client), and
 where a run finds the operator (:class:`OperatorSettings`).
 
 It is in the core, not in ``awm_operator``: the trainer, the framework adapters and the UI claim
 instances through it without importing the operator.
+
+aiohttp, not httpx (the rest of the core's HTTP): a trainer claims a GRPO step's 64 groups at
+once from one event loop, and httpx's client cost ~0.8 ms of CPU per request alone and ~1.8 ms
+with 64 in flight (its connection pool), aiohttp's ~0.1 ms: a step's claims cost the trainer's
+loop ~115 ms with httpx, which is more than the whole step may take (docs/benchmarks.md).
 
     async with AllocationClient("http://awm-operator:8080", namespace="rl", fleet="train") as alloc:
         claim = await alloc.claim(count=64, group_size=8)     # 8 GRPO groups of 8
@@ -13,16 +18,17 @@ instances through it without importing the operator.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Mapping
+from typing import Any, Awaitable, Callable, Mapping, TypeVar
 
-import httpx
+import aiohttp
 
-from awm.client import http_client
+from awm.client import tls_context
 
 
 SA_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
@@ -74,12 +80,24 @@ def bearer() -> dict[str, str]:
 
 
 class AllocationError(RuntimeError):
+    """The operator answered and refused (``status``: its HTTP status)."""
+
     def __init__(self, status: int, message: str) -> None:
         super().__init__(f"HTTP {status}: {message}")
         self.status = status
 
 
-async def past_standby(send: Callable[[dict[str, str]], Awaitable[httpx.Response]], retries: int) -> httpx.Response:
+class OperatorUnreachable(ConnectionError):
+    """No answer from the operator (refused, reset, timed out): unlike an AllocationError, worth
+    asking again."""
+
+
+PROXY_VARIABLES = ("https_proxy", "http_proxy", "all_proxy", "no_proxy")
+R = TypeVar("R")
+
+
+async def past_standby(send: Callable[[dict[str, str]], Awaitable[R]], retries: int,
+                       status: Callable[[R], int] = lambda r: r.status_code) -> R:  # type: ignore[attr-defined]
     """``send(headers)`` until a replica other than a standby answers. With several operator
     replicas behind one Service, a standby answers 503 at once and did nothing; the Service
     balances per connection, so the connection it answered on must not be used again: the
@@ -92,7 +110,7 @@ async def past_standby(send: Callable[[dict[str, str]], Awaitable[httpx.Response
     for attempt in range(retries + 1):
         started = time.monotonic()
         r = await send({"Connection": "close"} if attempt else {})
-        if r.status_code != 503 or attempt == retries or time.monotonic() - started > 2.0:
+        if status(r) != 503 or attempt == retries or time.monotonic() - started > 2.0:
             return r
         await asyncio.sleep(delay)
         delay = min(delay * 2, 2.0)
@@ -108,15 +126,18 @@ def new_claim_id() -> str:
 class AllocationClient:
     """``token``: the bearer token to call with; None: the process's own (:func:`bearer`). The
     UI's playground passes the token of the person at the browser, so that the operator's RBAC
-    check is theirs, not the UI's."""
+    check is theirs, not the UI's. ``session``: an aiohttp session to share (the caller closes
+    it); by default the client makes its own on first use (in the event loop that uses it)."""
 
     def __init__(self, base_url: str, namespace: str, fleet: str, timeout: float = 660.0,
-                 client: httpx.AsyncClient | None = None, standby_retries: int = 8, token: str | None = None) -> None:
+                 session: aiohttp.ClientSession | None = None, standby_retries: int = 8,
+                 token: str | None = None) -> None:
         self.base = f"{base_url.rstrip('/')}/v1/namespaces/{namespace}/envfleets/{fleet}"
         self._token = token
         self.standby_retries = standby_retries
-        self._client = client or http_client(timeout)
-        self._own = client is None
+        self.timeout = timeout
+        self._session = session
+        self._own = session is None
 
     async def __aenter__(self) -> "AllocationClient":
         return self
@@ -125,8 +146,20 @@ class AllocationClient:
         await self.close()
 
     async def close(self) -> None:
-        if self._own:
-            await self._client.aclose()
+        if self._own and self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            # The process's one TLS context; proxies from the environment only where one is set
+            # (aiohttp otherwise looks up ~/.netrc and the proxy variables in a thread per request).
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=self.timeout),
+                connector=aiohttp.TCPConnector(ssl=tls_context(), limit=0),
+                trust_env=any(os.environ.get(v) or os.environ.get(v.upper()) for v in PROXY_VARIABLES))
+        return self._session
 
     async def claim(self, count: int = 1, group_size: int | None = None, environment: str | None = None,
                     wait_seconds: float = 30.0, ttl_seconds: float | None = None,
@@ -152,7 +185,7 @@ class AllocationClient:
 
     async def release_holder(self, holder: str) -> dict[str, Any]:
         """Release every claim of ``holder`` (``{"released": [ids], "returned", "replaced"}``)."""
-        return self._result(await self._request("DELETE", "/claims", params={"holder": holder}))
+        return await self._call("DELETE", "/claims", params={"holder": holder})
 
     async def get(self, claim_id: str) -> dict[str, Any]:
         """The claim as the operator sees it now; instances whose pod was lost have ``lost: true``."""
@@ -167,24 +200,35 @@ class AllocationClient:
     async def fleet(self) -> dict[str, Any]:
         return await self._call("GET", "")
 
-    async def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-        return self._result(await self._request(method, path, json=body))
+    async def _call(self, method: str, path: str, body: dict[str, Any] | None = None,
+                    params: Mapping[str, str] | None = None) -> dict[str, Any]:
+        """One request, asked again past a standby replica (:func:`past_standby`); the answer's
+        JSON, or AllocationError (the operator refused) or OperatorUnreachable (no answer)."""
+        session, url = self.session, self.base + path
 
-    async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        """One request, asked again past a standby replica (:func:`past_standby`)."""
-        return await past_standby(lambda extra: self._client.request(method, self.base + path,
-                                                                     headers={**self._headers(), **extra}, **kwargs),
-                                  self.standby_retries)
+        async def send(extra: dict[str, str]) -> tuple[int, bytes]:
+            async with session.request(method, url, json=body, params=params,
+                                       headers={**self._headers(), **extra}) as r:
+                return r.status, await r.read()
+
+        try:
+            status, raw = await past_standby(send, self.standby_retries, status=lambda r: r[0])
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            raise OperatorUnreachable(f"{method} {url}: {exc.__class__.__name__}: {exc}") from exc
+        return self._result(status, raw)
 
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self._token}"} if self._token else bearer()
 
     @staticmethod
-    def _result(r: httpx.Response) -> dict[str, Any]:
+    def _result(status: int, raw: bytes) -> dict[str, Any]:
+        text = raw.decode("utf-8", "replace")
         try:
-            data = r.json()
+            data = json.loads(raw)
         except ValueError:
-            data = {"error": r.text}
-        if r.status_code >= 400:
-            raise AllocationError(r.status_code, data.get("error", r.text))
+            data = None
+        if not isinstance(data, dict):
+            data = {"error": text}
+        if status >= 400:
+            raise AllocationError(status, data.get("error", text))
         return data

@@ -42,9 +42,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-import httpx
 
-from awm.episode.allocation import AllocationClient, AllocationError, OperatorSettings, new_claim_id
+from awm.episode.allocation import (AllocationClient, AllocationError, OperatorSettings, OperatorUnreachable,
+                                   new_claim_id)
 from awm.episode.session import EnvHandle
 
 log = logging.getLogger("awm.episode.sources")
@@ -563,7 +563,7 @@ class OperatorClaims:
                 if exc.status not in (404, 409, 503) or left <= 0:
                     raise
                 log.info("claiming %d of %s: %s (waiting)", count, env, exc)
-            except httpx.TransportError as exc:
+            except OperatorUnreachable as exc:
                 if left <= 0:
                     raise
                 log.info("claiming %d of %s: operator unreachable: %s (retrying)", count, env, exc)
@@ -578,7 +578,7 @@ class OperatorClaims:
         """Release one claim (the operator resets its instances); a failure is left to its TTL."""
         try:
             await self.alloc.release(claim_id)
-        except (AllocationError, httpx.TransportError) as exc:
+        except (AllocationError, OperatorUnreachable) as exc:
             log.warning("releasing claim %s: %s", claim_id, exc)
 
     async def release_holder(self) -> None:
@@ -599,7 +599,7 @@ class OperatorClaims:
                 if exc.status == 404:
                     return
                 log.info("releasing the claims of %s: %s", self.holder, exc)
-            except httpx.TransportError as exc:
+            except OperatorUnreachable as exc:
                 log.info("releasing the claims of %s: operator unreachable: %s", self.holder, exc)
             await asyncio.sleep(delay)
 
@@ -688,7 +688,7 @@ class HeldClaimsSource(PoolSource):
                     if exc.status == 405:
                         return
                     log.warning("renewing claim %s: %s", claim_id, exc)
-                except httpx.TransportError as exc:
+                except OperatorUnreachable as exc:
                     log.warning("renewing claim %s: %s", claim_id, exc)
 
     async def _revive(self, lease: Lease) -> None:
@@ -758,7 +758,7 @@ class OperatorSource(InstanceSource):
         one refuses, which is fine: its pods serve their environment already)."""
         try:
             await self.alloc.prepare(wants)
-        except (AllocationError, httpx.HTTPError) as exc:
+        except (AllocationError, OperatorUnreachable) as exc:
             log.info("prepare %s: %s (claims will switch instead)", dict(wants), exc)
 
     async def claim_group(self, env: str, size: int) -> list[Lease]:
