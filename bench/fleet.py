@@ -28,6 +28,14 @@ cluster; the clients run in this process):
 * ``rss_mb`` / ``peak_rss_mb``: resident memory of the operator and each control-plane process
   after the ramp, and the peak of each over the whole run.
 
+``--late``: a GRPO step of the paper's shape (``--step-groups`` group claims of ``--group-size``,
+all at once, each of another environment) on a per-environment fleet and on a late-binding fleet
+over a ``--catalog-envs`` catalog: ``steps`` back to back (``--steps``), ``client_switch_steps``
+(``"switch": "client"``) and ``steps_after_idle`` (6 s apart, as a trainer's rollouts space them:
+the operator's connections to the pods have expired); each with the step's bound time, its group
+claims' p50/p99 and the CPU each process spent until bound (``cpu_ms``); then sustained claims of
+random environments, and ``instances_replaced`` (releases whose reset failed: none expected).
+
 Releases reset each instance through its control API: every pod points (``awm.dev/control-url``)
 at a stub control API (``StubPods``, a process of its own) that answers ``/reset`` and ``/bind``
 at once. The clients authenticate
@@ -65,6 +73,7 @@ from tests.k8s_e2e import CLIENTS_NS, client_token, grant_claims
 
 
 NS = "awm-bench"
+IDLE_GAP_S = 6.0  # between the steps_after_idle: past the pods' keep-alive (uvicorn: 5 s)
 API = f"/apis/awm.dev/v1alpha1/namespaces/{NS}"
 
 
@@ -505,6 +514,15 @@ class Bench:
                                 break  # with --profile: as many steps as the profile's 8 s hold
                         if spy is not None:
                             spy.wait()
+                    # Steps as a trainer spaces them (its rollouts take seconds to minutes): the
+                    # operator's kept-alive connections to the pods have expired (podhttp's
+                    # IDLE_SECONDS), so every /reset and /bind opens a new one.
+                    out["steps_after_idle"] = []
+                    for n in range(3):
+                        await asyncio.sleep(IDLE_GAP_S)
+                        envs = step_envs if mode == "pinned" else rng.sample(catalog, step_groups)
+                        out["steps_after_idle"].append(await self.step(alloc, "bench", envs, group))
+                        self.log(f"{mode} steps_after_idle {n}: {out['steps_after_idle'][-1]}")
                 # Single claims of a random environment (the late fleet: of its whole catalog, so
                 # nearly every claim switches its pod; the pinned one: of the step's environments),
                 # from the same lean client as the main benchmark's sustained loop.
@@ -527,6 +545,8 @@ class Bench:
                             (w["claims_per_s"] for w in windows if w["clients"] == 16), None)
                 if mode == "late":
                     out["switch_latency_count"] = await self.metric("awm_claim_switch_seconds_count")
+                # a release whose reset failed replaces its pod: none should here (the stub answers)
+                out["instances_replaced"] = await self.metric("awm_instances_released_total", 'result="replaced"')
                 result[mode] = out
                 await self.k8s.delete(f"{API}/envfleets/bench")
                 deadline = time.monotonic() + 300
