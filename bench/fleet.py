@@ -32,7 +32,7 @@ cluster; the clients run in this process):
 all at once, each of another environment) on a per-environment fleet and on a late-binding fleet
 over a ``--catalog-envs`` catalog: ``steps`` back to back (``--steps``), ``client_switch_steps``
 (``"switch": "client"``) and ``steps_after_idle`` (6 s apart, as a trainer's rollouts space them:
-the operator's connections to the pods have expired); each with the step's bound time, its group
+past uvicorn's default keep-alive of 5 s); each with the step's bound time, its group
 claims' p50/p99 and the CPU each process spent until bound (``cpu_ms``); then sustained claims of
 random environments, and ``instances_replaced`` (releases whose reset failed: none expected).
 
@@ -73,7 +73,7 @@ from tests.k8s_e2e import CLIENTS_NS, client_token, grant_claims
 
 
 NS = "awm-bench"
-IDLE_GAP_S = 6.0  # between the steps_after_idle: past the pods' keep-alive (uvicorn: 5 s)
+IDLE_GAP_S = 6.0  # between the steps_after_idle: past uvicorn's default keep-alive (5 s)
 API = f"/apis/awm.dev/v1alpha1/namespaces/{NS}"
 
 
@@ -514,9 +514,11 @@ class Bench:
                                 break  # with --profile: as many steps as the profile's 8 s hold
                         if spy is not None:
                             spy.wait()
-                    # Steps as a trainer spaces them (its rollouts take seconds to minutes): the
-                    # operator's kept-alive connections to the pods have expired (podhttp's
-                    # IDLE_SECONDS), so every /reset and /bind opens a new one.
+                    # Steps as a trainer spaces them (its rollouts take seconds to minutes): each
+                    # after an idle gap longer than uvicorn's default keep-alive (5 s), which the
+                    # env server's control listener extends (CONTROL_KEEP_ALIVE_S) so that the
+                    # operator's connection from a pod's release serves its next claim. (A
+                    # step's first use of its pods, steps[0], opens every connection.)
                     out["steps_after_idle"] = []
                     for n in range(3):
                         await asyncio.sleep(IDLE_GAP_S)

@@ -116,7 +116,8 @@ async def serve(args: argparse.Namespace) -> None:
               "lifespan": "off", "timeout_graceful_shutdown": 2}
     servers = [
         uvicorn.Server(uvicorn.Config(mcp_app, host=args.host, port=args.mcp_port, **common)),
-        uvicorn.Server(uvicorn.Config(control_app, host=control_host, port=args.control_port, **common)),
+        uvicorn.Server(uvicorn.Config(control_app, host=control_host, port=args.control_port,
+                                      timeout_keep_alive=listener.CONTROL_KEEP_ALIVE_S, **common)),
     ]
     for server in servers:
         server.install_signal_handlers = lambda: None  # type: ignore[method-assign]

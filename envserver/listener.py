@@ -16,6 +16,13 @@ import os
 from typing import Any
 
 HEAD_TIMEOUT_S = float(os.environ.get("AWM_HEAD_TIMEOUT_S", "10"))
+# How long the control listener keeps an idle connection (uvicorn's default is 5 s). The operator
+# switches and resets its pods in bursts a GRPO step apart (seconds to minutes): a connection kept
+# from a group's release to its next claim spares the operator a TCP connect per pod, which cost
+# its event loop about as much as the request itself (1,024 connects per step; docs/benchmarks.md).
+# Only the operator and the trainer reach the control API (never the agent), and a connection
+# that starts a request still has the head deadline above.
+CONTROL_KEEP_ALIVE_S = 300
 
 
 class _HeadDeadline:

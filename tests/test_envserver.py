@@ -201,6 +201,34 @@ async def test_info_health_and_metrics(control, mcp, notes):
     assert any(name == "awm_verifier_errors_total" for name, _ in samples)
 
 
+async def test_the_control_listener_keeps_an_idle_connection_for_the_operator(notes):
+    """The operator's connection from a pod's release serves its next claim a training step later:
+    the control listener keeps an idle connection past uvicorn's default 5 s keep-alive; the
+    agent's listener (MCP) does not."""
+    from urllib.parse import urlsplit
+
+    async def request(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, netloc: str, path: str) -> bytes:
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: {netloc}\r\n\r\n".encode())
+        await writer.drain()
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length"))
+        await reader.readexactly(length)
+        return head.split(b"\r\n", 1)[0]
+
+    control, mcp = urlsplit(notes.control_url), urlsplit(notes.mcp_url)
+    c_reader, c_writer = await asyncio.open_connection(control.hostname, control.port)
+    m_reader, m_writer = await asyncio.open_connection(mcp.hostname, mcp.port)
+    assert (await request(c_reader, c_writer, control.netloc, "/healthz")).endswith(b"200 OK")
+    m_writer.write(f"GET /nope HTTP/1.1\r\nHost: {mcp.netloc}\r\n\r\n".encode())
+    await asyncio.wait_for(m_reader.readuntil(b"\r\n\r\n"), 10)
+    await asyncio.sleep(6.5)  # past uvicorn's default keep-alive
+    assert (await request(c_reader, c_writer, control.netloc, "/healthz")).endswith(b"200 OK")
+    await asyncio.wait_for(m_reader.read(), 5)  # the rest of its answer, then the end: the MCP listener closed it
+    assert m_reader.at_eof()
+    for writer in (c_writer, m_writer):
+        writer.close()
+
+
 async def test_looping_tool_times_out_and_the_instance_keeps_serving(notes_fleet, control, mcp, notes):
     """The worker running a looping tool is killed at the time limit and replaced; the env server
     itself never stops (no restart, same process), and the next episode is pristine."""

@@ -223,3 +223,17 @@ async def test_bytes_after_an_answer_end_the_connection() -> None:
             assert (await client.post_json(base + "/bind", {}, timeout=5)).json() == {"env": "asked"}
         assert len(connections) == 3
         await client.close()
+
+
+async def test_connections_probe_a_peer_that_may_vanish() -> None:
+    """A pod whose node is gone sends no FIN: keep-alive probes find it while the connection is
+    idle, and a request it never acknowledges ends at TCP_USER_TIMEOUT instead of the deadline."""
+    async with uvicorn_server() as (base, _):
+        client = PodHttp()
+        await client.post_json(f"{base}/bind", {"env": "a"}, timeout=10)
+        (idle,) = client._idle.values()
+        sock = idle[0].transport.get_extra_info("socket")
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == podhttp.KEEPALIVE_IDLE_S
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == podhttp.USER_TIMEOUT_MS
+        await client.close()

@@ -12,13 +12,16 @@ answer, keep-alive connections per pod address. The answer is parsed by httptool
 parser uvicorn and aiohttp are built on), so content-length and chunked bodies and malformed
 answers are the parser's business; what is here is the connection pool, a deadline per request,
 a cap on an answer's size and one retry when a kept-alive connection turns out to have been
-closed by the pod before it read the request (uvicorn closes idle connections after 5 s).
+closed by the pod before it read the request. Connections are kept for minutes (the env server's
+control listener keeps them 300 s): a pod's connection from its release serves its next claim.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import socket
 import ssl
 import time
 from collections import deque
@@ -30,7 +33,16 @@ from urllib.parse import urlsplit
 import httptools
 
 MAX_ANSWER_BYTES = 1 << 20  # a control answer is a few hundred bytes; more is a broken pod
-IDLE_SECONDS = 3.0  # under uvicorn's keep-alive timeout (5 s): the pod closes first otherwise
+# Idle connections are kept this long: under the env server's control keep-alive (300 s,
+# awm.envserver.listener.CONTROL_KEEP_ALIVE_S), so that a pod's connection from a group's release
+# (its /reset) is there for its next claim (/bind) a training step later. An older pod closes
+# after 5 s: the connection is then seen closed, or sent on once and replaced (below).
+IDLE_SECONDS = 240.0
+# A pod that vanished (its node gone) sends no FIN or RST: keep-alive probes find it while the
+# connection is idle, and TCP_USER_TIMEOUT ends a request whose bytes it never acknowledges.
+KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S, KEEPALIVE_PROBES = 30, 10, 3
+USER_TIMEOUT_MS = 20_000
+SWEEP_SECONDS = 30.0  # how often idle connections that closed or aged are let go
 MAX_IN_FLIGHT = 1024  # requests at once (a step of 64 x 16 waits for none): bounds the sockets
 
 
@@ -88,6 +100,14 @@ class _Connection(asyncio.Protocol):
     # -- asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            with contextlib.suppress(OSError):  # best effort: not every kernel has every option
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, KEEPALIVE_IDLE_S)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, KEEPALIVE_INTERVAL_S)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, KEEPALIVE_PROBES)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, USER_TIMEOUT_MS)
 
     def data_received(self, data: bytes) -> None:
         if self.parser is None:  # bytes nobody asked for: the connection is not ours to trust
@@ -217,7 +237,7 @@ class PodHttp:
         if conn.keep_alive and not self._closed:
             conn.idle_since = now = time.monotonic()
             self._idle.setdefault(key, deque()).append(conn)
-            if now - self._swept > IDLE_SECONDS:
+            if now - self._swept > SWEEP_SECONDS:
                 self._sweep(now)
         else:
             conn.close()
