@@ -5,9 +5,10 @@ It is in the core, not in ``awm_operator``: the trainer, the framework adapters 
 instances through it without importing the operator.
 
 aiohttp, not httpx (the rest of the core's HTTP): a trainer claims a GRPO step's 64 groups at
-once from one event loop, and httpx's client cost ~0.8 ms of CPU per request alone and ~1.8 ms
-with 64 in flight (its connection pool), aiohttp's ~0.1 ms: a step's claims cost the trainer's
-loop ~115 ms with httpx, which is more than the whole step may take (docs/benchmarks.md).
+once from one event loop, and httpx's client cost ~0.6 ms of CPU per request alone and 0.9-3 ms
+with 64 in flight (its connection pool), aiohttp's ~0.08 ms (quiet, this project's 2-core VM): a
+step's claims cost the claiming loop ~110 ms with httpx, more than the whole step may take
+(docs/benchmarks.md, "The operator's pod client and the trainer's claim client").
 
     async with AllocationClient("http://awm-operator:8080", namespace="rl", fleet="train") as alloc:
         claim = await alloc.claim(count=64, group_size=8)     # 8 GRPO groups of 8
