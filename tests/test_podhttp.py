@@ -203,7 +203,8 @@ async def test_a_refused_connection_and_a_bad_url_are_errors() -> None:
         client = PodHttp()
         with pytest.raises(PodHttpError, match="cannot connect"):
             await client.post_json(f"http://127.0.0.1:{port}/bind", {}, timeout=5)
-    for url in ("ftp://10.0.0.1/bind", "http:///bind", "no url"):
+    for url in ("ftp://10.0.0.1/bind", "http:///bind", "no url", "http://10.0.0.1:port/bind",
+                "http://10.0.0.1:99999/bind", "http://10.0.0.1/b\u00efnd"):
         with pytest.raises(PodHttpError, match="not an http"):
             await client.post_json(url, {}, timeout=5)
 

@@ -4,7 +4,7 @@ Why not aiohttp's client here: the operator switches and resets pods in bursts (
 64 groups x 16 sends 1,024 ``/bind`` requests at once, and its release 1,024 ``/reset``), all on
 the one event loop that also answers the allocation API. aiohttp's client costs about 115 us of
 CPU per request there (on uvloop: its session, timer, tracing, cookie, URL and response layers),
-this one about 25 us, so a step's fan-out takes ~25 ms of the loop instead of ~120 ms
+this one about 45 us, so a step's 1,024 binds take ~45 ms of the loop instead of ~120 ms
 (bench/podhttp.py; docs/benchmarks.md).
 
 It speaks only what the env server's control API needs: an HTTP/1.1 POST of a JSON body, a JSON
@@ -73,13 +73,16 @@ class _Target:
 
 @lru_cache(maxsize=16384)
 def _target(url: str) -> _Target:
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise PodHttpError(f"not an http(s) URL: {url!r}")
-    tls = parts.scheme == "https"
-    port = parts.port or (443 if tls else 80)
-    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    return _Target((parts.hostname, port, tls), parts.netloc.encode("idna"), path.encode("ascii"))
+    try:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("no http(s) scheme or no host")
+        tls = parts.scheme == "https"
+        port = parts.port or (443 if tls else 80)  # (a port that is not a number: ValueError)
+        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        return _Target((parts.hostname, port, tls), parts.netloc.encode("idna"), path.encode("ascii"))
+    except (ValueError, UnicodeError) as exc:  # a pod's annotation is not trusted to be well-formed
+        raise PodHttpError(f"not an http(s) URL: {url!r} ({exc})") from None
 
 
 class _Connection(asyncio.Protocol):
