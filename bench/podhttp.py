@@ -20,7 +20,6 @@ import asyncio
 import json
 import multiprocessing
 import os
-import platform
 import socket
 import statistics
 import time
@@ -31,6 +30,7 @@ import aiohttp
 import uvloop
 
 from awm_operator.podhttp import PodHttp
+from bench.runtime import machine
 
 TICK_MS = 1000 / os.sysconf("SC_CLK_TCK")
 
@@ -104,13 +104,6 @@ async def measure(url: str, requests: int, rounds: int, server_pid: int) -> dict
     return out
 
 
-def machine() -> dict[str, Any]:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
-    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "kernel": platform.release(),
-            "loadavg_start": [round(x, 2) for x in os.getloadavg()]}
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--requests", type=int, default=1024, help="requests per fan-out (a step of 64 x 16: 1,024)")
@@ -134,7 +127,8 @@ def main() -> int:
                     raise
                 time.sleep(0.05)
         time.sleep(0.5)
-        result = {"machine": machine(), "requests": args.requests, "rounds": args.rounds,
+        result = {"machine": {**machine(), "loadavg_start": [round(x, 2) for x in os.getloadavg()]},
+                  "requests": args.requests, "rounds": args.rounds,
                   **uvloop.run(measure(url, args.requests, args.rounds, server.pid))}  # type: ignore[arg-type]
     finally:
         server.terminate()

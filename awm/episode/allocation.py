@@ -93,7 +93,7 @@ class OperatorUnreachable(ConnectionError):
     asking again."""
 
 
-PROXY_VARIABLES = ("https_proxy", "http_proxy", "all_proxy", "no_proxy")
+PROXY_VARIABLES = ("https_proxy", "http_proxy", "all_proxy")  # no_proxy alone sends nothing through one
 R = TypeVar("R")
 
 
