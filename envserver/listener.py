@@ -3,10 +3,14 @@
 uvicorn closes a keep-alive connection that stays idle, but the first byte of a request cancels
 that timer and nothing else bounds the wait for the rest of the head: a client that sends a
 partial request line or trickles header bytes holds its connection (and a file descriptor of the
-env server) forever. Here every request head - the first on a connection and each one after a
-response - must be complete within ``HEAD_TIMEOUT_S`` of the moment the server started waiting
-for it, however the bytes arrive; otherwise the connection is closed. Bodies are bounded in size
-by the apps (control: 1 MiB, MCP: its body cap) and in time by the caller's own deadline.
+env server) forever. Here every request head must be complete within ``HEAD_TIMEOUT_S``, however
+the bytes arrive, or the connection is closed: the first head on a connection counts from the
+connection's start (uvicorn has no timer there), each later one from its first byte. The idle
+wait between a response and the next request's first byte is the listener's keep-alive
+(``timeout_keep_alive``: 5 s on the MCP listener, ``CONTROL_KEEP_ALIVE_S`` on the control
+listener), not this deadline, which would otherwise cut every kept connection at 10 s. Bodies are
+bounded in size by the apps (control: 1 MiB, MCP: its body cap) and in time by the caller's own
+deadline.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ class _HeadDeadline:
 
     head_timeout_s = HEAD_TIMEOUT_S
     _head_timer: asyncio.TimerHandle | None = None
+    _idle = False  # a response went out and the next head has not started: the keep-alive's wait
 
     def _arm_head_deadline(self) -> None:
         self._disarm_head_deadline()
@@ -57,14 +62,18 @@ class _HeadDeadline:
         self._arm_head_deadline()
 
     def data_received(self, data: bytes) -> None:
+        if self._idle:  # the next request's first bytes: its head's deadline starts now
+            self._idle = False
+            self._arm_head_deadline()
         super().data_received(data)  # type: ignore[misc]
         if self._head_timer is not None and self._head_arrived():
             self._disarm_head_deadline()
 
     def on_response_complete(self) -> None:
         super().on_response_complete()  # type: ignore[misc]
-        if not self._head_arrived():  # a pipelined request may have started already
-            self._arm_head_deadline()
+        # Unless a pipelined request has started already, the connection is idle: uvicorn's
+        # keep-alive timer (armed just now) bounds that wait, and a later byte starts the deadline.
+        self._idle = not self._head_arrived()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_head_deadline()

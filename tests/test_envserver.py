@@ -207,6 +207,8 @@ async def test_the_control_listener_keeps_an_idle_connection_for_the_operator(no
     agent's listener (MCP) does not."""
     from urllib.parse import urlsplit
 
+    from awm.envserver import listener
+
     async def request(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, netloc: str, path: str) -> bytes:
         writer.write(f"GET {path} HTTP/1.1\r\nHost: {netloc}\r\n\r\n".encode())
         await writer.drain()
@@ -221,7 +223,9 @@ async def test_the_control_listener_keeps_an_idle_connection_for_the_operator(no
     assert (await request(c_reader, c_writer, control.netloc, "/healthz")).endswith(b"200 OK")
     m_writer.write(f"GET /nope HTTP/1.1\r\nHost: {mcp.netloc}\r\n\r\n".encode())
     await asyncio.wait_for(m_reader.readuntil(b"\r\n\r\n"), 10)
-    await asyncio.sleep(6.5)  # past uvicorn's default keep-alive
+    # past uvicorn's default keep-alive (5 s) and past the head deadline, which counts from a
+    # request's first byte and must not cut an idle kept connection
+    await asyncio.sleep(max(6.5, listener.HEAD_TIMEOUT_S + 1.5))
     assert (await request(c_reader, c_writer, control.netloc, "/healthz")).endswith(b"200 OK")
     await asyncio.wait_for(m_reader.read(), 5)  # the rest of its answer, then the end: the MCP listener closed it
     assert m_reader.at_eof()

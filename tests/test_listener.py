@@ -32,10 +32,17 @@ async def test_a_request_head_must_arrive_within_its_deadline(http, monkeypatch)
         await asyncio.sleep(0.01)
     port = server.servers[0].sockets[0].getsockname()[1]
 
-    def trickle() -> tuple[float, bytes]:
-        """A slowloris client: one header byte every 0.2 s, never the blank line."""
+    def trickle(after_a_request: bool = False) -> tuple[float, bytes]:
+        """A slowloris client: one header byte every 0.2 s, never the blank line (on a fresh
+        connection, or on one kept alive after an honest request and an idle pause)."""
         with socket.create_connection(("127.0.0.1", port)) as s:
             s.settimeout(10)
+            if after_a_request:
+                s.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+                answer = b""
+                while not answer.endswith(b"\r\n\r\nok"):
+                    answer += s.recv(1024)
+                time.sleep(1.5)  # idle past the head deadline: the keep-alive's wait, not the head's
             start = time.monotonic()
             s.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
             try:
@@ -55,12 +62,13 @@ async def test_a_request_head_must_arrive_within_its_deadline(http, monkeypatch)
             return time.monotonic() - start, b"still open"
 
     def keep_alive() -> list[bytes]:
-        """An honest client: two requests on one connection, the second after a pause longer than
-        the head deadline would be if it counted from the connection's start."""
+        """An honest client: three requests on one connection, each after an idle pause longer
+        than the head deadline (the keep-alive, 30 s here, bounds an idle connection; the head
+        deadline counts from a request's first byte)."""
         out = []
         with socket.create_connection(("127.0.0.1", port)) as s:
             s.settimeout(5)
-            for _ in range(2):
+            for _ in range(3):
                 s.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
                 answer = b""
                 while not answer.endswith(b"\r\n\r\nok"):
@@ -69,15 +77,18 @@ async def test_a_request_head_must_arrive_within_its_deadline(http, monkeypatch)
                         break
                     answer += chunk
                 out.append(answer)
-                time.sleep(0.6)
+                time.sleep(1.6)
         return out
 
     try:
         took, left = await asyncio.to_thread(trickle)
         assert left == b"", "a trickling client kept its connection"
         assert took < 6
+        took, left = await asyncio.to_thread(trickle, True)
+        assert left == b"", "a trickling client kept its kept-alive connection"
+        assert took < 6
         answers = await asyncio.to_thread(keep_alive)
-        assert all(a.startswith(b"HTTP/1.1 200") and a.endswith(b"ok") for a in answers), answers
+        assert len(answers) == 3 and all(a.startswith(b"HTTP/1.1 200") and a.endswith(b"ok") for a in answers), answers
     finally:
         server.should_exit = True
         await task
