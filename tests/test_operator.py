@@ -360,6 +360,64 @@ async def test_a_pass_replaces_its_wake_up_timer() -> None:
     handles[-1].cancel()
 
 
+async def test_the_operator_connects_to_free_pods_ahead_of_their_claims() -> None:
+    """Each free ready pod gets a kept connection before its first claim, in the background (a
+    step's first binds would otherwise connect to every pod); pods a claim holds, pods not ready
+    and pods that refuse are left, and a second pass opens nothing more."""
+    import socket
+    from types import SimpleNamespace
+
+    from awm_operator.podhttp import PodHttp
+    from awm_operator.reconcile import Context, Reconciler
+
+    with socket.socket() as s:  # a port nobody listens on: the pod that refuses
+        s.bind(("127.0.0.1", 0))
+        refused = s.getsockname()[1]
+    connections: list[int] = []
+    requests: list[bytes] = []
+
+    async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(1)
+        try:
+            while True:  # keep-alive: answer every request on the connection
+                head = await reader.readuntil(b"\r\n\r\n")
+                requests.append(head.split(b"\r\n", 1)[0])
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(on_connect, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    fleet = Fleet("ns", "f", uid="u1")
+    for i in range(4):  # one address for all (a benchmark's stub): one connection per free pod
+        fleet.update_pod(PodInfo.from_pod(pod(f"p{i}", **{A_CONTROL_URL: url})))
+    fleet.update_pod(PodInfo.from_pod(pod("starting", ready=False, **{A_CONTROL_URL: url})))
+    fleet.update_pod(PodInfo.from_pod(pod("gone", **{A_CONTROL_URL: f"http://127.0.0.1:{refused}"})))
+    fleet.assign("c1", ClaimRecord([["p3"]]))
+    http = PodHttp()
+    rec = Reconciler(fleet, Context(kube=None, allocator=SimpleNamespace(pods=http), metrics=None,  # type: ignore[arg-type]
+                                    config=OperatorConfig()))
+    try:
+        rec.connect_ahead()
+        await asyncio.wait_for(rec.connect_task, 10)  # type: ignore[arg-type]
+        assert len(connections) == 3 and http.idle_count(url) == 3
+        assert set(requests) == {b"GET /healthz HTTP/1.1"}
+        rec.connect_ahead()  # all kept: nothing to do (the refusing pod is tried again, only it)
+        if rec.connect_task is not None:
+            await asyncio.wait_for(rec.connect_task, 10)
+        assert len(connections) == 3
+        fleet.unassign("c1")  # p3 is free now
+        rec.connect_ahead()
+        await asyncio.wait_for(rec.connect_task, 10)  # type: ignore[arg-type]
+        assert len(connections) == 4 and http.idle_count(url) == 4
+    finally:
+        await http.close()
+        server.close()
+
+
 class _Stopped:
     """kopf's DaemonStopped, as much of it as Reconciler.run uses."""
 

@@ -43,8 +43,12 @@ async def uvicorn_server(**config: object) -> AsyncIterator[tuple[str, list[str]
     async def refuse(_: Request) -> JSONResponse:
         return JSONResponse({"detail": "unknown environment"}, status_code=404)
 
+    async def healthz(request: Request) -> JSONResponse:
+        peers.append(f"{request.client.host}:{request.client.port}")  # type: ignore[union-attr]
+        return JSONResponse({"ok": True})
+
     app = Starlette(routes=[Route("/bind", bind, methods=["POST"]), Route("/chunked", chunked, methods=["POST"]),
-                            Route("/refuse", refuse, methods=["POST"])])
+                            Route("/refuse", refuse, methods=["POST"]), Route("/healthz", healthz, methods=["GET"])])
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", **config))  # type: ignore[arg-type]
@@ -104,6 +108,47 @@ async def test_answers_over_kept_alive_connections_with_uvicorn(http: str) -> No
         refused = await client.post_json(f"{base}/refuse", {"env": "x"}, timeout=10)
         assert refused.status == 404 and "unknown environment" in refused.text()
         await client.close()
+
+
+async def test_a_connection_opened_ahead_serves_the_next_requests(monkeypatch: pytest.MonkeyPatch) -> None:
+    """open() leaves one more kept connection each time, even beside an idle one (a step's
+    fan-out needs one per pod); the env server's listener keeps it idle past its head deadline,
+    and the next requests take it instead of connecting."""
+    from awm.envserver import listener
+
+    protocol = listener.protocol("httptools")
+    monkeypatch.setattr(protocol, "head_timeout_s", 0.5)
+    async with uvicorn_server(http=protocol, timeout_keep_alive=30) as (base, peers):
+        client = PodHttp()
+        assert client.idle_count(base) == 0
+        for n in (1, 2):
+            answer = await client.open(f"{base}/healthz", timeout=5)
+            assert answer.status == 200 and answer.json() == {"ok": True}
+            assert client.idle_count(f"{base}/bind") == n  # counted by address, whatever the path
+        opened = set(peers)
+        assert len(opened) == 2
+        await asyncio.sleep(1.0)  # idle past the head deadline: the keep-alive's wait, not cut
+        answers = await asyncio.gather(*(client.post_json(f"{base}/bind", {"env": e}, timeout=5) for e in "ab"))
+        assert [a.json()["env"] for a in answers] == ["a", "b"]
+        assert set(peers) == opened and client.idle_count(base) == 2  # no connection was made
+        await client.close()
+
+
+async def test_a_connection_opened_ahead_that_the_pod_closes_is_not_kept() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\n{}")
+        await writer.drain()
+
+    async with raw_server(handler) as (base, connections):
+        client = PodHttp()
+        assert (await client.open(base + "/healthz", timeout=5)).status == 200
+        assert client.idle_count(base) == 0 and len(connections) == 1
+    with pytest.raises(PodHttpError, match="cannot connect"):
+        await client.open(base + "/healthz", timeout=5)  # the server is gone
+    with pytest.raises(PodHttpError, match="not an http"):
+        client.idle_count("10.0.0.1:8081")
+    await client.close()
 
 
 async def test_a_connection_the_pod_closed_while_idle_is_replaced() -> None:

@@ -144,7 +144,7 @@ async def fleet_deleted(namespace: str, name: str, body: kopf.Body, memo: kopf.M
     fleet.poke()
     deadline = time.monotonic() + 30
     while True:
-        pods = await ctx.kube.list_pods(namespace, selector(name))
+        pods = await ctx.kube.list_pod_metadata(namespace, selector(name))
         pods = [p for p in pods if _owned_by(p, name)]
         if not pods:
             break

@@ -217,6 +217,28 @@ class PodHttp:
         request = b"".join((b"POST ", target.path, b" HTTP/1.1\r\nHost: ", target.host_header,
                             b"\r\nContent-Type: application/json\r\nAccept: application/json\r\nContent-Length: ",
                             str(len(body)).encode(), b"\r\n\r\n", body))
+        return await self._request(target, request, timeout)
+
+    async def open(self, url: str, timeout: float) -> Answer:
+        """One more kept connection to the address of ``url``, opened ahead of need: a GET of
+        ``url`` on a new connection, which the pod answers and then keeps idle for the next
+        request (a connection that never sent one would meet the env server's head deadline).
+        The answer, whatever its status; PodHttpError when there is none."""
+        target = _target(url)
+        request = b"".join((b"GET ", target.path, b" HTTP/1.1\r\nHost: ", target.host_header,
+                            b"\r\nAccept: application/json\r\n\r\n"))
+        async with self._gate:
+            deadline = asyncio.get_running_loop().time() + timeout
+            conn = await self._connect(target.key, deadline, timeout)
+            return await self._round_trip(target.key, conn, request, deadline, timeout)
+
+    def idle_count(self, url: str) -> int:
+        """Kept connections to the address of ``url`` that wait for a request (one pod's
+        address, or one shared by many pods, as a benchmark's stub is)."""
+        now = time.monotonic()
+        return sum(conn.reusable(now) for conn in self._idle.get(_target(url).key, ()))
+
+    async def _request(self, target: _Target, request: bytes, timeout: float) -> Answer:
         async with self._gate:  # the deadline runs from here: a request waits for the gate only
             deadline = asyncio.get_running_loop().time() + timeout  # behind others that have theirs
             conn = self._take_idle(target.key)

@@ -38,12 +38,15 @@ from awm_operator.ledger import Ledger
 from awm_operator.metrics import Metrics
 from awm_operator.catalog_index import REFRESH_S, RETRY_S, read_index
 from awm_operator.databases import Shard
+from awm_operator.podhttp import PodHttpError
 from awm_operator.pods import PodInfo, pod_manifest, selector, spread
 from awm_operator.state import Fleet
 
 log = logging.getLogger("awm.operator.reconcile")
 
 ORPHAN_GRACE = 10.0  # seconds a claim must stay unknown before its pods are released
+CONNECT_AHEAD_CONCURRENCY = 32  # connections to free pods opened at once, in the background
+CONNECT_AHEAD_TIMEOUT_S = 5.0
 RETRY_BASE_S, RETRY_MAX_S = 1.0, 30.0  # after a failed pass, the next one in 1, 2, 4 ... 30 s
 _background: set[asyncio.Task[Any]] = set()
 
@@ -77,6 +80,7 @@ class Reconciler:
     index_task: asyncio.Task[None] | None = None  # a catalog index read in flight
     sweep_task: asyncio.Task[None] | None = None  # a database sweep in flight
     shard_task: asyncio.Task[None] | None = None  # a probe of the fleet's shards in flight
+    connect_task: asyncio.Task[None] | None = None  # connections to free pods being opened ahead
     shards_probed_at: float = float("-inf")
     shards_error: str | None = None    # the database Secret cannot be read, or names no shard
     placement_error: str | None = None  # pods wanted and no shard could take one (last pass)
@@ -130,7 +134,7 @@ class Reconciler:
                     fleet.poke()
         finally:
             halt.cancel()
-            for task in (self.index_task, self.sweep_task, self.shard_task):
+            for task in (self.index_task, self.sweep_task, self.shard_task, self.connect_task):
                 if task is not None:
                     task.cancel()
             for timer in self.timers.values():
@@ -189,6 +193,7 @@ class Reconciler:
                 fleet.doom(p)
                 job(lambda p=p: self.delete(p, guarded=False))
         live = [p for p in pods if not p.failed and p.shard not in lost]
+        self.connect_ahead()
         starting = Counter(p.shard for p in live if not p.ready)
         # 2. count per environment (none while a selector's index was never read: pods stay as they are)
         by_env: dict[str, list[PodInfo]] = {}
@@ -287,6 +292,56 @@ class Reconciler:
             if self.index_task is asyncio.current_task():
                 self.index_task = None
             fleet.poke()
+
+    def connect_ahead(self) -> None:
+        """In the background, open the operator's connection to every free ready pod that has
+        none kept. A claim's first ``/bind`` (or a release's ``/reset``) to a pod would otherwise
+        connect first, and a GRPO step's 1,024 connects cost the operator's event loop about as
+        much again as the binds (docs/benchmarks.md): the first step of a fleet paid it. Once
+        open, a connection is kept for the pod's next request (``podhttp.IDLE_SECONDS``); one that
+        aged out unused is opened again on a later pass."""
+        if self.connect_task is None or self.connect_task.done():
+            if self._to_connect():
+                self.connect_task = asyncio.create_task(
+                    self._connect_ahead(), name=f"awm connect {self.fleet.namespace}/{self.fleet.name}")
+
+    def _to_connect(self) -> list[str]:
+        """One URL per connection to open: free pods' addresses, less the connections kept idle
+        there (an address shared by many pods, as a benchmark's stub is, takes one per pod)."""
+        http, fleet = self.ctx.allocator.pods, self.fleet
+        wanted: Counter[str] = Counter()
+        for names in list(fleet.available.values()):
+            for name in names:
+                info = fleet.pods.get(name)
+                if info is not None and info.control_url:
+                    wanted[info.control_url.rstrip("/") + "/healthz"] += 1
+        urls: list[str] = []
+        for url, n in wanted.items():
+            try:
+                urls += [url] * (n - http.idle_count(url))
+            except PodHttpError:  # a pod's annotation that is no URL: its claims will say so
+                continue
+        return urls
+
+    async def _connect_ahead(self) -> None:
+        http, sem = self.ctx.allocator.pods, asyncio.Semaphore(CONNECT_AHEAD_CONCURRENCY)
+
+        async def one(url: str) -> bool:
+            async with sem:
+                try:
+                    await http.open(url, CONNECT_AHEAD_TIMEOUT_S)
+                    return True
+                except PodHttpError:  # not answering yet, or gone: a later pass tries again
+                    return False
+
+        urls = self._to_connect()
+        while urls:  # and pods that became free meanwhile, until none is left
+            if not all(await asyncio.gather(*(one(url) for url in urls))):
+                return
+            left = self._to_connect()
+            if len(left) >= len(urls):  # none was kept (a pod that closes after answering): no loop
+                return
+            urls = left
 
     def probe_shards(self, now: float) -> None:
         """Every ``shard_probe_interval`` seconds, in the background: read the fleet's database
