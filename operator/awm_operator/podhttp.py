@@ -13,7 +13,8 @@ parser uvicorn and aiohttp are built on), so content-length and chunked bodies a
 answers are the parser's business; what is here is the connection pool, a deadline per request,
 a cap on an answer's size and one retry when a kept-alive connection turns out to have been
 closed by the pod before it read the request. Connections are kept for minutes (the env server's
-control listener keeps them 300 s): a pod's connection from its release serves its next claim.
+control listener keeps them 300 s): a pod's connection from its release serves its next claim,
+and the reconciler opens one to each free pod ahead of its first claim (``open``).
 """
 
 from __future__ import annotations
