@@ -8,9 +8,11 @@ the bytes arrive, or the connection is closed: the first head on a connection co
 connection's start (uvicorn has no timer there), each later one from its first byte. The idle
 wait between a response and the next request's first byte is the listener's keep-alive
 (``timeout_keep_alive``: 5 s on the MCP listener, ``CONTROL_KEEP_ALIVE_S`` on the control
-listener), not this deadline, which would otherwise cut every kept connection at 10 s. Bodies are
-bounded in size by the apps (control: 1 MiB, MCP: its body cap) and in time by the caller's own
-deadline.
+listener), not this deadline, which would otherwise cut every kept connection at 10 s. Part of a
+head sent while the previous response was still going out waits like an idle connection, under
+the keep-alive, and gets the deadline with its next byte: at most the keep-alive plus the
+deadline, about what an idle client may hold anyway. Bodies are bounded in size by the apps
+(control: 1 MiB, MCP: its body cap) and in time by the caller's own deadline.
 """
 
 from __future__ import annotations

@@ -41,7 +41,9 @@ async def test_a_request_head_must_arrive_within_its_deadline(http, monkeypatch)
                 s.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
                 answer = b""
                 while not answer.endswith(b"\r\n\r\nok"):
-                    answer += s.recv(1024)
+                    chunk = s.recv(1024)
+                    assert chunk, f"the server closed the connection before answering: {answer!r}"
+                    answer += chunk
                 time.sleep(1.5)  # idle past the head deadline: the keep-alive's wait, not the head's
             start = time.monotonic()
             s.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")

@@ -47,6 +47,7 @@ log = logging.getLogger("awm.operator.reconcile")
 ORPHAN_GRACE = 10.0  # seconds a claim must stay unknown before its pods are released
 CONNECT_AHEAD_CONCURRENCY = 32  # connections to free pods opened at once, in the background
 CONNECT_AHEAD_TIMEOUT_S = 5.0
+CONNECT_AHEAD_INTERVAL_S = 10.0  # at most one round of them this often (a round takes in pods freed meanwhile)
 RETRY_BASE_S, RETRY_MAX_S = 1.0, 30.0  # after a failed pass, the next one in 1, 2, 4 ... 30 s
 _background: set[asyncio.Task[Any]] = set()
 
@@ -81,6 +82,7 @@ class Reconciler:
     sweep_task: asyncio.Task[None] | None = None  # a database sweep in flight
     shard_task: asyncio.Task[None] | None = None  # a probe of the fleet's shards in flight
     connect_task: asyncio.Task[None] | None = None  # connections to free pods being opened ahead
+    connected_at: float = float("-inf")  # when the last such round started
     shards_probed_at: float = float("-inf")
     shards_error: str | None = None    # the database Secret cannot be read, or names no shard
     placement_error: str | None = None  # pods wanted and no shard could take one (last pass)
@@ -300,8 +302,10 @@ class Reconciler:
         much again as the binds (docs/benchmarks.md): the first step of a fleet paid it. Once
         open, a connection is kept for the pod's next request (``podhttp.IDLE_SECONDS``); one that
         aged out unused is opened again on a later pass."""
-        if self.connect_task is None or self.connect_task.done():
+        now = time.monotonic()
+        if (self.connect_task is None or self.connect_task.done()) and now - self.connected_at >= CONNECT_AHEAD_INTERVAL_S:
             if self._to_connect():
+                self.connected_at = now  # pods that drop kept connections (an older env server) cost a round per interval, not per pass
                 self.connect_task = asyncio.create_task(
                     self._connect_ahead(), name=f"awm connect {self.fleet.namespace}/{self.fleet.name}")
 
