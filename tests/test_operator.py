@@ -363,8 +363,8 @@ async def test_a_pass_replaces_its_wake_up_timer() -> None:
 async def test_the_operator_connects_to_free_pods_ahead_of_their_claims() -> None:
     """Each free ready pod gets a kept connection before its first claim, in the background (a
     step's first binds would otherwise connect to every pod); pods a claim holds, pods not ready
-    and pods that refuse are left, a second round opens nothing more, and rounds come at most
-    once an interval (pods that drop kept connections cost a round per interval, not per pass)."""
+    and pods that refuse are left, a second round opens nothing more, and a round a pod refused
+    holds the next one off for a while (such pods would cost a round every pass)."""
     import socket
     from types import SimpleNamespace
 
@@ -408,14 +408,15 @@ async def test_the_operator_connects_to_free_pods_ahead_of_their_claims() -> Non
         assert len(connections) == 3 and http.idle_count(url) == 3
         assert set(requests) == {b"GET /healthz HTTP/1.1"}
         first = rec.connect_task
-        rec.connect_ahead()  # within the interval: no round, though the refusing pod has none
+        rec.connect_ahead()  # the refusing pod backs the rounds off: none for a while
         assert rec.connect_task is first
-        rec.connected_at -= reconcile.CONNECT_AHEAD_INTERVAL_S
-        rec.connect_ahead()  # all kept: the refusing pod is tried again, only it
+        rec.connect_quiet_until -= reconcile.CONNECT_AHEAD_BACKOFF_S
+        rec.connect_ahead()  # all the others kept: the refusing pod is tried again, only it
         await asyncio.wait_for(rec.connect_task, 10)  # type: ignore[arg-type]
         assert rec.connect_task is not first and len(connections) == 3
+        fleet.remove_pod("gone")
         fleet.unassign("c1")  # p3 is free now
-        rec.connected_at -= reconcile.CONNECT_AHEAD_INTERVAL_S
+        rec.connect_quiet_until -= reconcile.CONNECT_AHEAD_BACKOFF_S  # (the refusing pod's last back-off)
         rec.connect_ahead()
         await asyncio.wait_for(rec.connect_task, 10)  # type: ignore[arg-type]
         assert len(connections) == 4 and http.idle_count(url) == 4

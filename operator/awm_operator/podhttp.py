@@ -220,18 +220,20 @@ class PodHttp:
                             str(len(body)).encode(), b"\r\n\r\n", body))
         return await self._request(target, request, timeout)
 
-    async def open(self, url: str, timeout: float) -> Answer:
+    async def open(self, url: str, timeout: float) -> bool:
         """One more kept connection to the address of ``url``, opened ahead of need: a GET of
-        ``url`` on a new connection, which the pod answers and then keeps idle for the next
-        request (a connection that never sent one would meet the env server's head deadline).
-        The answer, whatever its status; PodHttpError when there is none."""
+        ``url`` on a new connection, which the pod answers (whatever the status) and then keeps
+        idle for the next request (a connection that never sent one would meet the env
+        server's head deadline). True if it was kept, False if the pod closed it after
+        answering; PodHttpError when there was no answer."""
         target = _target(url)
         request = b"".join((b"GET ", target.path, b" HTTP/1.1\r\nHost: ", target.host_header,
                             b"\r\nAccept: application/json\r\n\r\n"))
         async with self._gate:
             deadline = asyncio.get_running_loop().time() + timeout
             conn = await self._connect(target.key, deadline, timeout)
-            return await self._round_trip(target.key, conn, request, deadline, timeout)
+            await self._round_trip(target.key, conn, request, deadline, timeout)
+            return not conn.closed
 
     def idle_count(self, url: str) -> int:
         """Kept connections to the address of ``url`` that wait for a request (one pod's

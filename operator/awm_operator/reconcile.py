@@ -47,7 +47,8 @@ log = logging.getLogger("awm.operator.reconcile")
 ORPHAN_GRACE = 10.0  # seconds a claim must stay unknown before its pods are released
 CONNECT_AHEAD_CONCURRENCY = 32  # connections to free pods opened at once, in the background
 CONNECT_AHEAD_TIMEOUT_S = 5.0
-CONNECT_AHEAD_INTERVAL_S = 10.0  # at most one round of them this often (a round takes in pods freed meanwhile)
+CONNECT_AHEAD_BACKOFF_S = 10.0  # after a round where a pod refused or closed what it answered on
+CONNECT_AHEAD_ROUNDS = 64  # rounds per task at most (each takes in the pods freed meanwhile)
 RETRY_BASE_S, RETRY_MAX_S = 1.0, 30.0  # after a failed pass, the next one in 1, 2, 4 ... 30 s
 _background: set[asyncio.Task[Any]] = set()
 
@@ -82,7 +83,7 @@ class Reconciler:
     sweep_task: asyncio.Task[None] | None = None  # a database sweep in flight
     shard_task: asyncio.Task[None] | None = None  # a probe of the fleet's shards in flight
     connect_task: asyncio.Task[None] | None = None  # connections to free pods being opened ahead
-    connected_at: float = float("-inf")  # when the last such round started
+    connect_quiet_until: float = float("-inf")  # after a round a pod refused or did not keep: none till then
     shards_probed_at: float = float("-inf")
     shards_error: str | None = None    # the database Secret cannot be read, or names no shard
     placement_error: str | None = None  # pods wanted and no shard could take one (last pass)
@@ -302,10 +303,8 @@ class Reconciler:
         much again as the binds (docs/benchmarks.md): the first step of a fleet paid it. Once
         open, a connection is kept for the pod's next request (``podhttp.IDLE_SECONDS``); one that
         aged out unused is opened again on a later pass."""
-        now = time.monotonic()
-        if (self.connect_task is None or self.connect_task.done()) and now - self.connected_at >= CONNECT_AHEAD_INTERVAL_S:
+        if (self.connect_task is None or self.connect_task.done()) and time.monotonic() >= self.connect_quiet_until:
             if self._to_connect():
-                self.connected_at = now  # pods that drop kept connections (an older env server) cost a round per interval, not per pass
                 self.connect_task = asyncio.create_task(
                     self._connect_ahead(), name=f"awm connect {self.fleet.namespace}/{self.fleet.name}")
 
@@ -333,19 +332,19 @@ class Reconciler:
         async def one(url: str) -> bool:
             async with sem:
                 try:
-                    await http.open(url, CONNECT_AHEAD_TIMEOUT_S)
-                    return True
-                except PodHttpError:  # not answering yet, or gone: a later pass tries again
+                    return await http.open(url, CONNECT_AHEAD_TIMEOUT_S)
+                except PodHttpError:  # not answering yet, or gone: a later round tries again
                     return False
 
-        urls = self._to_connect()
-        while urls:  # and pods that became free meanwhile, until none is left
+        for _ in range(CONNECT_AHEAD_ROUNDS):  # each round: the free pods without one, then those freed meanwhile
+            urls = self._to_connect()
+            if not urls:
+                return
             if not all(await asyncio.gather(*(one(url) for url in urls))):
+                # A pod refused, timed out or closed the connection it answered on: no round
+                # again for a while, or such pods would cost a round every pass (0.2 s apart).
+                self.connect_quiet_until = time.monotonic() + CONNECT_AHEAD_BACKOFF_S
                 return
-            left = self._to_connect()
-            if len(left) >= len(urls):  # none was kept (a pod that closes after answering): no loop
-                return
-            urls = left
 
     def probe_shards(self, now: float) -> None:
         """Every ``shard_probe_interval`` seconds, in the background: read the fleet's database
