@@ -59,7 +59,7 @@ def freeze_startup_objects() -> None:
     short-lived objects to set one off every few steps, and each walked the start-up objects
     too: 60-100 ms on the one event loop that answers the allocation API, a step's group claims
     waiting behind it. Frozen, a full collection walks only what the operator holds for its
-    fleets (a few ms during a step), and the collector's thresholds stay CPython's
+    fleets (3-30 ms during a step, measured), and the collector's thresholds stay CPython's
     (bench/fleet.py --late, docs/benchmarks.md: gen0 20,000 was measured too, and kept fewer
     collections but a slower sustained claim loop)."""
     import awm_operator.handlers  # noqa: F401  (everything a running operator loads at start)
