@@ -94,6 +94,13 @@ class McpSession:
         text = "\n".join(c.get("text", "") for c in result.get("content", []) if c.get("type") == "text")
         return ToolOutcome(bool(result.get("isError")), text, result.get("structuredContent"))
 
+    def forget_session(self) -> None:
+        """Drop the session the server ended (a late-binding instance's switch ends every one):
+        the next :meth:`initialize` opens a new one on the same connection."""
+        self._headers.pop("Mcp-Session-Id", None)
+        self._headers.pop("MCP-Protocol-Version", None)
+        self.server_info = {}
+
     async def close(self) -> None:
         if "Mcp-Session-Id" in self._headers:
             try:

@@ -9,6 +9,8 @@ generated catalog (awm/synth/varied.py; distinct schemas, tools and tasks):
   provisioner made ahead (what a step's environments get once prefilled), then a new MCP session
   and the first tool call: "claim of an environment not cached on that instance -> first tool call";
 * ``switch_clone``: the same with no database made ahead (the provisioner clones on the claim path);
+* ``lease_switch``: the same through the client library a trainer's pool uses: ``Lease.bind`` of a
+  connected lease (its control client kept, a new MCP session), then its first tool call;
 * ``repeat_cached``: ``POST /reset {"env": E}`` of an environment the instance still holds (a switch
   back to a cached environment), then its first tool call on the open MCP session;
 * ``group_switch``: ``PoolSource.claim_group(E, instances)``: every instance switched at once;
@@ -36,7 +38,7 @@ from typing import Any
 from awm import catalog
 from awm.bundle import EnvBundle
 from awm.client import ControlClient, McpSession
-from awm.episode.sources import PoolSource
+from awm.episode.sources import Lease, PoolSource
 from awm.fleet import Database, LocalFleet
 from awm.postgres import provision
 from awm.postgres.server import EmbeddedPostgres
@@ -91,6 +93,37 @@ async def switches(fleet: LocalFleet, envs: list[EnvBundle], prefill: bool, log)
         f"bind p50 {statistics.median(bind_ms):.1f} ms, to first call p50 {statistics.median(to_first_call_ms):.1f} ms")
     return {"bind_http": summary(bind_ms), "bind_inside_server": summary(inside_ms),
             "to_first_tool_call": summary(to_first_call_ms)}
+
+
+async def lease_switches(fleet: LocalFleet, envs: list[EnvBundle], log) -> dict[str, Any]:
+    """What a trainer's pool sees: one connected lease (``awm.episode.sources.Lease``) switched to
+    each of ``envs`` (databases made ahead) by ``Lease.bind``, then the first tool call on its
+    handle: the client's side of a switch (its control client, the new MCP session, the tools)."""
+    assert fleet.provisioner is not None
+    fleet.provisioner.keep = 1
+    handle = fleet.instances[0]
+    info = await (control := ControlClient(handle.control_url)).info()
+    await control.close()
+    lease = Lease(info["env"], handle.name, handle.mcp_url, handle.control_url, late=True)
+    await lease.connect()
+    to_first_call_ms = []
+    try:
+        for bundle in envs * 2:  # a switch each time: the instance keeps at most the last few
+            fleet.provisioner.prefill(bundle.name, 1)
+            for _ in range(400):
+                if fleet.provisioner.ready_count(bundle.name):
+                    break
+                await asyncio.sleep(0.025)
+            tool, args = read_tool(bundle)
+            t0 = time.perf_counter()
+            result = await lease.bind(bundle.name)
+            await lease.handle.mcp.call_tool(tool, args)  # type: ignore[union-attr]
+            if result.get("switched") and not result.get("cached"):
+                to_first_call_ms.append((time.perf_counter() - t0) * 1000)
+    finally:
+        await lease.disconnect()
+    log(f"  a connected lease switched: to its first call p50 {statistics.median(to_first_call_ms):.1f} ms")
+    return {"bind_to_first_tool_call": summary(to_first_call_ms)}
 
 
 async def repeats(fleet: LocalFleet, envs: list[EnvBundle], log) -> dict[str, Any]:
@@ -202,6 +235,7 @@ async def run(args: argparse.Namespace, admin_dsn: str, log) -> dict[str, Any]:
         result["switch_ready"] = await switches(fleet, ready_envs, True, log)
         result["switch_clone"] = await switches(fleet, clone_envs, False, log)
         result["repeat_cached"] = await repeats(fleet, clone_envs[-2:], log)
+        result["lease_switch"] = await lease_switches(fleet, ready_envs, log)
         result["group_switch"] = await group_switches(fleet, ready_envs[: max(2, args.envs // 4)], log)
         result["provisioner"] = dict(fleet.provisioner.stats)  # type: ignore[union-attr]
     finally:

@@ -393,9 +393,14 @@ async def test_claims_bind_free_instances_to_the_environment_asked_for(admin_dsn
         for lease in group:
             assert {t["name"] for t in lease.handle.tools} == {t.name for t in bundles[1].tools}
             assert (await lease.handle.control.info())["env"] == "crm"
+        controls = {lease.name: lease.handle.control for lease in group}
         await source.release(group)
         lease = await source.claim("notes")
         assert lease.env == "notes" and (await lease.handle.control.reset("add_note"))["env"] == "notes"
+        # the switch kept the lease's control client and opened a new MCP session (the old one ended)
+        assert lease.handle.control is controls[lease.name]
+        notes_tools = {t.name for t in next(b for b in bundles if b.name == "notes").tools}
+        assert {t["name"] for t in await lease.handle.mcp.list_tools()} == notes_tools
         await source.release(lease)
         again = await source.claim("notes")  # the one that serves notes now: no switch
         assert again.name == lease.name and source.switches == 3

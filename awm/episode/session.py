@@ -54,9 +54,11 @@ class EnvHandle:
 
     @classmethod
     async def connect(cls, mcp_url: str, control_url: str, env: str = "", instance: str = "",
-                      scenario: str = "", timeout: float = 60.0) -> EnvHandle:
+                      scenario: str = "", timeout: float = 60.0, control: ControlClient | None = None) -> EnvHandle:
+        """``control``: a control client already open to the instance (the handle owns it from
+        here, closing it if the connect fails)."""
         mcp = McpSession(mcp_url, timeout=timeout)
-        control = ControlClient(control_url, timeout=timeout)
+        control = control or ControlClient(control_url, timeout=timeout)
         try:
             await mcp.initialize()
             tools = await mcp.list_tools()
@@ -68,6 +70,14 @@ class EnvHandle:
             await control.close()
             raise
         return cls(mcp, control, env, instance, scenario, tools)
+
+    async def renew(self, env: str, scenario: str = "") -> None:
+        """After the instance switched to ``env``: a new MCP session and its tools. The switch
+        ended the old session on the server, so it is not ended again; the connections stay."""
+        self.mcp.forget_session()
+        await self.mcp.initialize()
+        self.tools = await self.mcp.list_tools()
+        self.env, self.scenario = env, scenario
 
     async def close(self) -> None:
         await self.mcp.close()

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 
+from awm.client import ControlApiError, ControlClient
 from awm.episode.allocation import (AllocationClient, AllocationError, OperatorSettings, OperatorUnreachable,
                                    new_claim_id)
 from awm.episode.session import EnvHandle
@@ -69,17 +70,23 @@ class Lease:
 
     async def connect(self) -> EnvHandle:
         """The connected clients, made once; an instance the operator left to us to switch
-        (``unswitched``) is switched to ``env`` first. A switch that fails raises, and the next
-        connect tries again."""
+        (``unswitched``) is switched to ``env`` first, through the control client the handle then
+        keeps. A switch that fails raises, and the next connect tries again."""
         if self.handle is None:
-            await self.ensure_switched()
-            self.handle = await EnvHandle.connect(self.mcp_url, self.control_url, self.env, self.name, self.scenario)
+            control = ControlClient(self.control_url)
+            try:
+                await self.ensure_switched(control)
+            except BaseException:
+                await control.close()
+                raise
+            self.handle = await EnvHandle.connect(self.mcp_url, self.control_url, self.env, self.name,
+                                                  self.scenario, control=control)
         return self.handle
 
-    async def ensure_switched(self) -> None:
+    async def ensure_switched(self, control: ControlClient | None = None) -> None:
         """Switch the instance to ``env`` if the operator left that to us (``unswitched``)."""
         if self.unswitched:
-            await self._switch(self.env)
+            await self._switch(self.env, control)
             self.unswitched = False
 
     async def disconnect(self) -> None:
@@ -89,22 +96,30 @@ class Lease:
                 await handle.close()
 
     async def bind(self, env: str, scenario: str = "") -> dict[str, Any]:
-        """Switch the instance to ``env`` (late binding) and connect a new MCP session to it (the
-        switch ended the old one). Returns the env server's account of the switch."""
-        result = await self._switch(env)
-        await self.disconnect()
-        self.env, self.scenario = env, scenario
-        await self.connect()
+        """Switch the instance to ``env`` (late binding) and open a new MCP session on it (the
+        switch ended the old one) over the connections the lease holds. Returns the env server's
+        account of the switch."""
+        result = await self._switch(env, self.handle.control if self.handle else None)
+        self.env, self.scenario, self.unswitched = env, scenario, False
+        if self.handle is None:
+            await self.connect()
+            return result
+        try:
+            await self.handle.renew(env, scenario)
+        except BaseException:
+            await self.disconnect()
+            raise
         return result
 
-    async def _switch(self, env: str) -> dict[str, Any]:
-        from awm.client import ControlClient
-
-        control = ControlClient(self.control_url)
+    async def _switch(self, env: str, control: ControlClient | None = None) -> dict[str, Any]:
+        """``POST /bind`` through ``control`` (a short-lived client when None)."""
+        own = control is None
+        client = ControlClient(self.control_url) if control is None else control
         try:
-            result = await control.bind(env)
+            result = await client.bind(env)
         finally:
-            await control.close()
+            if own:
+                await client.close()
         self.cached = frozenset(result.get("cached_envs") or (env,))
         self.switched = result
         return result
@@ -263,8 +278,6 @@ class PoolSource(InstanceSource):
         under what it serves (``lease.env`` changes only once the instance said it switched); an
         environment the instance refuses (404, 409, 422: unknown, pinned, broken) is the caller's
         error, :class:`EnvironmentRefused`, and the instance goes back as it was."""
-        from awm.client import ControlApiError
-
         try:
             await lease.bind(env, self._catalog.get(env, ""))
         except ControlApiError as exc:
@@ -425,8 +438,6 @@ class PoolSource(InstanceSource):
 
     async def _wait_ready(self, lease: Lease) -> bool:
         """Whether the instance answers /readyz within ``ready_timeout_s`` (it may be restarting)."""
-        from awm.client import ControlClient
-
         control = ControlClient(lease.control_url, timeout=5)
         deadline = time.monotonic() + self.ready_timeout_s
         try:
@@ -446,8 +457,6 @@ class PoolSource(InstanceSource):
             log.warning("instance %s is still not ready after %g s; it stays out of the pool", lease.name,
                         self.ready_timeout_s)
         if lease.late:  # it may have restarted on its first environment: file it under what it serves
-            from awm.client import ControlClient
-
             control = ControlClient(lease.control_url, timeout=30)
             try:
                 lease.env = str((await control.info()).get("env") or lease.env)
