@@ -9,8 +9,10 @@ generated catalog (awm/synth/varied.py; distinct schemas, tools and tasks):
   provisioner made ahead (what a step's environments get once prefilled), then a new MCP session
   and the first tool call: "claim of an environment not cached on that instance -> first tool call";
 * ``switch_clone``: the same with no database made ahead (the provisioner clones on the claim path);
-* ``lease_switch``: the same through the client library a trainer's pool uses: ``Lease.bind`` of a
-  connected lease (its control client kept, a new MCP session), then its first tool call;
+* ``lease_switch``: a switch through the client library a trainer's pool uses: ``Lease.bind`` of
+  one connected lease on instance 0 (its control client and connections kept, a new MCP session
+  and its ``tools/list``), then its first tool call; only switches to a database new to the
+  instance count (none when ``--cache-envs`` holds every environment of the phase);
 * ``repeat_cached``: ``POST /reset {"env": E}`` of an environment the instance still holds (a switch
   back to a cached environment), then its first tool call on the open MCP session;
 * ``group_switch``: ``PoolSource.claim_group(E, instances)``: every instance switched at once;
@@ -100,7 +102,7 @@ async def lease_switches(fleet: LocalFleet, envs: list[EnvBundle], log) -> dict[
     each of ``envs`` (databases made ahead) by ``Lease.bind``, then the first tool call on its
     handle: the client's side of a switch (its control client, the new MCP session, the tools)."""
     assert fleet.provisioner is not None
-    fleet.provisioner.keep = 1
+    keep, fleet.provisioner.keep = fleet.provisioner.keep, 1
     handle = fleet.instances[0]
     info = await (control := ControlClient(handle.control_url)).info()
     await control.close()
@@ -122,7 +124,9 @@ async def lease_switches(fleet: LocalFleet, envs: list[EnvBundle], log) -> dict[
                 to_first_call_ms.append((time.perf_counter() - t0) * 1000)
     finally:
         await lease.disconnect()
-    log(f"  a connected lease switched: to its first call p50 {statistics.median(to_first_call_ms):.1f} ms")
+        fleet.provisioner.keep = keep
+    if to_first_call_ms:
+        log(f"  a connected lease switched: to its first call p50 {statistics.median(to_first_call_ms):.1f} ms")
     return {"bind_to_first_tool_call": summary(to_first_call_ms)}
 
 

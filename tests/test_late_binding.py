@@ -404,6 +404,10 @@ async def test_claims_bind_free_instances_to_the_environment_asked_for(admin_dsn
         await source.release(lease)
         again = await source.claim("notes")  # the one that serves notes now: no switch
         assert again.name == lease.name and source.switches == 3
+        # a bind to what it serves already switches nothing, and its MCP session lives on
+        session = again.handle.mcp._headers["Mcp-Session-Id"]
+        assert (await again.bind("notes"))["switched"] is False
+        assert again.handle.mcp._headers["Mcp-Session-Id"] == session and await again.handle.mcp.list_tools()
         await source.release(again)
 
 

@@ -104,6 +104,9 @@ class Lease:
         if self.handle is None:
             await self.connect()
             return result
+        if result.get("switched") is False:  # it served env already: its session did not end
+            self.handle.env, self.handle.scenario = env, scenario
+            return result
         try:
             await self.handle.renew(env, scenario)
         except BaseException:
