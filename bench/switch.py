@@ -104,8 +104,11 @@ async def lease_switches(fleet: LocalFleet, envs: list[EnvBundle], log) -> dict[
     assert fleet.provisioner is not None
     keep, fleet.provisioner.keep = fleet.provisioner.keep, 1
     handle = fleet.instances[0]
-    info = await (control := ControlClient(handle.control_url)).info()
-    await control.close()
+    control = ControlClient(handle.control_url)
+    try:
+        info = await control.info()
+    finally:
+        await control.close()
     lease = Lease(info["env"], handle.name, handle.mcp_url, handle.control_url, late=True)
     await lease.connect()
     to_first_call_ms = []

@@ -308,8 +308,8 @@ async def test_grpo_with_the_vllm_policy_raises_the_reward(vllm, admin_dsn, tmp_
     step (sync mode: every episode is sampled by the newest weights), temperature 0.7, lr 3e-4,
     30 steps. The warm-started model picks the lamp's colour about uniformly, so the reward starts
     near 0.2; the colour is the one token to learn. Measured (three runs, seed 0, advantages not
-    divided by the group's std): steps 1-3 0.21-0.31, steps 26-30 0.67-0.78. Numbers and their spread are in docs/benchmarks.md; the
-    server samples with its own seeds, so runs differ. The server is given back its starting
+    divided by the group's std): steps 1-3 0.21-0.31, steps 26-30 0.67-0.78. Numbers and their
+    spread are in docs/benchmarks.md; the server samples with its own seeds, so runs differ. The server is given back its starting
     weights afterwards."""
     from awm.trainer.config import TrainConfig
     from awm.trainer.run import train

@@ -116,12 +116,11 @@ class Lease:
 
     async def _switch(self, env: str, control: ControlClient | None = None) -> dict[str, Any]:
         """``POST /bind`` through ``control`` (a short-lived client when None)."""
-        own = control is None
-        client = ControlClient(self.control_url) if control is None else control
+        client = control or ControlClient(self.control_url)
         try:
             result = await client.bind(env)
         finally:
-            if own:
+            if control is None:
                 await client.close()
         self.cached = frozenset(result.get("cached_envs") or (env,))
         self.switched = result
