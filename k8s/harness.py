@@ -302,6 +302,7 @@ class ControlPlane:
         self.timeout = timeout
         self.real_node = real_node
         self.node = None  # a k8s.node.RealNode when real_node
+        self.reclaimed: list[str] = []  # abandoned real nodes torn down before this one (k8s/node.py)
         self.workdir: Path | None = None
         self.kubeconfig: str | None = None
         self.server: str | None = None
@@ -388,6 +389,9 @@ class ControlPlane:
         pki, logs = w / "pki", w / "logs"
         logs.mkdir(exist_ok=True)
         if self.real_node:
+            # a node whose harness was killed before its stop holds an address and, if it ran
+            # kube-router, the host's policy chains: torn down first (and said so in the log)
+            self.reclaimed = node_module().reclaim_abandoned()
             self.node = node_module().RealNode(self)
             self.node.prepare_network()
         make_pki(pki, (self.node.ip,) if self.node else ())

@@ -22,8 +22,15 @@ The host is changed (cgroups, a bridge, an address on lo, iptables chains, ipset
 namespaces, net.ipv4.ip_forward, bridge netfilter): ``stop`` undoes all of it, and ``leftovers()``
 says what is still there (the tests assert it is empty). kube-router's chains and ipsets have
 host-wide names and each kube-router deletes the others' as stale, so only one node per host
-enforces NetworkPolicy: a node that finds another's running (or left behind) starts without it and
-says so (``network_policy`` False, ``network_policy_off`` the reason). Needs root, cgroups, and the
+enforces NetworkPolicy: a node that finds another's running starts without it and says so
+(``network_policy`` False, ``network_policy_off`` the reason).
+
+A harness killed before its ``stop`` (SIGKILL, a CI timeout, the machine's session ending) leaves
+all of that behind, and its node processes run on in their own sessions. Each node keeps a record
+of what it changed (``<run base>/awm-node-<N>.json``: its harness's pid and start time, run dir,
+sysctls, whether it ran kube-router), and ``reclaim_abandoned()``, called by the harness before it
+makes a node, tears down every node whose harness is gone, so one killed run does not leave the
+host unable to enforce NetworkPolicy for every run after it. Needs root, cgroups, and the
 Debian packages containerd, runc, containernetworking-plugins, iptables and ipset. Measured recipe
 and pitfalls: docs/k8s-harness.md "A real node".
 """
@@ -33,6 +40,7 @@ from __future__ import annotations
 import base64
 import ipaddress
 import json
+import logging
 import os
 import re
 import shlex
@@ -63,6 +71,8 @@ class ControlPlane(Protocol):
     def versions(self) -> dict[str, str]: ...
 
     def free_port(self) -> int: ...
+
+log = logging.getLogger(__name__)
 
 NODE_BINARIES = ("kubelet", "kube-proxy", "coredns", "kube-router")
 HOST_TOOLS = {"containerd": "containerd", "runc": "runc", "ctr": "containerd",
@@ -192,6 +202,66 @@ def kube_router_ipsets() -> list[str]:
     return [n for n in _run("ipset", "list", "-n", check=False).stdout.split() if n.startswith(KUBE_ROUTER_IPSETS)]
 
 
+def _record_path(index: int) -> Path:
+    return Path(run_base()) / f"awm-node-{index}.json"
+
+
+def _process_start(pid: int) -> str | None:
+    """A process's start time in clock ticks since boot (with the pid: one process, whatever
+    reuses the pid later), or None when there is no such process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]  # field 22, counted after the command name
+
+
+def _kube_router_running() -> bool:
+    """Whether any kube-router runs on this host (it keeps its chains and ipsets in sync)."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip() == "kube-router":
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def _node_indexes() -> set[int]:
+    """Indexes of the nodes made on this host and not torn down: their address on lo (label
+    lo:awm<N>, the first change a node makes and the last one its teardown undoes) or their record."""
+    lo = _run("ip", "-4", "-o", "addr", "show", "dev", "lo", check=False).stdout
+    found = {int(n) for n in re.findall(r" lo:awm(\d+)", lo)}
+    found |= {int(m.group(1)) for p in Path(run_base()).glob("awm-node-*.json")
+              if (m := re.fullmatch(r"awm-node-(\d+)\.json", p.name))}
+    return found
+
+
+def reclaim_abandoned() -> list[str]:
+    """Tear down every node on this host whose harness process is gone (killed before its
+    ``stop``). -> what was found of them (empty: none). A node without a record (made by a
+    harness before records existed) is abandoned when no harness owns it either."""
+    found = []
+    for index in sorted(_node_indexes()):
+        try:
+            record = json.loads(_record_path(index).read_text())
+        except (OSError, ValueError):
+            record = None
+        if record and _process_start(record["pid"]) == record["start"]:
+            continue  # its harness runs
+        node = RealNode._abandoned(index, record)
+        kinds: dict[str, int] = {}
+        for item in node.leftovers():  # "veth vethab12", "iptables chain KUBE-..." -> counted by kind
+            kind = item.split()[0] if not item.startswith(("iptables", "ip6tables")) else " ".join(item.split()[:2])
+            kinds[kind] = kinds.get(kind, 0) + 1
+        node._reclaim(record)
+        if kinds:
+            owner = f"harness pid {record['pid']}" if record else "no record of its harness"
+            found.append(f"node {index} ({owner}): " + ", ".join(f"{n} {k}" for k, n in kinds.items()))
+            log.warning("reclaimed the abandoned real node %s", found[-1])
+    return found
+
+
 def _pki_leaf(pki: Path, name: str, cn: str, org: str | None, server_ips: list[str] = ()) -> None:
     """A client (or serving) certificate signed by the harness CA, with openssl."""
     subj = (f"/O={org}" if org else "") + f"/CN={cn}"
@@ -261,6 +331,7 @@ class RealNode:
             raise NodeError(f"{self.ip} is already on this host: another harness uses node index {self.index}")
         self._claim_network_policy()
         self._claimed = True
+        self._write_record()  # before the first change to the host: a kill from here on is reclaimed
         _run("ip", "addr", "add", f"{self.ip}/32", "dev", "lo", "label", self.label)
 
     def _claim_network_policy(self) -> None:
@@ -285,6 +356,8 @@ class RealNode:
                          if (Path("/proc/sys") / k).exists()}
         if self.network_policy:
             self._sysctls[BRIDGE_NF] = (Path("/proc/sys") / BRIDGE_NF).read_text().strip()
+        self._write_record()  # the run dir and the settings to restore, before they change
+        if self.network_policy:
             (Path("/proc/sys") / BRIDGE_NF).write_text("1")
         self._netns_before = self._netns()
         self._cgroups_make()
@@ -322,11 +395,11 @@ class RealNode:
         self._logfiles = []
         if shutil.which("kube-proxy") or (self.cp.bin_dir / "kube-proxy").exists():
             _run(str(self.cp.bin_dir / "kube-proxy"), "--cleanup", check=False)
-        self._host_cleanup()
         if self.run is not None:
             self._umount_under(self.run)
             shutil.rmtree(self.run, ignore_errors=True)
             self.run = None
+        self._host_cleanup()  # the address last: until it is gone, reclaim_abandoned() finds the node
 
     # ---- images
     def load_images(self, archives: list[str | os.PathLike]) -> dict[str, float]:
@@ -414,14 +487,79 @@ class RealNode:
     def _host_cleanup(self) -> None:
         if Path(f"/sys/class/net/{self.bridge}").exists():
             _run("ip", "link", "delete", self.bridge, check=False)
-        if self._has_address():
-            _run("ip", "addr", "del", f"{self.ip}/32", "dev", "lo", check=False)
         self._cgroups_remove()
         self._iptables_cleanup()
         if self.network_policy:
             self._ipset_cleanup()
         for key, value in self._sysctls.items():
             (Path("/proc/sys") / key).write_text(value)
+        if self._has_address():
+            _run("ip", "addr", "del", f"{self.ip}/32", "dev", "lo", check=False)
+        _record_path(self.index).unlink(missing_ok=True)
+
+    # ---- internals: a node whose harness was killed
+    def _write_record(self) -> None:
+        """What reclaim_abandoned() needs to tear this node down if its harness dies first."""
+        pid = os.getpid()
+        record = {"pid": pid, "start": _process_start(pid), "run": str(self.run) if self.run else None,
+                  "network_policy": self.network_policy, "sysctls": self._sysctls}
+        tmp = _record_path(self.index).with_suffix(".tmp")
+        tmp.write_text(json.dumps(record))
+        tmp.replace(_record_path(self.index))
+
+    @classmethod
+    def _abandoned(cls, index: int, record: dict | None) -> "RealNode":
+        """The node ``index`` of a harness that is gone, as far as its record (or, without one,
+        the host) tells: its run dir, whether its kube-router's chains are its own to remove."""
+        node = cls(None, index=index)  # type: ignore[arg-type]  # no control plane: nothing is asked of one
+        node._claimed = True
+        if record:
+            node.run = Path(record["run"]) if record["run"] else None
+            node.network_policy = record["network_policy"]
+            node._sysctls = record["sysctls"]
+        else:
+            runs = sorted(Path(run_base()).glob(f"awmn{index}-*"))
+            node.run = runs[-1] if runs else None
+            node.network_policy = not _kube_router_running()  # nothing keeps them: nobody's
+        node._netns_before = node._netns() - node._pod_netns()
+        return node
+
+    def _reclaim(self, record: dict | None) -> None:
+        """Tear down an abandoned node: its processes (they outlive the harness in their own
+        sessions), its pods' network namespaces and mounts, then the host changes as stop() does."""
+        runs = [self.run] if record else sorted(Path(run_base()).glob(f"awmn{self.index}-*"))
+        marks = [str(r) for r in runs if r is not None]
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                cwd = os.readlink(f"/proc/{pid}/cwd")
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            if any(cwd == m or cwd.startswith(m + "/") or m in cmd for m in marks):
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except OSError:
+                    pass
+        for name in self._pod_netns():
+            ns = Path("/var/run/netns") / name
+            _run("umount", "-l", str(ns), check=False)
+            ns.unlink(missing_ok=True)
+        for run in runs:
+            if run is not None:
+                self._umount_under(run)
+                shutil.rmtree(run, ignore_errors=True)
+        self.run = None
+        self._host_cleanup()
+
+    def _pod_netns(self) -> set[str]:
+        """The CNI network namespaces with an address in this node's pod subnet."""
+        subnet = ipaddress.ip_network(self.pod_cidr)
+        out = set()
+        for name in self._netns():
+            addrs = _run("ip", "-n", name, "-4", "-o", "addr", "show", check=False).stdout
+            if any(ipaddress.ip_address(a) in subnet for a in re.findall(r"inet (\S+)/", addrs)):
+                out.add(name)
+        return out
 
     def _iptables_cleanup(self) -> None:
         """Rules the CNI bridge (ipMasq) and portmap plugins leave for this node's subnet, the

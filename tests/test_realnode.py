@@ -154,16 +154,75 @@ spec:
 """
 
 
-def test_node_teardown_removes_kube_router_chains_and_ipsets(tmp_path: Path) -> None:
-    """kube-router leaves its chains and ipsets in place when it stops (so policies hold across
-    its restarts): the node's teardown removes them, and leftovers() names any it did not. Runs
-    its own small cluster, before the module's (one node per host enforces NetworkPolicy)."""
+# A harness that makes a real node with the policed pod, says which, and waits to be killed.
+ABANDONING_HARNESS = """
+import sys, time
+from pathlib import Path
+from k8s import harness
+cp = harness.ControlPlane(nodes=0, real_node=True)
+cp.start(Path(sys.argv[1]))
+cp.kubectl("apply", "-f", "-", input=sys.stdin.read())
+node = harness.node_module()
+while not any(c.startswith("KUBE-POD-FW-") for c in node.kube_router_chains()):
+    time.sleep(0.5)
+print(cp.node.index, cp.node.run, flush=True)
+time.sleep(3600)
+"""
+
+
+def _abandon_a_node(workdir: Path) -> tuple[int, str, subprocess.Popen]:
+    """A real node enforcing a policy, whose harness is then SIGKILLed (as a CI timeout or the end
+    of a machine's session kills a test run): its kubelet, containerd and kube-router run on in
+    their own sessions, its pod, chains, ipsets, mounts and address stay. -> (index, run dir, harness)."""
+    proc = subprocess.Popen([sys.executable, "-c", ABANDONING_HARNESS, str(workdir)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1])
+    proc.stdin.write(POLICED_POD)
+    proc.stdin.close()
+    line: list[str] = []
+    reader = threading.Thread(target=lambda: line.append(proc.stdout.readline()), daemon=True)
+    reader.start()
+    reader.join(240)
+    proc.kill()
+    proc.wait()
+    assert line and line[0].strip(), f"the abandoning harness did not come up (exit {proc.returncode})"
+    index, run = line[0].split()
+    return int(index), run, proc
+
+
+def _processes_under(path: str) -> list[str]:
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.readlink(f"/proc/{pid}/cwd").startswith(path):
+                out.append(f"{pid} {Path(f'/proc/{pid}/comm').read_text().strip()}")
+        except OSError:
+            continue
+    return out
+
+
+def test_node_reclaims_an_abandoned_node_and_its_teardown_removes_kube_router_state(tmp_path: Path) -> None:
+    """A node whose harness was killed (no teardown) is torn down by the next harness on the host
+    before it makes its own: its processes, pods, address, chains and ipsets go, and the new node
+    enforces NetworkPolicy (it refused to, with another's chains on the host, before the
+    reclaim existed: one killed run failed every later run's policy tests).
+
+    Then its own teardown: kube-router leaves its chains and ipsets in place when it stops (so
+    policies hold across its restarts): the node's teardown removes them, and leftovers() names
+    any it did not. Runs its own small clusters, before the module's (one node per host enforces
+    NetworkPolicy)."""
     harness = _real_node_harness()
     node_module = harness.node_module()
+    index, old_run, killed = _abandon_a_node(tmp_path / "abandoned")
+    running = _processes_under(old_run)
+    assert any("kubelet" in p for p in running) and node_module.kube_router_chains(), running  # it was left
     cp = harness.ControlPlane(nodes=0, real_node=True)
     cp.start(tmp_path / "k8s")
     node = cp.node
     try:
+        found = [r for r in cp.reclaimed if r.startswith(f"node {index} (harness pid {killed.pid}): ")]
+        assert found and "iptables chain" in found[0] and "ipset" in found[0], cp.reclaimed
+        assert _processes_under(old_run) == [] and not Path(old_run).exists()
+        assert node.index == index  # its address was free again
         _require_network_policy(node)
         cp.kubectl("apply", "-f", "-", input=POLICED_POD)
         wait_for("kube-router's chains and ipsets for the policed pod",
