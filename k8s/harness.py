@@ -39,6 +39,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kwok", "helm")
 SERVICE_CIDR = "10.96.0.0/16"
+# The API server's NodePort range (its default, given to it and to a real node's policy controller
+# explicitly): kube-router lets every pod reach the node's ports in it, for NodePort Services, so
+# no server of the harness binds one (free_port).
+NODE_PORTS = range(30000, 32768)
 POD_CIDR = "10.244.0.0/16"
 
 
@@ -99,14 +103,18 @@ def free_port(host: str = "127.0.0.1") -> int:
     connection draws from too, so between our check and the server's bind a client socket can take
     it ("bind: address already in use", seen for kube-controller-manager in CI). A port below the
     ephemeral range is never given to a client socket; only an explicit bind can take it, and the
-    ports handed out here are remembered so two callers in this process never get the same one."""
+    ports handed out here are remembered so two callers in this process never get the same one.
+
+    Never one of the NodePort range: a real node's policy controller lets every pod reach the
+    node's ports in that range (kube-router, for NodePort Services), so an API server there was
+    open to env pods whatever their NetworkPolicy said (one run in eight, by the dice)."""
     low, _ = _ephemeral_range()
     first = 10000 if low > 12000 else 1024
     rng = random.Random()
     with _port_lock:
-        for _ in range(200):
+        for _ in range(200 if low > first else 0):
             port = rng.randrange(first, low)
-            if port in _handed_out:
+            if port in _handed_out or port in NODE_PORTS:
                 continue
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
                 try:
@@ -115,9 +123,13 @@ def free_port(host: str = "127.0.0.1") -> int:
                     continue
             _handed_out.add(port)
             return port
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # a crowded host: the old way
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    for _ in range(50):  # a crowded host (or no room below the ephemeral range): the old way
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        if port not in NODE_PORTS:
+            return port
+    raise RuntimeError("no free port outside the NodePort range")
 
 
 def node_module():
@@ -289,6 +301,7 @@ class ControlPlane:
     """
 
     service_cidr = SERVICE_CIDR  # what a real node (k8s/node.py) reads from its control plane
+    node_ports = NODE_PORTS
 
     def __init__(self, bin_dir: str | os.PathLike | None = None, *, nodes: int = 4,
                  node_cpu: str = "256", node_memory: str = "1Ti", node_pods: int = 512,
@@ -429,6 +442,7 @@ class ControlPlane:
             f"--service-account-key-file={pki / 'sa.pub'}",
             f"--service-account-signing-key-file={pki / 'sa.key'}",
             f"--service-cluster-ip-range={SERVICE_CIDR}",
+            f"--service-node-port-range={NODE_PORTS.start}-{NODE_PORTS.stop - 1}",
             "--authorization-mode=Node,RBAC", "--allow-privileged=true", "--profiling=false", v,
             *self.extra_apiserver_args])
         self._wait("kube-apiserver", lambda: self._http_ok(f"{self.server}/readyz"))

@@ -63,6 +63,7 @@ class ControlPlane(Protocol):
     kubeconfig: str
     ports: dict[str, int]
     service_cidr: str
+    node_ports: range
 
     def api(self, method: str, path: str, body: dict | None = None, timeout: float = 10.0) -> dict: ...
 
@@ -254,7 +255,9 @@ def reclaim_abandoned() -> list[str]:
         for item in node.leftovers():  # "veth vethab12", "iptables chain KUBE-..." -> counted by kind
             kind = item.split()[0] if not item.startswith(("iptables", "ip6tables")) else " ".join(item.split()[:2])
             kinds[kind] = kinds.get(kind, 0) + 1
-        node._reclaim(record)
+        killed = node._reclaim(record)
+        if killed:
+            kinds["process"] = killed
         if kinds:
             owner = f"harness pid {record['pid']}" if record else "no record of its harness"
             found.append(f"node {index} ({owner}): " + ", ".join(f"{n} {k}" for k, n in kinds.items()))
@@ -524,11 +527,13 @@ class RealNode:
         node._netns_before = node._netns() - node._pod_netns()
         return node
 
-    def _reclaim(self, record: dict | None) -> None:
+    def _reclaim(self, record: dict | None) -> int:
         """Tear down an abandoned node: its processes (they outlive the harness in their own
-        sessions), its pods' network namespaces and mounts, then the host changes as stop() does."""
+        sessions), its pods' network namespaces and mounts, then the host changes as stop() does.
+        -> how many of its processes were still running."""
         runs = [self.run] if record else sorted(Path(run_base()).glob(f"awmn{self.index}-*"))
         marks = [str(r) for r in runs if r is not None]
+        killed = 0
         for pid in filter(str.isdigit, os.listdir("/proc")):
             try:
                 cwd = os.readlink(f"/proc/{pid}/cwd")
@@ -538,6 +543,7 @@ class RealNode:
             if any(cwd == m or cwd.startswith(m + "/") or m in cmd for m in marks):
                 try:
                     os.kill(int(pid), signal.SIGKILL)
+                    killed += 1
                 except OSError:
                     pass
         for name in self._pod_netns():
@@ -550,6 +556,7 @@ class RealNode:
                 shutil.rmtree(run, ignore_errors=True)
         self.run = None
         self._host_cleanup()
+        return killed
 
     def _pod_netns(self) -> set[str]:
         """The CNI network namespaces with an address in this node's pod subnet."""
@@ -873,6 +880,7 @@ log_path = "{r / 'logs'}/runsc-shim-%ID%.log"
             f"--hostname-override={self.name}",
             "--run-firewall=true", "--run-router=false", "--run-service-proxy=false", "--run-loadbalancer=false",
             f"--service-cluster-ip-range={self.cp.service_cidr}",
+            f"--service-node-port-range={self.cp.node_ports.start}-{self.cp.node_ports.stop - 1}",
             # a full resync every 10 s, like kube-proxy's here (default 5 min): if something else on
             # the host removes its rules, they are back within that
             "--iptables-sync-period=10s",

@@ -170,6 +170,15 @@ time.sleep(3600)
 """
 
 
+def test_harness_ports_are_outside_the_node_port_range() -> None:
+    """Ports the harness hands its servers (API server, kubelet, ...) are never NodePorts: the
+    node's kube-router lets every pod reach those, so an API server on one was open to env pods
+    whatever their NetworkPolicy said (it failed the egress test below in one run in eight)."""
+    ports = [k8s_harness.free_port() for _ in range(500)]
+    assert not [p for p in ports if p in NODE_PORTS]
+    assert len(set(ports)) == len(ports)
+
+
 def _abandon_a_node(workdir: Path) -> tuple[int, str, subprocess.Popen]:
     """A real node enforcing a policy, whose harness is then SIGKILLed (as a CI timeout or the end
     of a machine's session kills a test run): its kubelet, containerd and kube-router run on in
@@ -220,7 +229,7 @@ def test_node_reclaims_an_abandoned_node_and_its_teardown_removes_kube_router_st
     node = cp.node
     try:
         found = [r for r in cp.reclaimed if r.startswith(f"node {index} (harness pid {killed.pid}): ")]
-        assert found and "iptables chain" in found[0] and "ipset" in found[0], cp.reclaimed
+        assert found and all(f" {kind}" in found[0] for kind in ("iptables chain", "ipset", "process")), cp.reclaimed
         assert _processes_under(old_run) == [] and not Path(old_run).exists()
         assert node.index == index  # its address was free again
         _require_network_policy(node)
@@ -432,6 +441,24 @@ def _connect(cp: Any, pod: str, host: str, port: int) -> str:
     return r.stdout.strip()
 
 
+def _policy_view(cp: Any, pod: str) -> str:
+    """What a failed NetworkPolicy assertion needs to tell a policy gap from kube-router's late
+    sync: the pod's age and address, kube-router's rules and counters for that address, its log."""
+    p = cp.api("GET", f"/api/v1/namespaces/{NS}/pods/{pod}")
+    now = dt.datetime.now(dt.timezone.utc)
+    born = dt.datetime.fromisoformat(p["metadata"]["creationTimestamp"].replace("Z", "+00:00"))
+    ip = p["status"].get("podIP", "?")
+    rules = subprocess.run(["iptables", "-t", "filter", "-S"], capture_output=True, text=True).stdout.splitlines()
+    mine = [r for r in rules if f"{ip}/32" in r]
+    chains = sorted({r.split()[1] for r in mine if r.startswith("-A KUBE-POD-FW-")})
+    counters = [subprocess.run(["iptables", "-t", "filter", "-L", c, "-v", "-n"], capture_output=True,
+                               text=True).stdout for c in chains]
+    return (f"\npod {pod} ({ip}), created {(now - born).total_seconds():.1f} s ago, "
+            f"restarts {[c.get('restartCount') for c in p['status'].get('containerStatuses', [])]}\n"
+            f"kube-router's rules for it ({len(mine)}):\n" + "\n".join(mine) + "\n" + "\n".join(counters)
+            + "\n" + cp.node.log_tail("kube-router", 40))
+
+
 def _resolve(cp: Any, pod: str, name: str) -> str:
     """The address `name` resolves to inside the pod (its resolv.conf: the node's cluster DNS)."""
     r = _exec(cp, pod, "python", "-c", "import socket, sys; print(socket.gethostbyname(sys.argv[1]))", name)
@@ -464,7 +491,7 @@ def probes(chart: Cluster, images: dict[str, Any]) -> dict[str, str]:
     return {name: cp.api("GET", f"/api/v1/namespaces/{NS}/pods/{name}")["status"]["podIP"] for name in PROBES}
 
 
-NODE_PORTS = range(30000, 32768)   # the API server's default NodePort range (kube-router's too)
+NODE_PORTS = k8s_harness.NODE_PORTS   # the API server's NodePort range (kube-router's too)
 
 
 def _listen(ip: str, ports: range | None = None) -> socket.socket:
@@ -520,9 +547,12 @@ def test_network_policy_env_pod_egress_only_to_postgres_and_dns(chart: Cluster, 
                  "another env pod's control port": (other["status"]["podIP"], 8001),
                  "a host service": (cp.node.ip, host_port)}
     pod = crm["metadata"]["name"]
+    # kube-router admits pods to the node's ports in the NodePort range before any policy: a
+    # harness server there would be reachable however the policy is written (k8s/harness.free_port)
+    assert cp.ports["apiserver"] not in NODE_PORTS and host_port not in NODE_PORTS, cp.ports
     for what, (host, port) in forbidden.items():
         assert _connect(cp, "probe-client", host, port) == "open", f"control: {what} does not listen"
-        assert _connect(cp, pod, host, port) == REFUSED, f"the env pod reached {what}"
+        assert _connect(cp, pod, host, port) == REFUSED, f"the env pod reached {what}{_policy_view(cp, pod)}"
     postgres = f"{RELEASE}-postgres.{NS}.svc.{CLUSTER_DOMAIN}"
     assert _resolve(cp, pod, postgres) == _service(cp, f"{RELEASE}-postgres", "postgres")[0]
     assert _connect(cp, pod, postgres, 5432) == "open"
