@@ -9,8 +9,10 @@ import json
 import os
 import signal
 import socket
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import psycopg
@@ -250,6 +252,50 @@ async def test_a_crashed_instance_leaks_no_database(fleet, admin_dsn):
         assert (await control.bind("crm"))["env"] == "crm"
     finally:
         await control.close()
+
+
+def _umask_now() -> str:
+    """This process's umask, read without setting it (os.umask can only set)."""
+    return next(line.split()[1] for line in Path("/proc/self/status").read_text().splitlines()
+                if line.startswith("Umask:"))
+
+
+def test_provisioner_servers_starting_at_once_leave_the_process_umask_alone(admin_dsn, bundles, tmp_path):
+    """Socket files come out 0600 without touching the umask, which is the whole process's: the
+    servers once narrowed it around bind, and two starting together could leave the process at
+    0o177 for good (later, Chromium started by the same pytest process crashed at start with its
+    profile directories made 0600)."""
+    before = _umask_now()
+    provisioner = Provisioner(admin_dsn, {b.name: b for b in bundles}.__getitem__, "umasktest", keep=0)
+    seen: set[str] = set()
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            seen.add(_umask_now())
+
+    def start_many(i: int) -> None:
+        for j in range(20):
+            server = ProvisionerServer(provisioner, tmp_path / f"{i}-{j}.sock")
+            assert oct(os.stat(server.path).st_mode & 0o777) == "0o600"
+            with socket.socket(socket.AF_UNIX) as raw:  # reachable at its path after the move
+                raw.connect(server.path)
+            server.server_close()
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        starters = [threading.Thread(target=start_many, args=(i,)) for i in range(4)]
+        for t in starters:
+            t.start()
+        for t in starters:
+            t.join()
+    finally:
+        done.set()
+        watcher.join()
+        provisioner.close()
+    assert seen == {before} and _umask_now() == before, (before, seen)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"{i}-{j}.sock" for i in range(4) for j in range(20))
 
 
 def test_the_provisioner_hands_each_database_to_one_connection(admin_dsn, bundles, tmp_path):

@@ -100,9 +100,11 @@ def full_shot(driver, path: Path) -> None:  # type: ignore[no-untyped-def]
     driver.set_window_size(1400, 1000)
 
 
-# What chromedriver and Chrome get of this process's environment: no more. Earlier tests of the
-# session (vLLM, torch, TRL) leave variables behind, and Chromium has crashed at start (SIGTRAP,
-# a failed CHECK) in some CI runs late in the suite, never when these tests ran alone.
+# What chromedriver and Chrome get of this process's environment: no more (earlier tests of the
+# session - vLLM, torch, TRL - leave variables behind). Chromium crashed at start (SIGTRAP, a
+# failed CHECK) in some CI runs late in the suite: the cause was this process's umask, left at
+# 0o177 by provisioner servers that narrowed it around bind (awm/postgres/provisioner.py no
+# longer touches it); Chrome's profile directories were made 0600 and could not be entered.
 CHROME_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TMPDIR", "TZ")
 
 
@@ -163,7 +165,8 @@ def _chromium_alone(arguments: list[str]) -> str:
     except subprocess.TimeoutExpired as exc:
         how, printed = "still running after 60 s", str(exc.stderr or "")[-2000:]
     status = Path("/proc/self/status").read_text()
-    masks = " ".join(line for line in status.splitlines() if line.startswith(("SigBlk", "SigIgn", "Threads")))
+    masks = " ".join(line for line in status.splitlines()
+                     if line.startswith(("SigBlk", "SigIgn", "Threads", "Umask", "NoNewPrivs", "Seccomp:")))
     machine = subprocess.run("ps -eLf | wc -l; free -m; df -h /tmp /dev/shm; ulimit -a",
                              shell=True, capture_output=True, text=True).stdout
     return (f"chromium alone: {how}\npytest: {masks}\nthreads, memory, disk, limits:\n{machine}\n"

@@ -42,6 +42,7 @@ import secrets
 import socket
 import socketserver
 import struct
+import tempfile
 import threading
 import time
 from collections import deque
@@ -462,12 +463,29 @@ class ProvisionerServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServ
         if not self.abstract:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.path)
-        old = os.umask(0o177)
-        try:
-            super().__init__(socket_address(self.path), _Handler)
-        finally:
-            os.umask(old)
+        super().__init__(socket_address(self.path), _Handler)
         self._thread: threading.Thread | None = None
+
+    def server_bind(self) -> None:
+        """A socket file is bound in a private directory, made 0600 and moved into place: it is
+        never reachable under a looser mode. Not by narrowing the umask around ``bind``: the
+        umask is the whole process's, so a thread's files or a child forked meanwhile got it,
+        and two servers starting at once could leave the process at 0o177 for good (every later
+        directory untraversable: Chromium, started later in such a process, crashed at start)."""
+        if self.abstract:
+            return super().server_bind()
+        target = self.server_address
+        private = tempfile.mkdtemp(prefix=".p", dir=os.path.dirname(target) or ".")
+        bound = os.path.join(private, "s")  # no longer than the target's name: the 108-byte limit
+        try:
+            self.socket.bind(bound)
+            os.chmod(bound, 0o600)
+            os.rename(bound, target)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(bound)
+            os.rmdir(private)
+        self.server_address = target
 
     def start(self) -> ProvisionerServer:
         self._thread = threading.Thread(target=self.serve_forever, name="awm-provisioner", daemon=True)
