@@ -404,9 +404,11 @@ class ControlPlane:
         if self.real_node:
             # a node whose harness was killed before its stop holds an address and, if it ran
             # kube-router, the host's policy chains: torn down first (and said so in the log)
-            self.reclaimed = node_module().reclaim_abandoned()
-            self.node = node_module().RealNode(self)
-            self.node.prepare_network()
+            nodes = node_module()
+            with nodes.host_lock():
+                self.reclaimed = nodes.reclaim_abandoned()
+                self.node = nodes.RealNode(self)
+                self.node.prepare_network()
         make_pki(pki, (self.node.ip,) if self.node else ())
         self.timings["pki"] = time.monotonic() - t0
         for name in ("etcd", "etcd_peer", "apiserver", "kcm", "scheduler", "kwok"):

@@ -27,10 +27,10 @@ enforces NetworkPolicy: a node that finds another's running starts without it an
 
 A harness killed before its ``stop`` (SIGKILL, a CI timeout, the machine's session ending) leaves
 all of that behind, and its node processes run on in their own sessions. Each node keeps a record
-of what it changed (``<run base>/awm-node-<N>.json``: its harness's pid and start time, run dir,
-sysctls, whether it ran kube-router), and ``reclaim_abandoned()``, called by the harness before it
-makes a node, tears down every node whose harness is gone, so one killed run does not leave the
-host unable to enforce NetworkPolicy for every run after it. Needs root, cgroups, and the
+of what it changed (``/run/awm-nodes/awm-node-<N>.json``: its harness's pid and start time, run
+dir, sysctls, whether it ran kube-router), and ``reclaim_abandoned()``, called by the harness under
+``host_lock()`` before it makes a node, tears down every node whose harness is gone, so one killed
+run does not leave the host unable to enforce NetworkPolicy for every run after it. Needs root, cgroups, and the
 Debian packages containerd, runc, containernetworking-plugins, iptables and ipset. Measured recipe
 and pitfalls: docs/k8s-harness.md "A real node".
 """
@@ -38,6 +38,9 @@ and pitfalls: docs/k8s-harness.md "A real node".
 from __future__ import annotations
 
 import base64
+import collections
+import contextlib
+import fcntl
 import ipaddress
 import json
 import logging
@@ -50,6 +53,7 @@ import subprocess
 import tempfile
 import time
 import urllib.error
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -203,25 +207,65 @@ def kube_router_ipsets() -> list[str]:
     return [n for n in _run("ipset", "list", "-n", check=False).stdout.split() if n.startswith(KUBE_ROUTER_IPSETS)]
 
 
+# Records of the nodes on this host, and the lock their harnesses take while they pick an index,
+# reclaim abandoned nodes and claim the address: in /run (a node does not outlive a boot), the
+# same for every harness whatever its AWM_NODE_DIR.
+RECORDS = Path("/run/awm-nodes")
+
+
 def _record_path(index: int) -> Path:
-    return Path(run_base()) / f"awm-node-{index}.json"
+    """Where node ``index`` records what reclaim_abandoned() needs to tear it down."""
+    return RECORDS / f"awm-node-{index}.json"
+
+
+def _kind(item: str) -> str:
+    """What a leftovers() entry is ("veth", "iptables chain", ...), to count them by kind."""
+    words = item.split()
+    return " ".join(words[:2]) if words[0] in ("iptables", "ip6tables") else words[0]
+
+
+@contextlib.contextmanager
+def host_lock() -> Iterator[None]:
+    """Held from reclaiming abandoned nodes to a new node's address: two harnesses starting
+    together must not both reclaim one node (one would tear down the node the other just made
+    in its place) nor both take one index."""
+    RECORDS.mkdir(mode=0o700, exist_ok=True)
+    with open(RECORDS / "lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _process_start(pid: int) -> str | None:
-    """A process's start time in clock ticks since boot (with the pid: one process, whatever
-    reuses the pid later), or None when there is no such process."""
+    """A running process's start time in clock ticks since boot (with the pid: one process,
+    whatever reuses the pid later); None when there is no such process or it has exited (a
+    zombie, not reaped yet)."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
         return None
-    return stat.rsplit(")", 1)[1].split()[19]  # field 22, counted after the command name
+    return None if fields[0] in ("Z", "X") else fields[19]  # state is field 3, start time field 22
+
+
+def _processes() -> Iterator[tuple[int, str, str]]:
+    """(pid, cwd, command line) of every process this one can read."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cwd = os.readlink(f"/proc/{pid}/cwd")
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        yield int(pid), cwd, cmd
 
 
 def _kube_router_running() -> bool:
-    """Whether any kube-router runs on this host (it keeps its chains and ipsets in sync)."""
+    """Whether any kube-router runs on this host (it keeps its chains and ipsets in sync); a
+    killed one not reaped yet does not."""
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            if Path(f"/proc/{pid}/comm").read_text().strip() == "kube-router":
+            if Path(f"/proc/{pid}/comm").read_text().strip() == "kube-router" and _process_start(int(pid)):
                 return True
         except OSError:
             continue
@@ -233,35 +277,53 @@ def _node_indexes() -> set[int]:
     lo:awm<N>, the first change a node makes and the last one its teardown undoes) or their record."""
     lo = _run("ip", "-4", "-o", "addr", "show", "dev", "lo", check=False).stdout
     found = {int(n) for n in re.findall(r" lo:awm(\d+)", lo)}
-    found |= {int(m.group(1)) for p in Path(run_base()).glob("awm-node-*.json")
+    found |= {int(m.group(1)) for p in RECORDS.glob("awm-node-*.json")
               if (m := re.fullmatch(r"awm-node-(\d+)\.json", p.name))}
     return found
 
 
+def _read_record(index: int) -> dict | None:
+    """Node ``index``'s record, or None (none, or not one this module wrote: treated as none)."""
+    try:
+        record = json.loads(_record_path(index).read_text())
+    except (OSError, ValueError):
+        return None
+    types = {"pid": int, "start": str, "run": (str, type(None)), "network_policy": bool, "sysctls": dict}
+    ok = isinstance(record, dict) and all(k in record and isinstance(record[k], t) for k, t in types.items())
+    return record if ok else None
+
+
+def _owned(index: int, record: dict | None) -> bool:
+    """Whether node ``index`` still has its harness. Without a record (made before records
+    existed): while a kubelet of the node runs whose parent is not init, i.e. not orphaned."""
+    if record is not None:
+        return _process_start(record["pid"]) == record["start"]
+    for pid, _, cmd in _processes():
+        if f"--hostname-override=awm-real-{index} " in cmd + " " and "kubelet" in cmd.split(" ", 1)[0]:
+            try:
+                ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            if ppid != 1:
+                return True
+    return False
+
+
 def reclaim_abandoned() -> list[str]:
     """Tear down every node on this host whose harness process is gone (killed before its
-    ``stop``). -> what was found of them (empty: none). A node without a record (made by a
-    harness before records existed) is abandoned when no harness owns it either."""
+    ``stop``). -> what was found of each (empty: none). Call it holding :func:`host_lock`. A node
+    that cannot be torn down is logged and left (its index stays taken; a new node takes another)."""
     found = []
     for index in sorted(_node_indexes()):
+        record = _read_record(index)
+        if _owned(index, record):
+            continue
         try:
-            record = json.loads(_record_path(index).read_text())
-        except (OSError, ValueError):
-            record = None
-        if record and _process_start(record["pid"]) == record["start"]:
-            continue  # its harness runs
-        node = RealNode._abandoned(index, record)
-        kinds: dict[str, int] = {}
-        for item in node.leftovers():  # "veth vethab12", "iptables chain KUBE-..." -> counted by kind
-            kind = item.split()[0] if not item.startswith(("iptables", "ip6tables")) else " ".join(item.split()[:2])
-            kinds[kind] = kinds.get(kind, 0) + 1
-        killed = node._reclaim(record)
-        if killed:
-            kinds["process"] = killed
-        if kinds:
-            owner = f"harness pid {record['pid']}" if record else "no record of its harness"
-            found.append(f"node {index} ({owner}): " + ", ".join(f"{n} {k}" for k, n in kinds.items()))
-            log.warning("reclaimed the abandoned real node %s", found[-1])
+            found.append(RealNode._abandoned(index, record)._reclaim(record))
+        except Exception:  # noqa: BLE001 - one stuck node must not stop every later harness
+            log.exception("could not reclaim the abandoned real node %d", index)
+            continue
+        log.warning("reclaimed an abandoned real node: %s", found[-1])
     return found
 
 
@@ -506,6 +568,7 @@ class RealNode:
         pid = os.getpid()
         record = {"pid": pid, "start": _process_start(pid), "run": str(self.run) if self.run else None,
                   "network_policy": self.network_policy, "sysctls": self._sysctls}
+        RECORDS.mkdir(mode=0o700, exist_ok=True)
         tmp = _record_path(self.index).with_suffix(".tmp")
         tmp.write_text(json.dumps(record))
         tmp.replace(_record_path(self.index))
@@ -513,39 +576,30 @@ class RealNode:
     @classmethod
     def _abandoned(cls, index: int, record: dict | None) -> "RealNode":
         """The node ``index`` of a harness that is gone, as far as its record (or, without one,
-        the host) tells: its run dir, whether its kube-router's chains are its own to remove."""
+        the host) tells: its run dirs, whether kube-router's chains are its to remove."""
         node = cls(None, index=index)  # type: ignore[arg-type]  # no control plane: nothing is asked of one
         node._claimed = True
         if record:
             node.run = Path(record["run"]) if record["run"] else None
             node.network_policy = record["network_policy"]
             node._sysctls = record["sysctls"]
-        else:
-            runs = sorted(Path(run_base()).glob(f"awmn{index}-*"))
-            node.run = runs[-1] if runs else None
-            node.network_policy = not _kube_router_running()  # nothing keeps them: nobody's
+        else:  # decided in _reclaim, once the node's own kube-router is gone
+            node.network_policy = False
         node._netns_before = node._netns() - node._pod_netns()
         return node
 
-    def _reclaim(self, record: dict | None) -> int:
+    def _reclaim(self, record: dict | None) -> str:
         """Tear down an abandoned node: its processes (they outlive the harness in their own
-        sessions), its pods' network namespaces and mounts, then the host changes as stop() does.
-        -> how many of its processes were still running."""
-        runs = [self.run] if record else sorted(Path(run_base()).glob(f"awmn{self.index}-*"))
+        sessions; its pods' in its cgroups), its pods' network namespaces and mounts, then the
+        host changes as stop() does. -> what was found, counted by kind."""
+        runs = [self.run] if record else self._run_dirs()
         marks = [str(r) for r in runs if r is not None]
-        killed = 0
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                cwd = os.readlink(f"/proc/{pid}/cwd")
-                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-            except OSError:
-                continue
-            if any(cwd == m or cwd.startswith(m + "/") or m in cmd for m in marks):
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                    killed += 1
-                except OSError:
-                    pass
+        kinds = collections.Counter(_kind(item) for item in self.leftovers())
+        killed = self._kill_processes(marks)
+        if killed:
+            kinds["process"] = killed
+        if record is None:  # its own kube-router is gone now: any chains left are nobody's
+            self.network_policy = not _kube_router_running()
         for name in self._pod_netns():
             ns = Path("/var/run/netns") / name
             _run("umount", "-l", str(ns), check=False)
@@ -555,8 +609,43 @@ class RealNode:
                 self._umount_under(run)
                 shutil.rmtree(run, ignore_errors=True)
         self.run = None
+        if self._other_nodes():  # a live node's forwarding and kube-proxy chains stay as they are
+            self._sysctls = {}
         self._host_cleanup()
-        return killed
+        owner = f"harness pid {record['pid']}" if record else "no record of its harness"
+        return f"node {self.index} ({owner}): " + ", ".join(f"{n} {k}" for k, n in kinds.items())
+
+    def _run_dirs(self) -> list[Path]:
+        """Every run dir of this node's index (without a record: each is a dead harness's)."""
+        return sorted(Path(run_base()).glob(f"awmn{self.index}-*"))
+
+    def _kill_processes(self, marks: list[str]) -> int:
+        """SIGKILL what runs in the node's run dirs or names them (containerd, kubelet,
+        kube-proxy, CoreDNS, kube-router, shims, runsc) and what runs in its cgroups (its pods',
+        whose working directory is in their own mount namespace); wait until they are gone
+        (at most 10 s). -> how many there were."""
+        pids = {pid for pid, cwd, cmd in _processes()
+                if any(cwd == m or cwd.startswith(m + "/") or m in cmd for m in marks)}
+        for root in {**_cgroup_v1_roots(), **_cgroup_v2_roots()}.values():
+            top = root / self.cgroup_root.lstrip("/")
+            for procs in (top.rglob("cgroup.procs") if top.is_dir() else ()):
+                try:
+                    pids |= {int(p) for p in procs.read_text().split()}
+                except (OSError, ValueError):
+                    continue
+        pids.discard(os.getpid())
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(_process_start(pid) for pid in pids):
+            time.sleep(0.05)
+        return len(pids)
+
+    def _other_nodes(self) -> bool:
+        """Whether another node's address is on lo (its harness may be running)."""
+        lo = _run("ip", "-4", "-o", "addr", "show", "dev", "lo", check=False).stdout
+        return any(int(n) != self.index for n in re.findall(r" lo:awm(\d+)", lo))
 
     def _pod_netns(self) -> set[str]:
         """The CNI network namespaces with an address in this node's pod subnet."""
@@ -622,9 +711,9 @@ class RealNode:
 
     # ---- internals: processes
     def _spawn(self, name: str, cmd: list[str], env: dict[str, str] | None = None) -> None:
-        log = open(self.run / "logs" / f"{name}.log", "wb")
-        self._logfiles.append(log)
-        self.procs[name] = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+        logfile = open(self.run / "logs" / f"{name}.log", "wb")
+        self._logfiles.append(logfile)
+        self.procs[name] = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logfile, stderr=subprocess.STDOUT,
                                             cwd=self.run, env={**os.environ, **(env or {})}, start_new_session=True)
 
     def _kill(self, name: str, grace: float = 10) -> None:

@@ -163,7 +163,7 @@ cp = harness.ControlPlane(nodes=0, real_node=True)
 cp.start(Path(sys.argv[1]))
 cp.kubectl("apply", "-f", "-", input=sys.stdin.read())
 node = harness.node_module()
-while not any(c.startswith("KUBE-POD-FW-") for c in node.kube_router_chains()):
+while cp.node.network_policy and not any(c.startswith("KUBE-POD-FW-") for c in node.kube_router_chains()):
     time.sleep(0.5)
 print(cp.node.index, cp.node.run, flush=True)
 time.sleep(3600)
@@ -177,6 +177,33 @@ def test_harness_ports_are_outside_the_node_port_range() -> None:
     ports = [k8s_harness.free_port() for _ in range(500)]
     assert not [p for p in ports if p in NODE_PORTS]
     assert len(set(ports)) == len(ports)
+
+
+def test_a_node_is_reclaimed_only_when_its_harness_is_gone() -> None:
+    """The owner check reclaim_abandoned() makes: the harness's pid with the start time it had
+    (a reused pid is another process), a zombie counts as gone, a record this module did not
+    write counts as none, and a node without a record is owned while a kubelet of it has a parent."""
+    nodes = _real_node_harness().node_module()
+    me = {"pid": os.getpid(), "start": nodes._process_start(os.getpid()), "run": None,
+          "network_policy": False, "sysctls": {}}
+    assert nodes._owned(199, me)
+    assert not nodes._owned(199, {**me, "start": "1"})   # the pid, reused by another process
+    child = subprocess.Popen(["true"])
+    wait_for("the child to exit", lambda: Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z")
+    assert nodes._process_start(child.pid) is None          # a zombie: gone, though not reaped
+    child.wait()
+    assert not nodes._owned(199, {**me, "pid": child.pid})
+    assert not nodes._owned(199, None)                      # no record, no kubelet of node 199
+    path = nodes._record_path(199)
+    path.parent.mkdir(mode=0o700, exist_ok=True)
+    try:
+        for text in ("not json", "[1]", json.dumps({**me, "pid": "1"}), json.dumps({k: v for k, v in me.items() if k != "run"})):
+            path.write_text(text)
+            assert nodes._read_record(199) is None, text
+        path.write_text(json.dumps(me))
+        assert nodes._read_record(199) == me
+    finally:
+        path.unlink(missing_ok=True)
 
 
 def _abandon_a_node(workdir: Path) -> tuple[int, str, subprocess.Popen]:
@@ -193,6 +220,7 @@ def _abandon_a_node(workdir: Path) -> tuple[int, str, subprocess.Popen]:
     reader.join(240)
     proc.kill()
     proc.wait()
+    proc.stdout.close()
     assert line and line[0].strip(), f"the abandoning harness did not come up (exit {proc.returncode})"
     index, run = line[0].split()
     return int(index), run, proc
@@ -232,6 +260,14 @@ def test_node_reclaims_an_abandoned_node_and_its_teardown_removes_kube_router_st
         assert found and all(f" {kind}" in found[0] for kind in ("iptables chain", "ipset", "process")), cp.reclaimed
         assert _processes_under(old_run) == [] and not Path(old_run).exists()
         assert node.index == index  # its address was free again
+        with node_module.host_lock():  # a live node is left alone
+            assert node_module.reclaim_abandoned() == [] and node.leftovers()
+        # its pods are gone too: their network namespaces, their processes (in the cgroups the
+        # new node has taken over; it runs no pod yet)
+        assert node._pod_netns() == set()
+        cgroups = [p for root in node_module._cgroup_v1_roots().values()
+                   for p in (root / node.cgroup_root.lstrip("/")).rglob("cgroup.procs")]
+        assert not [p for p in cgroups if p.read_text().split()], cgroups
         _require_network_policy(node)
         cp.kubectl("apply", "-f", "-", input=POLICED_POD)
         wait_for("kube-router's chains and ipsets for the policed pod",
