@@ -272,11 +272,16 @@ def _kube_router_running() -> bool:
     return False
 
 
+def _lo_indexes() -> set[int]:
+    """Indexes of the nodes whose address is on lo (label lo:awm<N>)."""
+    lo = _run("ip", "-4", "-o", "addr", "show", "dev", "lo", check=False).stdout
+    return {int(n) for n in re.findall(r" lo:awm(\d+)", lo)}
+
+
 def _node_indexes() -> set[int]:
     """Indexes of the nodes made on this host and not torn down: their address on lo (label
     lo:awm<N>, the first change a node makes and the last one its teardown undoes) or their record."""
-    lo = _run("ip", "-4", "-o", "addr", "show", "dev", "lo", check=False).stdout
-    found = {int(n) for n in re.findall(r" lo:awm(\d+)", lo)}
+    found = _lo_indexes()
     found |= {int(m.group(1)) for p in RECORDS.glob("awm-node-*.json")
               if (m := re.fullmatch(r"awm-node-(\d+)\.json", p.name))}
     return found
@@ -644,8 +649,7 @@ class RealNode:
 
     def _other_nodes(self) -> bool:
         """Whether another node's address is on lo (its harness may be running)."""
-        lo = _run("ip", "-4", "-o", "addr", "show", "dev", "lo", check=False).stdout
-        return any(int(n) != self.index for n in re.findall(r" lo:awm(\d+)", lo))
+        return bool(_lo_indexes() - {self.index})
 
     def _pod_netns(self) -> set[str]:
         """The CNI network namespaces with an address in this node's pod subnet."""
