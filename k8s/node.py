@@ -474,7 +474,15 @@ class RealNode:
     # ---- images
     def load_images(self, archives: list[str | os.PathLike]) -> dict[str, float]:
         """Import image archives (docker-archive or OCI tars) into the node's containerd, in the
-        namespace the kubelet uses; pods then start them without pulling. -> seconds per archive."""
+        namespace the kubelet uses; pods then start them without pulling. -> seconds per archive.
+        Refuses up front when the node's filesystem cannot hold them (containerd keeps a layer's
+        blob and its unpacked snapshot: ~1.5 times the archives measured, plus the pods' own
+        files), instead of failing halfway with ENOSPC."""
+        need = 3 * sum(Path(a).stat().st_size for a in archives) // 2 + (512 << 20)
+        free = shutil.disk_usage(self.run).free
+        if free < need:
+            raise NodeError(f"not enough disk for the node's images: {need / 2**30:.1f} GiB needed on the "
+                            f"filesystem of {self.run}, {free / 2**30:.1f} GiB free")
         out = {}
         for a in archives:
             t0 = time.monotonic()

@@ -206,6 +206,27 @@ def test_a_node_is_reclaimed_only_when_its_harness_is_gone() -> None:
         path.unlink(missing_ok=True)
 
 
+def test_a_node_refuses_images_its_disk_cannot_hold(tmp_path: Path) -> None:
+    """A node whose filesystem is too small for its images says so before it imports any, with
+    the numbers (a CI run once failed halfway through an import, ENOSPC inside containerd's
+    snapshotter, on a disk filled by killed runs' leftovers)."""
+    nodes = _real_node_harness().node_module()
+    run = tmp_path / "run"
+    run.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(run)], check=True)
+    try:
+        archive = tmp_path / "image.tar"
+        with archive.open("wb") as f:
+            f.truncate(64 << 20)
+        node = nodes.RealNode.__new__(nodes.RealNode)   # only what load_images reads: no containerd is asked
+        node.run, node.images = run, {}
+        with pytest.raises(nodes.NodeError, match=r"not enough disk for the node's images: 0\.6 GiB needed .* 0\.0 GiB free"):
+            node.load_images([archive])
+        assert node.images == {}
+    finally:
+        subprocess.run(["umount", str(run)], check=True)
+
+
 def _abandon_a_node(workdir: Path) -> tuple[int, str, subprocess.Popen]:
     """A real node enforcing a policy, whose harness is then SIGKILLed (as a CI timeout or the end
     of a machine's session kills a test run): its kubelet, containerd and kube-router run on in
