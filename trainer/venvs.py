@@ -10,6 +10,9 @@ new environment and an unchanged one is reused across runs and checkouts:
 uv (pinned, installed into the new environment first) does the install; its wheel cache is
 shared, so two environments pinning the same torch download it once. A finished install writes
 a marker file; a half-finished one is never taken for a cache hit (it is removed and redone).
+Environments of older pins are removed once a new one is made: the ``KEEP`` most recently used
+of a name stay (two checkouts with different pins on one machine do not rebuild in turn); a
+stale verl environment alone holds ~6 GB.
 Standard library only: ``.ci/run`` builds these before the project's own environment exists.
 """
 
@@ -17,15 +20,18 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 UV_VERSION = "0.13.8"
 ROOT = Path(__file__).resolve().parent.parent
-_MARKER = ".awm-installed"
+_MARKER = ".awm-installed"  # written last by an install; its mtime is the environment's last use
+KEEP = 2  # environments kept per name: the current pins' and the most recently used other one
 
 
 def _run(cmd: list[str], timeout: float) -> None:
@@ -74,6 +80,8 @@ class CachedVenv:
         the installer's output. The base interpreter is this one (``sys.executable``'s base)."""
         target = self.env_dir()
         if self.installed():
+            (target / _MARKER).touch()
+            self.prune()
             return self.python()
         if target.exists():  # an interrupted install
             shutil.rmtree(target)
@@ -93,4 +101,19 @@ class CachedVenv:
             shutil.rmtree(target, ignore_errors=True)
             raise
         (target / _MARKER).write_text(self.digest() + "\n")
+        self.prune()
         return self.python()
+
+    def prune(self, keep: int = KEEP) -> list[Path]:
+        """Remove this name's environments of other pins but the ``keep`` most recently used
+        (this one counts). One without a marker is left alone while it may still be being made
+        (another checkout's install: under a day old), and removed after. -> what was removed."""
+        here = self.env_dir()
+        pattern = re.compile(re.escape(self.name) + r"-[0-9a-f]{12}")
+        others = [p for p in here.parent.iterdir() if p != here and p.is_dir() and pattern.fullmatch(p.name)]
+        made = [p for p in others if (p / _MARKER).is_file()]
+        stale = sorted(made, key=lambda p: (p / _MARKER).stat().st_mtime, reverse=True)[max(keep - 1, 0):]
+        stale += [p for p in others if p not in made and time.time() - p.stat().st_mtime > 86400]
+        for p in stale:
+            shutil.rmtree(p, ignore_errors=True)
+        return stale
