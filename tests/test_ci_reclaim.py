@@ -45,14 +45,15 @@ def test_abandoned_homes_go_and_living_ones_stay(tmp_path: Path) -> None:
     living = _home(tmp_path, "living", f"{me} {_start_time(me)}")
     dead = _home(tmp_path, "dead", f"{_dead_pid()} 12345")
     reused = _home(tmp_path, "reused", f"{me} 1")  # a pid that runs again, with another start time
-    garbled = _home(tmp_path, "garbled", "not a pid")
+    garbled = _home(tmp_path, "garbled", "not a pid", age_min=180)  # unreadable: judged by age
+    half_written = _home(tmp_path, "half", "")                        # ... a run writing it now
     old_unowned = _home(tmp_path, "old", None, age_min=180)  # a home of a run before owner files
     new_unowned = _home(tmp_path, "new", None, age_min=5)    # ... that may still be running
     other = tmp_path / "something-else"
     other.mkdir()
     r = subprocess.run([str(SCRIPT), str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
-    assert living.is_dir() and new_unowned.is_dir() and other.is_dir()
+    assert living.is_dir() and new_unowned.is_dir() and other.is_dir() and half_written.is_dir()
     assert not dead.exists() and not reused.exists() and not garbled.exists() and not old_unowned.exists()
     assert r.stderr.count("reclaimed an abandoned CI home") == 4, r.stderr
 

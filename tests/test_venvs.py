@@ -40,7 +40,7 @@ def test_a_cache_hit_keeps_the_most_recently_used_other_pins_and_removes_the_res
     root, now = venv.env_dir().parent, time.time()
     current = _made(root, venv.env_dir().name, now - 7200)
     recent = _made(root, "tool-aaaaaaaaaaaa", now - 60)
-    old = _made(root, "tool-bbbbbbbbbbbb", now - 3600)
+    old = _made(root, "tool-bbbbbbbbbbbb", now - 4 * 3600)
     older = _made(root, "tool-cccccccccccc", now - 86400 * 3)
     making = _made(root, "tool-dddddddddddd", now - 600, marker=False)      # another checkout's install
     abandoned = _made(root, "tool-eeeeeeeeeeee", now - 86400 * 2, marker=False)
@@ -55,6 +55,7 @@ def test_a_cache_hit_keeps_the_most_recently_used_other_pins_and_removes_the_res
 def test_keep_counts_the_current_environment(venv: CachedVenv) -> None:
     root, now = venv.env_dir().parent, time.time()
     _made(root, venv.env_dir().name, now)
-    a, b = _made(root, "tool-aaaaaaaaaaaa", now - 10), _made(root, "tool-bbbbbbbbbbbb", now - 20)
-    assert venv.prune(keep=3) == []
-    assert venv.prune(keep=1) == [a, b] and not a.exists() and not b.exists()
+    a, b = _made(root, "tool-aaaaaaaaaaaa", now - 5 * 3600), _made(root, "tool-bbbbbbbbbbbb", now - 6 * 3600)
+    in_use = _made(root, "tool-cccccccccccc", now - 600)  # another checkout's run may be using it
+    assert venv.prune(keep=4) == []
+    assert venv.prune(keep=1) == [a, b] and not a.exists() and not b.exists() and in_use.is_dir()

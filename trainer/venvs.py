@@ -32,6 +32,7 @@ UV_VERSION = "0.13.8"
 ROOT = Path(__file__).resolve().parent.parent
 _MARKER = ".awm-installed"  # written last by an install; its mtime is the environment's last use
 KEEP = 2  # environments kept per name: the current pins' and the most recently used other one
+IN_USE_S = 3 * 3600  # an environment used this recently is never pruned (longer than a CI run)
 
 
 def _run(cmd: list[str], timeout: float) -> None:
@@ -108,12 +109,23 @@ class CachedVenv:
         """Remove this name's environments of other pins but the ``keep`` most recently used
         (this one counts). One without a marker is left alone while it may still be being made
         (another checkout's install: under a day old), and removed after. -> what was removed."""
-        here = self.env_dir()
+        here, now = self.env_dir(), time.time()
         pattern = re.compile(re.escape(self.name) + r"-[0-9a-f]{12}")
-        others = [p for p in here.parent.iterdir() if p != here and p.is_dir() and pattern.fullmatch(p.name)]
-        made = [p for p in others if (p / _MARKER).is_file()]
-        stale = sorted(made, key=lambda p: (p / _MARKER).stat().st_mtime, reverse=True)[max(keep - 1, 0):]
-        stale += [p for p in others if p not in made and time.time() - p.stat().st_mtime > 86400]
+        made: list[tuple[float, Path]] = []
+        stale: list[Path] = []
+        for p in here.parent.iterdir():
+            if p == here or not pattern.fullmatch(p.name):
+                continue
+            try:  # another prune may remove it meanwhile: never fail the caller's cache hit
+                if (p / _MARKER).is_file():
+                    made.append(((p / _MARKER).stat().st_mtime, p))
+                elif p.is_dir() and now - p.stat().st_mtime > 86400:
+                    stale.append(p)
+            except OSError:
+                continue
+        made.sort(reverse=True)
+        # used within the last hours (a run of another checkout may be using it): kept whatever keep says
+        stale += [p for used, p in made[max(keep - 1, 0):] if now - used > IN_USE_S]
         for p in stale:
             shutil.rmtree(p, ignore_errors=True)
         return stale
