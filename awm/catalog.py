@@ -8,6 +8,7 @@ The starter catalog ships inside the package; ``"starter"`` names it.
 from __future__ import annotations
 
 import atexit
+import os
 import random
 import re
 import shutil
@@ -24,6 +25,13 @@ from awm.authoring import compile_source_dir, is_source_dir
 from awm.bundle import EnvBundle
 
 STARTER = Path(__file__).with_name("starter")
+
+
+def cache_root() -> Path:
+    """Where built and imported catalogs are kept by content (``AWM_CATALOG_CACHE``, default
+    ``~/.cache/awm/catalogs``): generated ones (awm.synth.varied), AWM-1K imports
+    (awm.importers.awm1k.import_cached)."""
+    return Path(os.environ.get("AWM_CATALOG_CACHE") or Path.home() / ".cache/awm/catalogs")
 
 
 class CatalogError(ValueError):

@@ -17,6 +17,9 @@ from typing import Any
 
 import httpx
 
+from awm import errorclass
+from awm.errorclass import ErrorClass
+
 PROTOCOL_VERSION = "2025-06-18"
 _ACCEPT = "application/json, text/event-stream"
 
@@ -44,14 +47,17 @@ class ToolOutcome:
     is_error: bool
     text: str
     structured: Any = None
+    # The class the server sent in ``_meta.awm_error`` (awm.errorclass); None from servers that
+    # send none (any MCP server): then the text's first word is read, if it names a class.
+    error_class: ErrorClass | None = None
 
     @property
     def error_kind(self) -> str | None:
-        """The server's error class (``invalid_arguments``, ``tool_error``, ...) for errors."""
+        """The error's class (:class:`awm.errorclass.ErrorClass`), ``unknown`` when the server
+        named none; None when the call succeeded."""
         if not self.is_error:
             return None
-        head = self.text.split(":", 1)[0]
-        return head if head.isidentifier() else "unknown"
+        return self.error_class or errorclass.parse(self.text) or "unknown"
 
 
 class McpSession:
@@ -92,7 +98,9 @@ class McpSession:
     async def call_tool(self, name: str, arguments: dict[str, Any] | None = None) -> ToolOutcome:
         result = await self._request("tools/call", {"name": name, "arguments": arguments or {}})
         text = "\n".join(c.get("text", "") for c in result.get("content", []) if c.get("type") == "text")
-        return ToolOutcome(bool(result.get("isError")), text, result.get("structuredContent"))
+        meta = result.get("_meta")
+        return ToolOutcome(bool(result.get("isError")), text, result.get("structuredContent"),
+                           errorclass.parse(meta.get("awm_error")) if isinstance(meta, dict) else None)
 
     def forget_session(self) -> None:
         """Drop the session the server ended (a late-binding instance's switch ends every one):
@@ -172,8 +180,20 @@ class ControlClient:
         """Make ``env`` ready without serving it (late binding): a later claim of it costs a reset."""
         return await self._call("POST", "/prepare", {"env": env})
 
-    async def verify(self, final_answer: str | None = None) -> dict[str, Any]:
-        return await self._call("POST", "/verify", {"final_answer": final_answer})
+    async def verify(self, final_answer: str | None = None, kind: str | None = None) -> dict[str, Any]:
+        """The verdict (the episode goes on); ``kind``: by the task's ``code`` or ``judge``
+        verifier instead of the one it is served with."""
+        body: dict[str, Any] = {"final_answer": final_answer}
+        if kind is not None:
+            body["verifier_kind"] = kind
+        return await self._call("POST", "/verify", body)
+
+    async def sqlite(self, state: str = "final") -> bytes:
+        """The database as a SQLite file (AWM-1K imports): ``initial`` (the snapshot) or ``final``."""
+        response = await self._client.get(self.base_url + "/sqlite", params={"state": state})
+        if response.status_code >= 400:
+            raise ControlApiError(response.status_code, response.json().get("error", response.text))
+        return response.content
 
     async def diff(self, rows: int = 0) -> dict[str, Any]:
         """Counts per changed table; with ``rows`` > 0 also up to that many changed rows per table

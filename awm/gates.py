@@ -89,6 +89,21 @@ def gate_status(bundle: EnvBundle, task: Task, prefer: str | None = None) -> tup
     return True, "passed"
 
 
+def negative_failure(bundle: EnvBundle, task: Task, kind: str) -> str | None:
+    """Why ``task``'s ``kind`` verifier cannot be believed, if its negative gate *ran and failed* on
+    this snapshot with this code (it says complete on the untouched database, whatever an agent
+    does): then its verdicts carry no signal. None when that is not known to be so."""
+    verifier = task.select(kind)  # type: ignore[arg-type]
+    if verifier.kind != kind:
+        return None
+    digest, snapshot = verifier.digest(bundle.verifier_prelude), bundle.database_hash()
+    records = [r for r in task.gates if r.verifier_kind == kind and r.verifier == digest and r.snapshot == snapshot]
+    negative = records[-1].negative if records else None
+    if negative is None or negative.passed:
+        return None
+    return f"its {kind} verifier says {negative.verdict} on the untouched database"
+
+
 def record(bundle: EnvBundle, task: Task, prefer: str | None, negative: EpisodeReport | None,
            positive: EpisodeReport | None) -> GateRecord:
     """A gate record for the verifier served, replacing the task's earlier record of that kind."""

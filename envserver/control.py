@@ -9,7 +9,9 @@ Served on its own port (a pod exposes only the MCP port to agents' network polic
                                                                binding; 409 on a pinned instance)
     POST /prepare {"env": str}                              -> make that environment ready without serving
                                                                it (a later claim of it costs a reset)
-    POST /verify  {"final_answer": str | null}              -> verdict, reward, reason
+    POST /verify  {"final_answer": str | null,
+                   "verifier_kind": "code" | "judge" | null}  -> verdict, reward, reason (again: allowed)
+    GET  /sqlite?state=initial|final                       -> the database as a SQLite file (AWM-1K imports)
     GET  /diff[?rows=N]                                     -> rows inserted/updated/deleted per table
                                                                (N > 0: and up to N of those rows each)
     GET  /checksum                                          -> is the state the snapshot? (on demand)
@@ -116,8 +118,21 @@ def build_control(instance: EnvInstance, middleware: list[Middleware] | None = N
                 raise ControlError(400, "final_answer must be a string or null")
             if jsonlimits.lone_surrogate(answer) is not None:
                 raise ControlError(400, "final_answer holds a lone UTF-16 surrogate (not valid Unicode)")
-            return await instance.verify(answer)
+            kind = body.get("verifier_kind")
+            if kind not in (None, "code", "judge"):
+                raise ControlError(400, "verifier_kind must be code, judge or null")
+            return await instance.verify(answer, kind)
         return await handle(call, tend_workers())
+
+    async def sqlite(request: Request) -> Response:
+        state = request.query_params.get("state", "final")
+        if state not in ("initial", "final"):
+            return JSONResponse({"error": "state must be initial or final"}, status_code=400)
+        try:
+            image = await instance.sqlite_image(state)
+        except ControlError as exc:
+            return JSONResponse({"error": str(exc), **exc.extra}, status_code=exc.status)
+        return Response(image, media_type="application/vnd.sqlite3")
 
     async def diff(request: Request) -> Response:
         async def call() -> dict[str, Any]:
@@ -150,6 +165,7 @@ def build_control(instance: EnvInstance, middleware: list[Middleware] | None = N
         Route("/prepare", prepare, methods=["POST"]),
         Route("/verify", verify, methods=["POST"]),
         Route("/diff", diff, methods=["GET"]),
+        Route("/sqlite", sqlite, methods=["GET"]),
         Route("/checksum", checksum, methods=["GET"]),
         Route("/info", info, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),

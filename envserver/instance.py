@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, TypeVar
 
 from awm.bundle import EnvBundle, Task, Verifier
+from awm.errorclass import ErrorClass
 from awm.judge import Judge, Step
 from awm.postgres.provisioner import ProvisionerError, ProvisionerLost
 from awm.sandbox.forkserver import Zygote
@@ -35,7 +36,7 @@ from awm.sandbox.pool import WeakIsolation, WorkerFailure, WorkerPool, make_zygo
 from awm.envserver.binding import Binding, BindError, DatabaseSource, FixedDatabase
 from awm.envserver.metrics import Metrics
 from awm.envserver.reset import DatabaseLost, EpisodeDatabase, ResetResult
-from awm.envserver.tools import AGENT_FAULTS, ToolFailure, ToolRuntime, render
+from awm.envserver.tools import ToolFailure, ToolRuntime, render
 from awm.envserver.verify import Verdict, from_judgement, verify_in_worker
 
 T = TypeVar("T")
@@ -425,18 +426,18 @@ class EnvInstance:
         binding = self.binding
         try:
             if self.wedged:
-                raise ToolFailure("unavailable", "environment instance is restarting")
+                raise ToolFailure(ErrorClass.UNAVAILABLE, "environment instance is restarting")
             args = binding.runtime.validate(name, arguments)
             request = binding.runtime.request(name, args)
             timeout_s = binding.bundle.limits.tool_timeout_s
             async with self._lock:
                 if self.binding is not binding:  # switched while this call waited
-                    raise ToolFailure("unavailable", f"the instance now serves {self.binding.name!r}; "
+                    raise ToolFailure(ErrorClass.UNAVAILABLE, f"the instance now serves {self.binding.name!r}; "
                                                      "this session's environment is gone")
                 if self.episode is not None:
                     self.episode.tool_calls += 1
                 if self.episode is not None and self.episode.lost:
-                    raise ToolFailure("unavailable", "episode lost; the environment must be reset")
+                    raise ToolFailure(ErrorClass.UNAVAILABLE, "episode lost; the environment must be reset")
                 future = self._db(lambda: self.db.run_code(self.pool, request, timeout_s, writes=True))
                 try:
                     # The worker's deadline is enforced on the database thread; this outer one only
@@ -444,19 +445,19 @@ class EnvInstance:
                     reply, state = await asyncio.wait_for(future, timeout_s * 2 + 30)
                 except asyncio.TimeoutError:
                     self._wedge(f"tool {name} ran past {timeout_s:g} s")
-                    raise ToolFailure("timeout", f"{name} did not finish within {timeout_s:g} s") from None
+                    raise ToolFailure(ErrorClass.TIMEOUT, f"{name} did not finish within {timeout_s:g} s") from None
                 except WorkerFailure as exc:
                     self.metrics.worker_restarts.labels(exc.kind).inc()
                     if exc.kind == "timeout":
-                        raise ToolFailure("timeout", f"{name} did not finish within {timeout_s:g} s") from None
+                        raise ToolFailure(ErrorClass.TIMEOUT, f"{name} did not finish within {timeout_s:g} s") from None
                     if exc.kind == "start":
-                        raise ToolFailure("unavailable", f"{name}: {exc}") from None
-                    raise ToolFailure("tool_crashed", f"{name}: {exc}") from None
+                        raise ToolFailure(ErrorClass.UNAVAILABLE, f"{name}: {exc}") from None
+                    raise ToolFailure(ErrorClass.TOOL_CRASHED, f"{name}: {exc}") from None
                 except WeakIsolation as exc:
-                    raise ToolFailure("unavailable", str(exc)) from None
+                    raise ToolFailure(ErrorClass.UNAVAILABLE, str(exc)) from None
                 except DatabaseLost as exc:
                     self._lose(str(exc))
-                    raise ToolFailure("unavailable", "environment database unavailable; "
+                    raise ToolFailure(ErrorClass.UNAVAILABLE, "environment database unavailable; "
                                                      "the episode is void") from exc
                 result = self.runtime.outcome(name, reply, bool(state.get("timed_out")),
                                               bool(state.get("rolled_back")))
@@ -571,7 +572,10 @@ class EnvInstance:
                                     "configured (--judge-base-url / --judge-model, or AWM_JUDGE_BASE_URL / "
                                     "AWM_JUDGE_MODEL)")
 
-    async def verify(self, final_answer: str | None) -> dict[str, Any]:
+    async def verify(self, final_answer: str | None, kind: str | None = None) -> dict[str, Any]:
+        """The episode's verdict, by the task's served verifier, or by its verifier of ``kind``
+        (``code`` or ``judge``) when asked (OpenEnv's AWM protocol lets the client choose). The
+        episode goes on: it may be verified again."""
         episode = self.episode
         if episode is None:
             raise ControlError(409, "no episode to verify: call reset first")
@@ -581,12 +585,18 @@ class EnvInstance:
             task = self.bundle.task(episode.task_id)
         except KeyError:  # switched to another environment since the reset
             raise ControlError(409, "the episode ended (switched) before it was verified") from None
+        if kind is not None and kind not in {v.kind for v in task.verifiers()}:
+            raise ControlError(409, f"task {task.id!r} has no {kind} verifier",
+                               verifiers=[v.kind for v in task.verifiers()])
+        verifier = task.select(kind) if kind is not None else self.verifier_of(task)  # type: ignore[arg-type]
         if episode.lost:
             verdict = Verdict("error", f"episode lost: {episode.lost}", "infra")
         elif not self.db.connected:
             verdict = Verdict("error", "episode lost: database connection is down", "infra")
+        elif verifier.kind == "judge" and self.judge is None:
+            verdict = Verdict("error", "this task is judged by an LLM and no judge is configured (--judge-base-url "
+                                       "/ --judge-model, or AWM_JUDGE_BASE_URL / AWM_JUDGE_MODEL)", "judge")
         else:
-            verifier = self.verifier_of(task)
             code = "\n\n".join(x for x in (self.bundle.verifier_prelude, verifier.code) if x)
             timeout_s = self.bundle.limits.verifier_timeout_s
             judged = verifier.kind == "judge"
@@ -622,7 +632,7 @@ class EnvInstance:
             "error_kind": verdict.kind or None,
             "verify_ms": round(verdict.ms, 3),
             "tool_calls": episode.tool_calls,
-            "verifier_kind": self.verifier_of(task).kind,
+            "verifier_kind": verifier.kind,
             "ungated": episode.ungated,
             **({"evidence": verdict.evidence} if verdict.evidence is not None else {}),
             **({"judge": verdict.judge} if verdict.judge is not None else {}),
@@ -644,6 +654,19 @@ class EnvInstance:
         verdict = from_judgement(result, evidence.evidence)
         verdict.ms += evidence.ms
         return verdict
+
+    async def sqlite_image(self, state: str) -> bytes:
+        """The database as the AWM convention's SQLite file: the episode's ``initial`` state (the
+        snapshot) or its ``final`` one (now). OpenEnv's AWM protocol keeps both for a client that
+        asks (``done`` with ``keep_session``)."""
+        if self.bundle.database.sqlite_ddl is None:
+            raise ControlError(409, f"environment {self.binding.name!r} has no SQLite form (it was not imported "
+                                    "from AWM-1K)")
+        async with self._lock:
+            try:
+                return (await self._sqlite_images())[state]
+            except DatabaseLost as exc:
+                raise ControlError(503, f"database unavailable: {exc}") from exc
 
     async def _sqlite_images(self) -> dict[str, bytes]:
         """AWM convention: SQLite images of the snapshot (built once) and of the final state."""
@@ -702,7 +725,3 @@ class EnvInstance:
             "isolation": self.pool.isolation or self._isolation,
             "verifier_isolation": self.verifier_pool.isolation or self._isolation,
         }
-
-
-def is_agent_fault(kind: str) -> bool:
-    return kind in AGENT_FAULTS

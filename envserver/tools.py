@@ -3,14 +3,8 @@ of every outcome.
 
 Tool code never runs in this process: it runs in a confined worker (:mod:`awm.sandbox`), and
 this module only turns a validated call into the worker's request and the worker's reply into a
-result or a classified failure. Every failure has a class, so that a trainer can tell the agent's
-mistakes from ours (the reference system scores a server bug as the agent's format error):
-
-* ``invalid_arguments`` - the arguments do not match the tool's input schema (agent's fault);
-* ``tool_error``        - the tool refused the request, e.g. an unknown id (agent's fault);
-* ``tool_crashed``      - the tool's code raised something else (environment bug);
-* ``timeout``           - the tool ran past its time limit (environment bug);
-* ``unavailable``       - the database or the worker went away (infrastructure).
+result or a failure with its class (:class:`awm.errorclass.ErrorClass`: what each class means,
+and whose fault it is, is defined there, once).
 """
 
 from __future__ import annotations
@@ -24,18 +18,18 @@ from typing import Any
 import jsonschema
 
 from awm import jsonlimits
+from awm.errorclass import ErrorClass
 
 from awm.bundle import EnvBundle, Route
 from awm.envserver.dbapi import to_json_value
 
-AGENT_FAULTS = {"invalid_arguments", "tool_error"}
 # SQLSTATE classes of errors caused by argument values (a constraint, a bad cast): the agent's.
 _AGENT_SQLSTATES = ("22", "23")
 
 
 @dataclass
 class ToolFailure(Exception):
-    kind: str
+    kind: ErrorClass
     message: str
 
     def __str__(self) -> str:
@@ -75,25 +69,25 @@ class ToolRuntime:
             try:
                 cls.check_schema(schema)
             except jsonschema.SchemaError as exc:  # the bundle's fault, said as such
-                raise ToolFailure("tool_crashed", f"{name}: its input schema is invalid: {exc.message}") from None
+                raise ToolFailure(ErrorClass.TOOL_CRASHED, f"{name}: its input schema is invalid: {exc.message}") from None
             validator = self._validators[name] = cls(schema)
         return validator
 
     def validate(self, name: str, arguments: Any) -> dict[str, Any]:
         if name not in self._schemas:
-            raise ToolFailure("invalid_arguments", f"unknown tool {name!r}")
+            raise ToolFailure(ErrorClass.UNKNOWN_TOOL, f"unknown tool {name!r}")
         if arguments is None:
             arguments = {}
         if not isinstance(arguments, dict):
-            raise ToolFailure("invalid_arguments", "arguments must be a JSON object")
+            raise ToolFailure(ErrorClass.INVALID_ARGUMENTS, "arguments must be a JSON object")
         bad = jsonlimits.lone_surrogate(arguments)
         if bad is not None:
-            raise ToolFailure("invalid_arguments", f"{name}: {bad}: a lone UTF-16 surrogate is not valid Unicode")
+            raise ToolFailure(ErrorClass.INVALID_ARGUMENTS, f"{name}: {bad}: a lone UTF-16 surrogate is not valid Unicode")
         errors = sorted(self._validator(name).iter_errors(arguments), key=lambda e: list(e.path))
         if errors:
             detail = "; ".join(
                 (f"{'.'.join(map(str, e.path))}: " if e.path else "") + e.message for e in errors[:5])
-            raise ToolFailure("invalid_arguments", f"{name}: {detail}")
+            raise ToolFailure(ErrorClass.INVALID_ARGUMENTS, f"{name}: {detail}")
         return arguments
 
     def request(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
@@ -107,17 +101,17 @@ class ToolRuntime:
     def outcome(self, name: str, reply: dict[str, Any], timed_out: bool, rolled_back: bool) -> Any:
         """The worker's final reply as a result, or a :class:`ToolFailure` with its class."""
         if timed_out:
-            raise ToolFailure("timeout", f"{name}: a statement ran past the tool's time limit")
+            raise ToolFailure(ErrorClass.TIMEOUT, f"{name}: a statement ran past the tool's time limit")
         if reply.get("op") == "failed":
             raise _failure(name, reply, route=name in self._routes)
         if reply.get("op") != "result":
-            raise ToolFailure("tool_crashed", f"{name}: the worker sent {reply.get('op')!r}")
+            raise ToolFailure(ErrorClass.TOOL_CRASHED, f"{name}: the worker sent {reply.get('op')!r}")
         if name in self._routes:
             value = _http_result(name, reply.get("status"), reply.get("body"))
         else:
             value = to_json_value(reply.get("value"))
         if rolled_back:  # the code swallowed a database error: its writes did not survive
-            raise ToolFailure("tool_crashed", f"{name}: a statement failed inside the tool and its writes "
+            raise ToolFailure(ErrorClass.TOOL_CRASHED, f"{name}: a statement failed inside the tool and its writes "
                                               "were rolled back")
         return value
 
@@ -125,23 +119,23 @@ class ToolRuntime:
 def _failure(name: str, reply: dict[str, Any], route: bool) -> ToolFailure:
     kind = str(reply.get("kind", "exception"))
     reason = str(reply.get("reason", ""))[:2000]
-    if kind == "tool_error":
-        return ToolFailure("tool_error", reason or "tool error")
+    if kind == ErrorClass.TOOL_ERROR:
+        return ToolFailure(ErrorClass.TOOL_ERROR, reason or "tool error")
     if kind == "db":
         sqlstate = str(reply.get("sqlstate") or "")
         # A Python tool's SQL error is reported to the agent with the database's message (which
         # names the offending constraint); an app's only when the request's values caused it.
         if not route or sqlstate[:2] in _AGENT_SQLSTATES:
-            return ToolFailure("tool_error", f"{name}: database rejected the request: {reason}" if route
+            return ToolFailure(ErrorClass.TOOL_ERROR, f"{name}: database rejected the request: {reason}" if route
                                else f"database rejected the request: {reason}")
-        return ToolFailure("tool_crashed", f"{name}: {reason}")
+        return ToolFailure(ErrorClass.TOOL_CRASHED, f"{name}: {reason}")
     if kind == "timeout":
-        return ToolFailure("timeout", f"{name}: {reason}")
+        return ToolFailure(ErrorClass.TIMEOUT, f"{name}: {reason}")
     if kind == "forbidden":
-        return ToolFailure("tool_crashed", f"{name}: {reason}")
+        return ToolFailure(ErrorClass.TOOL_CRASHED, f"{name}: {reason}")
     if kind == "memory":
-        return ToolFailure("tool_crashed", f"{name}: MemoryError: the tool ran out of its memory limit")
-    return ToolFailure("tool_crashed", f"{name}: {reason}")
+        return ToolFailure(ErrorClass.TOOL_CRASHED, f"{name}: MemoryError: the tool ran out of its memory limit")
+    return ToolFailure(ErrorClass.TOOL_CRASHED, f"{name}: {reason}")
 
 
 def build_request(route: Route, arguments: dict[str, Any]) -> tuple[str, str, list[tuple[str, Any]], dict[str, Any] | None]:
@@ -163,7 +157,7 @@ def build_request(route: Route, arguments: dict[str, Any]) -> tuple[str, str, li
             body[name] = value
     missing = re.findall(r"{([^}]+)}", path)
     if missing:
-        raise ToolFailure("invalid_arguments", f"missing path argument(s): {', '.join(missing)}")
+        raise ToolFailure(ErrorClass.INVALID_ARGUMENTS, f"missing path argument(s): {', '.join(missing)}")
     send_body = bool(body) or route.method in ("POST", "PUT", "PATCH") and "body" in route.params.values()
     return route.method, path, query, body if send_body else None
 
@@ -188,7 +182,7 @@ def _http_result(tool: str, status: Any, text: Any) -> Any:
         return to_json_value(payload)
     detail = payload.get("detail", payload) if isinstance(payload, dict) else payload
     message = detail if isinstance(detail, str) else json.dumps(detail, ensure_ascii=False, default=str)
-    kind = "tool_error" if status < 500 else "tool_crashed"
+    kind = ErrorClass.TOOL_ERROR if status < 500 else ErrorClass.TOOL_CRASHED
     raise ToolFailure(kind, f"{tool}: HTTP {status}: {message[:2000]}")
 
 

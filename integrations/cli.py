@@ -1,9 +1,11 @@
-"""``awm openenv serve``: an OpenEnv environment server in front of a local fleet."""
+"""``awm openenv serve``: an OpenEnv environment server in front of a local late-binding fleet."""
 
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated, Optional
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
@@ -14,44 +16,113 @@ openenv_app = typer.Typer(help="Serve awm environments through OpenEnv's environ
 console = Console(stderr=True)
 
 
+class Protocol(StrEnum):
+    """Which OpenEnv environment the server is: ``agent_world_model`` answers OpenEnv's AWM
+    environment (its ``AWMEnv`` client: ``reset(scenario=, task_idx=)``, ``verify``, ``done``...);
+    ``awm`` is awm's own MCP environment (``reset(env=, task_id=)``, ``{"answer": ...}``)."""
+
+    AGENT_WORLD_MODEL = "agent_world_model"
+    AWM = "awm"
+
+
 @openenv_app.command("serve")
 def serve(
-    catalog: Annotated[str, typer.Option("--catalog", "-c", help="Catalog ('starter' = built in).")] = "starter",
+    awm_data: Annotated[Optional[Path], typer.Option(
+        "--awm-data", envvar="AWM_DATA_DIR", help="An AgentWorldModel-1K directory (gen_*.jsonl) served as it is: "
+        "imported once (cached by content), every scenario on demand (implies --allow-ungated).")] = None,
+    catalog: Annotated[str, typer.Option("--catalog", "-c", help="Catalog ('starter' = built in), when no "
+                                         "--awm-data.")] = "starter",
     env: Annotated[Optional[list[str]], typer.Option("--env", "-e", help="Environments (default: all).")] = None,
-    replicas: Annotated[int, typer.Option("--replicas", "-n", min=1, help="Instances per environment = "
-                                          "concurrent OpenEnv sessions per environment.")] = 2,
+    protocol: Annotated[Protocol, typer.Option(help="agent_world_model: OpenEnv's AWM environment protocol; "
+                                               "awm: awm's own OpenEnv environment.")] = Protocol.AGENT_WORLD_MODEL,
+    instances: Annotated[int, typer.Option("--instances", "-n", min=1, help="Instances in all, each switched to "
+                                           "any environment on claim: the sessions that hold an episode at once "
+                                           "(more wait in reset).")] = 8,
     host: Annotated[str, typer.Option(help="Bind address of the OpenEnv server.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port of the OpenEnv server.")] = 8000,
-    max_steps: Annotated[int, typer.Option(help="Tool calls before an episode ends unanswered.")] = 30,
+    max_sessions: Annotated[int, typer.Option(min=1, help="Open WebSocket sessions at most.")] = 10_000,
+    idle_timeout: Annotated[float, typer.Option(help="Seconds without a message after which a session's "
+                                                "instance is released.")] = 600.0,
+    claim_timeout: Annotated[float, typer.Option(help="Seconds a reset waits for a free instance.")] = 600.0,
+    max_steps: Annotated[int, typer.Option(help="protocol awm: tool calls before an episode ends unanswered.")] = 30,
+    jobs: Annotated[Optional[int], typer.Option(min=1, help="--awm-data: environments imported at once.")] = None,
     database_url: Annotated[Optional[str], typer.Option("--database-url", envvar="AWM_DATABASE_URL")] = None,
     judge_base_url: JudgeUrlOpt = None, judge_model: JudgeModelOpt = None, judge_votes: JudgeVotesOpt = 1,
     verifier_kind: KindOpt = None, allow_ungated: UngatedOpt = False,
 ) -> None:
-    """Start a local fleet and serve it at ws://HOST:PORT/ws (OpenEnv's reset / step / state;
-    actions: list_tools, call_tool, and {"answer": ...} to end an episode)."""
+    """Start a late-binding local fleet and serve it at ws://HOST:PORT/ws."""
     import uvicorn
 
     from awm import catalog as catalog_mod
-    from awm.fleet import Database, LocalFleet
     from awm.episode.sources import PoolSource
-    from awm.integrations.openenv_server import build_app
+    from awm.fleet import Database, LocalFleet
 
-    bundles = catalog_mod.load(catalog, env or None)
-    serving = serving_options(judge_base_url, judge_model, judge_votes, verifier_kind, allow_ungated)
+    serving = serving_options(judge_base_url, judge_model, judge_votes, verifier_kind,
+                              allow_ungated or awm_data is not None)
 
     async def run() -> None:
         database = await asyncio.to_thread(Database.open, database_url)
         try:
-            async with LocalFleet(bundles, replicas, database, **serving) as fleet:
-                pool = PoolSource.from_fleet(fleet)
-                console.print(f"OpenEnv server on ws://{host}:{port}/ws: {len(fleet.instances)} instances of "
-                              f"{', '.join(pool.envs())}")
+            if awm_data is not None:
+                bundles, scenarios = await asyncio.to_thread(_release, awm_data, database.admin_dsn, jobs)
+            else:
+                from awm.integrations.openenv_awm import scenarios_from
+
+                bundles = catalog_mod.load(catalog, env or None)
+                scenarios = scenarios_from(bundles)
+            async with LocalFleet(bundles, 1, database, binding="late", instances=instances, **serving) as fleet:
+                pool = PoolSource.from_fleet(fleet, claim_timeout_s=claim_timeout)
+                app = _app(protocol, pool, scenarios, max_steps, max_sessions, idle_timeout, claim_timeout)
+                served = sum(1 for s in scenarios.values() if s.env)
+                console.print(f"OpenEnv server ({protocol.value}) on ws://{host}:{port}/ws: {len(fleet.instances)} "
+                              f"instances serving {served} scenarios")
                 try:
-                    await uvicorn.Server(uvicorn.Config(build_app(pool, max_steps), host=host, port=port,
-                                                        log_level="warning")).serve()
+                    await uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
+                                                        ws_ping_interval=20.0, ws_ping_timeout=20.0)).serve()
                 finally:
                     await pool.close()
         finally:
             await asyncio.to_thread(database.close)
 
     asyncio.run(run())
+
+
+def _release(src: Path, admin_dsn: str, jobs: int | None) -> tuple[list[Any], dict[str, Any]]:
+    """An AgentWorldModel-1K directory's bundles (imported once per content) and its scenarios."""
+    from awm import catalog as catalog_mod
+    from awm.importers.awm1k import SourceError, import_cached, source_scenarios
+    from awm.integrations.openenv_awm import scenarios_from
+
+    try:
+        with console.status(f"importing {src} (once: cached by content)...") as status:
+            imported = import_cached(src, admin_dsn=admin_dsn, jobs=jobs,
+                                     progress=lambda s: status.update(f"importing {s}..."))
+    except SourceError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from exc
+    totals = imported.report.get("totals", {})
+    skipped = [e for e in imported.report.get("environments", []) if e.get("status") != "imported"]
+    if imported.fresh:  # the flaws are said once, when they are found; report.json keeps them all
+        console.print(f"imported {totals.get('imported')}/{totals.get('environments')} environments into "
+                      f"{imported.catalog} ({totals.get('rows_rejected', 0)} rows rejected, "
+                      f"{totals.get('complete_on_untouched', 0)} tasks complete on the untouched database)")
+        for e in skipped:
+            console.print(f"[red]not served[/red] {e['name']}: {e.get('reason')}")
+    else:
+        console.print(f"{src}: cached import {imported.catalog.name} ({totals.get('imported')}/"
+                      f"{totals.get('environments')} environments; {len(skipped)} not served: see "
+                      f"{imported.catalog / 'report.json'})")
+    bundles = catalog_mod.load(imported.catalog)
+    return bundles, scenarios_from(bundles, source_scenarios(src), imported.report)
+
+
+def _app(protocol: Protocol, pool: Any, scenarios: dict[str, Any], max_steps: int, max_sessions: int,
+         idle_timeout: float, claim_timeout: float) -> Any:
+    if protocol is Protocol.AWM:
+        from awm.integrations.openenv_server import build_app as build_awm_app
+
+        return build_awm_app(pool, max_steps, max_sessions=max_sessions)
+    from awm.integrations.openenv_awm import ProtocolServer, build_app
+
+    return build_app(ProtocolServer(pool, scenarios, max_sessions=max_sessions, idle_timeout_s=idle_timeout,
+                                    claim_timeout_s=claim_timeout))

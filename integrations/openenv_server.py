@@ -36,7 +36,9 @@ from openenv.core.env_server.mcp_types import (CallToolAction, CallToolObservati
 from openenv.core.env_server.types import Action, EnvironmentMetadata, Observation, State
 from pydantic import Field
 
+from awm import errorclass
 from awm.episode.reward import RewardConfig
+from awm.errorclass import CLASSES
 from awm.episode.session import EpisodeSession, Outcome
 from awm.episode.sources import InstanceSource, Lease, PoolSource
 
@@ -192,8 +194,9 @@ class AwmEnvironment(Environment):
 
 
 def _error_type(kind: str | None) -> ToolErrorType:
-    return {"invalid_arguments": ToolErrorType.INVALID_ARGS, "timeout": ToolErrorType.TIMEOUT,
-            "unavailable": ToolErrorType.TRANSPORT_ERROR}.get(kind or "", ToolErrorType.EXECUTION_ERROR)
+    """OpenEnv's coarse MCP error type of an awm error class (its one definition: awm.errorclass)."""
+    known = errorclass.parse(kind)
+    return ToolErrorType(CLASSES[known].mcp_error_type) if known else ToolErrorType.EXECUTION_ERROR
 
 
 class _ClosedByClient:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from awm.episode import toolcalls
+from awm.errorclass import ErrorClass
 from awm.episode.reward import RewardConfig
 from awm.episode.session import ENV_ERRORS, EnvHandle, EpisodeSession
 from awm.postgres.snapshot import MAX_DIFF_ROWS
@@ -198,15 +199,15 @@ async def _execute(session: EpisodeSession, calls: list[toolcalls.Parsed], turn:
             if call is None:
                 continue
         if isinstance(call, toolcalls.MalformedCall):
-            session.note_error("malformed")
+            session.note_error(ErrorClass.MALFORMED)
             session.note_malformed()
             turn.results.append({"tool_call_id": call.id, "name": None, "is_error": True,
-                                 "error_kind": "malformed", "text": f"malformed tool call: {call.error}", "ms": 0.0})
+                                 "error_kind": ErrorClass.MALFORMED.value, "text": f"malformed tool call: {call.error}", "ms": 0.0})
             continue
         if n >= limit:
-            session.note_error("too_many_calls")
+            session.note_error(ErrorClass.TOO_MANY_CALLS)
             turn.results.append({"tool_call_id": call.id, "name": call.name, "is_error": True,
-                                 "error_kind": "too_many_calls",
+                                 "error_kind": ErrorClass.TOO_MANY_CALLS.value,
                                  "text": f"not executed: at most {limit} call(s) per turn", "ms": 0.0})
             continue
         result = await session.call_tool(call.name, call.arguments)
@@ -233,8 +234,9 @@ def _awm_call(session: EpisodeSession, call: toolcalls.Parsed, turn: Turn, n: in
         return None
     if kind == "unknown" or real is None or real.name not in {t["name"] for t in session.tools}:
         name = real.name if real is not None else getattr(call, "name", "")
-        session.note_error("tool_error")
-        turn.results.append({"tool_call_id": call.id, "name": name, "is_error": True, "error_kind": "tool_error",
+        session.note_error(ErrorClass.UNKNOWN_TOOL)
+        turn.results.append({"tool_call_id": call.id, "name": name, "is_error": True,
+                             "error_kind": ErrorClass.UNKNOWN_TOOL.value,
                              "text": f"Unknown tool {name!r}: list_tools names the tools, call_tool calls one",
                              "ms": 0.0})
         return None

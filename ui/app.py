@@ -41,6 +41,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from awm.client import ControlApiError, McpError
+from awm.errorclass import CLASSES
 from awm.episode.allocation import AllocationError
 from awm.ui import catalog as catalog_view
 from awm.ui.fleet import FleetView
@@ -150,6 +151,12 @@ def build_app(state: UiState, middleware: list[Middleware] | None = None) -> Sta
     async def catalog(request: Request) -> Response:
         return JSONResponse(await run_in_threadpool(state.catalog_data))
 
+    async def vocabulary(request: Request) -> Response:
+        """The words the pages show, from their one definition (awm.errorclass): a page never
+        keeps its own list of which error classes are the agent's."""
+        return JSONResponse({"error_classes": {c.value: {"fault": i.fault, "meaning": i.meaning}
+                                               for c, i in CLASSES.items()}})
+
     async def runs(request: Request) -> Response:
         return JSONResponse([r.model_dump() for r in await run_in_threadpool(state.runs.list)])
 
@@ -258,6 +265,7 @@ def build_app(state: UiState, middleware: list[Middleware] | None = None) -> Sta
 
     return Starlette(routes=[
         Route("/api/catalog", catalog),
+        Route("/api/vocabulary", vocabulary),
         Route("/api/runs", runs),
         Route("/api/runs/{run}", run),
         Route("/api/runs/{run}/episodes", episodes),

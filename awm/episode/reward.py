@@ -10,8 +10,9 @@ excluded from advantages and from the loss) when
 * the verifier's verdict is ``error`` (its ``error_kind`` says why: ``infra``, ``timeout``,
   ``crash``, ``memory``, ``exception``, ``query`` - a verifier that fails is an environment bug,
   whatever the agent did), or
-* a tool failed for a reason that is the environment's (``tool_crashed``, ``timeout``,
-  ``unavailable``): the agent then acted on a broken world, so its outcome says nothing, or
+* a tool failed for a reason that is the environment's (the environment faults of
+  :mod:`awm.errorclass`: ``tool_crashed``, ``timeout``, ``unavailable``): the agent then acted on
+  a broken world, so its outcome says nothing, or
 * the episode could not be completed for infrastructure reasons (instance lost, control API down).
 
 The reference system's keyword matching scores a server 500 as the agent's format error (-1);
@@ -23,8 +24,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-INFRA_TOOL_ERRORS = ("tool_crashed", "timeout", "unavailable")
-AGENT_TOOL_ERRORS = ("invalid_arguments", "tool_error")
+from awm.errorclass import AGENT_FAULTS, CLASSES, ENVIRONMENT_FAULTS
+
+# Derived from the classes' one definition: a class added there is masked or charged here.
+INFRA_TOOL_ERRORS: tuple[str, ...] = tuple(sorted(c.value for c in ENVIRONMENT_FAULTS))
+AGENT_TOOL_ERRORS: tuple[str, ...] = tuple(sorted(c.value for c in AGENT_FAULTS if CLASSES[c].raised_by == "server"))
 # server_error: the LLM judge found the environment failing the agent; judge: the judge failed.
 VERDICT_ERROR_KINDS = ("infra", "timeout", "crash", "memory", "exception", "query", "server_error", "judge")
 
@@ -38,7 +42,7 @@ class RewardConfig:
     incomplete: float = 0.0
     agent_error: float = 0.0  # the judge says the agent misused the tools and did not finish
     format_penalty: float = 0.1  # per malformed tool call (step-level)
-    tool_error_penalty: float = 0.0  # per invalid_arguments / tool_error result
+    tool_error_penalty: float = 0.0  # per result of an agent-fault class the server raised (AGENT_TOOL_ERRORS)
     max_penalty: float = 0.5  # the penalties together never exceed this
     # an episode ended early on a malformed call (agent.stop_on_format_error): this reward instead
     # of its verdict (OpenEnv's value for the reference's format errors)

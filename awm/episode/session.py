@@ -33,6 +33,7 @@ import httpx
 
 from awm.client import ControlApiError, ControlClient, McpError, McpSession
 from awm.episode import toolcalls
+from awm.errorclass import ErrorClass
 from awm.episode.calldiff import DiffTracker
 from awm.episode.reward import RewardConfig, score
 
@@ -186,13 +187,15 @@ class EpisodeSession:
         """Whether the instance served the episode (else its source checks it before reuse)."""
         return self.infra_error is None
 
-    async def reset(self, task_id: str | None = None, seed: int | None = None, verify: bool = False) -> dict[str, Any]:
+    async def reset(self, task_id: str | None = None, seed: int | None = None, verify: bool = False,
+                    untasked: bool = False) -> dict[str, Any]:
         """Reset the instance to ``task_id`` (a served task picked by ``seed`` when None) and
         return the reset's answer (``instruction``, ``reset_ms``, ``episode_id``, ``ungated``, ...).
-        The environment's errors (:data:`ENV_ERRORS`) are raised: the caller decides whether a
-        failed reset ends the episode (:meth:`abort`) or the request."""
+        ``untasked``: an episode of no task (the snapshot, a free-form instruction of the caller's):
+        nothing to verify. The environment's errors (:data:`ENV_ERRORS`) are raised: the caller
+        decides whether a failed reset ends the episode (:meth:`abort`) or the request."""
         self._clear()
-        if task_id is None:
+        if task_id is None and not untasked:
             served = [t["id"] for t in (await self.control.info())["tasks"] if t.get("served", True)]
             if not served:
                 raise ValueError(f"environment {self.env!r} serves no task")
@@ -227,16 +230,16 @@ class EpisodeSession:
             out = await self.mcp.call_tool(name, arguments or {})
         except McpError as exc:
             if "(code -32602)" in str(exc):
-                result = CallResult(name, True, "invalid_arguments", str(exc))
+                result = CallResult(name, True, ErrorClass.INVALID_ARGUMENTS, str(exc))
             else:
                 self.infra_error = self.infra_error or f"tool call {name} failed: {exc}"
-                result = CallResult(name, True, "unavailable", f"unavailable: {exc}")
-            self.error_kinds.append(result.error_kind or "tool_error")
+                result = CallResult(name, True, ErrorClass.UNAVAILABLE, f"unavailable: {exc}")
+            self.error_kinds.append(result.error_kind or ErrorClass.TOOL_ERROR)
             return result
         result = CallResult(name, out.is_error, out.error_kind, out.text, (time.perf_counter() - t0) * 1000,
                             out.structured)
         if out.is_error:
-            self.error_kinds.append(out.error_kind or "tool_error")
+            self.error_kinds.append(out.error_kind or ErrorClass.TOOL_ERROR)
         elif self.tracker is not None:  # a failed call's writes are rolled back: nothing to record
             try:
                 result.diff = await self.tracker.after_call(self.control)
@@ -249,12 +252,19 @@ class EpisodeSession:
         """Verify ``answer`` (unless the instance already failed us, or ``verdict`` is given:
         an episode ended early, e.g. on a malformed call) and score; idempotent. ``diff``: also
         fetch what the episode changed in the database (:attr:`diff`)."""
-        if self.outcome is not None:
-            return self.outcome
+        if self.outcome is None:
+            self.outcome = await self.verify(answer, ended_by, verdict=verdict, diff=diff)
+        return self.outcome
+
+    async def verify(self, answer: str | None, ended_by: str = "answer", *, kind: str | None = None,
+                     verdict: dict[str, Any] | None = None, diff: bool = False) -> Outcome:
+        """The outcome if the episode ended now, without ending it (OpenEnv's AWM protocol verifies
+        as often as its client asks): :meth:`finish` is this, once. ``kind``: by the task's ``code``
+        or ``judge`` verifier instead of the one it is served with."""
         if verdict is None and self.infra_error is None:
             try:
                 t0 = time.perf_counter()
-                verdict = await self.control.verify(answer)
+                verdict = await self.control.verify(answer, kind)
                 self.timings["verify_ms"] = (time.perf_counter() - t0) * 1000
                 if diff:
                     self.diff = (await self.control.diff()).get("tables", {})
@@ -263,11 +273,9 @@ class EpisodeSession:
         if self.infra_error is not None:
             verdict = None
         result = score(verdict, self.error_kinds, self.malformed, self.infra_error, self.reward)
-        self.outcome = Outcome(None if result.masked else result.reward, result.masked, result.mask_reason,
-                               verdict or {"verdict": "error", "error_kind": "infra", "reason": self.infra_error or ""},
-                               result.components, "infrastructure" if self.infra_error else ended_by,
-                               self.infra_error)
-        return self.outcome
+        return Outcome(None if result.masked else result.reward, result.masked, result.mask_reason,
+                       verdict or {"verdict": "error", "error_kind": "infra", "reason": self.infra_error or ""},
+                       result.components, "infrastructure" if self.infra_error else ended_by, self.infra_error)
 
     async def abort(self, reason: str) -> Outcome:
         """End the episode as the environment's failure (e.g. its reset did not go through)."""
@@ -283,12 +291,12 @@ class EpisodeSession:
         blocks, results = [], []
         for n, call in enumerate(calls):
             if isinstance(call, toolcalls.MalformedCall):  # recorded as the trainer's agent loop does
-                self.note_error("malformed")
+                self.note_error(ErrorClass.MALFORMED)
                 self.note_malformed()
-                out = CallResult(None, True, "malformed", f"malformed tool call: {call.error}")
+                out = CallResult(None, True, ErrorClass.MALFORMED, f"malformed tool call: {call.error}")
             elif n >= self.max_calls_per_reply:
-                self.note_error("too_many_calls")
-                out = CallResult(call.name, True, "too_many_calls",
+                self.note_error(ErrorClass.TOO_MANY_CALLS)
+                out = CallResult(call.name, True, ErrorClass.TOO_MANY_CALLS,
                                  f"not executed: at most {self.max_calls_per_reply} calls per reply")
             else:
                 out = await self.call_tool(call.name, call.arguments)

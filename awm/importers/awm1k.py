@@ -41,6 +41,7 @@ import ast
 import asyncio
 import contextlib
 import datetime as dt
+import hashlib
 import json
 import keyword
 import os
@@ -873,3 +874,90 @@ def import_awm_dir(src: Path, out: Path, **options: Any) -> ImportReport:
     (run verifiers on the untouched snapshot; default on), ``prefer`` (``code`` or ``judge``: the
     primary verifier of a task that has both), ``jobs`` (environments at once; default: the CPUs)."""
     return asyncio.run(import_awm_dir_async(src, out, **options))
+
+
+# -- a release directory served as it is -------------------------------------------------------
+
+
+@dataclass
+class SourceScenario:
+    """One scenario of a release as its users name it: the normalised name (OpenEnv's key), the
+    bundle it was imported as, its description and *every* task text (also those without a
+    verifier, which no bundle holds), in the release's order (a task's index is its ``task_idx``)."""
+
+    name: str
+    env: str
+    description: str
+    tasks: list[str]
+
+
+def source_scenarios(src: Path) -> list[SourceScenario]:
+    """Every scenario of a release directory with an app or a schema (what an import tries), in
+    name order, with its description and task texts."""
+    source = _open_source(Path(src))
+    names = sorted(set(source.files["gen_envs"].offsets) | set(source.files["gen_db"].offsets))
+    out = []
+    for name in names:
+        record = source.first("gen_scenario", name) or {}
+        tasks = (source.first("gen_tasks", name) or {}).get("tasks") or []
+        out.append(SourceScenario(name, env_identifier(name), str(record.get("description") or ""),
+                                  [str(t) for t in tasks]))
+    return out
+
+
+def source_digest(src: Path) -> str:
+    """What an import of ``src`` depends on: the release files' bytes and this importer's code
+    (a fixed importer re-imports). Hashing ~1 GB of AWM-1K takes seconds; an import, minutes."""
+    h = hashlib.sha256()
+    for kind in FILES:
+        path = Path(src) / f"{kind}.jsonl"
+        h.update(f"{kind}\0{path.exists()}\0".encode())
+        if path.exists():
+            with path.open("rb") as handle:
+                while chunk := handle.read(1 << 20):
+                    h.update(chunk)
+    here = Path(__file__).parent
+    for code in (Path(__file__), here / "sqlite_to_pg.py", here / "app_probe.py", here.parent / "bundle.py"):
+        h.update(code.read_bytes())
+    return h.hexdigest()[:20]
+
+
+@dataclass
+class CachedImport:
+    """A release imported once: ``catalog`` holds the bundles and ``report.json``; ``fresh`` says
+    whether this call imported it (its flaws were reported now) or found it in the cache."""
+
+    catalog: Path
+    report: dict[str, Any]
+    fresh: bool
+
+
+def import_cached(src: Path, cache: Path | None = None, **options: Any) -> CachedImport:
+    """Import ``src`` unless an import of the same content is in the cache (``cache``, default
+    :func:`awm.catalog.cache_root`). The import is written beside its final place and moved
+    there whole, so a killed import never leaves a half catalog that a later run would serve."""
+    from awm.catalog import cache_root
+
+    src = Path(src)
+    root = Path(cache) if cache else cache_root()
+    target = root / f"awm1k-{source_digest(src)}"
+    if (target / "report.json").exists():
+        return CachedImport(target, json.loads((target / "report.json").read_text()), False)
+    root.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=root))
+    try:
+        report = import_awm_dir(src, scratch, **options)
+        if not report.totals["imported"]:
+            raise SourceError(f"{src}: no environment could be imported "
+                              f"({'; '.join(f'{e.name}: {e.reason}' for e in report.environments[:5])})")
+        try:
+            scratch.rename(target)
+        except OSError:  # another run finished the same import first: use theirs
+            if not (target / "report.json").exists():
+                raise
+    finally:
+        if scratch.exists():
+            import shutil
+
+            shutil.rmtree(scratch, ignore_errors=True)
+    return CachedImport(target, json.loads((target / "report.json").read_text()), True)

@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
+from awm.catalog import cache_root
 from awm.bundle import Database, EnvBundle, Limits, Scenario, SeedTable, Task, Tool, ToolCall, Verifier
 
 FORMAT = "awm.varied/v1"
@@ -782,10 +783,6 @@ def describe(bundle: EnvBundle) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- the cached catalog
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("AWM_CATALOG_CACHE") or Path.home() / ".cache/awm/catalogs")
 
 
 def catalog_key(count: int, seed: int) -> str:

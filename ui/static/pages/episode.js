@@ -3,7 +3,14 @@
 import { renderCounts, renderDiff } from "../diff.js";
 import { api, badge, fill, fmt, h, query } from "../lib.js";
 
-const AGENT_FAULTS = new Set(["invalid_arguments", "tool_error", "malformed", "too_many_calls"]);
+// Which error classes are the agent's: from the server's one definition (awm.errorclass), once.
+let AGENT_FAULTS = new Set();
+async function loadVocabulary() {
+  if (AGENT_FAULTS.size) return;
+  const vocabulary = await api("/api/vocabulary");
+  AGENT_FAULTS = new Set(Object.entries(vocabulary.error_classes || {})
+    .filter(([, info]) => info.fault === "agent").map(([name]) => name));
+}
 
 function message(m) {
   const text = typeof m.content === "string" ? m.content : JSON.stringify(m.content);
@@ -51,7 +58,7 @@ function verdict(ep) {
 }
 
 export async function render(main, [runId, episodeId]) {
-  const ep = await api(`/api/runs/${runId}/episodes/${episodeId}`);
+  const [ep] = await Promise.all([api(`/api/runs/${runId}/episodes/${episodeId}`), loadVocabulary()]);
   const prompt = (ep.messages || []).slice(0, 2);
   fill(main, 
     h("p", {}, h("a", { href: "#/runs" }, "Runs"), " / ", h("a", { href: `#/run/${runId}` }, "run"), " / ",
