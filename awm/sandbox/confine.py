@@ -40,6 +40,7 @@ import functools
 import os
 import resource
 import signal
+import stat
 from dataclasses import dataclass, field
 
 # Layers without which untrusted code is not run (unless the operator accepts weaker isolation):
@@ -299,38 +300,60 @@ def _search_only_dirs(root: str, path: str) -> None:
             os.chmod(current, 0o111)  # whatever the umask
 
 
-def _fsview(libc: ctypes.CDLL, read_paths: list[str], uid: int, gid: int) -> None:
-    """Make this mount namespace's root a read-only tmpfs holding only ``read_paths`` (read-only
-    bind mounts at the same absolute paths). Needs a fresh user and mount namespace (this process
-    is their owner, so it may mount); every child inherits the view, and seccomp keeps children
-    from mounting, unsharing or pivoting again."""
-    try:
-        with open("/proc/self/setgroups", "w") as f:  # needed before gid_map by Linux, not by gVisor
-            f.write("deny")
-    except OSError:
-        pass  # gVisor (spring 2026) has no writable setgroups; the maps below are what matters
-    for name, line in (("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
-        with open(f"/proc/self/{name}", "w") as f:  # identity maps: files keep their owners
-            f.write(line)
-    _mount(libc, None, "/", None, _MS_REC | _MS_PRIVATE)  # nothing propagates back to the host
-    root = next((d for d in ("/tmp", "/mnt", "/proc") if os.path.isdir(d) and not os.path.islink(d)), None)
-    if root is None:
-        raise OSError(errno.ENOENT, "no directory to build the file view on (/tmp, /mnt, /proc)")
-    # The view's own directories are search-only (mode 0111): paths through them resolve, nothing
-    # lists them (the bound paths keep their modes, as under Landlock). Capabilities are dropped
-    # after the view is built, so no DAC override reads them either.
-    try:
-        _mount(libc, "awm-view", root, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0111,size=64k,nr_inodes=4096")
-    except OSError as exc:  # gVisor of spring 2026 knows no size options (the root goes read-only anyway)
-        if exc.errno != errno.EINVAL:
-            raise
-        _mount(libc, "awm-view", root, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0111")
-    bound: list[str] = []
+# Directories the file view's tmpfs may be mounted on (it then becomes the root): the first that
+# exists and holds no read path is taken. Any common top-level directory will do, since the mount
+# hides it only in this process's own mount namespace.
+VIEW_ROOTS = ("/tmp", "/mnt", "/srv", "/media", "/opt", "/proc")
+
+
+def _holds(directory: str, path: str) -> bool:
+    """Whether a mount on ``directory`` would hide ``path``, or part of it."""
+    return path == directory or path.startswith(directory + "/") or directory.startswith(path.rstrip("/") + "/")
+
+
+def _view_sources(read_paths: list[str]) -> list[tuple[str, bool]]:
+    """The read paths the view binds: real paths, each with whether it is a directory, none
+    beneath another. Looked at on the host before anything is mounted.
+
+    A path that does not exist on this host is left out, as Landlock leaves it out: callers name
+    paths an installation may lack (``/usr/share/zoneinfo`` on an image without tzdata). Any other
+    reason not to see a path that is there is an error naming it: a path left out silently makes
+    the worker fail much later, and far from the cause (``ModuleNotFoundError`` in every app)."""
+    sources: list[tuple[str, bool]] = []
     for path in sorted({os.path.realpath(p) for p in read_paths}):
-        if not os.path.exists(path) or any(path == b or path.startswith(b + "/") for b in bound):
-            continue  # missing here, or already visible through a bound parent
-        target = root + path
-        if os.path.isdir(path):
+        if any(path == s or path.startswith(s + "/") for s, _ in sources):
+            continue  # visible through a bound parent
+        try:
+            mode = os.stat(path).st_mode
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except OSError as exc:
+            raise OSError(exc.errno, f"read path {path} cannot be shown in the file view: {exc.strerror}") from None
+        sources.append((path, stat.S_ISDIR(mode)))
+    return sources
+
+
+def _view_root(sources: list[str]) -> str:
+    """The directory to build the view on: the first of :data:`VIEW_ROOTS` whose tmpfs would hide
+    none of ``sources``. The tmpfs hides what the host has there before the paths are bound from
+    the host, so a virtualenv or a checkout under ``/tmp`` moves the view to ``/mnt``."""
+    why: list[str] = []
+    for root in VIEW_ROOTS:
+        if not os.path.isdir(root) or os.path.islink(root):
+            why.append(f"{root} missing")
+            continue
+        hidden = [p for p in sources if _holds(root, p)]
+        if not hidden:
+            return root
+        why.append(f"{root} holds {hidden[0]}")
+    raise OSError(errno.ENOENT, f"no directory to build the file view on ({'; '.join(why)})")
+
+
+def _show(libc: ctypes.CDLL, root: str, path: str, is_dir: bool) -> None:
+    """Bind host ``path`` read-only at ``root + path``; an OSError names ``path``."""
+    target = root + path
+    try:
+        if is_dir:
             _search_only_dirs(root, path)
         else:
             _search_only_dirs(root, os.path.dirname(path))
@@ -341,14 +364,55 @@ def _fsview(libc: ctypes.CDLL, read_paths: list[str], uid: int, gid: int) -> Non
         kept = (f & (_MS_NOSUID | _MS_NODEV | _MS_NOEXEC | _MS_NOATIME | _MS_NODIRATIME)) | \
             (_MS_RELATIME if f & _ST_RELATIME else 0)
         _mount(libc, None, target, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | kept)
-        bound.append(path)
-    # Merged-/usr systems reach libraries through /lib -> usr/lib and the like (ld.so's default
-    # search path, paths recorded in extension modules): the same symlinks in the view.
-    for link in ("/lib", "/lib32", "/lib64", "/libx32", "/bin", "/sbin"):
-        if os.path.islink(link) and not os.path.lexists(root + link):
-            os.symlink(os.readlink(link), root + link)
-    old = root + "/.old"
-    os.mkdir(old)
+    except OSError as exc:
+        raise OSError(exc.errno, f"read path {path} cannot be shown in the file view: {exc.strerror or exc}") from None
+
+
+def _fsview(libc: ctypes.CDLL, read_paths: list[str], uid: int, gid: int) -> None:
+    """Make this mount namespace's root a read-only tmpfs holding only ``read_paths`` (read-only
+    bind mounts at the same absolute paths). Needs a fresh user and mount namespace (this process
+    is their owner, so it may mount); every child inherits the view, and seccomp keeps children
+    from mounting, unsharing or pivoting again.
+
+    Each read path either appears in the view or this raises an OSError naming it (only a path
+    missing on the host is left out, see :func:`_view_sources`). The view is built on a directory
+    that holds no read path (:func:`_view_root`), so its tmpfs never hides a path before it is
+    bound; that needs only plain mounts (no ``/proc/self/fd`` source, which would be gone if the
+    view were built on ``/proc``). A failure before the switch of root unmounts the tmpfs again:
+    the process keeps the host's files (Landlock still limits them) and the report says why."""
+    try:
+        with open("/proc/self/setgroups", "w") as f:  # needed before gid_map by Linux, not by gVisor
+            f.write("deny")
+    except OSError:
+        pass  # gVisor (spring 2026) has no writable setgroups; the maps below are what matters
+    for name, line in (("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+        with open(f"/proc/self/{name}", "w") as f:  # identity maps: files keep their owners
+            f.write(line)
+    _mount(libc, None, "/", None, _MS_REC | _MS_PRIVATE)  # nothing propagates back to the host
+    sources = _view_sources(read_paths)
+    root = _view_root([path for path, _ in sources])
+    # The view's own directories are search-only (mode 0111): paths through them resolve, nothing
+    # lists them (the bound paths keep their modes, as under Landlock). Capabilities are dropped
+    # after the view is built, so no DAC override reads them either.
+    try:
+        _mount(libc, "awm-view", root, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0111,size=64k,nr_inodes=4096")
+    except OSError as exc:  # gVisor of spring 2026 knows no size options (the root goes read-only anyway)
+        if exc.errno != errno.EINVAL:
+            raise
+        _mount(libc, "awm-view", root, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0111")
+    try:
+        for path, is_dir in sources:
+            _show(libc, root, path, is_dir)
+        # Merged-/usr systems reach libraries through /lib -> usr/lib and the like (ld.so's default
+        # search path, paths recorded in extension modules): the same symlinks in the view.
+        for link in ("/lib", "/lib32", "/lib64", "/libx32", "/bin", "/sbin"):
+            if os.path.islink(link) and not os.path.lexists(root + link):
+                os.symlink(os.readlink(link), root + link)
+        old = root + "/.old"
+        os.mkdir(old)
+    except BaseException:
+        libc.umount2(root.encode(), _MNT_DETACH)  # the host's directory again, bound paths and all
+        raise
     _syscall(libc, _syscall_number("pivot_root"), root.encode(), old.encode())
     os.chdir("/")
     if libc.umount2(b"/.old", _MNT_DETACH) != 0:
