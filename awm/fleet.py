@@ -178,6 +178,7 @@ class LocalFleet:
         self._supervisor: asyncio.Task[None] | None = None
         self._stopping = False
         self.provision_s = 0.0
+        self._by_name: dict[str, EnvBundle] = {}  # late binding: the provisioner's bundles by name
 
     async def __aenter__(self) -> LocalFleet:
         await self.start()
@@ -235,8 +236,8 @@ class LocalFleet:
                     db = provision.create_instance(self.database.admin_dsn, template, name, meta=meta)
                     handles.append(InstanceHandle(bundle.name, name, paths[bundle.name], db))
             return handles
-        by_name = {b.name: b for b in self.bundles}
-        self.provisioner = Provisioner(self.database.admin_dsn, by_name.__getitem__, self.fleet_id,
+        self._by_name = {b.name: b for b in self.bundles}
+        self.provisioner = Provisioner(self.database.admin_dsn, self._by_name.__getitem__, self.fleet_id,
                                        keep=self.keep_ready, meta=meta)
         self.provisioner.add_templates(templates)
         self._provisioner_server = ProvisionerServer(self.provisioner, self._workdir / "provisioner.sock").start()
@@ -249,6 +250,21 @@ class LocalFleet:
                 provision.instance_name("late", i, self.fleet_id)
             handles.append(InstanceHandle(env, name, paths[env], provisioner=self.provisioner))
         return handles
+
+    def add(self, bundle: EnvBundle) -> None:
+        """Late binding: one more environment the instances may switch to, from now on (a catalog
+        served on demand adds each environment at its first claim, never all of them at start)."""
+        if self.binding != "late" or self._workdir is None or self.provisioner is None:
+            raise FleetError("environments are added to a started late-binding fleet only")
+        if bundle.name in self._by_name:
+            return
+        catalog_dir = self._workdir / "catalog"
+        partial = catalog_dir / f".{bundle.name}.json.partial"
+        partial.write_text(bundle.model_dump_json())
+        partial.chmod(0o644)
+        partial.rename(catalog_dir / f"{bundle.name}.json")  # an env server never reads half a file
+        self._by_name[bundle.name] = bundle
+        self.bundles.append(bundle)
 
     async def _launch(self, handle: InstanceHandle) -> None:
         env = {k: v for k, v in os.environ.items() if k in _INHERITED}

@@ -29,7 +29,8 @@ class Protocol(StrEnum):
 def serve(
     awm_data: Annotated[Optional[Path], typer.Option(
         "--awm-data", envvar="AWM_DATA_DIR", help="An AgentWorldModel-1K directory (gen_*.jsonl) served as it is: "
-        "imported once (cached by content), every scenario on demand (implies --allow-ungated).")] = None,
+        "every scenario on demand, each imported at its first reset and cached by content (implies "
+        "--allow-ungated).")] = None,
     catalog: Annotated[str, typer.Option("--catalog", "-c", help="Catalog ('starter' = built in), when no "
                                          "--awm-data.")] = "starter",
     env: Annotated[Optional[list[str]], typer.Option("--env", "-e", help="Environments (default: all).")] = None,
@@ -45,7 +46,10 @@ def serve(
                                                 "instance is released.")] = 600.0,
     claim_timeout: Annotated[float, typer.Option(help="Seconds a reset waits for a free instance.")] = 600.0,
     max_steps: Annotated[int, typer.Option(help="protocol awm: tool calls before an episode ends unanswered.")] = 30,
-    jobs: Annotated[Optional[int], typer.Option(min=1, help="--awm-data: environments imported at once.")] = None,
+    import_all: Annotated[bool, typer.Option("--import-all", help="--awm-data: import every scenario before "
+                                             "serving (the whole report at once) instead of each at its first "
+                                             "reset.")] = False,
+    jobs: Annotated[Optional[int], typer.Option(min=1, help="--import-all: environments imported at once.")] = None,
     database_url: Annotated[Optional[str], typer.Option("--database-url", envvar="AWM_DATABASE_URL")] = None,
     judge_base_url: JudgeUrlOpt = None, judge_model: JudgeModelOpt = None, judge_votes: JudgeVotesOpt = 1,
     verifier_kind: KindOpt = None, allow_ungated: UngatedOpt = False,
@@ -63,24 +67,33 @@ def serve(
     async def run() -> None:
         database = await asyncio.to_thread(Database.open, database_url)
         try:
-            if awm_data is not None:
+            release = None
+            if awm_data is not None and (import_all or protocol is Protocol.AWM):
                 bundles, scenarios = await asyncio.to_thread(_release, awm_data, database.admin_dsn, jobs)
+            elif awm_data is not None:
+                release, bundles, scenarios = await _on_demand(awm_data, database.admin_dsn)
             else:
                 from awm.integrations.openenv_awm import scenarios_from
 
                 bundles = catalog_mod.load(catalog, env or None)
                 scenarios = scenarios_from(bundles)
-            async with LocalFleet(bundles, 1, database, binding="late", instances=instances, **serving) as fleet:
-                pool = PoolSource.from_fleet(fleet, claim_timeout_s=claim_timeout)
-                app = _app(protocol, pool, scenarios, max_steps, max_sessions, idle_timeout, claim_timeout)
-                served = sum(1 for s in scenarios.values() if s.env)
-                console.print(f"OpenEnv server ({protocol.value}) on ws://{host}:{port}/ws: {len(fleet.instances)} "
-                              f"instances serving {served} scenarios")
-                try:
-                    await uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                                        ws_ping_interval=20.0, ws_ping_timeout=20.0)).serve()
-                finally:
-                    await pool.close()
+            try:
+                async with LocalFleet(bundles, 1, database, binding="late", instances=instances, **serving) as fleet:
+                    pool = PoolSource.from_fleet(fleet, claim_timeout_s=claim_timeout)
+                    app = _app(protocol, pool, scenarios, max_steps, max_sessions, idle_timeout, claim_timeout,
+                               fleet, release)
+                    served = sum(1 for s in scenarios.values() if s.env or s.pending)
+                    console.print(f"OpenEnv server ({protocol.value}) on ws://{host}:{port}/ws: "
+                                  f"{len(fleet.instances)} instances serving {served} scenarios"
+                                  + (" (each imported at its first reset, then cached)" if release else ""))
+                    try:
+                        await uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
+                                                            ws_ping_interval=20.0, ws_ping_timeout=20.0)).serve()
+                    finally:
+                        await pool.close()
+            finally:
+                if release is not None:
+                    release.close()
         finally:
             await asyncio.to_thread(database.close)
 
@@ -116,13 +129,42 @@ def _release(src: Path, admin_dsn: str, jobs: int | None) -> tuple[list[Any], di
     return bundles, scenarios_from(bundles, source_scenarios(src), imported.report)
 
 
+async def _on_demand(src: Path, admin_dsn: str) -> tuple[Any, list[Any], dict[str, Any]]:
+    """A release served on demand: its scenarios listed, the first one that imports made ready
+    (the fleet's instances start on it), every other imported at its first reset."""
+    from awm.importers.awm1k import Release, SourceError
+    from awm.integrations.openenv_awm import pending_scenarios, scenarios_from
+
+    try:
+        release = await asyncio.to_thread(Release, src, admin_dsn)
+    except SourceError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from exc
+    scenarios = pending_scenarios(release)
+    try:
+        for source in release.scenarios:
+            with console.status(f"importing {source.name} (the instances start on it)..."):
+                bundle, report, _ = await release.load(source.name)
+            if bundle is not None:
+                scenarios.update(scenarios_from([bundle], [source]))
+                return release, [bundle], scenarios
+            console.print(f"[red]not served[/red] {source.name}: {report.reason}")
+    except BaseException:
+        release.close()
+        raise
+    release.close()
+    console.print(f"[red]error:[/red] {src}: no scenario could be imported")
+    raise typer.Exit(2)
+
+
 def _app(protocol: Protocol, pool: Any, scenarios: dict[str, Any], max_steps: int, max_sessions: int,
-         idle_timeout: float, claim_timeout: float) -> Any:
+         idle_timeout: float, claim_timeout: float, fleet: Any, release: Any) -> Any:
     if protocol is Protocol.AWM:
         from awm.integrations.openenv_server import build_app as build_awm_app
 
         return build_awm_app(pool, max_steps, max_sessions=max_sessions)
-    from awm.integrations.openenv_awm import ProtocolServer, build_app
+    from awm.integrations.openenv_awm import OnDemand, ProtocolServer, build_app
 
     return build_app(ProtocolServer(pool, scenarios, max_sessions=max_sessions, idle_timeout_s=idle_timeout,
-                                    claim_timeout_s=claim_timeout))
+                                    claim_timeout_s=claim_timeout,
+                                    loader=OnDemand(release, fleet, pool) if release is not None else None))

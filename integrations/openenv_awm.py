@@ -46,7 +46,7 @@ import time
 import uuid
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Awaitable, Callable, Literal
 
 from fastapi import FastAPI, WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse
@@ -58,10 +58,10 @@ from awm.episode.session import ENV_ERRORS, EpisodeSession
 from awm.episode.sources import EnvironmentRefused, InstancesUnavailable, InstanceSource, Lease
 from awm.errorclass import CLASSES
 from awm.gates import negative_failure
-from awm.importers.awm1k import SourceScenario, normalize_scenario_name
+from awm.importers.awm1k import Release, SourceScenario, normalize_scenario_name
 
-__all__ = ["AwmObservation", "AwmToolsObservation", "ProtocolServer", "Scenario", "ScenarioTask",
-           "build_app", "scenarios_from"]
+__all__ = ["AwmObservation", "AwmToolsObservation", "OnDemand", "ProtocolServer", "Scenario", "ScenarioTask",
+           "build_app", "pending_scenarios", "scenarios_from"]
 
 log = logging.getLogger(__name__)
 
@@ -168,10 +168,11 @@ class ScenarioTask:
 @dataclass(frozen=True)
 class Scenario:
     name: str  # OpenEnv's key: the normalised scenario name
-    env: str | None  # the bundle serving it; None: the import refused it (``reason``)
+    env: str | None  # the bundle serving it; None: the import refused it (``reason``), or ``pending``
     description: str
     tasks: tuple[ScenarioTask, ...]
     reason: str = ""
+    pending: bool = False  # a release's scenario not imported yet: its first reset imports it
 
     def listing(self) -> dict[str, Any]:
         entry: dict[str, Any] = {"name": self.name, "description": self.description, "num_tasks": len(self.tasks),
@@ -203,18 +204,48 @@ def scenarios_from(bundles: list[Any], source: list[SourceScenario] | None = Non
         reasons = {e["name"]: e.get("reason", "") for e in (report or {}).get("environments", [])}
         for s in source:
             bundle = by_env.get(s.env)
-            if bundle is None:
-                out[s.name] = Scenario(s.name, None, s.description, tuple(ScenarioTask(t) for t in s.tasks),
-                                       reasons.get(s.env) or "not imported")
-                continue
-            tasks = tuple(_task_of(bundle, f"task_{i}", text) for i, text in enumerate(s.tasks))
-            out[s.name] = Scenario(s.name, s.env, s.description or bundle.scenario.description, tasks)
+            out[s.name] = _scenario(bundle, s) if bundle is not None else \
+                Scenario(s.name, None, s.description, tuple(ScenarioTask(t) for t in s.tasks),
+                         reasons.get(s.env) or "not imported")
         return out
     for bundle in bundles:
         name = normalize_scenario_name(bundle.name)
         tasks = tuple(_task_of(bundle, t.id, t.instruction) for t in bundle.tasks)
         out[name] = Scenario(name, bundle.name, bundle.scenario.description, tasks)
     return out
+
+
+def _scenario(bundle: Any, source: SourceScenario) -> Scenario:
+    """A release's scenario as its bundle serves it: each task at its release index."""
+    tasks = tuple(_task_of(bundle, f"task_{i}", text) for i, text in enumerate(source.tasks))
+    return Scenario(source.name, bundle.name, source.description or bundle.scenario.description, tasks)
+
+
+def pending_scenarios(release: Release) -> dict[str, Scenario]:
+    """Every scenario of a release served on demand: listed now, imported at its first reset."""
+    return {s.name: Scenario(s.name, None, s.description, tuple(ScenarioTask(t) for t in s.tasks), pending=True)
+            for s in release.scenarios}
+
+
+class OnDemand:
+    """Imports a release's scenario at its first reset (once: the import is cached by content)
+    and adds it to the running late-binding fleet, whose instances switch to it when claimed."""
+
+    def __init__(self, release: Release, fleet: Any, pool: Any) -> None:
+        self.release, self.fleet, self.pool = release, fleet, pool
+        self.sources = {s.name: s for s in release.scenarios}
+
+    async def __call__(self, scenario: Scenario) -> Scenario:
+        bundle, report, fresh = await self.release.load(scenario.name)
+        if fresh:  # the flaws, said once: when the import found them
+            log.warning("imported %s: %s%s", scenario.name, report.status, f" ({report.reason})" if report.reason else "")
+            for task in report.complete_on_untouched:
+                log.warning("flawed task %s/%s: its verifier says complete on the untouched database", report.name, task)
+        if bundle is None:
+            return replace(scenario, pending=False, reason=report.reason or "not imported")
+        self.fleet.add(bundle)
+        self.pool.add_env(bundle.name, bundle.scenario.description)
+        return _scenario(bundle, self.sources[scenario.name])
 
 
 # -- one WebSocket session ------------------------------------------------------------------------
@@ -278,6 +309,13 @@ class Session:
         scenario = self.server.scenarios.get(normalize_scenario_name(args.scenario))
         if scenario is None:
             return AwmObservation(reward_type="reset_error", error=f"Scenario '{args.scenario}' not found")
+        if scenario.pending:
+            try:
+                scenario = await self.server.ready(scenario)
+            except Exception as exc:  # noqa: BLE001 - the import's own failure, said to the client
+                log.exception("import of %s failed", scenario.name)
+                return AwmObservation(reward_type="reset_error", error=f"Scenario '{args.scenario}' could not be "
+                                      f"imported: {type(exc).__name__}: {exc}")
         if scenario.env is None:
             return AwmObservation(reward_type="reset_error",
                                   error=f"Scenario '{args.scenario}' is not served: {scenario.reason}")
@@ -495,8 +533,11 @@ class ProtocolServer:
 
     def __init__(self, source: InstanceSource, scenarios: dict[str, Scenario], *, reward_settings: Any = None,
                  max_sessions: int = 10_000, idle_timeout_s: float = 600.0, claim_timeout_s: float = 600.0,
-                 sessions_dir: Path | None = None) -> None:
-        self.source, self.scenarios = source, scenarios
+                 sessions_dir: Path | None = None,
+                 loader: Callable[[Scenario], Awaitable[Scenario]] | None = None) -> None:
+        """``loader``: makes a ``pending`` scenario servable (:class:`OnDemand`)."""
+        self.source, self.scenarios, self.loader = source, scenarios, loader
+        self._loading: dict[str, asyncio.Task[Scenario]] = {}
         self.reward_settings = reward_settings
         self.max_sessions, self.idle_timeout_s, self.claim_timeout_s = max_sessions, idle_timeout_s, claim_timeout_s
         self.sessions: dict[str, Session] = {}
@@ -504,6 +545,26 @@ class ProtocolServer:
         self.waiting = 0
         self.started = time.time()
         self.episodes = 0
+
+    async def ready(self, scenario: Scenario) -> Scenario:
+        """``scenario`` made servable by the loader, once however many resets ask at the same time."""
+        current = self.scenarios.get(scenario.name, scenario)
+        if not current.pending:
+            return current
+        if self.loader is None:
+            raise RuntimeError("a pending scenario and no loader")
+        task = self._loading.get(scenario.name)
+        if task is None:
+            task = self._loading[scenario.name] = asyncio.ensure_future(self.loader(current))
+        try:
+            loaded = await asyncio.shield(task)
+        except BaseException:
+            if task.done():
+                self._loading.pop(scenario.name, None)  # a failed import is tried again by the next reset
+            raise
+        self.scenarios[scenario.name] = loaded
+        self._loading.pop(scenario.name, None)
+        return loaded
 
     async def claim(self, env: str) -> Lease:
         self.waiting += 1
@@ -548,8 +609,9 @@ class ProtocolServer:
                 "cleanup_interval_config": max(1.0, self.idle_timeout_s / 10), "allowed_idle_sessions_config": 0,
                 "max_idle_s": round(max(idle), 1) if idle else 0, "scenarios": by_scenario,
                 "awm": {"instances": size, "free_instances": free, "sessions_holding_an_instance": holding,
-                        "resets_waiting": self.waiting, "scenarios_served": sum(1 for s in self.scenarios.values()
-                                                                               if s.env),
+                        "resets_waiting": self.waiting,
+                        "scenarios_imported": sum(1 for s in self.scenarios.values() if s.env),
+                        "scenarios_pending": sum(1 for s in self.scenarios.values() if s.pending),
                         "switches": getattr(self.source, "switches", None), "max_sessions": self.max_sessions}}
 
     async def handle(self, session: Session, message: Any) -> dict[str, Any] | None:

@@ -15,6 +15,7 @@ import json
 import os
 import socket
 import struct
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -394,3 +395,43 @@ async def test_capacity_is_a_clear_error(served):
                 assert refused["type"] == "error" and refused["data"]["code"] == "CAPACITY_REACHED"
     finally:
         server.max_sessions = 10_000
+
+
+async def test_the_documented_command_serves_a_release_on_demand(admin_dsn, tmp_path):
+    """`awm openenv serve --awm-data DIR` as docs/integrations.md runs it: the release's scenarios
+    are listed at once, one is imported to start the instances on, the other at its first reset
+    (then cached: a second server imports nothing)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "AWM_CATALOG_CACHE": str(tmp_path / "cache"), "AWM_DATABASE_URL": admin_dsn}
+    for run in ("first", "cached"):
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "awm.cli", "openenv", "serve", "--awm-data", str(RELEASE), "--instances", "2",
+            "--port", str(port), env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        try:
+            assert proc.stderr is not None
+            said = ""
+            while "ws://" not in said:
+                line = await asyncio.wait_for(proc.stderr.readline(), 300)
+                assert line, f"the server ended: {said}"
+                said += line.decode()
+            async with httpx.AsyncClient() as http:
+                before = (await http.get(f"http://127.0.0.1:{port}/stats")).json()
+            # one imported to start the instances on (from the cache on the second run), one pending
+            assert (before["awm"]["scenarios_imported"], before["awm"]["scenarios_pending"]) == (1, 1), before
+            async with websockets.connect(f"ws://127.0.0.1:{port}/ws") as ws:
+                c = Client(ws)
+                assert (await c.call("__list_scenarios__"))["total"] == 2
+                for name, tools in (("pet_clinic_2", 4), ("library_loans_1", 5)):
+                    reset = await c.reset(scenario=name, task_idx=0)
+                    assert reset["reward_type"] == "reset_ok" and reset["num_tools"] == tools, reset
+                    assert (await c.call("verify"))["reward_type"] == "incomplete"
+            async with httpx.AsyncClient() as http:
+                stats = (await http.get(f"http://127.0.0.1:{port}/stats")).json()
+            assert stats["awm"]["scenarios_imported"] == 2 and stats["awm"]["scenarios_pending"] == 0
+        finally:
+            proc.terminate()
+            await asyncio.wait_for(proc.wait(), 60)
+        cached = sorted((tmp_path / "cache" / "awm1k-scenarios").iterdir())
+        assert len([p for p in cached if not p.name.startswith(".")]) == 2, run

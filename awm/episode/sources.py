@@ -231,6 +231,12 @@ class PoolSource(InstanceSource):
             raise ValueError(f"{path}: no instances (expected the lines of `awm serve --json`)")
         return cls(leases, catalog=catalog or None, **settings)
 
+    def add_env(self, env: str, scenario: str = "") -> None:
+        """One more environment the late-binding instances can serve (its fleet has it now)."""
+        if not self.late:
+            raise ValueError("only late-binding instances take environments added while they serve")
+        self._catalog.setdefault(env, scenario)
+
     def _add(self, lease: Lease) -> None:
         self._all.append(lease)
         self._requeue(lease)

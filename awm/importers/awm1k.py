@@ -891,10 +891,7 @@ class SourceScenario:
     tasks: list[str]
 
 
-def source_scenarios(src: Path) -> list[SourceScenario]:
-    """Every scenario of a release directory with an app or a schema (what an import tries), in
-    name order, with its description and task texts."""
-    source = _open_source(Path(src))
+def _scenarios_of(source: _Source) -> list[SourceScenario]:
     names = sorted(set(source.files["gen_envs"].offsets) | set(source.files["gen_db"].offsets))
     out = []
     for name in names:
@@ -905,9 +902,23 @@ def source_scenarios(src: Path) -> list[SourceScenario]:
     return out
 
 
+def source_scenarios(src: Path) -> list[SourceScenario]:
+    """Every scenario of a release directory with an app or a schema (what an import tries), in
+    name order, with its description and task texts."""
+    return _scenarios_of(_open_source(Path(src)))
+
+
+def _importer_digest() -> bytes:
+    """This importer's code: a fixed importer imports again."""
+    here, h = Path(__file__).parent, hashlib.sha256()
+    for code in (Path(__file__), here / "sqlite_to_pg.py", here / "app_probe.py", here.parent / "bundle.py"):
+        h.update(code.read_bytes())
+    return h.digest()
+
+
 def source_digest(src: Path) -> str:
-    """What an import of ``src`` depends on: the release files' bytes and this importer's code
-    (a fixed importer re-imports). Hashing ~1 GB of AWM-1K takes seconds; an import, minutes."""
+    """What an import of ``src`` depends on: the release files' bytes and this importer's code.
+    Hashing ~1 GB of AWM-1K takes seconds; an import, minutes."""
     h = hashlib.sha256()
     for kind in FILES:
         path = Path(src) / f"{kind}.jsonl"
@@ -916,10 +927,82 @@ def source_digest(src: Path) -> str:
             with path.open("rb") as handle:
                 while chunk := handle.read(1 << 20):
                     h.update(chunk)
-    here = Path(__file__).parent
-    for code in (Path(__file__), here / "sqlite_to_pg.py", here / "app_probe.py", here.parent / "bundle.py"):
-        h.update(code.read_bytes())
+    h.update(_importer_digest())
     return h.hexdigest()[:20]
+
+
+class Release:
+    """A release directory served on demand: opened once (an index of byte offsets, seconds for
+    AWM-1K), each scenario imported when it is first asked for and cached by the content of its own
+    records and this importer's code, so a server of 1,000 scenarios starts at once and pays an
+    import only for the scenarios its clients use, once. :meth:`close` ends its verifier worker."""
+
+    def __init__(self, src: Path, admin_dsn: str, cache: Path | None = None, now: dt.datetime | None = None,
+                 prefer: str = "code") -> None:
+        from awm.catalog import cache_root
+
+        self.src = Path(src)
+        self.source = _open_source(self.src)
+        self.scenarios = _scenarios_of(self.source)
+        self.admin_dsn, self.prefer = admin_dsn, prefer
+        self.now = now or default_reference_time()
+        self.cache = (Path(cache) if cache else cache_root()) / "awm1k-scenarios"
+        self._code = _importer_digest()
+        self._pool: Any = None
+        self._roles = False
+
+    def digest(self, scenario: str) -> str:
+        h = hashlib.sha256(self._code)
+        for kind in FILES:
+            for record in self.source.files[kind].records(scenario) if kind in self.source.files else []:
+                h.update(kind.encode() + b"\0" + json.dumps(record, sort_keys=True, default=str).encode() + b"\0")
+        return h.hexdigest()[:24]
+
+    async def load(self, scenario: str) -> tuple[EnvBundle | None, EnvReport, bool]:
+        """The scenario's bundle (None when it cannot be served), its report, and whether this call
+        imported it (its flaws are new) or found it in the cache."""
+        from awm.catalog import load_bundle
+        from awm.sandbox.pool import WorkerPool, WorkerSpec
+
+        folder = self.cache / self.digest(scenario)
+        if (folder / "report.json").exists():
+            report = EnvReport(**json.loads((folder / "report.json").read_text()))
+            bundle_path = folder / "bundle.json"
+            return (load_bundle(bundle_path) if bundle_path.exists() else None), report, False
+        if not self._roles:
+            await asyncio.to_thread(provision.ensure_group_roles, self.admin_dsn)
+            self._roles = True
+        if self._pool is None:
+            self._pool = WorkerPool(WorkerSpec(memory_mb=Limits().verifier_memory_mb), size=1)
+            await asyncio.to_thread(self._pool.start)
+        try:
+            built = await asyncio.to_thread(build_environment, self.source, scenario, self.admin_dsn, self.now,
+                                            self.prefer)
+            if built.bundle is not None:
+                await check_untouched(built.bundle, self.admin_dsn, self._pool, built.report)
+                built.report.tasks_served = len(built.bundle.tasks)
+        except Exception as exc:  # noqa: BLE001 - one broken scenario never stops the others
+            built = _Built(None, EnvReport(env_identifier(scenario), scenario, "skipped",
+                                           f"import failed: {type(exc).__name__}: {exc}"))
+        self.cache.mkdir(parents=True, exist_ok=True)
+        scratch = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=self.cache))
+        try:
+            if built.bundle is not None:
+                (scratch / "bundle.json").write_text(built.bundle.model_dump_json())
+            (scratch / "report.json").write_text(json.dumps(asdict(built.report), default=str))
+            with contextlib.suppress(OSError):  # another server imported it first: theirs is as good
+                scratch.rename(folder)
+        finally:
+            if scratch.exists():
+                import shutil
+
+                shutil.rmtree(scratch, ignore_errors=True)
+        return built.bundle, built.report, True
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
 
 
 @dataclass

@@ -19,6 +19,7 @@ from psycopg import sql
 
 from awm.bundle import Database, EnvBundle, SeedTable, Task
 from awm.client import ControlClient, McpSession
+from awm.errorclass import ErrorClass
 from awm.fleet import Database as FleetDatabase
 from awm.fleet import FleetError, LocalFleet
 from awm.judge import JudgeSettings
@@ -95,7 +96,7 @@ async def check_tools(admin_dsn: str, bundle: EnvBundle, examples: dict[str, dic
             for tool in bundle.tools:
                 await control.reset(None)
                 outcome = await mcp.call_tool(tool.name, examples[tool.name])
-                if outcome.is_error and outcome.error_kind != "tool_error":
+                if outcome.is_error and outcome.error_kind != ErrorClass.TOOL_ERROR:
                     errors.append(f"{tool.name}({examples[tool.name]}): {outcome.text}")
     except FleetError as exc:
         return [f"tool code does not load: {_served_error(exc)}"]
