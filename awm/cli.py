@@ -86,6 +86,26 @@ def _load(catalog: str, names: list[str] | None = None):  # type: ignore[no-unty
         raise typer.Exit(2) from exc
 
 
+def _imported(src: Path, database_url: str | None) -> Path:
+    """An AgentWorldModel-1K directory's catalog: imported once, then found by content."""
+    from awm.fleet import Database
+    from awm.importers.awm1k import SourceError, import_cached
+
+    database = Database.open(database_url)
+    try:
+        with console.status(f"importing {src} (once: cached by content)..."):
+            imported = import_cached(src, admin_dsn=database.admin_dsn)
+    except SourceError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from exc
+    finally:
+        database.close(keep_running=True)
+    totals = imported.report.get("totals", {})
+    err.print(f"{src}: {totals.get('imported')}/{totals.get('environments')} environments "
+              f"({'imported now' if imported.fresh else 'cached'}: {imported.catalog / 'report.json'})")
+    return imported.catalog
+
+
 @app.command()
 def demo(
     catalog: CatalogOpt = "starter",
@@ -157,6 +177,9 @@ def serve(
     cache_envs: Annotated[int, typer.Option(
         min=1, help="Late binding: environments an instance keeps ready (database, bundle) after a switch.")] = 4,
     catalog: CatalogOpt = "starter",
+    awm_data: Annotated[Optional[Path], typer.Option(
+        "--awm-data", help="An AgentWorldModel-1K directory (gen_*.jsonl) instead of --catalog: imported "
+        "once, cached by content (implies --allow-ungated: its tasks have no reference solutions).")] = None,
     host: Annotated[str, typer.Option(help="Bind address of every instance.")] = "127.0.0.1",
     database_url: DbUrlOpt = None,
     verifier_workers: Annotated[int, typer.Option(min=1, help="Warm verifier workers per instance.")] = 1,
@@ -183,6 +206,8 @@ def serve(
     protection, required by the MCP specification): 421 for a Host, 403 for an Origin."""
     from awm.fleet import Database, LocalFleet
 
+    if awm_data is not None:
+        catalog, allow_ungated = str(_imported(awm_data, database_url)), True
     bundles = _load(catalog, env)
     serving = serving_options(judge_base_url, judge_model, judge_votes, verifier_kind, allow_ungated)
     _gate_summary(bundles, verifier_kind, allow_ungated)
