@@ -197,6 +197,77 @@ def test_learner_gradient_accumulation_matches_full_batch():
     assert torch.allclose(grads[0], grads[1], atol=1e-6)
 
 
+def _two_groups(model):
+    """Two groups of two sequences whose sampling log-probs are ``model``'s own (a sampler that
+    generated with exactly these weights), as build_batch numbers them."""
+    from awm.trainer.learner import output_logits
+    from awm.trainer.samples import Sequence
+
+    rows = [([3, 5, 7, 9], [0, 0, 1, 1], 1.0), ([3, 5, 8], [0, 1, 1], -1.0),
+            ([3, 4, 6, 7, 2], [0, 0, 1, 0, 1], 0.5), ([3, 9, 2], [0, 1, 1], -0.5)]
+    seqs = []
+    for n, (ids, mask, advantage) in enumerate(rows):
+        with torch.no_grad():
+            logits = output_logits(model, torch.tensor([ids]), torch.ones(1, len(ids), dtype=torch.long), 0)
+            logp = torch.log_softmax(logits.float(), -1)[0].gather(-1, torch.tensor(ids[1:]).unsqueeze(-1)).squeeze(-1)
+        old = [0.0] + [float(v) if m else 0.0 for v, m in zip(logp, mask[1:])]
+        seqs.append(Sequence(ids, mask, old, advantage, f"e{n}", group=n // 2))
+    return seqs
+
+
+def test_mini_batches_split_a_step_by_group_never_inside_one():
+    from awm.trainer.learner import mini_batches
+    from awm.trainer.samples import Sequence
+
+    seqs = [Sequence([1, 2], [0, 1], [0.0, 0.0], group=g, episode_id=f"e{i}") for i, g in enumerate([0, 0, 1, 2, 2, 3])]
+    assert mini_batches(seqs, None) == [seqs]
+    assert [[s.episode_id for s in m] for m in mini_batches(seqs, 2)] == [["e0", "e1", "e2"], ["e3", "e4", "e5"]]
+    assert [len(m) for m in mini_batches(seqs, 3)] == [5, 1]
+
+
+def test_a_step_of_two_mini_batches_is_two_updates_against_the_sampler():
+    """With the sampler's log-probs known (no TIS), update 2 of a step is exactly a step over its
+    groups taken after update 1; the version still goes up once per step (one weight sync)."""
+    from awm.trainer.config import GRPOConfig
+    from awm.trainer.learner import Learner
+    from awm.trainer.local_policy import SamplingSpec
+    from awm.trainer.tiny import TinySpec, build_model
+
+    spec = TinySpec(hidden_size=16, layers=1, heads=2)
+    cfg = dict(lr=5e-2, micro_batch_size=1, max_grad_norm=1e9)
+    mini = Learner(build_model(16, spec, seed=1), GRPOConfig(**cfg, mini_batch_groups=1), SamplingSpec())
+    seqs = _two_groups(mini.model)
+    stats = mini.step(seqs)
+    assert stats["updates"] == 2 and mini.version == 1 and stats["trained_tokens"] == 8
+    one = Learner(build_model(16, spec, seed=1), GRPOConfig(**cfg), SamplingSpec())
+    one.step([s for s in seqs if s.group == 0])
+    one.step([s for s in seqs if s.group == 1])
+    for a, b in zip(mini.model.parameters(), one.model.parameters()):
+        assert torch.allclose(a, b, atol=1e-6)
+    # and it is not one update over both groups
+    whole = Learner(build_model(16, spec, seed=1), GRPOConfig(**cfg), SamplingSpec())
+    assert whole.step(seqs)["updates"] == 1
+    assert not all(torch.allclose(a, b, atol=1e-6) for a, b in zip(mini.model.parameters(), whole.model.parameters()))
+
+
+def test_later_mini_batches_measure_the_gap_against_the_pre_step_policy():
+    """The sampler generated with the learner's weights: before the step there is no gap. Update 2
+    runs on weights update 1 moved, yet its importance weights and its logged gap are taken
+    against the pre-step policy (zero gap, nothing truncated); and its PPO ratio is the moved
+    policy's over that pre-step one, which the clip then bounds."""
+    from awm.trainer.config import GRPOConfig
+    from awm.trainer.learner import Learner
+    from awm.trainer.local_policy import SamplingSpec
+    from awm.trainer.tiny import TinySpec, build_model
+
+    learner = Learner(build_model(16, TinySpec(hidden_size=16, layers=1, heads=2), seed=1),
+                      GRPOConfig(lr=0.5, mini_batch_groups=1, tis_cap=1.0, max_grad_norm=1e9), SamplingSpec())
+    stats = learner.step(_two_groups(learner.model))
+    assert stats["updates"] == 2
+    assert stats["logprob_gap"] == pytest.approx(0.0, abs=1e-6) and stats["tis_truncated_fraction"] == 0.0
+    assert stats["ratio_mean"] != pytest.approx(1.0, abs=1e-4)  # update 2's ratio: moved / pre-step
+
+
 def test_log_probs_from_the_first_trained_token_equal_the_whole_sequence_s():
     # The learner applies the output layer from the first trained token on (logits_to_keep):
     # the log-probs it reads and their gradients must be those of the whole sequence.
@@ -306,7 +377,10 @@ def test_bfloat16_compute_keeps_small_updates():
     ("policy", {"extra_body": {"tool_choice": "required"}}, "policy.kind vllm only"),
     ("policy", {"kind": "vllm", "path": "m", "base_url": "http://x/v1", "extra_body": "required"}, "mapping"),
     ("policy", {"kind": "vllm", "path": "m", "base_url": "http://x/v1", "extra_body": {"logprobs": False}},
-     "cannot set logprobs")])
+     "cannot set logprobs"),
+    ("grpo", {"mini_batch_groups": 0}, "grpo.mini_batch_groups"),
+    ("grpo", {"mini_batch_groups": 1.5}, "grpo.mini_batch_groups"),
+    ("grpo", {"mini_batch_groups": 3}, "must divide groups_per_step")])
 def test_bad_settings_are_refused_when_the_config_loads(section, bad, message):
     from awm.trainer.config import TrainConfig
 

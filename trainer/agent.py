@@ -51,7 +51,8 @@ class AgentConfig:
     tool_result_chars: int = 8000  # longer tool results are cut in the history
     system_prompt: str = DEFAULT_SYSTEM
     verify_reset: bool = False  # checksum (and repair) the snapshot at every reset: slower, certain
-    # the paper's early termination: a malformed call ends the episode, scored reward.format_error
+    # the paper's early termination: the first format error (a call of a class in
+    # reward.format_errors; malformed calls by default) ends the episode, scored reward.format_error
     stop_on_format_error: bool = False
     # After each successful tool call, record the rows it inserted/updated/deleted (before and
     # after; at most this many per table) in its result's "diff" (trainer/calldiff.py): one more
@@ -147,10 +148,11 @@ async def run_episode(policy: Policy, env: EnvHandle, task_id: str, cfg: AgentCo
             return await _finish(traj, session, timings, start, log)
         traj.messages += _result_messages(turn, source, cfg)
         _record_turn(traj, turn, log, on_turn)
-        if cfg.stop_on_format_error and any(c.get("malformed") for c in turn.tool_calls):
+        kind = _format_error(turn, session.reward) if cfg.stop_on_format_error else None
+        if kind is not None:
             traj.stop_reason = "format_error"  # scored reward.format_error, not verified
             return await _finish(traj, session, timings, start, log,
-                                 verdict={"verdict": "format_error", "reason": "malformed tool call"})
+                                 verdict={"verdict": "format_error", "reason": f"format error: {kind} tool call"})
     return await _finish(traj, session, timings, start, log, answer=traj.final_answer)
 
 
@@ -242,6 +244,14 @@ def _awm_call(session: EpisodeSession, call: toolcalls.Parsed, turn: Turn, n: in
         return None
     turn.tool_calls[n] = {**real.to_dict(), "via": awm_format.CALL_TOOL}
     return real
+
+
+def _format_error(turn: Turn, reward: RewardConfig) -> str | None:
+    """The class of the turn's first result that is a format error (reward.format_errors), if any."""
+    for result in turn.results:
+        if result.get("error_kind") in reward.format_errors:
+            return str(result["error_kind"])
+    return None
 
 
 def _result_messages(turn: Turn, source: str, cfg: AgentConfig) -> list[dict[str, Any]]:

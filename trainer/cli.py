@@ -37,6 +37,11 @@ class ToolFormat(str, Enum):
     awm = "awm"
 
 
+class VerifierKind(str, Enum):
+    code = "code"
+    judge = "judge"
+
+
 FormatOpt = Annotated[ToolFormat, typer.Option("--tool-format", case_sensitive=False,
                                                help="native (tools parameter), text (<tool_call> in prompt) or awm "
                                                     "(the reference's list_tools/call_tool meta-tools, one call per turn).")]
@@ -52,7 +57,8 @@ DescriptionsOpt = Annotated[ToolDescriptions, typer.Option(
     "--tool-descriptions", case_sensitive=False,
     help="short: each tool's first sentence, parameter schemas without their prose (small models).")]
 StopFormatOpt = Annotated[bool, typer.Option(
-    "--stop-on-format-error", help="End an episode at its first malformed call, scored reward format_error (-1).")]
+    "--stop-on-format-error", help="End an episode at its first format error (a malformed call; `awm train`: "
+                              "the classes of reward.format_errors), scored reward format_error (-1).")]
 
 
 def _thinking_body(thinking: bool | None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -183,13 +189,19 @@ def train(
     seed: Annotated[Optional[int], typer.Option("--seed")] = None,
     database_url: Annotated[Optional[str], typer.Option("--database-url", envvar="AWM_DATABASE_URL",
                                                        help="External Postgres admin DSN (default: embedded).")] = None,
+    verifier_kind: Annotated[Optional[VerifierKind], typer.Option(
+        "--verifier-kind", help="Override the config's verifier_kind (where a task has both): code is the "
+                                "paper kit's code-only ablation of its judge reward.")] = None,
 ) -> None:
-    """GRPO on a local fleet: rollouts, learner, checkpoints, metrics JSONL and a reward curve."""
+    """GRPO on a local fleet: rollouts, learner, checkpoints, metrics JSONL and a reward curve.
+    ``--verifier-kind code`` overrides the config's verifier_kind (the paper kit's code-only
+    ablation of its judge reward: docs/reproduce.md)."""
     from awm.trainer.config import TrainConfig
 
     try:
         cfg = TrainConfig.load(config, {"steps": steps, "run_dir": run_dir, "mode": mode,
-                                        "metrics_port": metrics_port, "seed": seed, "database_url": database_url})
+                                        "metrics_port": metrics_port, "seed": seed, "database_url": database_url,
+                                        "verifier_kind": verifier_kind.value if verifier_kind else None})
     except (ValueError, TypeError) as exc:
         err.print(f"[red]error in {config}:[/red] {exc}")
         raise typer.Exit(2) from exc

@@ -98,7 +98,11 @@ class GRPOConfig:
     kl_coef: float = 0.0  # > 0 keeps a frozen reference copy of the initial policy
     loss_agg: str = "token_mean"  # token_mean | seq_mean
     scale_rewards: bool = True  # divide by the group's std (False: Dr. GRPO)
-    micro_batch_size: int = 8  # sequences per forward/backward; the step accumulates over the batch
+    micro_batch_size: int = 8  # sequences per forward/backward; an update accumulates over its mini-batch
+    # Groups (tasks) per optimiser update: a step of groups_per_step groups makes
+    # groups_per_step / mini_batch_groups updates (the paper: 64 / 16 = 4), the later ones with
+    # PPO's ratio against the pre-step policy. None: one update per step, over the whole batch.
+    mini_batch_groups: int | None = None
     max_grad_norm: float = 1.0
     # Truncated importance sampling for tokens the sampler scored differently from the learner
     # (older weights, another numeric path): each token's loss is weighted by
@@ -117,6 +121,11 @@ class GRPOConfig:
             raise ValueError(f"grpo.loss_agg must be token_mean or seq_mean, not {cfg.loss_agg!r}")
         if cfg.micro_batch_size < 1:
             raise ValueError("grpo.micro_batch_size must be at least 1")
+        if cfg.mini_batch_groups is not None and (isinstance(cfg.mini_batch_groups, bool)
+                                                  or not isinstance(cfg.mini_batch_groups, int)
+                                                  or cfg.mini_batch_groups < 1):
+            raise ValueError("grpo.mini_batch_groups must be a whole number of groups, at least 1 (or unset: "
+                             "one update per step)")
         if cfg.tis_cap is not None and cfg.tis_cap < 1.0:
             raise ValueError("grpo.tis_cap must be at least 1 (or unset)")
         return cfg
@@ -135,6 +144,38 @@ class LearnerConfig:
         cfg = cls(**(data or {}))
         if cfg.backend not in ("auto", "gloo", "nccl"):
             raise ValueError(f"learner.backend must be auto, gloo or nccl, not {cfg.backend!r}")
+        return cfg
+
+
+@dataclass
+class EvaluationConfig:
+    """How a run's checkpoints are to be evaluated: decoding, context and history window. A record
+    that travels with the training config (the paper pins its evaluation apart from its training:
+    another temperature, a longer context, a longer history); ``awm train`` does not read it, and
+    ``awm eval`` takes the same values as flags (docs/reproduce.md, step 4)."""
+
+    temperature: float = 1.0
+    top_p: float | None = None
+    top_k: int | None = None
+    max_model_len: int | None = None  # the serving engine's context (vLLM --max-model-len)
+    rope_scaling: dict[str, Any] | None = None  # the serving engine's RoPE scaling beyond the native context
+    history_window: int | None = None  # assistant turns kept in the prompt (agent.history_window)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> EvaluationConfig:
+        data = dict(data or {})
+        for key in ("temperature", "top_p"):
+            if data.get(key) is not None:
+                data[key] = float(data[key])
+        cfg = cls(**data)
+        if cfg.temperature < 0 or (cfg.top_p is not None and not 0 < cfg.top_p <= 1):
+            raise ValueError("evaluation.temperature must be >= 0 and evaluation.top_p in (0, 1]")
+        for key in ("top_k", "max_model_len", "history_window"):
+            value = getattr(cfg, key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"evaluation.{key} must be a whole number, at least 1 (or unset)")
+        if cfg.rope_scaling is not None and not isinstance(cfg.rope_scaling, dict):
+            raise ValueError("evaluation.rope_scaling must be a mapping (the model's rope_scaling)")
         return cfg
 
 
@@ -166,6 +207,7 @@ class TrainConfig:
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
+    evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
     # The LLM judge of judge-verifier tasks (awm.judge.JudgeSettings fields: base_url, model, votes,
     # ...; the key from the environment variable named by api_key_env, AWM_JUDGE_API_KEY).
     judge: dict[str, Any] | None = None
@@ -183,7 +225,8 @@ class TrainConfig:
     def from_dict(cls, data: dict[str, Any], base_dir: Path | None = None) -> TrainConfig:
         data = dict(data)
         sections = {"rollout": RolloutConfig, "agent": AgentConfig, "reward": RewardConfig,
-                    "policy": PolicyConfig, "grpo": GRPOConfig, "learner": LearnerConfig}
+                    "policy": PolicyConfig, "grpo": GRPOConfig, "learner": LearnerConfig,
+                    "evaluation": EvaluationConfig}
         for key, kind in sections.items():
             data[key] = kind.from_dict(data.get(key))  # type: ignore[attr-defined]
         unknown = set(data) - set(cls.__dataclass_fields__)
@@ -206,6 +249,10 @@ class TrainConfig:
                 cfg.policy.sync_dir = _resolve(cfg.policy.sync_dir, base_dir)
         if cfg.mode not in ("async", "sync"):
             raise ValueError("mode must be async or sync")
+        mini = cfg.grpo.mini_batch_groups
+        if mini is not None and (mini > cfg.groups_per_step or cfg.groups_per_step % mini):
+            raise ValueError(f"grpo.mini_batch_groups ({mini}) must divide groups_per_step ({cfg.groups_per_step}): "
+                             "every optimiser update of a step takes the same number of groups")
         if cfg.learner.distributed and cfg.policy.kind != "vllm":
             raise ValueError("learner.distributed needs policy.kind vllm: a sharded model generates only "
                              "with every process taking part, so generation is the server's")

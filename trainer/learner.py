@@ -1,9 +1,11 @@
 """The GRPO learner: one optimiser step over a batch of finished groups' sequences.
 
-1. micro-batches: forward, token log-probs under the *sampling* distribution (same temperature
-   and allowed tokens as generation), clipped GRPO loss (+ KL to the frozen initial policy),
-   backward - gradients accumulate over the whole batch;
-2. clip, optimiser step, version + 1 (the run loop pushes the weights to the rollout policy);
+1. mini-batches of ``grpo.mini_batch_groups`` groups (one per optimiser update; the whole batch
+   when unset), each in micro-batches: forward, token log-probs under the *sampling*
+   distribution (same temperature and allowed tokens as generation), clipped GRPO loss (+ KL to
+   the frozen initial policy), backward - gradients accumulate over the mini-batch;
+2. clip, optimiser step per mini-batch; version + 1 per step (the run loop then pushes the
+   weights to the rollout policy);
 3. its state in a checkpoint (model, tokenizer, optimiser, RNG) and back.
 
 Building the model is :mod:`awm.trainer.models`; the ``awm train`` loop is :mod:`awm.trainer.run`;
@@ -86,38 +88,79 @@ class Learner:
         return tuple(t.to(self.device, non_blocking=True) for t in batch)
 
     def step(self, seqs: list[Sequence]) -> dict[str, Any]:
-        """One optimiser step over all sequences (gradient accumulation over micro-batches).
+        """One training step over a batch of finished groups: one optimiser update per mini-batch
+        of ``grpo.mini_batch_groups`` groups (the whole batch in one update when unset), each
+        accumulating gradients over its micro-batches. The version goes up once per step: it
+        names the weights the rollouts are generated with, which change once, at the weight sync.
 
         Sharded over several processes, every rank is given the whole batch (rank 0 announces
-        it), takes every ``world``-th sequence and runs as many micro-batches as the busiest
-        rank; the normaliser is the whole batch's, and FSDP sums the gradients."""
+        it), splits it into the same mini-batches, takes every ``world``-th sequence of each and
+        runs as many micro-batches as the busiest rank; the normaliser is the whole mini-batch's,
+        and FSDP sums the gradients."""
         start = time.perf_counter()
         shards = self.coordinator
         if shards is not None:
             shards.announce("step", seqs)
         if not seqs:  # every group had one reward for all (no advantage): the same keys, no values
-            return {"learner_s": 0.0, "sequences": 0, "trained_tokens": 0, "loss": None, "kl": None,
+            return {"learner_s": 0.0, "sequences": 0, "trained_tokens": 0, "updates": 0, "loss": None, "kl": None,
                     "clip_fraction": None, "ratio_mean": None, "grad_norm": None,
                     **_gap_stats({"tokens": 0}, self.cfg.tis_cap)}
-        cfg = self.cfg
-        # seq_mean weighs episodes, not rows: an episode the history window split is one episode
-        episode_tokens: Counter[Any] = Counter()
-        for s in seqs:
-            episode_tokens[s.episode_id or id(s)] += s.generated
-        normalizer = float(sum(s.generated for s in seqs)) if cfg.loss_agg == "token_mean" else float(len(episode_tokens))
-        self.optimizer.zero_grad(set_to_none=True)
+        minis = mini_batches(seqs, self.cfg.mini_batch_groups)
+        # The updates after the first score tokens under weights the earlier ones moved: their "old"
+        # policy (the PPO ratio's, the importance weight's, the logged gap's) is the learner as it
+        # was before the step, computed first.
+        before = [None] + [self._logprobs_before(mini) for mini in minis[1:]]
         totals = {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "ratio_mean": 0.0, "tokens": 0}
         gap = {"abs": 0.0, "diff": 0.0, "tokens": 0, "truncated": 0}
-        for micro in _micro_batches(seqs, cfg.micro_batch_size, shards):
+        norms = [self._update(mini, prior, totals, gap) for mini, prior in zip(minis, before)]
+        if shards is not None:
+            keys = ("loss", "kl", "clip_fraction", "ratio_mean", "tokens")
+            summed = sum_over_ranks([totals[k] for k in keys] + [gap[k] for k in gap])
+            totals.update(zip(keys, summed[:len(keys)]))
+            gap.update(zip(list(gap), summed[len(keys):]))
+        self.version += 1
+        self.step_count += 1
+        n = max(totals["tokens"], 1)
+        return {"learner_s": round(time.perf_counter() - start, 4), "sequences": len(seqs),
+                "trained_tokens": int(totals["tokens"]), "updates": len(minis),
+                "loss": round(totals["loss"] / len(minis), 6),
+                "kl": round(totals["kl"] / n, 6), "clip_fraction": round(totals["clip_fraction"] / n, 4),
+                "ratio_mean": round(totals["ratio_mean"] / n, 6), "grad_norm": round(sum(norms) / len(norms), 6),
+                **_gap_stats(gap, self.cfg.tis_cap)}
+
+    def _logprobs_before(self, mini: list[Sequence]) -> list[torch.Tensor]:
+        """The current model's log-probs of ``mini``, one tensor per micro-batch (no gradient):
+        the pre-step policy of an update that runs after others in the same step."""
+        episode_tokens = _episode_tokens(mini)
+        out = []
+        with torch.no_grad():
+            for micro in _micro_batches(mini, self.cfg.micro_batch_size, self.coordinator):
+                ids, attention, mask, *_ = self._pad(micro, episode_tokens)
+                out.append(self.sequence_logprobs(self.model, ids, attention, first_trained(mask)))
+        return out
+
+    def _update(self, mini: list[Sequence], prior: list[torch.Tensor] | None, totals: dict[str, Any],
+                gap: dict[str, Any]) -> float:
+        """One optimiser update over ``mini`` (gradient accumulation over micro-batches); adds its
+        statistics to ``totals`` and ``gap`` and returns the gradient norm before clipping.
+        ``prior``: the pre-step log-probs of each micro-batch (None: the model has not moved yet
+        in this step, so its own detached log-probs are the pre-step ones)."""
+        cfg = self.cfg
+        # seq_mean weighs episodes, not rows: an episode the history window split is one episode
+        episode_tokens = _episode_tokens(mini)
+        normalizer = float(sum(s.generated for s in mini)) if cfg.loss_agg == "token_mean" else float(len(episode_tokens))
+        self.optimizer.zero_grad(set_to_none=True)
+        for k, micro in enumerate(_micro_batches(mini, cfg.micro_batch_size, self.coordinator)):
             ids, attention, mask, old, advantages, seq_tokens = self._pad(micro, episode_tokens)
             first = first_trained(mask)
             logp = self.sequence_logprobs(self.model, ids, attention, first)
-            # Unknown sampling log-probs (an endpoint that returns none): on-policy, ratio 1.
+            current = logp.detach() if prior is None else prior[k]
+            # Unknown sampling log-probs (an endpoint that returns none): on-policy, ratio 1 at the start.
             known = ~torch.isnan(old) & mask.bool()
-            old = torch.where(torch.isnan(old), logp.detach(), old)
+            old = torch.where(torch.isnan(old), current, old)
             weights = None
             with torch.no_grad():  # the sampler-learner gap, logged whatever corrects it
-                delta = torch.where(known, logp - old, 0.0)
+                delta = torch.where(known, current - old, 0.0)
                 gap["abs"] += float(delta.abs().sum())
                 gap["diff"] += float(delta.sum())
                 gap["tokens"] += int(known.sum())
@@ -126,7 +169,7 @@ class Learner:
                     gap["truncated"] += int((known & (raw > cfg.tis_cap)).sum())
                     weights = raw.clamp(max=cfg.tis_cap)
             if cfg.tis_cap is not None:  # the ratio is the learner's own; the IS weight covers the gap
-                old = logp.detach()
+                old = current
             ref = None
             if self.ref_model is not None and cfg.kl_coef:
                 with torch.no_grad():
@@ -138,24 +181,12 @@ class Learner:
             for key in ("kl", "clip_fraction", "ratio_mean"):
                 totals[key] += getattr(stats, key) * stats.tokens
             totals["tokens"] += stats.tokens
-        if shards is not None:
-            keys = ("loss", "kl", "clip_fraction", "ratio_mean", "tokens")
-            summed = sum_over_ranks([totals[k] for k in keys] + [gap[k] for k in gap])
-            totals.update(zip(keys, summed[:len(keys)]))
-            gap.update(zip(list(gap), summed[len(keys):]))
         grad_norm = torch.nn.utils.clip_grad_norm_([p for p in self.model.parameters() if p.requires_grad],
                                                    cfg.max_grad_norm)
         if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP: the global norm
             grad_norm = grad_norm.full_tensor()
         self.optimizer.step()
-        self.version += 1
-        self.step_count += 1
-        n = max(totals["tokens"], 1)
-        return {"learner_s": round(time.perf_counter() - start, 4), "sequences": len(seqs),
-                "trained_tokens": int(totals["tokens"]), "loss": round(totals["loss"], 6),
-                "kl": round(totals["kl"] / n, 6), "clip_fraction": round(totals["clip_fraction"] / n, 4),
-                "ratio_mean": round(totals["ratio_mean"] / n, 6), "grad_norm": round(float(grad_norm), 6),
-                **_gap_stats(gap, cfg.tis_cap)}
+        return float(grad_norm)
 
     def export_state(self) -> dict[str, torch.Tensor] | None:
         """The trainable weights for a weight sync when they are sharded (all of a fully trained
@@ -237,6 +268,26 @@ def output_logits(model: Any, ids: torch.Tensor, attention: torch.Tensor, first:
         raise RuntimeError(f"{type(model).__name__} ignored logits_to_keep ({logits.shape[1]} positions, expected "
                            f"{ids.shape[1] - 1 - first}): transformers >= 4.50 is needed")
     return logits
+
+
+def mini_batches(seqs: list[Sequence], groups_per_update: int | None) -> list[list[Sequence]]:
+    """The batch split into the optimiser updates of one step: ``groups_per_update`` groups
+    (tasks) each, in the batch's order, a group never split (its advantages are relative to each
+    other); None: one update over everything. The paper's step is 64 groups in mini-batches of 16:
+    four updates."""
+    if not groups_per_update:
+        return [seqs]
+    order = list(dict.fromkeys(s.group for s in seqs))
+    chunks = [set(order[i:i + groups_per_update]) for i in range(0, len(order), groups_per_update)]
+    return [[s for s in seqs if s.group in chunk] for chunk in chunks]
+
+
+def _episode_tokens(seqs: list[Sequence]) -> Counter[Any]:
+    """Generated tokens per episode (rows of one episode the history window split, together)."""
+    counts: Counter[Any] = Counter()
+    for s in seqs:
+        counts[s.episode_id or id(s)] += s.generated
+    return counts
 
 
 def _micro_batches(seqs: list[Sequence], size: int, shards: Coordinator | None) -> Iterator[list[Sequence]]:

@@ -37,6 +37,7 @@ class Sequence:
     advantage: float = 0.0
     episode_id: str = ""
     reward: float = 0.0
+    group: int = 0  # the batch's group (task) it belongs to: a mini-batch never splits one
 
     @property
     def generated(self) -> int:
@@ -104,7 +105,7 @@ def build_batch(groups: Iterable[list[Trajectory]], fmt: Format | None = None, s
                 keep_zero_advantage: bool = False) -> Batch:
     """Group-normalised advantages, then sequences; masked episodes are left out entirely."""
     batch = Batch()
-    for trajectories in groups:
+    for index, trajectories in enumerate(groups):
         batch.episodes += len(trajectories)
         valid = torch.tensor([not t.masked for t in trajectories])
         batch.masked += int((~valid).sum())
@@ -118,6 +119,6 @@ def build_batch(groups: Iterable[list[Trajectory]], fmt: Format | None = None, s
             if not ok:
                 continue
             for seq in episode_sequences(traj, fmt):
-                seq.advantage = advantage
+                seq.advantage, seq.group = advantage, index
                 batch.sequences.append(seq)
     return batch

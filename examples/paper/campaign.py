@@ -14,8 +14,10 @@ What it writes (docs/reproduce.md, "On Kubernetes"):
 * the learner on ``--gpus`` GPUs of one pod (torchrun, FSDP2) and a vLLM server beside it on
   ``--vllm-gpus`` (tensor parallel); the operator points the policy at it and shares the weights
   through an emptyDir;
-* the config's serving choices (``allow_ungated``, ``verifier_kind``) and its judge, whose key
-  comes from ``--judge-secret`` (a Secret with key ``api-key``) and reaches only the env servers.
+* the config's serving choices (``allow_ungated``, ``verifier_kind``: the judge, the paper's
+  reward; ``--verifier-kind code`` gives its code-only ablation) and its judge, whose key comes
+  from ``--judge-secret`` (a Secret with key ``api-key``) and reaches only the env servers;
+* the config's serving context and precision (``policy.server``) as the vLLM sidecar's flags.
 
 The config goes in as written (``training.config``) apart from what the Campaign decides itself
 (the catalog, the environments, instances, the group size: the operator sets them, see
@@ -87,10 +89,10 @@ def render(config: dict[str, Any], envs: list[str], name: str, *, catalog_image:
     policy = cfg.get("policy") or {}
     if policy.get("kind") == "vllm":
         policy = cfg["policy"] = dict(policy)
-        policy.pop("server", None)  # the operator's sidecar serves it (training.vllm)
+        server = policy.pop("server", None) or {}  # the operator's sidecar serves it (training.vllm)
         policy.pop("base_url", None)
         training["vllm"] = {"image": vllm_image or "vllm/vllm-openai",
-                            "args": ["--tensor-parallel-size", str(vllm_gpus)],
+                            "args": ["--tensor-parallel-size", str(vllm_gpus), *sidecar_args(server)],
                             "resources": {"limits": {"nvidia.com/gpu": vllm_gpus}}}
     if gpus > 1:
         training["learner"] = {"processesPerNode": gpus}
@@ -101,6 +103,17 @@ def render(config: dict[str, Any], envs: list[str], name: str, *, catalog_image:
         "catalog": {"image": catalog_image} if catalog_image else {},
         "database": {"secretName": "awm-database"}, "serving": serving, "training": training, "job": job}
     return {"apiVersion": "awm.dev/v1alpha1", "kind": "Campaign", "metadata": {"name": name}, "spec": spec}
+
+
+def sidecar_args(server: dict[str, Any]) -> list[str]:
+    """The config's serving settings (``policy.server``: context, precision) as the sidecar's
+    flags, so that the Campaign's vLLM serves the context the config trains at (the paper: 32k)."""
+    args: list[str] = []
+    if server.get("max_model_len"):
+        args += ["--max-model-len", str(server["max_model_len"])]
+    if server.get("dtype"):
+        args += ["--dtype", str(server["dtype"])]
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -114,9 +127,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpus", type=int, default=4, help="learner GPUs (processes) in the trainer's pod")
     parser.add_argument("--vllm-gpus", type=int, default=4, help="GPUs of the vLLM server (tensor parallel)")
     parser.add_argument("--judge-secret", help=f"Secret holding the judge's API key under {SECRET_KEY!r}")
+    parser.add_argument("--verifier-kind", choices=("code", "judge"),
+                        help="override the config's verifier_kind: code is the paper's code-only ablation")
     args = parser.parse_args(argv)
     try:
-        manifest = render(yaml.safe_load(args.config.read_text()), environments(args.split),
+        config = yaml.safe_load(args.config.read_text())
+        if args.verifier_kind:
+            config["verifier_kind"] = args.verifier_kind
+        manifest = render(config, environments(args.split),
                           args.name or f"paper-{args.config.stem}", catalog_image=args.catalog_image,
                           vllm_image=args.vllm_image, gpus=args.gpus, vllm_gpus=args.vllm_gpus,
                           judge_secret=args.judge_secret)
