@@ -23,6 +23,7 @@ Not thread-safe on purpose: the env server runs every call on one executor threa
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from contextlib import contextmanager
@@ -39,6 +40,7 @@ from awm.sandbox.pool import WorkerPool
 from awm.envserver.dbapi import ResultTooLarge, SqlForbidden, execute_untrusted, to_json_value
 
 T = TypeVar("T")
+_APP_SAVEPOINT_NAME = re.compile(r"awm_app_[0-9]{1,18}")
 
 
 class DatabaseLost(RuntimeError):
@@ -99,10 +101,11 @@ class EpisodeDatabase:
         facts = self._facts or snap.read_facts(conn)
         self._sequences = facts.sequences
         # One round trip: prove which transaction ends, end it, clear session state, rewind the
-        # sequences, begin the next episode and note its identity.
+        # sequences, begin the next episode and note its identity. DISCARD SEQUENCES after the
+        # rewind: currval/lastval are session state that ROLLBACK keeps (the last episode's ids).
         self._reset_sql = ("SELECT transaction_timestamp()::text; ROLLBACK; RESET ALL; RESET ROLE; UNLISTEN *; "
                            "SELECT pg_advisory_unlock_all(); "
-                           f"{snap.restore_sequences_sql(self._sequences)}; BEGIN; "
+                           f"{snap.restore_sequences_sql(self._sequences)}; DISCARD SEQUENCES; BEGIN; "
                            "SELECT transaction_timestamp()::text")
         self._expected = facts.expected
         self._tables = facts.tables
@@ -219,6 +222,7 @@ class EpisodeDatabase:
         assert self.conn is not None
         self.conn.execute("ROLLBACK")
         snap.restore_tables(self.conn, tables, self._sequences)
+        self.conn.execute("DISCARD SEQUENCES")
         self.conn.execute("BEGIN")
         row = self.conn.execute("SELECT transaction_timestamp()::text").fetchone()
         self._episode_tx = row[0] if row else None
@@ -249,7 +253,10 @@ class EpisodeDatabase:
                 return {"error": {"kind": "forbidden", "message": "the statement must be a string"}}
             try:
                 if writes and op == "sql":
+                    savepoint = request.get("savepoint")
                     with deadline.statement():
+                        if savepoint is not None:  # an app's transaction begins with this statement
+                            self._app_savepoint(savepoint)
                         return execute_untrusted(self.conn, sql_text, params, str(request.get("fetch", "dicts")))
                 if not writes and op == "query":
                     rows = self.read_query(request.get("db") == "initial", sql_text,
@@ -293,6 +300,15 @@ class EpisodeDatabase:
                     state["rolled_back"] = not self._end_call(conn, ok)
 
         return self._guard(run)
+
+    def _app_savepoint(self, name: Any) -> None:
+        """Open an app transaction's savepoint (:class:`awm.sandbox.appshim.PipeConnection`): sent
+        with the transaction's first statement rather than as a request of its own, which spares
+        every app transaction a round trip on the pipe. Only the facade's own names are taken."""
+        if not isinstance(name, str) or not _APP_SAVEPOINT_NAME.fullmatch(name):
+            raise SqlForbidden("not an app savepoint name")
+        assert self.conn is not None
+        self.conn.execute(f"SAVEPOINT {name}")
 
     def _check_transaction(self) -> None:
         """After every statement of untrusted code: the episode transaction must still be open."""

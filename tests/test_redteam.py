@@ -616,9 +616,94 @@ def memory_balloon(db):
 """,
 })
 
+# The database as a deterministic world (issue 45): physical layout, the transaction machinery,
+# other sessions, and results and statements sized to step around the caps.
+TOOLS.update({
+    "ctid_of_new_row": """
+def ctid_of_new_row(db):
+    db.execute("INSERT INTO users (name) VALUES ('probe')")
+    return db.query("SELECT max(ctid::text) AS place FROM users")
+""",
+    "xmin_through_whole_row": """
+def xmin_through_whole_row(db):
+    return db.query("SELECT (u).xmin, xmin(u) FROM users u")
+""",
+    "system_column_in_returning": """
+def system_column_in_returning(db):
+    return db.query("UPDATE users SET name = name RETURNING tableoid, cmax")
+""",
+    "txid_snapshot_alias": """
+def txid_snapshot_alias(db):
+    return db.query("SELECT txid_current_snapshot()::text AS s, txid_current() AS x")
+""",
+    "xid_age": """
+def xid_age(db):
+    return db.query("SELECT age('3'::xid) AS a")
+""",
+    "locks_of_other_instances": """
+def locks_of_other_instances(db):
+    return db.query("SELECT locktype, database, transactionid::text FROM pg_locks")
+""",
+    "statistics_of_earlier_episodes": """
+def statistics_of_earlier_episodes(db):
+    return db.query("SELECT n_tup_ins, n_dead_tup FROM pg_stat_user_tables")
+""",
+    "tablesample_layout": """
+def tablesample_layout(db):
+    return db.query("SELECT name FROM users TABLESAMPLE SYSTEM (50) REPEATABLE (7)")
+""",
+    "execute_select_uncapped": """
+def execute_select_uncapped(db):
+    return db.execute("SELECT repeat('x', 1000000) FROM generate_series(1, 300)")
+""",
+    "rows_dodge_byte_estimate": """
+def rows_dodge_byte_estimate(db):
+    return len(db.query("SELECT CASE WHEN mod(i, 16) = 1 THEN repeat('x', 300000) ELSE '' END AS v "
+                        "FROM generate_series(1, 5000) i"))
+""",
+    "returning_too_large": """
+def returning_too_large(db):
+    return db.execute("UPDATE notes SET body = repeat('y', 9000000) RETURNING body")
+""",
+    "deep_operator_chain": """
+def deep_operator_chain(db):
+    return db.scalar("SELECT " + "+".join(["1"] * 30000))
+""",
+    "deep_jsonb": """
+def deep_jsonb(db):
+    return db.query("SELECT (repeat('[', 3000) || repeat(']', 3000))::jsonb AS v")
+""",
+    "huge_statement": """
+def huge_statement(db):
+    return db.scalar("SELECT 1 WHERE " + " AND ".join(["1 = 1"] * 400000))
+""",
+})
+
 # Cross-episode and cross-instance attacks: they "succeed" as calls; their effect is judged from
 # outside (the next episode's verdict and tool results, another process's limits and priority).
 PLANTS: dict[str, str] = {
+    # Rows inserted, updated and deleted, then rolled back by the reset: their places and
+    # transaction ids stay behind in the table's pages.
+    "churn_rows": '''
+def churn_rows(db):
+    for i in range(80):
+        db.execute("INSERT INTO users (name) VALUES (%s)", f"churn {i}")
+    db.execute("UPDATE notes SET body = body || '!'")
+    return "churned"
+''',
+    # Every layout and session channel a tool could try, each result or refusal as text.
+    "layout_probe": '''
+def layout_probe(db):
+    out = [db.query("INSERT INTO users (name) VALUES ('probe') RETURNING id")]
+    for sql in ("SELECT max(ctid::text) AS v FROM users", "SELECT max(xmin::text) AS v FROM users",
+                "SELECT txid_current_snapshot()::text AS v", "SELECT count(*) AS v FROM pg_stat_activity",
+                "SELECT * FROM users ORDER BY id", "SELECT lastval() AS v"):
+        try:
+            out.append(db.query(sql))
+        except Exception as exc:
+            out.append(f"{type(exc).__name__}: {exc}"[:200])
+    return out
+''',
     # Rebind the worker's own functions so that a later episode's verdict is forged and a later
     # benign tool call deletes rows (found by module name; gc and frames reach the same objects).
     "plant_in_worker": '''
@@ -1027,6 +1112,30 @@ async def test_a_verifier_plants_nothing_for_the_next_verification_or_tool(redte
     assert "clean" in probe.text, probe.text
     await mcp.call_tool("list_notes", {})
     assert (await control.diff())["tables"] == {}
+
+
+async def test_identical_episodes_get_identical_results_and_verdicts(redteam, clients):
+    """Physical layout as a channel (issue 45): episodes that inserted, updated and rolled back
+    rows leave dead rows, new places and a moved transaction counter behind. An episode's probe
+    of every such channel (ctid, xmin, txid_current_snapshot, other sessions, lastval) and its
+    verdict are the same before and after them: each channel is refused, the rest restored."""
+    control, mcp = clients
+
+    async def episode() -> tuple[str, str, float]:
+        await control.reset("add_note")
+        probe = await mcp.call_tool("layout_probe", {})
+        assert not probe.is_error, probe.text[:300]
+        verdict = await control.verify("done")
+        return probe.text, verdict["verdict"], verdict["reward"]
+
+    first = await episode()
+    assert "system column" in first[0] and "not allowed" in first[0], first[0][:500]
+    for _ in range(3):
+        await control.reset(None)
+        churned = await mcp.call_tool("churn_rows", {})
+        assert not churned.is_error, churned.text[:300]
+    assert await episode() == first
+    await _after(control, mcp)
 
 
 def _process_facts(pid: int) -> tuple[str, int, set[int], int]:

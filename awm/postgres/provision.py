@@ -15,6 +15,7 @@ Only this module needs the admin DSN; env servers receive their instance DSN and
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import hmac
 import json
@@ -22,7 +23,7 @@ import logging
 import re
 import secrets
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 import psycopg
 from psycopg import pq, sql
@@ -180,15 +181,22 @@ def _ensure_template_locked(admin_dsn: str, bundle: EnvBundle, name: str) -> Tem
         row = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
         if row:  # half-loaded by an interrupted run
             conn.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
-        conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE template0 ENCODING 'UTF8'").format(
-            sql.Identifier(name)))
+        owner, password = _owner_role(conn, name)
+        conn.execute(sql.SQL("CREATE DATABASE {} OWNER {} TEMPLATE template0 ENCODING 'UTF8'").format(
+            sql.Identifier(name), sql.Identifier(owner)))
     try:
-        with _admin(admin_dsn, name) as db:
-            checksum = load_snapshot(db, bundle)
+        # The bundle's DDL and seed are untrusted (an LLM wrote them): they run on a login of the
+        # template's owner role, which owns this database and nothing else (no superuser, so no
+        # COPY ... PROGRAM, no untrusted language, no ALTER ROLE); a SET ROLE on the admin's own
+        # session would not do, the DDL could RESET it. Only the revocations of pg_catalog
+        # privileges, which touch nothing of the bundle's, run on the admin's connection.
+        with _as_owner(admin_dsn, name, owner, password) as db, _admin(admin_dsn, name) as admin:
+            checksum = load_snapshot(db, bundle, admin)
             facts = snap.read_facts(db).to_json()
     except Exception:
         with _admin(admin_dsn) as conn:
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+            conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(owner)))
         raise
     with _admin(admin_dsn) as conn:
         # The facts an env server needs of every copy (the snapshot's checksums, sequences,
@@ -196,17 +204,61 @@ def _ensure_template_locked(admin_dsn: str, bundle: EnvBundle, name: str) -> Tem
         # from catalogs it has never touched (8.7 ms p50 on the real node).
         comment = json.dumps({"complete": True, "env": bundle.name, "checksum": checksum.digest, "facts": facts})
         ident = sql.Identifier(name)
+        # The owner keeps its objects (its functions run as an unprivileged role, never as the
+        # admin) but may log in no more.
+        conn.execute(sql.SQL("ALTER ROLE {} NOLOGIN PASSWORD NULL").format(sql.Identifier(owner)))
         conn.execute(sql.SQL("COMMENT ON DATABASE {} IS {}").format(ident, sql.Literal(comment)))
         conn.execute(sql.SQL("REVOKE ALL ON DATABASE {} FROM PUBLIC").format(ident))
         conn.execute(sql.SQL("ALTER DATABASE {} WITH ALLOW_CONNECTIONS false").format(ident))
     return Template(name, bundle.name, checksum.digest, facts)
 
 
-def load_snapshot(db: psycopg.Connection, bundle: EnvBundle) -> snap.Checksum:
-    """DDL, seed, sequences, snapshot copy, grants and checksum, into the connected database."""
+OWNER_PREFIX = "awm_o_"
+
+
+def owner_role(template: str) -> str:
+    """The role that owns template ``template`` and every object its DDL made."""
+    return f"{OWNER_PREFIX}{hashlib.sha256(template.encode()).hexdigest()[:20]}"
+
+
+def _owner_role(conn: psycopg.Connection, template: str) -> tuple[str, str]:
+    """The template's owner role, able to log in (once, with a fresh password) and nothing more:
+    no superuser, no CREATEDB/CREATEROLE, no replication, no RLS bypass, in no other role."""
+    role, password = owner_role(template), secrets.token_urlsafe(24)
+    ident = sql.Identifier(role)
+    attributes = sql.SQL("LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS "
+                         "CONNECTION LIMIT 2 PASSWORD {}").format(sql.Literal(scram_verifier(password)))
+    if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone():
+        conn.execute(sql.SQL("ALTER ROLE {} ").format(ident) + attributes)  # left by an interrupted run
+    else:
+        conn.execute(sql.SQL("CREATE ROLE {} ").format(ident) + attributes)
+    return role, password
+
+
+@contextlib.contextmanager
+def _as_owner(admin_dsn: str, dbname: str, role: str, password: str) -> Iterator[psycopg.Connection]:
+    """A connection to ``dbname`` as its owner role (the admin's server, the role's password)."""
+    params = {**CONNECT_DEFAULTS, **conninfo_to_dict(admin_dsn), "dbname": dbname, "user": role,
+              "password": password}
+    with psycopg.connect(make_conninfo(**params), autocommit=True) as conn:
+        yield conn
+
+
+def load_snapshot(db: psycopg.Connection, bundle: EnvBundle, admin: psycopg.Connection | None = None) -> snap.Checksum:
+    """DDL, seed, sequences, snapshot copy, grants and checksum, into the connected database.
+    ``admin``: a superuser's connection to the same database, for the revocations of pg_catalog
+    privileges (``db`` may then be an unprivileged owner's); None: ``db`` does them too."""
+    with db.transaction():
+        # The schema's own owner, not the database's (pg_database_owner): an instance database
+        # is the admin's, and the tables' owner must still reach its schema (foreign-key checks
+        # run as the owner of the table they read).
+        db.execute("ALTER SCHEMA public OWNER TO CURRENT_USER")
     with db.transaction():
         try:
             db.execute(bundle.database.ddl)
+        except psycopg.errors.InsufficientPrivilege as exc:
+            raise ProvisionError(f"DDL failed: {exc} (an environment's schema runs as its template's owner "
+                                 "role, not as a superuser)") from exc
         except psycopg.Error as exc:
             raise ProvisionError(f"DDL failed: {exc}") from exc
     with db.transaction():
@@ -233,6 +285,7 @@ def load_snapshot(db: psycopg.Connection, bundle: EnvBundle) -> snap.Checksum:
         db.execute(f"INSERT INTO {snap.META_SCHEMA}.info VALUES ('env', %s), ('database_hash', %s)",
                    (Jsonb(bundle.name), Jsonb(bundle.database_hash())))
         _grant(db)
+    _revoke_functions(admin if admin is not None else db)
     return checksum
 
 
@@ -314,27 +367,36 @@ REVOKED_FUNCTIONS = (
     "set_config(text, text, boolean)", "ts_stat(text)", "ts_stat(text, text)", "ts_rewrite(tsquery, text)",
     "query_to_xml(text, boolean, boolean, text)", "query_to_xmlschema(text, boolean, boolean, text)",
     "query_to_xml_and_xmlschema(text, boolean, boolean, text)",
+    # Overloads the statement guard cannot tell from an allowed one of the same name
+    # (envserver/sql_allowlist.py REVOKED_OVERLOADS; tests/test_sqlguard.py checks both agree):
+    # age(xid) reads the cluster's transaction counter, which other instances move.
+    "age(xid)",
 )
 TEMP_FILE_LIMIT = "256MB"  # per session of an instance role
 # Bumped when the template's privileges change, so that no template made before is reused.
-HARDENING = "2"
+HARDENING = "3"
 
 
 def _revoke_functions(db: psycopg.Connection) -> None:
-    # pg_settings' UPDATE rule runs set_config as the view's owner: `UPDATE pg_settings SET
-    # setting = 0 WHERE name = 'statement_timeout'` would switch the statement timeout off.
-    db.execute("REVOKE UPDATE ON pg_catalog.pg_settings FROM PUBLIC")
-    for signature in REVOKED_FUNCTIONS:
-        try:
-            db.execute(f"REVOKE EXECUTE ON FUNCTION pg_catalog.{signature} FROM PUBLIC")
-        except psycopg.errors.InsufficientPrivilege:
-            log.warning("cannot revoke %s from PUBLIC (the admin role is not a superuser): the "
-                        "statement guard and the reset still stop it", signature)
-            return
+    """What the admin revokes in a template, in one transaction: nothing of the bundle's objects
+    is touched (so none of the bundle's code can run as the admin)."""
+    with db.transaction():
+        # Also here, not only by the owner: where the public schema is not the database owner's
+        # (PostgreSQL < 15), only its owner can take CREATE on it away from PUBLIC.
+        db.execute("REVOKE ALL ON SCHEMA public FROM PUBLIC")
+        # pg_settings' UPDATE rule runs set_config as the view's owner: `UPDATE pg_settings SET
+        # setting = 0 WHERE name = 'statement_timeout'` would switch the statement timeout off.
+        db.execute("REVOKE UPDATE ON pg_catalog.pg_settings FROM PUBLIC")
+        for signature in REVOKED_FUNCTIONS:
+            try:
+                db.execute(f"REVOKE EXECUTE ON FUNCTION pg_catalog.{signature} FROM PUBLIC")
+            except psycopg.errors.InsufficientPrivilege:
+                log.warning("cannot revoke %s from PUBLIC (the admin role is not a superuser): the "
+                            "statement guard and the reset still stop it", signature)
+                return
 
 
 def _grant(db: psycopg.Connection) -> None:
-    _revoke_functions(db)
     tool, reader = sql.Identifier(TOOL_ROLE), sql.Identifier(READER_ROLE)
     for statement in (
         "REVOKE ALL ON SCHEMA public FROM PUBLIC",
