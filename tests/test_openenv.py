@@ -162,7 +162,7 @@ def openenv_example() -> str:
     """The OpenEnv client example of docs/integrations.md (the first python block of its
     OpenEnv section)."""
     text = (Path(__file__).parent.parent / "docs" / "integrations.md").read_text()
-    section = text.split("## OpenEnv", 1)[1].split("\n## ", 1)[0]
+    section = text.split("## awm's own OpenEnv environment", 1)[1].split("\n## ", 1)[0]
     (block,) = re.findall(r"```python\n(.*?)```", section, re.DOTALL)
     return block
 
