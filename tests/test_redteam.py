@@ -456,6 +456,26 @@ def ioprio_parent(db):
     if libc.syscall(251, 1, os.getppid(), (3 << 13) | 7) != 0:
         raise OSError(ctypes.get_errno(), 'ioprio_set')
 """,
+    # The host's SysV and POSIX IPC objects, by id or name (a create is not needed to reach them).
+    "host_ipc": """
+def host_ipc(db):
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_long, ctypes.c_long]
+    refused = []
+    for name, number, args in (("shmctl IPC_RMID", 31, (0, 0, 0)), ("semctl SETVAL", 66, (0, 0, 16)),
+                               ("msgctl IPC_RMID", 71, (0, 0, 0)), ("semop", 65, (0, 0, 0))):
+        if libc.syscall(number, *args) != 0 and ctypes.get_errno() == 1:
+            refused.append(name)
+    name = ctypes.c_char_p(b"/awm-host-queue")
+    libc.mq_unlink.argtypes = [ctypes.c_char_p]
+    if libc.mq_unlink(name) != 0 and ctypes.get_errno() in (1, 13):  # glibc says EPERM as EACCES here
+        refused.append("mq_unlink")
+    if len(refused) == 5:
+        raise PermissionError("every IPC call refused: " + ", ".join(refused))
+    return "reached: " + ", ".join(sorted({"shmctl IPC_RMID", "semctl SETVAL", "msgctl IPC_RMID", "semop",
+                                           "mq_unlink"} - set(refused)))
+""",
     "setown_parent": """
 def setown_parent(db):
     import fcntl, os
@@ -758,6 +778,16 @@ def touch_process(db, pid, what):
         fcntl.fcntl(r, fcntl.F_SETFL, os.O_ASYNC)
         fcntl.fcntl(r, fcntl.F_SETOWN, pid)
         fcntl.fcntl(r, 10, 9)  # F_SETSIG: SIGKILL
+        os.write(w, b"x")
+    elif what == "setown_high_bits":  # the kernel reads 32 bits of cmd: a filter must compare 32
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.syscall.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_ulong, ctypes.c_long]
+        r, w = os.pipe()
+        fcntl.fcntl(r, fcntl.F_SETFL, os.O_ASYNC)
+        for cmd, arg in ((8, pid), (10, 9)):  # F_SETOWN pid, F_SETSIG SIGKILL, bit 32 set in cmd
+            if libc.syscall(72, r, (1 << 32) | cmd, arg) != 0:
+                raise OSError(ctypes.get_errno(), f"fcntl {cmd} refused")
         os.write(w, b"x")
     return "done"
 ''',
@@ -1143,7 +1173,7 @@ def _process_facts(pid: int) -> tuple[str, int, set[int], int]:
     return limits, os.getpriority(os.PRIO_PROCESS, pid), os.sched_getaffinity(pid), os.sched_getscheduler(pid)
 
 
-@pytest.mark.parametrize("what", ["prlimit", "renice", "renice_user", "pin", "scheduler", "setown"])
+@pytest.mark.parametrize("what", ["prlimit", "renice", "renice_user", "pin", "scheduler", "setown", "setown_high_bits"])
 async def test_no_worker_touches_another_process(what, redteam, clients, pg):
     """The env server and the Postgres postmaster (same uid as the workers when not root): their
     CPU limit, priority, affinity and scheduler stay as they were, and both stay alive."""

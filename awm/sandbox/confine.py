@@ -3,9 +3,10 @@
 Applied once, in the worker, after its imports and before it reads any untrusted code. Every
 layer is enforced by the kernel; nothing depends on the confined Python code behaving:
 
-1. **User, mount and network namespaces** (``unshare(CLONE_NEWUSER | CLONE_NEWNS |
-   CLONE_NEWNET)``): the worker keeps no capability in the host's namespaces (even when started as
-   root) and sees no network interface. Kubernetes' ``RuntimeDefault`` seccomp profile forbids
+1. **User, mount, network and IPC namespaces** (``unshare(CLONE_NEWUSER | CLONE_NEWNS |
+   CLONE_NEWNET | CLONE_NEWIPC)``): the worker keeps no capability in the host's namespaces (even
+   when started as root), sees no network interface and no host semaphore, message queue or
+   shared-memory segment. Kubernetes' ``RuntimeDefault`` seccomp profile forbids
    ``unshare``; the other layers do not need it, and the report says it is missing.
    **File view** (``fsview``, in the new mount namespace): the root becomes a read-only tmpfs that
    holds only the given paths, each a read-only bind mount (the same paths Landlock allows). It is
@@ -52,6 +53,7 @@ FILE_RULES = ("landlock", "fsview")
 _CLONE_NEWUSER = 0x10000000
 _CLONE_NEWNS = 0x00020000
 _CLONE_NEWNET = 0x40000000
+_CLONE_NEWIPC = 0x08000000
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
 _MS_REMOUNT, _MS_BIND, _MS_NOATIME, _MS_NODIRATIME, _MS_PRIVATE, _MS_REC = 32, 4096, 1024, 2048, 1 << 18, 1 << 14
 _MS_RELATIME, _ST_RELATIME = 1 << 21, 4096
@@ -79,7 +81,11 @@ DENIED_SYSCALLS = (
     "fork", "vfork", "clone", "execve", "execveat",
     # network and IPC outside the inherited pipes
     "socket", "socketpair", "connect", "bind", "listen", "accept", "accept4",
-    "shmget", "shmat", "msgget", "semget", "mq_open",
+    # SysV and POSIX IPC, every call (an object made elsewhere is reached by key, id or name):
+    # the worker's own IPC namespace hides the host's too
+    "shmget", "shmat", "shmctl", "shmdt", "msgget", "msgsnd", "msgrcv", "msgctl", "semget", "semop",
+    "semtimedop", "semctl", "mq_open", "mq_unlink", "mq_timedsend", "mq_timedreceive", "mq_notify",
+    "mq_getsetattr",
     # other processes
     "ptrace", "process_vm_readv", "process_vm_writev", "pidfd_open", "pidfd_getfd",
     "pidfd_send_signal", "rt_sigqueueinfo", "rt_tgsigqueueinfo", "process_madvise", "kcmp",
@@ -235,8 +241,8 @@ def enter_namespaces(report: Report, read_paths: list[str] | None = None) -> Non
 def _namespaces(report: Report, read_paths: list[str] | None = None) -> None:
     libc = _libc()
     uid, gid = os.getuid(), os.getgid()
-    if libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNS | _CLONE_NEWNET) == 0:
-        report.applied += ["userns", "netns"]
+    if libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNS | _CLONE_NEWNET | _CLONE_NEWIPC) == 0:
+        report.applied += ["userns", "netns", "ipcns"]
         if read_paths is not None:
             try:
                 _fsview(libc, read_paths, uid, gid)
@@ -251,12 +257,12 @@ def _namespaces(report: Report, read_paths: list[str] | None = None) -> None:
     problem = os.strerror(ctypes.get_errno())
     if read_paths is not None:
         report.missing["fsview"] = f"no user namespace: {problem}"
-    # As root without a user namespace a network namespace alone still works.
-    if libc.unshare(_CLONE_NEWNET) == 0:
-        report.applied.append("netns")
+    # As root without a user namespace, network and IPC namespaces alone still work.
+    if libc.unshare(_CLONE_NEWNET | _CLONE_NEWIPC) == 0:
+        report.applied += ["netns", "ipcns"]
         report.missing["userns"] = problem
     else:
-        report.missing["userns"] = report.missing["netns"] = os.strerror(ctypes.get_errno())
+        report.missing["userns"] = report.missing["netns"] = report.missing["ipcns"] = os.strerror(ctypes.get_errno())
 
 
 def _mount(libc: ctypes.CDLL, source: str | None, target: str, fstype: str | None, flags: int,
@@ -544,10 +550,12 @@ def _filter(me: int) -> object:
     _add(flt, deny, "ioprio_set", sc.Arg(0, sc.NE, 1))   # IOPRIO_WHO_PGRP, IOPRIO_WHO_USER
     # Asking the kernel to signal another process on I/O (F_SETOWN and relatives, and their ioctl
     # spellings): the signal comes from the kernel, so the kill() rules above never see it.
+    # The kernel reads both commands as 32-bit ``unsigned int``s: compared on their low 32 bits,
+    # or a command with bit 32 set would pass the rule and still be F_SETOWN to the kernel.
     for command in FCNTL_SIGNAL_COMMANDS:
-        _add(flt, deny, "fcntl", sc.Arg(1, sc.EQ, command))
+        _add(flt, deny, "fcntl", sc.Arg(1, sc.MASKED_EQ, 0xFFFFFFFF, command))
     for request in IOCTL_SIGNAL_REQUESTS:
-        _add(flt, deny, "ioctl", sc.Arg(1, sc.EQ, request))
+        _add(flt, deny, "ioctl", sc.Arg(1, sc.MASKED_EQ, 0xFFFFFFFF, request))
     return flt
 
 
