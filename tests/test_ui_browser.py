@@ -466,17 +466,20 @@ def test_run_page_answers_how_loss_kl_and_reward_moved(ui, browser, runs, shots)
     browser.execute_script("localStorage.removeItem('awm-ui-metrics')")  # the default choice
     open_page(browser, ui, f"#/run/{train}", "run")
     panels = {p.get_attribute("data-metric"): p for p in browser.find_elements("css selector", "figure.panel")}
-    assert {"reward_mean", "success_rate", "loss", "kl", "grad_norm", "clip_fraction"} <= set(panels)
+    assert {"reward_mean", "success_rate", "loss", "grad_norm", "clip_fraction"} <= set(panels)
+    # the tiny example trains with kl_coef 0: its learner logs kl 0.0, which is not a measurement
+    assert json.loads((runs / "tiny" / "config.json").read_text())["grpo"]["kl_coef"] == 0
+    assert "kl" not in panels and "kl (logged as a number" in browser.find_element("id", "not-computed").text
     logged = {k for m in metrics for k, v in m.items() if isinstance(v, (int, float)) and k != "step"}
     boxes = {b.get_attribute("value") for b in browser.find_elements("css selector", "input[name=metric]")}
-    assert logged <= boxes, logged - boxes  # every number a step logged can be chosen
+    assert logged - {"kl"} <= boxes and "kl" not in boxes, logged - boxes  # every number a step computed can be chosen
     first, last = metrics[0]["step"], metrics[-1]["step"]
     for record in metrics:
         hover(browser, panels["loss"], record["step"], first, last)
-        for key in ("loss", "kl", "reward_mean"):
+        for key in ("loss", "reward_mean"):
             if record.get(key) is None:
                 continue
-            name = {"loss": "loss", "kl": "kl", "reward_mean": "reward (mean)"}[key]
+            name = {"loss": "loss", "reward_mean": "reward (mean)"}[key]
             readout = panels[key].find_element("css selector", ".readout").text
             assert readout.startswith(f"step {record['step']}:"), readout  # the crosshair is shared
             assert readout_value(panels[key], name) == pytest.approx(record[key], rel=1e-5, abs=1e-9)
@@ -554,13 +557,16 @@ def test_compare_three_runs_shows_what_changed(ui, browser, runs, shots):
         cell = cells[1 + order.index(other)].text
         diff = last[other] - last[baseline]
         assert ("±0" in cell) if abs(diff) < 1e-12 else (("+" if diff > 0 else "−") in cell), cell
+        if abs(diff) >= 1e-12:  # a higher reward is better, whatever the sign of the difference
+            judged = cells[1 + order.index(other)].find_element("css selector", ".delta").get_attribute("class")
+            assert judged == f"delta {'better' if diff > 0 else 'worse'}", (judged, diff)
     # the training runs overlaid on shared axes, one line per run
     reward = main.find_element("css selector", 'figure.panel[data-metric="reward_mean"]')
     assert len(reward.find_elements("css selector", "polyline.series")) == 2
     keys = [k.text for k in reward.find_elements("css selector", ".chart-head .key")]
     assert {"tiny", "tiny-seed2"} <= set(keys)
     table = main.find_element("css selector", "section[aria-labelledby=task-diff-h] table")
-    assert "green_on" in table.text and "Change, last vs first" in table.text
+    assert "green_on" in table.text and "Largest change from the baseline" in table.text
     full_shot(browser, shots / "compare-three.png")
     assert severe(browser) == []
 
@@ -818,3 +824,216 @@ def test_fleet_page_answers_what_my_campaign_is_doing_in_the_cluster(browser, ru
         asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(30)
         loop.call_soon_threadsafe(loop.stop)
         operator_thread.join(30)
+
+
+def flat_config(value: Any, prefix: str = "") -> dict[str, str]:
+    """config.json flattened as the UI lists it: nested keys joined by dots, lists as JSON."""
+    if isinstance(value, dict):
+        return {k: v for key, item in value.items() for k, v in flat_config(item, f"{prefix}.{key}" if prefix else key).items()}
+    return {prefix: json.dumps(value, separators=(",", ":")) if isinstance(value, list) else
+            "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)}
+
+
+def split_log(run: Path) -> list[list[str]]:
+    """A finished run's trajectories cut at its `step` lines: what the log held after each step."""
+    parts: list[list[str]] = [[]]
+    for line in (run / "trajectories.jsonl").read_text().splitlines(keepends=True):
+        parts[-1].append(line)
+        if line.startswith('{"event": "step"'):
+            parts.append([])
+    return [p for p in parts if p]
+
+
+@pytest.fixture(scope="module")
+def more_runs(runs: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A second runs root beside the real one: "live", the real `tiny` run replayed step by step
+    as its trainer wrote it (the test appends the next step); "crashed", `tiny-seed2` cut after
+    its first step and quiet for a day; "eval-b", the real evaluation with its task's outcome turned
+    over: never solved
+    (as a worse checkpoint's would be), or solved if the real one never solved it."""
+    root = tmp_path_factory.mktemp("more-runs")
+    live = root / "live"
+    live.mkdir()
+    shutil.copy(runs / "tiny" / "config.json", live / "config.json")
+    (live / "metrics.jsonl").write_text("")
+    (live / "trajectories.jsonl").write_text("")
+    crashed = root / "crashed"
+    crashed.mkdir()
+    shutil.copy(runs / "tiny-seed2" / "config.json", crashed / "config.json")
+    (crashed / "metrics.jsonl").write_text((runs / "tiny-seed2" / "metrics.jsonl").read_text().splitlines(keepends=True)[0])
+    (crashed / "trajectories.jsonl").write_text("".join(split_log(runs / "tiny-seed2")[0]))
+    day_ago = time.time() - 86400
+    for name in ("config.json", "metrics.jsonl", "trajectories.jsonl"):
+        os.utime(crashed / name, (day_ago, day_ago))
+    worse = root / "eval-b"
+    shutil.copytree(runs / "eval", worse)
+    report = json.loads((worse / "eval.json").read_text())
+    for task in report["tasks"]:  # each task's outcome the other way round
+        solved = 0.0 if task["complete"] else 1.0
+        task.update(complete=int(solved) * task["samples"], pass_at_1=solved, pass_at_k=solved)
+    mean = sum(t["pass_at_1"] for t in report["tasks"]) / len(report["tasks"])
+    report["overall"] = {**report["overall"], "pass@1": mean, f"pass@{report['k']}": mean}
+    (worse / "eval.json").write_text(json.dumps(report))
+    return root
+
+
+def write_step(run: Path, source: Path, step: int) -> None:
+    """Append what the trainer of `source` wrote for `step`: its trajectories, then its metrics line."""
+    with (run / "trajectories.jsonl").open("a") as f:
+        f.write("".join(split_log(source)[step - 1]))
+    with (run / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps(metric_rows(source)[step - 1]) + "\n")
+
+
+def row_of(driver, name: str) -> str:  # type: ignore[no-untyped-def]
+    """A run's row on the runs list, read again each time (the live list redraws it)."""
+    try:
+        rows = driver.find_elements("xpath", f"//main//tr[td/a[text()='{name}']]")
+        return rows[0].text if rows else ""
+    except Exception:  # redrawn while read
+        return ""
+
+
+def test_is_my_run_still_going_and_how_far(browser, runs, more_runs, shots):
+    """The runs list and a run's page follow a run while it writes: its state (running,
+    finished, stopped short) and "step N of M", the curves and numbers of each new step, and the
+    episodes it logged, without a reload."""
+    from awm.ui.app import UiState
+    from awm.ui.runs import Runs
+
+    severe(browser)  # read (and so cleared): what pages of earlier tests logged is not this test's
+    live = more_runs / "live"
+    total = json.loads((live / "config.json").read_text())["steps"]
+    assert total == len(metric_rows(runs / "tiny")) == 3
+    write_step(live, runs / "tiny", 1)
+    with ui_in_thread(UiState(Runs([runs, more_runs]))) as url:
+        open_page(browser, url + "/", "#/runs", "runs")
+        assert "running" in row_of(browser, "live") and "step 1 of 3" in row_of(browser, "live")
+        stopped = row_of(browser, "crashed")
+        assert "stopped" in stopped and "step 1 of 2" in stopped and "crashed or was killed" in stopped
+        assert "finished" in row_of(browser, "tiny") and "step 3 of 3" in row_of(browser, "tiny")
+        assert "finished" in row_of(browser, "eval")
+        browser.find_element("css selector", 'input[aria-label="compare crashed"]').click()
+        write_step(live, runs / "tiny", 2)  # the list follows, and keeps what was ticked
+        wait(lambda: "step 2 of 3" in row_of(browser, "live"), "the runs list at step 2")
+        assert browser.find_element("css selector", 'input[aria-label="compare crashed"]').is_selected()
+        full_shot(browser, shots / "runs-live.png")
+
+        open_page(browser, url + "/", f"#/run/{run_id(live)}", "run")
+        state = browser.find_element("id", "run-state")
+        assert "running" in state.text and "step 2 of 3" in state.text
+        reward = 'figure.panel[data-metric="reward_mean"] a.point-link'
+        assert len(browser.find_elements("css selector", reward)) == 2
+        write_step(live, runs / "tiny", 3)  # the last step: the run is finished
+        wait(lambda: "finished" in browser.find_element("id", "run-state").text, "the run page's state")
+        assert "step 3 of 3" in browser.find_element("id", "run-state").text
+        wait(lambda: len(browser.find_elements("css selector", reward)) == 3, "the third step's point")
+        cards = {c.find_element("tag name", "dt").text: c.find_element("tag name", "dd").text
+                 for c in browser.find_elements("css selector", "dl.cards .card")}
+        assert cards["Steps"] == "3"
+        news = wait(lambda: browser.find_element("id", "episodes-news").text, "the new episodes' line")
+        ended = len(episodes_of(runs / "tiny")[1])
+        browser.find_element("xpath", "//p[@id='episodes-news']//button[text()='Show them']").click()
+        wait(lambda: episode_count(browser).startswith(f"{ended} episodes match"), "the whole list")
+        assert "more episode" in news
+        full_shot(browser, shots / "run-live.png")
+        assert severe(browser) == []
+        browser.get("about:blank")  # the live page stops polling before its server stops
+
+
+def test_what_differs_between_runs_configurations_and_outcomes(browser, runs, more_runs, shots):
+    """Two training runs compared: exactly the settings that differ, marked; a baseline chosen
+    on the page; an evaluation against a worse one: each difference coloured by whether it is
+    better or worse for that measure, not by its sign."""
+    from selenium.webdriver.support.ui import Select
+
+    from awm.ui.app import UiState
+    from awm.ui.runs import Runs
+
+    a, b = (json.loads((runs / n / "config.json").read_text()) for n in ("tiny", "tiny-seed2"))
+    fa, fb = flat_config(a), flat_config(b)
+    differ = sorted(k for k in fa.keys() | fb.keys() if fa.get(k) != fb.get(k))
+    assert {"seed", "steps", "run_dir"} <= set(differ) and "rollout.group_size" not in differ
+    train, seed2 = run_id(runs / "tiny"), run_id(runs / "tiny-seed2")
+    with ui_in_thread(UiState(Runs([runs, more_runs]))) as url:
+        open_page(browser, url + "/", f"#/compare/{train}/{seed2}", "compare")
+        section = browser.find_element("css selector", "section[aria-labelledby=config-diff-h]")
+        table = section.find_element("tag name", "table")
+        assert [c.text for c in table.find_elements("css selector", "tbody tr td:first-child")] == differ
+        assert table.find_element("tag name", "caption").text.startswith(f"{len(differ)} of {len(fa.keys() | fb.keys())} settings differ")
+        assert "tiny (baseline)" in table.find_element("tag name", "thead").text
+        seed_row = table.find_element("xpath", ".//tr[td[1]/code[text()='seed']]")
+        marked = seed_row.find_elements("css selector", "td:nth-child(3) .differs")
+        assert marked and marked[0].get_attribute("textContent") == f"{fb['seed']} (differs from the baseline)"
+        # the baseline is chosen, not the newest run
+        browser.execute_script("document.body.dataset.ready = ''")
+        Select(browser.find_element("id", "baseline")).select_by_visible_text("tiny-seed2")
+        wait(lambda: browser.execute_script("return document.body.dataset.ready") == "compare", "the other baseline")
+        assert f"baseline={seed2}" in browser.current_url
+        heads = browser.find_elements("css selector", "section[aria-labelledby=config-diff-h] thead th")
+        assert [th.text for th in heads][1:] == ["tiny-seed2 (baseline)", "tiny"]
+        full_shot(browser, shots / "compare-config.png")
+
+        # an evaluation against its outcome turned over: fewer tasks never solved is better, a
+        # higher pass@1 is better, whichever sign each difference has
+        open_page(browser, url + "/", f"#/compare/{run_id(runs / 'eval')}/{run_id(more_runs / 'eval-b')}", "compare")
+        never_a, never_b = (sum(1 for t in json.loads((d / "eval.json").read_text())["tasks"] if not t["complete"])
+                            for d in (runs / "eval", more_runs / "eval-b"))
+        never = browser.find_element("xpath", "//main//tr[td[1][starts-with(., 'Tasks never solved')]]")
+        delta = never.find_element("css selector", ".delta")
+        assert delta.text.startswith(f"{'+' if never_b > never_a else '−'}{abs(never_b - never_a)}")
+        assert delta.get_attribute("class") == f"delta {'worse' if never_b > never_a else 'better'}"
+        pass1 = browser.find_element("xpath", "//main//tr[td[1][starts-with(., 'pass@1')]]").find_element("css selector", ".delta")
+        assert pass1.text.startswith("+" if never_b < never_a else "−")
+        assert pass1.get_attribute("class") == f"delta {'better' if never_b < never_a else 'worse'}"
+        episodes = browser.find_element("xpath", "//main//tr[td[1][starts-with(., 'Episodes')]]")
+        assert not episodes.find_elements("css selector", ".delta.better, .delta.worse")  # a count: no better way
+        assert severe(browser) == []
+
+
+BROKEN_WORDS = r"""
+// Words of 2 to 16 characters (between spaces, hyphens and slashes, where a line may break) that
+// the layout broke across lines: a narrow cell squeezed to a letter per line. Longer ones may
+// break at the edge of their box, paths anywhere by design; text inside <pre> is the trajectory's.
+const out = [];
+const walker = document.createTreeWalker(document.getElementById("main"), NodeFilter.SHOW_TEXT);
+for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+  const el = node.parentElement;
+  if (!el || el.closest("pre, code.path, svg, .sr") || !el.getClientRects().length) continue;
+  const text = node.textContent;
+  for (const m of text.matchAll(/[^\s\/\u2010-\u2014-]+/g)) {
+    if (m[0].length < 2 || m[0].length > 16) continue;
+    const range = document.createRange();
+    range.setStart(node, m.index);
+    range.setEnd(node, m.index + m[0].length);
+    const tops = new Set([...range.getClientRects()].filter((r) => r.width > 0).map((r) => Math.round(r.top)));
+    if (tops.size > 1) out.push(`${el.tagName.toLowerCase()}: "${m[0]}" on ${tops.size} lines`);
+  }
+}
+return out.slice(0, 20);
+"""
+
+
+def test_no_word_breaks_letter_by_letter_and_the_breadcrumb_names_the_run(ui, browser, runs, shots):
+    """The configuration grid, the catalog's tables and the runs list's headers kept whole at
+    1400 and 800 px; an episode's breadcrumb names its run."""
+    train = run_id(runs / "tiny")
+    _, ended = episodes_of(runs / "tiny")
+    pages = [("#/runs", "runs"), (f"#/run/{train}", "run"), (f"#/run/{run_id(runs / 'eval')}", "run"),
+             ("#/catalog", "catalog"), (f"#/compare/{train}/{run_id(runs / 'tiny-seed2')}/{run_id(runs / 'eval')}", "compare"),
+             (f"#/episode/{train}/{ended[0]['episode_id']}", "episode")]
+    try:
+        for width in (1400, 800):
+            browser.set_window_size(width, 1000)
+            for fragment, page in pages:
+                open_page(browser, ui, fragment, page)
+                for details in browser.find_elements("css selector", "main details:not([open])"):
+                    browser.execute_script("arguments[0].open = true", details)
+                assert browser.execute_script(BROKEN_WORDS) == [], (width, fragment)
+            browser.save_screenshot(str(shots / f"layout-{width}.png"))
+    finally:
+        browser.set_window_size(1400, 1000)
+    open_page(browser, ui, f"#/episode/{train}/{ended[0]['episode_id']}", "episode")
+    crumb = browser.find_element("css selector", "main p.breadcrumb")
+    assert crumb.find_elements("tag name", "a")[1].text == "tiny"
+    assert severe(browser) == []

@@ -6,6 +6,8 @@ The API is the front end's only data source, and plain enough to script against:
     GET  /api/catalog                          environments, tables, tools, tasks, gates
     GET  /api/runs                             run directories found under the roots
     GET  /api/runs/{id}                        metrics per step, eval report, per-env rates, facets
+    GET  /api/runs/{id}/status                 state (running | finished | stopped | idle), step of
+                                               steps, the logs' sizes: what a live page polls
     GET  /api/runs/{id}/episodes?env=&task_id=&verdict=&error_kind=&step=&masked=&min_reward=
                                  &max_reward=&q=&version=&offset=&limit=        one page of the episode list
     GET  /api/runs/{id}/episodes/{episode_id}  one whole episode (and its neighbours in the log)
@@ -180,6 +182,10 @@ def build_app(state: UiState, middleware: list[Middleware] | None = None) -> Sta
         body = await run_in_threadpool(run_body, request.path_params["run"])
         return Response(body, media_type="application/json") if body is not None else _error(404, "no such run")
 
+    async def run_status(request: Request) -> Response:
+        found = await run_in_threadpool(state.runs.status, request.path_params["run"])
+        return JSONResponse(found) if found is not None else _error(404, "no such run")
+
     async def episodes(request: Request) -> Response:
         index, indexing = await run_in_threadpool(state.runs.index_now, request.path_params["run"])
         try:
@@ -268,6 +274,7 @@ def build_app(state: UiState, middleware: list[Middleware] | None = None) -> Sta
         Route("/api/vocabulary", vocabulary),
         Route("/api/runs", runs),
         Route("/api/runs/{run}", run),
+        Route("/api/runs/{run}/status", run_status),
         Route("/api/runs/{run}/episodes", episodes),
         Route("/api/runs/{run}/episodes/{episode}", episode),
         Route("/api/fleet", fleet),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,11 @@ from awm.ui.index import EpisodeIndex
 MARKERS = ("trajectories.jsonl", "metrics.jsonl", "eval.json")
 MAX_DEPTH = 4  # how deep under a root run directories are looked for
 SYNC_BYTES = 16 * 2**20  # less log than this to index: within the request (well under a second)
+# A run is "running" while its files were written lately: the trainer appends a trajectory line
+# per finished turn and a metrics line per step, but a step can be minutes of learner work with no
+# write (sync mode, a big model), so "lately" is this or three of its longest recent steps.
+QUIET_S = 300.0
+WRITTEN = ("trajectories.jsonl", "metrics.jsonl", "eval.json", "config.json")
 
 
 class RunInfo(BaseModel):
@@ -37,6 +43,11 @@ class RunInfo(BaseModel):
     pass_at_1: float | None = None
     pass_at_k: float | None = None
     modified: float = 0.0
+    state: str = "idle"  # running | finished | stopped | idle (see run_state)
+    state_reason: str = ""
+    step: int | None = None  # the last step logged, and of how many (config.json's steps)
+    total_steps: int | None = None
+    now: float = 0.0  # the server's clock when this was read: a page says "written 12 s ago" by it
 
 
 def run_id(path: Path) -> str:
@@ -122,6 +133,48 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def quiet_limit(metrics: list[dict[str, Any]]) -> float:
+    """How long a running run may go without writing a file: QUIET_S, or three times the
+    longest of its last five steps when those took longer."""
+    recent = [m["step_s"] for m in metrics[-5:] if isinstance(m.get("step_s"), (int, float))]
+    return max([QUIET_S, *(3 * s for s in recent)])
+
+
+def _ago(seconds: float) -> str:
+    return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.0f} min" if seconds >= 60 else f"{seconds:.0f} s"
+
+
+def run_state(metrics: list[dict[str, Any]], total: int | None, report: dict[str, Any] | None,
+              last_write: float, now: float) -> tuple[str, str]:
+    """What a run directory's files say about its run, with the reason shown beside it. The
+    trainer writes no heartbeat and no final marker, so: an evaluation is finished when its
+    eval.json is there (stopped when that report says it is partial); a training run is finished
+    when its last metrics line is config.json's last step; otherwise a run that wrote a file
+    within quiet_limit is running, and one that did not has stopped short (crashed or killed:
+    the files cannot tell which) or, when its number of steps is not known, is idle."""
+    if report is not None:
+        if report.get("incomplete"):
+            return "stopped", f"partial report: {report['incomplete']}"
+        return "finished", "eval.json written"
+    step = metrics[-1].get("step") if metrics else None
+    if total and isinstance(step, int) and step >= total:
+        return "finished", f"all {total} steps logged"
+    quiet = now - last_write
+    if quiet <= quiet_limit(metrics):
+        return "running", f"last write {_ago(quiet)} ago"
+    if total:
+        return "stopped", (f"no write for {_ago(quiet)} at step {step or 0} of {total}: it crashed or was killed "
+                           "(awm train with the same run_dir resumes it)")
+    return "idle", f"no write for {_ago(quiet)}"
+
+
+def status(info: RunInfo, path: Path | None = None) -> dict[str, Any]:
+    out = info.model_dump(include={"id", "name", "kind", "state", "state_reason", "step", "total_steps", "modified", "now"})
+    if path is not None:
+        out["sizes"] = {m: (path / m).stat().st_size if (path / m).is_file() else None for m in WRITTEN}
+    return out
+
+
 class Runs:
     """The runs under some roots, and one episode index per run (opened when first asked for)."""
 
@@ -147,14 +200,28 @@ class Runs:
         made_by = framework(path, start, bool(metrics))
         kind = "eval" if report is not None else "train" if made_by else "unknown"
         name = next((str(path.relative_to(r)) for r in self.roots if path.is_relative_to(r)), path.name)
-        modified = max((path / m).stat().st_mtime for m in MARKERS if (path / m).is_file())
+        modified = max((path / m).stat().st_mtime for m in WRITTEN if (path / m).is_file())
         overall = (report or {}).get("overall") or {}
         k = (report or {}).get("k")
+        config = _read_json(path / "config.json") if kind == "train" else None
+        total = (config or {}).get("steps")
+        total = total if isinstance(total, int) and total > 0 else None
+        now = time.time()
+        state, why = run_state(metrics, total, report, modified, now)
+        last_step = metrics[-1].get("step") if metrics else None
         return RunInfo(id=rid, name=name if name != "." else path.name, path=str(path), kind=kind,
                        framework=None if report is not None else made_by,
                        model=(report or {}).get("model") or start.get("policy"), steps=len(metrics),
                        last_reward=rewards[-1] if rewards else None, k=k, pass_at_1=overall.get("pass@1"),
-                       pass_at_k=overall.get(f"pass@{k}") if k else None, modified=modified)
+                       pass_at_k=overall.get(f"pass@{k}") if k else None, modified=modified, state=state,
+                       state_reason=why, step=last_step if isinstance(last_step, int) else None,
+                       total_steps=total, now=now)
+
+    def status(self, rid: str) -> dict[str, Any] | None:
+        """What a live page polls: the run's state and progress, and the sizes of its logs (a
+        page fetches the whole run again only when one of them changed)."""
+        path = self.path(rid)
+        return None if path is None else status(self.info(rid, path), path)
 
     def path(self, rid: str) -> Path | None:
         return self.paths().get(rid)
@@ -200,6 +267,7 @@ class Runs:
         ready = index if indexing is None else None
         info = self.info(rid, path)
         return {"id": rid, "name": path.name, "path": str(path), "kind": info.kind, "framework": info.framework,
+                "status": status(info, path),
                 "model": info.model, "metrics": (metrics := read_metrics(path)),
                 "eval": _read_json(path / "eval.json"), "config": _read_json(path / "config.json"),
                 "indexing": indexing,

@@ -16,26 +16,43 @@ function s(tag, attrs = {}, text) {
 
 const present = (y) => y !== null && y !== undefined && Number.isFinite(y);
 
-// 1, 2 or 5 times a power of ten: the step of about `count` ticks over [lo, hi]
+// how many decimals `x` needs to be written exactly (0.25: 2, 5: 0, 1e-7: 7), at most 12
+export function decimalsOf(x) {
+  for (let d = 0; d < 12; d++) {
+    const scaled = Math.abs(x) * 10 ** d;
+    if (Math.abs(scaled - Math.round(scaled)) < 1e-9 * Math.max(1, scaled)) return d;
+  }
+  return 12;
+}
+
+// 1, 2, 2.5 or 5 times a power of ten: the step of about `count` ticks over [lo, hi]. Each tick
+// is its index times the step, rounded to the step's decimals: summing steps would drift (0.1
+// added seven times is not 0.7, and the tick at zero came out as -7e-18).
 export function niceTicks(lo, hi, count = 5) {
   if (!(hi > lo)) { const pad = Math.abs(lo) / 10 || 1; lo -= pad; hi += pad; }
   const raw = (hi - lo) / count;
   const mag = 10 ** Math.floor(Math.log10(raw));
-  const step = [1, 2, 2.5, 5, 10].map((m) => m * mag).find((st) => st >= raw) || 10 * mag;
-  const first = Math.floor(lo / step) * step, last = Math.ceil(hi / step) * step;
+  const step = Number(([1, 2, 2.5, 5, 10].map((m) => m * mag).find((st) => st >= raw * (1 - 1e-9)) || 10 * mag).toPrecision(12));
+  const decimals = decimalsOf(step);
+  const at = (k) => Number((k * step).toFixed(decimals)) || 0;  // `|| 0`: never a tick labelled -0
+  const first = Math.floor(lo / step + 1e-9), last = Math.ceil(hi / step - 1e-9);
   const ticks = [];
-  for (let v = first; v <= last + step / 2; v += step) ticks.push(Number(v.toPrecision(12)));
-  return { ticks, step, lo: first, hi: last };
+  for (let k = first; k <= last; k++) ticks.push(at(k));
+  return { ticks, step, lo: at(first), hi: at(last) };
 }
 
-// a tick's label: as many decimals as the step needs, thousands as k / M
+// a tick's label: exactly as many decimals as the step has (a 0.25 step reads 0.25, not 0.3),
+// thousands as k / M, steps below a millionth in exponent form. Without a step (a log axis' power
+// of ten) the value's own decimals.
 export function tickLabel(v, step = 0) {
-  const a = Math.abs(v);
-  if (a >= 1e6) return `${+(v / 1e6).toPrecision(3)}M`;
-  if (a >= 1e4) return `${+(v / 1e3).toPrecision(3)}k`;
-  if (a !== 0 && a < 1e-3) return v.toExponential(0);
-  const decimals = step ? Math.max(0, Math.min(6, -Math.floor(Math.log10(step) + 1e-9))) : 2;
-  return v.toFixed(decimals);
+  if (Math.abs(v) < 1e-12 * (step || 1)) v = 0;  // a zero computed as -7e-18 reads 0
+  const a = Math.abs(v), unit = step || a || 1;
+  if (a >= 1e6 && unit >= 1e3) return `${(v / 1e6).toFixed(decimalsOf(unit / 1e6))}M`;
+  if (a >= 1e4 && unit >= 1) return `${(v / 1e3).toFixed(decimalsOf(unit / 1e3))}k`;
+  const decimals = decimalsOf(unit);
+  if (decimals <= 6) return v.toFixed(decimals);
+  if (!v) return "0";
+  return v.toExponential(Math.min(6, decimalsOf(v / 10 ** Math.floor(Math.log10(a) + 1e-9))));
 }
 
 // exact values in readouts: up to 6 significant digits, no trailing zeros
@@ -96,7 +113,7 @@ export function lineChart(series, opts = {}) {
     const lo = Math.floor(Math.log10(Math.min(...ys))), hi = Math.ceil(Math.log10(Math.max(...ys)));
     y0 = lo; y1 = Math.max(hi, lo + 1);
     yTicks = [];
-    for (let e = y0; e <= y1; e++) yTicks.push({ v: e, label: tickLabel(10 ** e) });
+    for (let e = y0; e <= y1; e++) yTicks.push({ v: e, label: tickLabel(Number((10 ** e).toPrecision(1))) });
   } else {
     const lo = opts.yMin ?? Math.min(...ys), hi = opts.yMax ?? Math.max(...ys);
     const nice = niceTicks(Math.min(lo, opts.yMin ?? lo), Math.max(hi, opts.yMax ?? hi), 4);
@@ -112,8 +129,10 @@ export function lineChart(series, opts = {}) {
     svg.append(s("line", { x1: pad.l, x2: width - pad.r, y1: y, y2: y, class: "grid" }));
     svg.append(s("text", { x: pad.l - 6, y: y + 4, "text-anchor": "end", class: "tick" }, t.label));
   }
-  const xt = niceTicks(x0, x1, 6);
-  for (const x of xt.ticks.filter((v) => v >= x0 && v <= x1 && (Number.isInteger(v) || xt.step < 1))) {
+  // steps and versions are whole numbers: their ticks too (1 2 3, not 1.0 1.5 2.0 2.5 3.0)
+  const integral = xsAll.every(Number.isInteger);
+  const xt = niceTicks(x0, x1, integral ? Math.max(1, Math.min(6, x1 - x0)) : 6);
+  for (const x of xt.ticks.filter((v) => v >= x0 && v <= x1 && (Number.isInteger(v) || !integral))) {
     svg.append(s("text", { x: X(x), y: height - pad.b + 16, "text-anchor": "middle", class: "tick" }, tickLabel(x, xt.step)));
   }
   if (xLabel) svg.append(s("text", { x: width - pad.r, y: height - 3, "text-anchor": "end", class: "tick" }, xLabel));

@@ -47,11 +47,13 @@ export const fmt = {
   json(v) { return typeof v === "string" ? v : JSON.stringify(v, null, 2); },
 };
 
+// a table in a box of its own that scrolls sideways when a cell holds a long unbreakable value
+// (the page never does)
 export function table(columns, rows, caption) {
-  return h("table", {},
+  return h("div", { class: "table-wrap" }, h("table", {},
     caption ? h("caption", {}, caption) : null,
     h("thead", {}, h("tr", {}, columns.map((c) => h("th", { scope: "col" }, c.label)))),
-    h("tbody", {}, rows.map((row) => h("tr", {}, columns.map((c) => h("td", { class: c.cls || null }, c.cell(row)))))));
+    h("tbody", {}, rows.map((row) => h("tr", {}, columns.map((c) => h("td", { class: c.cls || null }, c.cell(row))))))));
 }
 
 export function badge(text, kind) {
@@ -79,4 +81,29 @@ export function query(params) {
   for (const [k, v] of Object.entries(params)) if (v !== null && v !== undefined && v !== "") q.set(k, v);
   const s = q.toString();
   return s ? `?${s}` : "";
+}
+
+// Calls `tick` again and again while a page is open: `min` ms after a tick that saw a change,
+// twice the last wait (up to `max`) after one that did not or failed (a restarting server is not
+// hammered), and no request while the tab is hidden. Returns the function that stops it.
+export function poll(tick, { min = 2000, max = 30000 } = {}) {
+  let delay = min, timer = null, live = true;
+  const run = async () => {
+    let changed = false;
+    if (!document.hidden) {
+      try { changed = await tick(); } catch { changed = false; }
+    }
+    if (!live) return;
+    delay = changed ? min : Math.min(max, delay * 2);
+    timer = setTimeout(run, delay);
+  };
+  timer = setTimeout(run, delay);
+  return () => { live = false; clearTimeout(timer); };
+}
+
+// A run's state as a badge with its reason, and its progress: "running · step 6 of 45"
+export function runState(s) {
+  const progress = s.total_steps ? `step ${s.step ?? 0} of ${s.total_steps}` : s.step ? `step ${s.step}` : null;
+  return h("span", { class: "run-state", title: s.state_reason || null },
+    badge(s.state, `state-${s.state}`), progress ? h("span", { class: "progress" }, ` ${progress}`) : null);
 }

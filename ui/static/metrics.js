@@ -25,15 +25,25 @@ const LABELS = { reward_mean: "reward (mean)", success_rate: "success rate", sta
   env_wait_fraction: "env wait (share of step)", tool_error_episode_fraction: "episodes with a tool error" };
 export const label = (key) => LABELS[key] || key.replaceAll("_", " ");
 
+// Metrics a run logged as a number though it never computed them: awm's learner logs `kl: 0.0`
+// when grpo.kl_coef is 0 (no reference model, nothing measured), which on a chart reads as "the
+// policy did not move". The configuration says so; such a metric is absent, with the reason.
+export function notComputed(run) {
+  const grpo = run.config && run.config.grpo;
+  return grpo && typeof grpo === "object" && Number(grpo.kl_coef) === 0
+    ? new Map([["kl", "grpo.kl_coef is 0: no reference model, nothing measured"]]) : new Map();
+}
+
 // the run's per-step records as {x, values}: numbers as they are, lists of numbers as their mean
 // and max (staleness), nested objects left out (reward_distribution). A run without metrics.jsonl
 // (TRL, verl, SkyRL) gets its steps from its episodes' policy versions.
 export function series(run) {
   if (run.metrics && run.metrics.length) {
+    const absent = notComputed(run);
     return { axis: "step", rows: run.metrics.map((r) => {
       const values = {};
       for (const [k, v] of Object.entries(r)) {
-        if (SKIP.has(k)) continue;
+        if (SKIP.has(k) || absent.has(k)) continue;
         if (typeof v === "number") values[k] = v;
         else if (Array.isArray(v) && v.length && v.every((x) => typeof x === "number")) {
           values[`${k}_mean`] = v.reduce((a, b) => a + b, 0) / v.length;
@@ -56,6 +66,14 @@ export function keysOf(runsSeries) {
 }
 
 export const groupOf = (key) => GROUP_OF[key] || "Other";
+
+// which logged metrics are not drawn because the run did not compute them, and why
+function absentNote(runs) {
+  const lines = runs.flatMap(({ run }) => [...notComputed(run)]
+    .filter(([key]) => (run.metrics || []).some((r) => typeof r[key] === "number"))
+    .map(([key, why]) => `${key}${runs.length > 1 ? ` of ${run.name}` : ""} (logged as a number, but ${why})`));
+  return lines.length ? h("p", { class: "muted", id: "not-computed" }, `Not drawn: ${lines.join("; ")}.`) : null;
+}
 
 const STORE = "awm-ui-metrics";
 function saved() {
@@ -129,6 +147,14 @@ export function metricPanels(runs, { highlight = null, link = null, hoverGroup =
   log.addEventListener("change", () => { state.log = log.value; store(); draw(); });
   drawList();
   draw();
+  // a live page's new steps: the same metrics redrawn in place (the chooser as it is); false when
+  // the run logged a metric not seen before (the caller draws the section anew)
+  root.update = (next) => {
+    if (keysOf(next.map((r) => r.series)).join() !== keys.join()) return false;
+    runs = next;
+    draw();
+    return true;
+  };
   root.append(
     h("h2", { id: "metrics-h" }, "Metrics ", h("span", { class: "muted" }, `${chosen.size} of ${keys.length} shown · per ${axis}`)),
     h("div", { class: "metric-controls" },
@@ -139,6 +165,7 @@ export function metricPanels(runs, { highlight = null, link = null, hoverGroup =
         list),
       h("div", { class: "field" }, h("label", { for: "smoothing" }, "Smoothing (EMA)"), h("span", {}, smoothing, " ", shown)),
       field("Log scale", log)),
+    absentNote(runs),
     h("p", { class: "muted" }, link ? "Hover a chart for the exact values at a step in every chart; click to open that step's episodes."
       : "Hover a chart for the exact values at a step in every chart."),
     panels);

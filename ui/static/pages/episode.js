@@ -58,10 +58,12 @@ function verdict(ep) {
 }
 
 export async function render(main, [runId, episodeId]) {
-  const [ep] = await Promise.all([api(`/api/runs/${runId}/episodes/${episodeId}`), loadVocabulary()]);
+  // the run's name for the breadcrumb from its (light) status; an episode still shows without it
+  const [ep, run] = await Promise.all([api(`/api/runs/${runId}/episodes/${episodeId}`),
+    api(`/api/runs/${runId}/status`).catch(() => null), loadVocabulary()]);
   const prompt = (ep.messages || []).slice(0, 2);
-  fill(main, 
-    h("p", {}, h("a", { href: "#/runs" }, "Runs"), " / ", h("a", { href: `#/run/${runId}` }, "run"), " / ",
+  fill(main,
+    h("p", { class: "breadcrumb" }, h("a", { href: "#/runs" }, "Runs"), " / ", h("a", { href: `#/run/${runId}` }, run?.name || runId), " / ",
       ep.step != null ? [h("a", { href: `#/run/${runId}?step=${ep.step}` }, `step ${ep.step}`), " / "] : null, ep.episode_id),
     h("h1", {}, `${ep.env} · ${ep.task_id}`),
     h("nav", { class: "episode-nav", "aria-label": "Episodes" },

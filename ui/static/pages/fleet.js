@@ -118,9 +118,15 @@ function namespace(group) {
 }
 
 export async function render(main) {
-  let timer = null, live = true;
+  let timer = null, live = true, shown = null;
+  // redrawn only when the fleet changed: a redraw takes the focus, a selection, an open row away
   const tick = async () => {
-    try { fill(main, ...view(await api("/api/fleet"))); } catch (err) { fill(main, errorBox(err)); }
+    try {
+      const fleet = await api("/api/fleet");
+      const seen = JSON.stringify(fleet);
+      if (seen !== shown) fill(main, ...view(fleet));
+      shown = seen;
+    } catch (err) { fill(main, errorBox(err)); shown = null; }
     if (live) timer = setTimeout(tick, POLL_MS);
   };
   await tick();

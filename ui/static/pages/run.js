@@ -1,6 +1,6 @@
 // One run: its numbers, every metric it logged, its configuration, results per environment and
 // per task with the failure classes, and its episodes (filtered, paged through the server's index).
-import { api, badge, errorBox, field, fill, fmt, h, query, select, table } from "../lib.js";
+import { api, badge, errorBox, field, fill, fmt, h, poll, query, runState, select, table } from "../lib.js";
 import { metricPanels, series } from "../metrics.js";
 import { configuration, failureSummary, headline, kindBadges, perEnv, perTask, stepLink, stepValues } from "./summary.js";
 
@@ -16,39 +16,106 @@ export async function render(main, [id], params) {
   const list = h("section", { "aria-labelledby": "episodes-h" });
   const picked = params.step !== undefined && params.step !== "" ? Number(params.step)
     : params.version !== undefined && params.version !== "" ? Number(params.version) : null;
-  const curves = series(run);
+  const live = liveParts(run, picked);
   fill(main,
     h("p", {}, h("a", { href: "#/runs" }, "Runs"), " / ", run.name),
     h("h1", {}, run.name, " ", kindBadges(run)),
+    live.state,
     run.eval || run.model ? h("p", {}, "Model: ", h("strong", {}, (run.eval && run.eval.model) || run.model)) : null,
-    headline(run),
+    live.headline,
     picked !== null ? h("div", { class: "callout", role: "status" },
       h("p", {}, h("strong", {}, `${params.step !== undefined && params.step !== "" ? "Step" : "Policy version"} ${picked}`),
         " is marked on every chart; ", h("a", { href: "#episodes-h" }, "its episodes"), " are listed below. ",
         h("a", { href: `#/run/${run.id}` }, "Clear")),
       stepValues(run, picked)) : null,
-    curves.rows.length ? metricPanels([{ run, series: curves }], { highlight: picked, link: stepLink }) : null,
-    h("h2", {}, run.eval ? "Results per environment" : "Environments"), perEnv(run),
-    failureSummary(run),
-    perTask(run),
+    live.metrics,
+    live.results,
     configuration(run),
+    live.news,
     list);
+  const stops = [follow(id, run, live, picked, () => showEpisodes(list, run, params))];
   const indexing = run.indexing || page.indexing;
-  if (!indexing) { episodes(list, run, params, page); return null; }
-  // a big run's first open: the index is being built. Ask the (cheap) list until it is, showing
-  // the progress, then draw the whole page again (per-environment numbers and filters need it).
+  if (!indexing) episodes(list, run, params, page);
+  else stops.push(waitForIndex(id, params, list, indexing));
+  return () => stops.forEach((stop) => stop());
+}
+
+// The parts of the page a run that is still writing changes, each replaceable in place
+function liveParts(run, picked) {
+  const curves = series(run);
+  return {
+    state: h("p", { id: "run-state" }, stateLine(run.status)),
+    headline: h("div", {}, headline(run)),
+    metrics: h("div", {}, curves.rows.length ? metricPanels([{ run, series: curves }], { highlight: picked, link: stepLink }) : null),
+    results: h("div", {}, h("h2", {}, run.eval ? "Results per environment" : "Environments"), perEnv(run),
+      failureSummary(run), perTask(run)),
+    news: h("p", { class: "muted", id: "episodes-news", role: "status" }),
+  };
+}
+
+function stateLine(status) {
+  return status ? [runState(status), h("span", { class: "muted" }, ` · ${status.state_reason}`)] : null;
+}
+
+// Keeps the page up to date while the run writes: its state line on every poll; numbers, curves
+// and results when a step (metrics.jsonl), the report or the state changed, or every 15 s while
+// only episodes come in (an evaluation); the episode list only when asked (it may be filtered or
+// paged by hand), with a line saying how many more episodes there are.
+function follow(id, run, live, picked, redrawList) {
+  const sizes = (s) => JSON.stringify([s.state, s.step, s.sizes?.["metrics.jsonl"], s.sizes?.["eval.json"]]);
+  let shown = run.status ? sizes(run.status) : null, episodesShown = run.episodes, drawnAt = Date.now();
+  let logSize = run.status?.sizes?.["trajectories.jsonl"];
+  return poll(async () => {
+    const status = await api(`/api/runs/${id}/status`);
+    fill(live.state, stateLine(status));
+    const grew = status.sizes?.["trajectories.jsonl"] !== logSize;
+    logSize = status.sizes?.["trajectories.jsonl"];
+    if (sizes(status) === shown && !(grew && Date.now() - drawnAt > 15000)) return grew;
+    const next = await api(`/api/runs/${id}`);
+    shown = sizes(status);
+    drawnAt = Date.now();
+    redraw(live, next, picked);
+    const more = typeof next.episodes === "number" && typeof episodesShown === "number" ? next.episodes - episodesShown : 0;
+    if (more > 0) {
+      fill(live.news, `${more} more episode${more === 1 ? "" : "s"} logged since the list was drawn. `,
+        h("button", { type: "button", class: "secondary", onclick: () => { episodesShown = next.episodes; fill(live.news); redrawList(); } },
+          "Show them"));
+    }
+    return true;
+  });
+}
+
+function redraw(live, run, picked) {
+  fill(live.headline, headline(run));
+  const panels = live.metrics.firstChild;
+  const curves = series(run);
+  if (!(panels && panels.update && panels.update([{ run, series: curves }]))) {  // new metrics: the section anew
+    fill(live.metrics, curves.rows.length ? metricPanels([{ run, series: curves }], { highlight: picked, link: stepLink }) : null);
+  }
+  fill(live.results, h("h2", {}, run.eval ? "Results per environment" : "Environments"), perEnv(run),
+    failureSummary(run), perTask(run));
+}
+
+async function showEpisodes(list, run, params) {
+  const [next, page] = await Promise.all([api(`/api/runs/${run.id}`), api(pageUrl(run.id, params)).catch((err) => err)]);
+  episodes(list, next, params, page);
+}
+
+// a big run's first open: the index is being built. Ask the (cheap) list until it is, showing
+// the progress, then draw the whole page again (per-environment numbers and filters need it).
+function waitForIndex(id, params, list, indexing) {
   const mb = (n) => (n / 2 ** 20).toFixed(0);
   const status = h("p", { class: "muted", role: "status" });
   const show = (p) => fill(status, `Indexing the episodes: ${mb(p.scanned)} of ${mb(p.size)} MB of trajectories.jsonl…`);
   fill(list, h("h2", { id: "episodes-h" }, "Episodes"), status);
   show(indexing);
   let timer = null, live = true;
-  const poll = async () => {
+  const check = async () => {
     const next = await api(pageUrl(id, params)).catch(() => ({ indexing }));
     if (!live) return;
-    if (next.indexing) { show(next.indexing); timer = setTimeout(poll, 1000); } else window.dispatchEvent(new HashChangeEvent("hashchange"));
+    if (next.indexing) { show(next.indexing); timer = setTimeout(check, 1000); } else window.dispatchEvent(new HashChangeEvent("hashchange"));
   };
-  timer = setTimeout(poll, 1000);
+  timer = setTimeout(check, 1000);
   return () => { live = false; clearTimeout(timer); };
 }
 

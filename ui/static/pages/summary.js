@@ -1,7 +1,7 @@
 // The parts of a run's page that compare reuses: headline numbers, the configuration, pass@k and
 // results per environment and per task with how the failures failed, each linked to its episodes.
 import { barChart, COLORS, exact } from "../charts.js";
-import { series } from "../metrics.js";
+import { notComputed } from "../metrics.js";
 import { badge, fmt, h, query, table } from "../lib.js";
 
 const mean = (xs) => (xs.length ? xs.reduce((a, b) => a + b, 0) / xs.length : null);
@@ -38,7 +38,7 @@ export function measures(run) {
       ["Reward, mean of all steps", fmt.num(mean(rewards)), mean(rewards)],
       [`Success, last step`, fmt.pct(last.success_rate), last.success_rate]);
     if (last.loss != null) out.push(["Loss, last step", exact(last.loss), last.loss]);
-    if (last.kl != null) out.push(["KL, last step", exact(last.kl), last.kl]);
+    if (last.kl != null && !notComputed(run).has("kl")) out.push(["KL, last step", exact(last.kl), last.kl]);
   } else if (versions.length) {
     const lastV = versions[versions.length - 1];
     out.push(["Policy versions", versions.length, versions.length],
@@ -53,6 +53,14 @@ export function measures(run) {
   const rps = mean(m.map((r) => r.rollouts_per_s).filter((v) => v != null));
   if (rps !== null) out.push(["Rollouts/s, mean", fmt.num(rps, 2), rps]);
   return out;
+}
+
+// Which way each measure is better, so that compare colours a difference as better or worse, not
+// by its sign (one more task never solved is worse). Counts of what was run (episodes, steps,
+// tasks) and GRPO's loss and KL (neither is a score) have no better way.
+const BETTER = [[/^(pass@|Reward|Success|Rollouts\/s)/, "higher"], [/^(Tasks never solved|Masked|Mean staleness)/, "lower"]];
+export function betterWay(measure) {
+  return (BETTER.find(([pattern]) => pattern.test(measure)) || [null, null])[1];
 }
 
 export function headline(run) {
@@ -194,8 +202,9 @@ export function stepValues(run, x) {
   const m = (run.metrics || []).find((r) => r.step === x);
   const v = m || (run.by_version || []).find((r) => r.version === x);
   if (!v) return null;
+  const absent = notComputed(run);
   const rows = Object.entries(v).filter(([, val]) => typeof val === "number" || (Array.isArray(val) && val.every((n) => typeof n === "number")));
   return h("details", { class: "step-values", open: true }, h("summary", {}, `All values at ${m ? "step" : "version"} ${x}`),
     h("table", { class: "kv" }, h("tbody", {}, rows.map(([k, val]) => h("tr", {}, h("th", { scope: "row" }, h("code", {}, k)),
-      h("td", { class: "num" }, Array.isArray(val) ? val.map(exact).join(", ") : exact(val)))))));
+      h("td", { class: "num" }, absent.has(k) ? "not computed" : Array.isArray(val) ? val.map(exact).join(", ") : exact(val)))))));
 }
