@@ -328,6 +328,8 @@ def eval_command(
                   "--allow-ungated; `awm catalog validate --record` records the gates)")
         raise typer.Exit(2)
     if checkpoint is not None:
+        if checkpoint.is_file() and checkpoint.name == "latest":  # RUN/checkpoints/latest names the step
+            checkpoint = checkpoint.parent / checkpoint.read_text().strip()
         policy, name = _checkpoint_policy(checkpoint, temperature, thinking), str(checkpoint)
     else:
         url, name = _endpoint(base_url, model)

@@ -124,7 +124,10 @@ class Learner:
         return {"learner_s": round(time.perf_counter() - start, 4), "sequences": len(seqs),
                 "trained_tokens": int(totals["tokens"]), "updates": len(minis),
                 "loss": round(totals["loss"] / len(minis), 6),
-                "kl": round(totals["kl"] / n, 6), "clip_fraction": round(totals["clip_fraction"] / n, 4),
+                # not computed without a reference model or with kl_coef 0: absent, never a 0 that
+                # reads as "the policy did not move"
+                "kl": round(totals["kl"] / n, 6) if self.ref_model is not None and self.cfg.kl_coef else None,
+                "clip_fraction": round(totals["clip_fraction"] / n, 4),
                 "ratio_mean": round(totals["ratio_mean"] / n, 6), "grad_norm": round(sum(norms) / len(norms), 6),
                 **_gap_stats(gap, self.cfg.tis_cap)}
 
