@@ -195,6 +195,10 @@ def _capped_gen(cur: psycopg.Cursor[Any], sql: str, args: Any) -> Any:
         raise psycopg.InternalError("got no result from the statement")
     if key is not None:
         cur._conn._prepared.validate(key, prep, name, [end])
+    # A ROLLBACK (an app's ROLLBACK TO SAVEPOINT too) or a DROP makes psycopg forget its prepared
+    # statements and queue DEALLOCATE ALL; run it now, as psycopg's execute does, or it would run
+    # after the next statement is prepared and delete that one ("prepared statement does not exist").
+    yield from cur._conn._prepared.maintain_gen(cur._conn)
     cur._check_results([end])
     return chunks, end, rows, over
 

@@ -280,6 +280,29 @@ def test_results_under_the_caps_are_unchanged(episode):
         assert again["rows"] == [{"title": "ideas"}]
 
 
+def test_a_rolled_back_app_savepoint_keeps_prepared_statements_usable(episode):
+    """An app's ROLLBACK TO SAVEPOINT makes psycopg forget its prepared statements and queue a
+    DEALLOCATE ALL; run late, it deleted the statement prepared next and the app's following
+    call failed with "prepared statement does not exist" (SQLAlchemy's session.rollback())."""
+    from awm.envserver.dbapi import execute_untrusted
+
+    episode.reset()
+    conn = episode.conn
+    assert conn is not None
+    for round_ in range(3):
+        execute_untrusted(conn, f"SAVEPOINT awm_app_{round_}", None, "none")
+        for _ in range(8):  # past psycopg's prepare threshold: prepared on the server
+            assert execute_untrusted(conn, "SELECT title FROM notes WHERE id = %s", [2], "dicts")["rows"] == [
+                {"title": "ideas"}]
+        execute_untrusted(conn, f"ROLLBACK TO SAVEPOINT awm_app_{round_}", None, "none")
+        for _ in range(8):
+            assert execute_untrusted(conn, "SELECT id FROM notes WHERE title = %s", ["ideas"], "dicts")["rows"] == [
+                {"id": 2}]
+        conn.execute("SELECT 1")  # the server's own statements between calls (RELEASE SAVEPOINT awm_tool)
+        assert execute_untrusted(conn, "SELECT id FROM notes WHERE title = %s", ["ideas"], "dicts")["rows"] == [
+            {"id": 2}]
+
+
 # -- an environment's DDL and seed are untrusted ---------------------------------------------------
 
 HOSTILE_DDL = {

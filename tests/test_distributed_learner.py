@@ -52,7 +52,10 @@ def test_two_process_fsdp_step_equals_the_single_process_step(sharded: dict, lor
     for name, expected in single["weights"].items():
         got = mine["weights"][name]
         assert got.shape == expected.shape, name
-        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4, msg=lambda m: f"{name}: {m}")
+        # atol: half a step at lr 1e-3. Adam divides by sqrt(v): an element whose gradient is near
+        # zero (a rare token's embedding) moves by up to lr on rounding alone (the shards sum in
+        # another order); a weight the sharded step missed or doubled is off by a whole step.
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=5e-4, msg=lambda m: f"{name}: {m}")
         moved += int(not torch.equal(expected, initial[name]))
     assert moved > 0  # the steps changed the weights (a comparison of two untouched models proves nothing)
     # AdamW's update hardly depends on the gradients' scale, so averaged instead of summed
@@ -61,7 +64,10 @@ def test_two_process_fsdp_step_equals_the_single_process_step(sharded: dict, lor
         assert got["sequences"] == expected["sequences"] == 5
         assert got["trained_tokens"] == expected["trained_tokens"] > 0
         for key in ("loss", "kl", "clip_fraction", "ratio_mean", "grad_norm", "logprob_gap", "tis_truncated_fraction"):
-            assert got[key] == pytest.approx(expected[key], rel=1e-4, abs=1e-6), key
+            if expected[key] is None:  # kl with no reference model: computed on neither side
+                assert got[key] is None, key
+            else:
+                assert got[key] == pytest.approx(expected[key], rel=1e-4, abs=1e-6), key
 
 
 def test_leave_runs_the_exit_handlers_and_flushes_before_ending_the_process(tmp_path: Path) -> None:

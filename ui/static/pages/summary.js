@@ -89,9 +89,13 @@ export function configuration(run) {
       h("dt", {}, "Environments"), h("dd", {}, envs.length ? envs.join(", ") : "–")),
     rows.length ? h("details", { class: "config", open: true },
       h("summary", {}, run.eval ? "Evaluation (eval.json)" : `config.json (${rows.length} settings)`),
-      h("table", { class: "kv" }, h("tbody", {}, rows.map(([k, v]) => h("tr", {}, h("th", { scope: "row" }, h("code", {}, k)), h("td", {}, v))))))
+      h("table", { class: "kv" }, h("tbody", {}, rows.map(([k, v]) => h("tr", {}, h("th", { scope: "row" }, h("code", {}, k)),
+        h("td", {}, looksLikePath(v) ? h("code", { class: "path" }, v) : v))))))
       : h("p", { class: "muted" }, "No config.json in this run directory."));
 }
+
+// a path (a catalog, a run directory) breaks anywhere, by design; a word of other text never does
+const looksLikePath = (v) => typeof v === "string" && v.includes("/") && !/\s/.test(v);
 
 export function perEnv(run) {
   if (run.eval) {
