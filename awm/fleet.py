@@ -22,6 +22,7 @@ import os
 import secrets
 import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -138,7 +139,8 @@ class LocalFleet:
                  fleet_id: str | None = None, allowed_hosts: list[str] | None = None,
                  allowed_origins: list[str] | None = None, judge: JudgeSettings | None = None,
                  verifier_kind: str | None = None, allow_ungated: bool = False, binding: str = "late",
-                 instances: int | None = None, cache_envs: int = 4, keep_ready: int = 1) -> None:
+                 instances: int | None = None, cache_envs: int = 4, keep_ready: int = 1,
+                 spare_workers: int = 1) -> None:
         if replicas < 1:
             raise FleetError("replicas must be at least 1")
         if binding not in ("late", "pinned"):
@@ -159,6 +161,7 @@ class LocalFleet:
         self.replicas = replicas
         self.database = database
         self.verifier_workers = verifier_workers
+        self.spare_workers = spare_workers  # tool workers each env server forks ahead (envserver --spare-workers)
         self.host = host
         # Host names and browser origins the env servers accept besides their own (DNS-rebinding
         # protection; awm.envserver.hostguard).
@@ -176,9 +179,17 @@ class LocalFleet:
         # (before _provision, which bench/runtime.py replaces), removed at stop (a laptop that runs `awm serve` daily must not collect them in /tmp).
         self._workdir: Path | None = None
         self._supervisor: asyncio.Task[None] | None = None
+        # The template the env servers' app zygotes are forked from (awm.sandbox.forkserver):
+        # their imported and warmed-up frameworks in memory once for the fleet, not once per
+        # instance. Started with the fleet when its catalog has apps; an env server that cannot
+        # reach it starts a zygote of its own.
+        self._template: subprocess.Popen[bytes] | None = None
         self._stopping = False
         self.provision_s = 0.0
-        self._by_name: dict[str, EnvBundle] = {}  # late binding: the provisioner's bundles by name
+        # Late binding: the environments the instances may serve, by name. Their bundles are files
+        # of the fleet's catalog directory, read when the provisioner makes an environment's
+        # template (once): a fleet serving 1,000 scenarios on demand holds none of them in memory.
+        self._envs: set[str] = set()
 
     async def __aenter__(self) -> LocalFleet:
         await self.start()
@@ -194,6 +205,13 @@ class LocalFleet:
         if self.database is None:
             self.database = await asyncio.to_thread(Database.open)
         self._workdir = Path(tempfile.mkdtemp(prefix="awm-fleet-"))
+        if any(b.app is not None for b in self.bundles):
+            from awm.sandbox.pool import start_template
+
+            try:
+                self._template = await asyncio.to_thread(start_template, str(self._workdir / "forkserver.sock"))
+            except OSError as exc:
+                log.warning("no fork-server template (each instance starts its own): %s", exc)
         t0 = time.perf_counter()
         try:
             self.instances = await asyncio.to_thread(self._provision)
@@ -236,8 +254,8 @@ class LocalFleet:
                     db = provision.create_instance(self.database.admin_dsn, template, name, meta=meta)
                     handles.append(InstanceHandle(bundle.name, name, paths[bundle.name], db))
             return handles
-        self._by_name = {b.name: b for b in self.bundles}
-        self.provisioner = Provisioner(self.database.admin_dsn, self._by_name.__getitem__, self.fleet_id,
+        self._envs = {b.name for b in self.bundles}
+        self.provisioner = Provisioner(self.database.admin_dsn, self._bundle, self.fleet_id,
                                        keep=self.keep_ready, meta=meta)
         self.provisioner.add_templates(templates)
         self._provisioner_server = ProvisionerServer(self.provisioner, self._workdir / "provisioner.sock").start()
@@ -256,15 +274,20 @@ class LocalFleet:
         served on demand adds each environment at its first claim, never all of them at start)."""
         if self.binding != "late" or self._workdir is None or self.provisioner is None:
             raise FleetError("environments are added to a started late-binding fleet only")
-        if bundle.name in self._by_name:
+        if bundle.name in self._envs:
             return
         catalog_dir = self._workdir / "catalog"
         partial = catalog_dir / f".{bundle.name}.json.partial"
         partial.write_text(bundle.model_dump_json())
         partial.chmod(0o644)
         partial.rename(catalog_dir / f"{bundle.name}.json")  # an env server never reads half a file
-        self._by_name[bundle.name] = bundle
-        self.bundles.append(bundle)
+        self._envs.add(bundle.name)
+
+    def _bundle(self, env: str) -> EnvBundle:
+        """An environment of the fleet, read from its catalog directory (the provisioner's lookup)."""
+        if env not in self._envs or self._workdir is None:
+            raise KeyError(env)
+        return EnvBundle.model_validate_json((self._workdir / "catalog" / f"{env}.json").read_text())
 
     async def _launch(self, handle: InstanceHandle) -> None:
         env = {k: v for k, v in os.environ.items() if k in _INHERITED}
@@ -272,6 +295,10 @@ class LocalFleet:
         # block (/proc/<pid>/environ) keeps what it was started with even after os.environ.pop.
         secrets: dict[str, str] = {"dsn": handle.pinned_db.dsn} if handle.pinned_db is not None else {}
         env["AWM_PARENT_PID"] = str(os.getpid())  # it exits when we do, even by SIGKILL
+        if self._template is not None and self._workdir is not None:
+            from awm.sandbox.forkserver import TEMPLATE_ENV
+
+            env[TEMPLATE_ENV] = str(self._workdir / "forkserver.sock")
         if self.judge is not None:
             env.update(self.judge.to_env())
             if os.environ.get(self.judge.api_key_env):
@@ -294,7 +321,8 @@ class LocalFleet:
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "awm.envserver", *where, "--name", handle.name,
             "--host", self.host, "--mcp-port", str(handle.mcp_port), "--control-port", str(handle.control_port),
-            "--verifier-workers", str(self.verifier_workers), *guard_args,
+            "--verifier-workers", str(self.verifier_workers), "--spare-workers", str(self.spare_workers),
+            *guard_args,
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             env=env, start_new_session=True, pass_fds=(secrets_fd,),
         )
@@ -347,6 +375,10 @@ class LocalFleet:
                 except asyncio.TimeoutError:
                     with contextlib.suppress(ProcessLookupError):
                         os.killpg(handle.process.pid, 9)
+        if self._template is not None:  # every zygote it forked has exited with its env server
+            self._template.kill()
+            await asyncio.to_thread(self._template.wait)
+            self._template = None
         if self._provisioner_server is not None:
             await asyncio.to_thread(self._provisioner_server.close)
         if self.provisioner is not None:  # drops every database it made

@@ -269,6 +269,41 @@ def prepare_data(which: str, lisalims: Path) -> tuple[Path, dict[str, Any]]:
     return target, {"source": f"github.com/lisalims/agent-world-model outputs/ ({commit})"}
 
 
+def replicate(data: Path, n: int) -> Path:
+    """A copy of ``data`` with ``n`` scenarios: each one cloned under new names (``"<name> v<k>"``,
+    its key normalised from that) in turn, every file's records renamed alike, so that each clone
+    is a scenario of its own with its own content digest (awm imports it at its first reset). Made
+    once, in the cache (``<dir>-x<n>``; a directory named by its content's digest for other data)."""
+    tag = data.name if data.parent == cache_root() else hashlib.sha256(str(data).encode()).hexdigest()[:12]
+    target = cache_root() / f"{tag}-x{n}"
+    if (target / ".complete").is_file():
+        return target
+    shutil.rmtree(target, ignore_errors=True)
+    target.mkdir(parents=True)
+    names = [r["name"] for r in load_jsonl(data / "gen_scenario.jsonl")]
+    if not names:
+        raise BenchError(f"{data}: no scenario to replicate")
+    clones: list[tuple[str, str]] = []  # (original name, new name)
+    for i in range(n):
+        name = names[i % len(names)]
+        k = i // len(names)
+        clones.append((name, name if k == 0 else f"{name} v{k}"))
+    for f in DATA_FILES:
+        rows = load_jsonl(data / f) if (data / f).is_file() else []
+        out = []
+        for original, new in clones:
+            for row in rows:
+                key = "name" if f == "gen_scenario.jsonl" else "scenario"
+                value = row.get(key)
+                if value == original:
+                    out.append({**row, key: new})
+                elif isinstance(value, str) and value == normalize(original):
+                    out.append({**row, key: normalize(new)})
+        (target / f).write_text("".join(json.dumps(r) + "\n" for r in out))
+    (target / ".complete").write_text(str(n))
+    return target
+
+
 def load_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
@@ -378,6 +413,7 @@ class Server:
         if self.awm_home is not None:
             out["postgres_mb"] = round(sum(pss_mb(p) for p in pids["postgres"]), 1)
             out["postgres_processes"] = len(pids["postgres"])
+            out["roles"] = awm_roles(pids["server"])
         out["total_mb"] = round(out["server_mb"] + out.get("postgres_mb", 0.0), 1)
         return out
 
@@ -621,6 +657,45 @@ async def episode_a(s: Session, scenario: str, task_idx: int, seed: int, min_cal
         raise
 
 
+def _parent(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return -1
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def awm_roles(tree: list[int]) -> dict[str, dict[str, float]]:
+    """awm's process tree by role, PSS summed and counted: the protocol server, env servers, the
+    fork-server template, fork servers (zygotes), and workers (a zygote's children). A sandbox
+    process (``python -I -S``) is a zygote when its parent is an env server or the template, a
+    worker when its parent is a zygote."""
+    kind: dict[int, str] = {}
+    for pid in tree:
+        cmd = _cmdline(pid)
+        kind[pid] = ("env_server" if "-m awm.envserver" in cmd else "sandbox" if " -I -S " in cmd
+                     else "protocol_server")
+    for pid in tree:  # the sandbox processes by what they hang from
+        if kind[pid] == "sandbox":
+            parent = kind.get(_parent(pid), "protocol_server")
+            kind[pid] = {"protocol_server": "template", "env_server": "zygote"}.get(parent, "sandbox")
+    for pid in tree:
+        if kind[pid] == "sandbox":
+            kind[pid] = "zygote" if kind.get(_parent(pid)) == "template" else "worker"
+    roles: dict[str, dict[str, float]] = {}
+    for pid, role in kind.items():
+        entry = roles.setdefault(role, {"processes": 0, "pss_mb": 0.0})
+        entry["processes"] += 1
+        entry["pss_mb"] = round(entry["pss_mb"] + pss_mb(pid), 1)
+    return roles
+
+
 class PssSampler:
     """The peak of the server's PSS, and the machine's 1-minute load average, while a phase runs."""
 
@@ -763,6 +838,58 @@ async def workload_a(server: Server, scenarios: list[tuple[str, list[int]]], a: 
                    "episodes_per_s": round(load.ok / wall, 3), **load.report(), "pss_peak": sampler.peak,
                    "load_avg_1m": sampler.load_avg(), "tools_per_scenario": load.tools_per_scenario,
                    "tool_sets": load.tool_sets}
+    return out
+
+
+async def workload_s(server: Server, scenarios: list[tuple[str, list[int]]], a: argparse.Namespace) -> dict[str, Any]:
+    """Many scenarios, one session: ``__list_scenarios__`` before any reset (its count and time),
+    then each of the first ``--scale-scenarios`` scenarios in turn reset (its first reset in the
+    server's life), one tool called and the episode ended; PSS sampled every ``--scale-every``
+    scenarios, so memory against scenarios touched is a line whose slope is the cost per scenario."""
+    out: dict[str, Any] = {"start_s": round(server.start_s, 2), "load_avg_at_start": os.getloadavg()}
+    await asyncio.sleep(a.settle)
+    out["idle_pss"] = await asyncio.to_thread(server.pss)
+    s = Session(server.url, a.timeout)
+    await s.connect()
+    failures: Counter[str] = Counter()
+    resets: list[float] = []
+    curve: list[dict[str, Any]] = []
+    try:
+        t0 = time.perf_counter()
+        listed = (await s.call("__list_scenarios__", {})).get("observation", {})
+        out["list_scenarios"] = {"ms": round((time.perf_counter() - t0) * 1000, 1), "total": listed.get("total"),
+                                 "listed": len(listed.get("scenarios") or [])}
+        wanted = scenarios[: a.scale_scenarios] if a.scale_scenarios else scenarios
+        started = time.perf_counter()
+        for i, (key, idx) in enumerate(wanted, 1):
+            try:
+                t0 = time.perf_counter()
+                reply = await s.reset(scenario=key, task_idx=idx[0])
+                kind = reply.get("observation", {}).get("reward_type")
+                if kind != "reset_ok":
+                    failures[f"reset: {kind}: {str(reply.get('observation', {}).get('error'))[:80]}"] += 1
+                    continue
+                resets.append((time.perf_counter() - t0) * 1000)
+                every, read_only = tool_names(await s.list_tools())
+                if every:
+                    await s.call((read_only or every)[0], {})
+                await s.call("done", {"keep_session": False})
+            except Exception as e:  # a broken session: a new one for the next scenario
+                failures[reason_of(e)] += 1
+                await s.close()
+                s = Session(server.url, a.timeout)
+                await s.connect()
+            if i % a.scale_every == 0 or i == len(wanted):
+                curve.append({"scenarios_touched": i, "wall_s": round(time.perf_counter() - started, 1),
+                              **(await asyncio.to_thread(server.pss))})
+    finally:
+        await s.close()
+    first, last = curve[0] if curve else None, curve[-1] if curve else None
+    out.update({"scenarios": len(wanted), "failures": dict(failures), "first_reset_ms": ms_stats(resets),
+                "pss_curve": curve, "stats": server.stats()})
+    if first and last and last["scenarios_touched"] > first["scenarios_touched"]:
+        span = last["scenarios_touched"] - first["scenarios_touched"]
+        out["pss_mb_per_scenario_touched"] = round((last["total_mb"] - first["total_mb"]) / span, 3)
     return out
 
 
@@ -913,7 +1040,12 @@ def cooldown(limit: float, quiet: float) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--servers", nargs="+", choices=["openenv", "awm"], default=["openenv", "awm"])
-    ap.add_argument("--workload", nargs="+", choices=["A", "B"], default=["A"])
+    ap.add_argument("--workload", nargs="+", choices=["A", "B", "S"], default=["A"],
+                    help="A: latency, memory, episodes/s; B: the stress test's shape; S: many scenarios")
+    ap.add_argument("--replicate", type=int, default=None, help="clone the data's scenarios to this many "
+                    "(renamed, each its own scenario: 1,000 from 8)")
+    ap.add_argument("--scale-scenarios", type=int, default=None, help="S: scenarios touched (default all)")
+    ap.add_argument("--scale-every", type=int, default=50, help="S: a PSS sample every this many scenarios")
     ap.add_argument("--openenv", type=Path, default=Path(os.environ.get("AWM_OPENENV_GIT", DEFAULT_OPENENV_GIT)),
                     help="OpenEnv's repository: a git directory or a checkout")
     ap.add_argument("--data", default="lisalims", help="lisalims | fixture | an AgentWorldModel-1K-layout directory")
@@ -947,6 +1079,9 @@ def main() -> int:
 
     try:
         data, data_facts = prepare_data(a.data, a.lisalims)
+        if a.replicate:
+            data = replicate(data, a.replicate)
+            data_facts["replicated_to"] = a.replicate
         scenarios = plan_scenarios(data, a.max_scenarios)
         inst = install_openenv(a.openenv) if "openenv" in a.servers else None
     except BenchError as e:
@@ -974,13 +1109,13 @@ def main() -> int:
                 assert inst is not None
                 server = openenv_server(inst, data, logs)
             else:
-                n = (a.awm_instances or a.sessions) if w == "A" else (a.awm_instances_b or a.concurrency)
+                n = (a.awm_instances or a.sessions) if w in ("A", "S") else (a.awm_instances_b or a.concurrency)
                 server = awm_server(data, n, logs, a.awm_arg)
             waited = cooldown(a.cooldown, a.quiet_load)
             print(f"{name}, workload {w} (after {waited:.0f} s of cooldown): {' '.join(server.cmd)}", file=sys.stderr)
             try:
                 server.start()
-                fn = workload_a if w == "A" else workload_b
+                fn = {"A": workload_a, "B": workload_b, "S": workload_s}[w]
                 res[w] = {"command": " ".join(server.cmd), "cooldown_s": round(waited),
                           **asyncio.run(fn(server, scenarios, a))}
             except BenchError as e:

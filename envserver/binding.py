@@ -126,17 +126,19 @@ class Binding:
         return bool(self.runtime.load.get("app"))
 
     def activate(self, zygote: Zygote, workers: int, allow_weak_isolation: bool, wait: bool,
-                 staged: bool = False) -> None:
+                 staged: bool = False, spares: int = 1) -> None:
         """Make this binding's worker pools (forked from ``zygote``). ``wait``: start the workers
         and block until they run (an instance's start); else (a switch) they start when
         :meth:`start_workers` is called, once the switch's answer is sent, or at the first call.
-        ``staged``: in two steps (:meth:`start_workers`)."""
+        ``staged``: in two steps (:meth:`start_workers`). ``spares``: tool workers made ahead of
+        the next episode besides ``workers`` (1: a reset never waits for a fork, at ~20 MB of an
+        AWM app's worker per instance; 0: the replacement is forked after the reset's answer)."""
         self.staged = staged
         memory_mb = self.bundle.limits.verifier_memory_mb
         # Tools and verifiers never share a worker, and no worker serves two episodes.
         self.pool = WorkerPool(WorkerSpec(memory_mb=memory_mb, load=self.runtime.load,
                                           allow_weak_isolation=allow_weak_isolation),
-                               size=workers, zygote=zygote, spares=1)
+                               size=workers, zygote=zygote, spares=spares)
         self.verifier_pool = WorkerPool(WorkerSpec(memory_mb=memory_mb, load={"prelude": "", "tools": []},
                                                    allow_weak_isolation=allow_weak_isolation),
                                         size=1, zygote=zygote, single_use=True)

@@ -89,8 +89,9 @@ class EnvInstance:
                  exit_when_wedged: bool = True, allow_weak_isolation: bool = False,
                  judge: Judge | None = None, verifier_kind: str | None = None, allow_ungated: bool = False,
                  databases: DatabaseSource | None = None, catalog: Callable[[str], EnvBundle] | None = None,
-                 cache_envs: int = 4) -> None:
+                 cache_envs: int = 4, spare_workers: int = 1) -> None:
         self.name = name
+        self.spare_workers = spare_workers
         self.judge = judge
         self.verifier_kind = verifier_kind  # preferred verifier kind where a task has both
         self.allow_ungated = allow_ungated
@@ -160,7 +161,8 @@ class EnvInstance:
         binding = await self._new_binding(self._first)
         await self._db(lambda: binding.db.reset(verify=True))  # prove the clone is pristine
         await asyncio.get_running_loop().run_in_executor(None, lambda: binding.activate(
-            self._zygote(binding.app), self.workers, self.allow_weak_isolation, wait=True))
+            self._zygote(binding.app), self.workers, self.allow_weak_isolation, wait=True,
+            spares=self.spare_workers))
         self.binding = binding
         self._bindings[binding.name] = binding
         isolation = self._isolation = self.pool.isolation
@@ -274,7 +276,7 @@ class EnvInstance:
             # The new environment's workers start before the old ones go: a failure here
             # leaves the instance as it was.
             binding.activate(self._zygote(binding.app), self.workers, self.allow_weak_isolation, wait=False,
-                             staged=not cached)
+                             staged=not cached, spares=self.spare_workers)
             phase("start_workers")
         except BaseException as exc:
             if not isinstance(exc, ControlError):

@@ -10,6 +10,7 @@ from typing import Annotated, Any, Optional
 import typer
 from rich.console import Console
 
+from awm import settings
 from awm.serveopts import JudgeModelOpt, JudgeUrlOpt, JudgeVotesOpt, KindOpt, UngatedOpt, serving_options
 
 openenv_app = typer.Typer(help="Serve awm environments through OpenEnv's environment API.", no_args_is_help=True)
@@ -28,9 +29,9 @@ class Protocol(StrEnum):
 @openenv_app.command("serve")
 def serve(
     awm_data: Annotated[Optional[Path], typer.Option(
-        "--awm-data", envvar="AWM_DATA_DIR", help="An AgentWorldModel-1K directory (gen_*.jsonl) served as it is: "
-        "every scenario on demand, each imported at its first reset and cached by content (implies "
-        "--allow-ungated).")] = None,
+        "--awm-data", envvar=settings.names.AWM_DATA_DIR,
+        help="An AgentWorldModel-1K directory (gen_*.jsonl) served as it is: every scenario on demand, each "
+        "imported at its first reset and cached by content (implies --allow-ungated).")] = None,
     catalog: Annotated[str, typer.Option("--catalog", "-c", help="Catalog ('starter' = built in), when no "
                                          "--awm-data.")] = "starter",
     env: Annotated[Optional[list[str]], typer.Option("--env", "-e", help="Environments (default: all).")] = None,
@@ -50,7 +51,10 @@ def serve(
                                              "serving (the whole report at once) instead of each at its first "
                                              "reset.")] = False,
     jobs: Annotated[Optional[int], typer.Option(min=1, help="--import-all: environments imported at once.")] = None,
-    database_url: Annotated[Optional[str], typer.Option("--database-url", envvar="AWM_DATABASE_URL")] = None,
+    spare_workers: Annotated[int, typer.Option(min=0, max=1, help="Tool workers each instance forks ahead of its "
+                                               "next episode: 1, a reset never waits for a fork; 0, one "
+                                               "worker (~20 MB for an AWM app) less per instance.")] = 1,
+    database_url: Annotated[Optional[str], typer.Option("--database-url", envvar=settings.names.AWM_DATABASE_URL)] = None,
     judge_base_url: JudgeUrlOpt = None, judge_model: JudgeModelOpt = None, judge_votes: JudgeVotesOpt = 1,
     verifier_kind: KindOpt = None, allow_ungated: UngatedOpt = False,
 ) -> None:
@@ -63,6 +67,7 @@ def serve(
 
     serving = serving_options(judge_base_url, judge_model, judge_votes, verifier_kind,
                               allow_ungated or awm_data is not None)
+    serving["spare_workers"] = spare_workers
 
     async def run() -> None:
         database = await asyncio.to_thread(Database.open, database_url)

@@ -342,3 +342,33 @@ async def test_synthesis_reports_hostile_tools_as_repairable_errors(admin_dsn, n
         assert any(e.startswith(f"{name}(") for e in errors), text
     assert "timeout" in text and "MemoryError" in text and "Operation not permitted" in text
     assert "sk-synth-must-not-leak" not in text and not any(e.startswith("reads_key(") for e in errors)
+
+
+def test_no_open_file_description_is_shared_between_workers():
+    """A worker's descriptors 0-2 are its own: status flags a tool sets on them, or an
+    open-file-description lock it takes, are not what a later episode's worker finds (they were
+    the fork server's /dev/null, one description shared by every worker of every environment)."""
+    code = ("def mark(db):\n"
+            "    import fcntl, os, struct\n"
+            "    found = {fd: fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_NONBLOCK for fd in (0, 1, 2)}\n"
+            "    for fd in (0, 1, 2):\n"
+            "        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_NONBLOCK)\n"
+            "    lock = struct.pack('hhqqi', fcntl.F_WRLCK, 0, 0, 0, 0)\n"
+            "    try:\n"
+            "        fcntl.fcntl(0, 38, lock)  # F_OFD_SETLK\n"
+            "        locked = 'took'\n"
+            "    except OSError as exc:\n"
+            "        locked = f'refused: {exc.errno}'\n"
+            "    return {'nonblock_found': sorted(fd for fd, v in found.items() if v), 'lock': locked}")
+    pool = WorkerPool(WorkerSpec(load={"prelude": "", "tools": [{"name": "mark", "code": code}]}), spares=1)
+    pool.start()
+    try:
+        seen = []
+        for _ in range(3):  # three episodes, each on a fresh worker
+            seen.append(pool.run({"op": "call", "tool": "mark", "arguments": {}}, _no_sql, 5)["value"])
+            pool.renew()
+            pool.replace_retired()
+        assert [s["nonblock_found"] for s in seen] == [[], [], []], seen
+        assert all(s["lock"] in ("took", "refused: 1", "refused: 22") for s in seen), seen  # never EAGAIN: held by another
+    finally:
+        pool.close()

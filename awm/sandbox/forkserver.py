@@ -27,6 +27,12 @@ passed with ``SCM_RIGHTS``):
   for its (already killed) child and says how it ended.
 
 The zygote dies with the server (``PR_SET_PDEATHSIG``), and its children with it.
+
+In a local fleet an app zygote is not started by its env server but forked by the fleet's
+**template** (:func:`start_template`, socket named by ``AWM_FORK_TEMPLATE``): one process that
+imported and warmed up the frameworks once, so that every instance's zygote and workers share
+those pages instead of holding a copy each. Such a zygote exits when its server hangs up its
+control socket, and with the template; everything else about it is as above.
 """
 
 from __future__ import annotations
@@ -35,8 +41,10 @@ import gc
 import json
 import os
 import resource
+import select
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -53,6 +61,11 @@ COMMON_MODULES = ("re", "json", "datetime", "decimal", "math", "random", "string
 DEBUG = False
 _BOOT = ("import json, sys; c = json.loads(sys.argv[1]); sys.path[:0] = c['sys_path']; "
          "from awm.sandbox.forkserver import main; main()")
+
+
+# A local fleet's template of app zygotes (:func:`start_template`): its socket, for the env servers.
+TEMPLATE_ENV = "AWM_FORK_TEMPLATE"
+TEMPLATE_TIMEOUT_S = 60.0
 
 
 class ZygoteError(RuntimeError):
@@ -77,6 +90,37 @@ MAX_LOADS = 32
 _LOADS: OrderedDict[str, dict[str, Any]] = OrderedDict()
 _loads_limit = MAX_LOADS  # in the zygote: the limit its server configured
 _RULESETS: dict[tuple[str, ...], int | None] = {}  # in the zygote: Landlock rulesets, by read paths
+_DEV_DIR = -1  # in the zygote: the host's /dev (:func:`_quiet`)
+
+
+class _Forked:
+    """A zygote forked by a fleet's template, so not this process's child: watched and killed
+    through its pidfd (no pid reuse can mistake it), as ``subprocess.Popen`` would be."""
+
+    def __init__(self, pid: int, pidfd: int) -> None:
+        self.pid = pid
+        self._fd: int | None = pidfd
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None and self._fd is not None and select.select([self._fd], [], [], 0)[0]:
+            self.returncode = -1  # exited (its status went to the template, which reaps it)
+        return self.returncode
+
+    def kill(self) -> None:
+        if self._fd is not None:
+            try:
+                signal.pidfd_send_signal(self._fd, signal.SIGKILL)
+            except (ProcessLookupError, OSError):
+                pass
+
+    def wait(self) -> int:
+        if self._fd is not None:
+            select.select([self._fd], [], [])  # readable once the process has exited
+            os.close(self._fd)
+            self._fd = None
+        self.returncode = -1 if self.returncode is None else self.returncode
+        return self.returncode
 
 
 class Zygote:
@@ -87,12 +131,19 @@ class Zygote:
         self._config = {"sys_path": sys_path, "drop_paths": drop_paths, "app": app, "layers": layers,
                         "read_paths": list(read_paths or []), "max_loads": max_loads}
         self._lock = threading.Lock()
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._proc: subprocess.Popen[bytes] | _Forked | None = None
         self._sock: socket.socket | None = None
         self._loads: OrderedDict[str, None] = OrderedDict()  # what the running zygote holds, as it does
         self.isolation: dict[str, Any] = {}
 
     def _start(self) -> None:
+        template = os.environ.get(TEMPLATE_ENV) if self._config["app"] else None
+        if template:
+            try:
+                self._start_forked(template)
+                return
+            except (OSError, EOFError, ValueError, ZygoteError):
+                self._stop()  # the fleet's template is gone or refused: a zygote of our own
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         # AWM_DEBUG_ZYGOTE=1: the zygote and its children keep this process's stderr (tracebacks).
         debug = bool(os.environ.get("AWM_DEBUG_ZYGOTE"))
@@ -108,6 +159,34 @@ class Zygote:
                 env={}, cwd="/", close_fds=True, pass_fds=(theirs.fileno(),)).result()
         finally:
             theirs.close()
+        self._ready(ours)
+
+    def _start_forked(self, path: str) -> None:
+        """Have the fleet's template (:func:`start_template`) fork our zygote: it shares the
+        template's imported and warmed-up frameworks with every other instance's zygote."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as conn:
+                conn.settimeout(TEMPLATE_TIMEOUT_S)  # the template may still be importing (a fleet's start)
+                conn.connect(path)
+                config = {**self._config, "debug": bool(os.environ.get("AWM_DEBUG_ZYGOTE"))}
+                socket.send_fds(conn, [json.dumps({"op": "zygote", "config": config}).encode()], [theirs.fileno()])
+                reply, fds = _recv(conn, 1)
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        if reply.get("op") != "forked" or len(fds) != 1:
+            ours.close()
+            for fd in fds:
+                os.close(fd)
+            raise ZygoteError(f"the fleet's template said {reply.get('reason', reply)!r}")
+        self._proc = _Forked(int(reply["pid"]), fds[0])
+        self._ready(ours)
+
+    def _ready(self, ours: socket.socket) -> None:
+        """Wait for the new zygote's ``ready`` on its control socket."""
         self._sock = ours
         self._loads = OrderedDict()
         hello, fds = _recv(ours, 0)
@@ -194,13 +273,23 @@ def _child(control: socket.socket, config: dict[str, Any], fds: list[int], zygot
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         confine.die_with_parent(zygote)
         read_fd, write_fd = fds
-        keep = sorted({0, 1, 2, read_fd, write_fd, *([config["ruleset_fd"]] if config.get("ruleset_fd") else [])})
+        keep = sorted({0, 1, 2, read_fd, write_fd, _DEV_DIR,
+                       *([config["ruleset_fd"]] if config.get("ruleset_fd") else [])})
         previous = -1
         for fd in keep:
             if previous + 1 < fd:  # os.closerange(n, n) closes every descriptor (close_range(n, -1))
                 os.closerange(previous + 1, fd)
             previous = fd
         os.closerange(previous + 1, max(4096, resource.getrlimit(resource.RLIMIT_NOFILE)[0]))
+        # Descriptors 0-2 of an open file description of this worker's own: the fork server's
+        # /dev/null is one description shared by every worker of every environment, so status
+        # flags or an OFD lock one episode set on it would be found by the next.
+        # (Opened through the host's /dev held since before the file view, which has no /dev.)
+        own = os.open("null", os.O_RDWR, dir_fd=_DEV_DIR)
+        for fd in (0, 1) if DEBUG else (0, 1, 2):  # (debug: stderr stays the server's)
+            os.dup2(own, fd)
+        os.close(own)
+        os.close(_DEV_DIR)  # no descriptor of a host directory reaches the worker
         from awm.sandbox import worker
 
         worker.serve_child(config, os.fdopen(read_fd, "rb"), os.fdopen(write_fd, "wb"), namespaces)
@@ -282,20 +371,23 @@ def _spawn(control: socket.socket, message: dict[str, Any], fds: list[int], zygo
         os.close(fd)
 
 
-def main() -> None:
-    config = json.loads(sys.argv[1])
-    confine.die_with_parent(int(config["parent"]))
-    control = socket.socket(fileno=int(config["control_fd"]))
+def _quiet(config: dict[str, Any]) -> None:
+    """Descriptors 0-2 on /dev/null (stderr kept with ``debug``), no environment."""
+    global DEBUG, _DEV_DIR
+    # The host's /dev, held for the workers' own /dev/null (:func:`_child`); never a worker's.
+    _DEV_DIR = os.open("/dev", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     devnull = os.open(os.devnull, os.O_RDWR)
-    global DEBUG, _loads_limit
     DEBUG = bool(config.get("debug"))
-    _loads_limit = int(config.get("max_loads") or MAX_LOADS)
     for fd in (0, 1) if DEBUG else (0, 1, 2):
         os.dup2(devnull, fd)
     os.close(devnull)
     os.environ.clear()
-    # Everything a worker imports, imported once here; apps' frameworks too; and the standard
-    # library modules generated tools commonly import (a fixed list: nothing named by their code).
+
+
+def _imports(app: bool) -> None:
+    """Everything a worker imports, imported once; apps' frameworks too, and their first use done
+    with an app of ours; and the standard library modules generated tools commonly import (a fixed
+    list: nothing named by their code)."""
     from awm.sandbox import worker  # noqa: F401
 
     for name in COMMON_MODULES:
@@ -303,11 +395,34 @@ def main() -> None:
             __import__(name)
         except ImportError:
             pass
-
-    if config.get("app"):
+    if app:
         from awm.sandbox import appshim
 
         appshim.import_frameworks()
+        # The frameworks' first use (~70 ms of CPU that every worker paid again when it loaded
+        # its app), done here once with an app of ours: never an environment's code.
+        appshim.warm_up()
+
+
+def main() -> None:
+    config = json.loads(sys.argv[1])
+    if config.get("template"):
+        _template(config)
+        return
+    confine.die_with_parent(int(config["parent"]))
+    control = socket.socket(fileno=int(config["control_fd"]))
+    _quiet(config)
+    _imports(bool(config.get("app")))
+    _serve(control, config)
+
+
+def _serve(control: socket.socket, config: dict[str, Any]) -> None:
+    """The zygote, its imports done: leave this project's code out of reach, enter its namespaces,
+    say ready, then fork workers until its server hangs up."""
+    from awm.sandbox import worker
+
+    global _loads_limit
+    _loads_limit = int(config.get("max_loads") or MAX_LOADS)
     for entry in config.get("drop_paths", []):
         while entry in sys.path:
             sys.path.remove(entry)
@@ -341,3 +456,110 @@ def main() -> None:
             for fd in fds:
                 os.close(fd)
             socket.send_fds(control, [json.dumps({"op": "failed", "reason": f"unknown op {op!r}"}).encode()], [])
+
+
+# -- a local fleet's template of app zygotes -----------------------------------------------------
+#
+# Every env server keeps a zygote of its own, and an app zygote holds ~50 MB of imported and
+# warmed-up frameworks (FastAPI, Pydantic, SQLAlchemy, psycopg) that no two exec'd processes
+# share. A local fleet starts one more process, the template: started as a zygote is (``python -I
+# -S``, empty environment, descriptors on /dev/null, no connection, no credential), it imports and
+# warms up what an app zygote does and then only forks app zygotes when an env server of the fleet
+# asks (``TEMPLATE_ENV`` names its socket). A zygote forked from it shares those pages with every
+# other instance's zygote and workers, and then goes on exactly as one it started itself (drops
+# this project's code from ``sys.path``, enters its own namespaces, builds its own file view,
+# holds its own environment's loads). The template never runs untrusted code and never holds an
+# environment's code: it receives nothing but a zygote's configuration. A zygote it forked dies
+# when its env server hangs up its control socket (or the template dies); its workers die with it.
+
+
+def start_template(path: str, sys_path: list[str], drop_paths: list[str]) -> subprocess.Popen[bytes]:
+    """Start the template listening on ``path`` (a Unix socket made here, mode 0600; only
+    processes of this user are answered); it dies with this process."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        listener.bind(path)
+        os.chmod(path, 0o600)
+        listener.listen(64)
+        debug = bool(os.environ.get("AWM_DEBUG_ZYGOTE"))
+        config = {"template": True, "sys_path": sys_path, "drop_paths": drop_paths, "parent": os.getpid(),
+                  "listen_fd": listener.fileno(), "debug": debug}
+        return _LAUNCHER.submit(  # from the long-lived launcher thread: see Zygote._start
+            subprocess.Popen, [sys.executable, "-I", "-S", "-c", _BOOT, json.dumps(config)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=None if debug else subprocess.DEVNULL,
+            env={}, cwd="/", close_fds=True, pass_fds=(listener.fileno(),)).result()
+    finally:
+        listener.close()
+
+
+def _template(config: dict[str, Any]) -> None:
+    """The template process: imports, then one zygote forked per request, until its parent dies."""
+    confine.die_with_parent(int(config["parent"]))
+    listener = socket.socket(fileno=int(config["listen_fd"]))
+    _quiet(config)
+    _imports(app=True)
+    gc.freeze()  # shared by every zygote forked from here: never walked (so never copied) by theirs
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # zygotes are reaped by the kernel; servers hold pidfds
+    me, uid = os.getpid(), os.getuid()
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except InterruptedError:
+            continue
+        except OSError:
+            return
+        with conn:
+            try:
+                creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+                if struct.unpack("3i", creds)[1] not in (uid, 0):
+                    continue  # closing the connection is the answer
+                conn.settimeout(TEMPLATE_TIMEOUT_S)
+                message, fds = _recv(conn, 1)
+            except (OSError, EOFError, ValueError):
+                continue
+            zygote = message.get("config")
+            reason = ("not a zygote request" if message.get("op") != "zygote" or len(fds) != 1
+                      or not isinstance(zygote, dict) or not zygote.get("app")
+                      else "another installation" if zygote.get("sys_path") != config["sys_path"] else "")
+            if reason:
+                for fd in fds:
+                    os.close(fd)
+                _answer(conn, {"op": "failed", "reason": reason}, [])
+                continue
+            pid = os.fork()
+            if pid == 0:
+                _forked_zygote(listener, conn, fds[0], zygote, me)
+            os.close(fds[0])
+            pidfds: list[int] = []
+            try:
+                pidfds.append(os.pidfd_open(pid))
+            except OSError:
+                pass  # already gone: the server reads EOF on its control socket
+            _answer(conn, {"op": "forked", "pid": pid}, pidfds)
+            for fd in pidfds:
+                os.close(fd)
+
+
+def _answer(conn: socket.socket, message: dict[str, Any], fds: list[int]) -> None:
+    try:
+        socket.send_fds(conn, [json.dumps(message).encode()], fds)
+    except OSError:
+        pass  # the server gave up waiting; a zygote it never hears of exits with its socket
+
+
+def _forked_zygote(listener: socket.socket, conn: socket.socket, control_fd: int, config: dict[str, Any],
+                   template: int) -> None:
+    """In a zygote forked by the template: nothing of the template's but its memory; then the
+    zygote's life (:func:`_serve`). Never returns."""
+    try:
+        listener.close()
+        conn.close()
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # it reaps its workers itself
+        confine.die_with_parent(template)
+        _serve(socket.socket(fileno=control_fd), config)
+    except BaseException:
+        if DEBUG:
+            import traceback
+            traceback.print_exc()
+    finally:
+        os._exit(0)

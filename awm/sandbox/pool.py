@@ -19,6 +19,7 @@ import os
 import queue
 import select
 import signal
+import subprocess
 import sys
 import sysconfig
 import threading
@@ -30,7 +31,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from awm.jsonlimits import depth_exceeds, map_strings
-from awm.sandbox import codec, confine
+from awm.sandbox import codec, confine, forkserver
 from awm.sandbox.forkserver import Zygote
 
 MAX_MESSAGE = 64 * 1024 * 1024  # one line from a worker (a result, a query's SQL)
@@ -130,12 +131,26 @@ def _layers() -> list[str]:
     return [x for x in os.environ.get("AWM_SANDBOX_LAYERS", ",".join(confine.LAYERS)).split(",") if x]
 
 
-def make_zygote(app: bool) -> Zygote:
-    """A fork server for this process's workers (one per env server is enough: it only forks)."""
+def _zygote_paths() -> tuple[list[str], list[str]]:
+    """A zygote's ``sys.path`` (this project and the installed packages) and what it drops from
+    it once imported (this project's code, unless installed among the packages)."""
     sites = _site_dirs()
     root = _package_root()
-    return Zygote([root, *sites] if root not in sites else sites, [root] if root not in sites else [], app,
-                  _layers(), read_paths(app))
+    return ([root, *sites] if root not in sites else sites), ([root] if root not in sites else [])
+
+
+def make_zygote(app: bool) -> Zygote:
+    """A fork server for this process's workers (one per env server is enough: it only forks).
+    An app one is forked by the local fleet's template when this env server was told of one
+    (:data:`awm.sandbox.forkserver.TEMPLATE_ENV`), else started here."""
+    sys_path, drop_paths = _zygote_paths()
+    return Zygote(sys_path, drop_paths, app, _layers(), read_paths(app))
+
+
+def start_template(path: str) -> subprocess.Popen[bytes]:
+    """A local fleet's template of app zygotes on the Unix socket ``path``
+    (:func:`awm.sandbox.forkserver.start_template`)."""
+    return forkserver.start_template(path, *_zygote_paths())
 
 
 class Worker:

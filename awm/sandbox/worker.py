@@ -21,6 +21,7 @@ own clock; a worker that breaks the protocol, dies or runs late is killed and re
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -280,5 +281,9 @@ def serve_child(config: dict[str, Any], reader: Any, writer: Any, namespaces: co
             loaded = worker.load(load)
         except BaseException as exc:  # noqa: BLE001 - a load failure is reported, like a call's
             loaded = _failure(exc)
+    # What the load made (an app's modules, models, routes) lives as long as this worker: frozen,
+    # the collector never walks it again during the episode's calls (the fork server's own heap
+    # was frozen before the fork).
+    gc.freeze()
     channel.CHANNEL.send({"op": "ready", "isolation": report.as_dict(), "pid": os.getpid(), "loaded": loaded})
     worker.serve()
