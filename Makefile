@@ -25,7 +25,7 @@ serve: $(VENV)/.installed-run
 	$(BIN)/awm serve
 
 test: $(VENV)/.installed-test
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=30
 
 bench: $(VENV)/.installed-test
 	$(BIN)/python -m bench.runtime --json

@@ -8,7 +8,6 @@ The starter catalog ships inside the package; ``"starter"`` names it.
 from __future__ import annotations
 
 import atexit
-import os
 import random
 import re
 import shutil
@@ -21,6 +20,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from awm import settings
 from awm.authoring import compile_source_dir, is_source_dir
 from awm.bundle import EnvBundle
 
@@ -31,7 +31,7 @@ def cache_root() -> Path:
     """Where built and imported catalogs are kept by content (``AWM_CATALOG_CACHE``, default
     ``~/.cache/awm/catalogs``): generated ones (awm.synth.varied), AWM-1K imports
     (awm.importers.awm1k.import_cached)."""
-    return Path(os.environ.get("AWM_CATALOG_CACHE") or Path.home() / ".cache/awm/catalogs")
+    return settings.AWM_CATALOG_CACHE
 
 
 class CatalogError(ValueError):

@@ -17,6 +17,7 @@ from typer.core import TyperGroup
 from rich.table import Table
 
 from awm import catalog as catalog_mod
+from awm import settings
 from awm.bundle import bundle_json_schema
 from awm.serveopts import JudgeModelOpt, JudgeUrlOpt, JudgeVotesOpt, KindOpt, UngatedOpt, serving_options
 
@@ -74,7 +75,7 @@ console = Console()
 err = Console(stderr=True, soft_wrap=True)  # an error line stays one line in logs
 
 CatalogOpt = Annotated[str, typer.Option("--catalog", "-c", help="Catalog directory or archive ('starter' = built in).")]
-DbUrlOpt = Annotated[Optional[str], typer.Option("--database-url", envvar="AWM_DATABASE_URL",
+DbUrlOpt = Annotated[Optional[str], typer.Option("--database-url", envvar=settings.names.AWM_DATABASE_URL,
                                                  help="External Postgres admin DSN (default: embedded server).")]
 
 
@@ -609,9 +610,9 @@ def pg_provision_instance(
     bundle: Annotated[Path, typer.Option("--bundle", help="The environment's bundle (JSON).")],
     name: Annotated[str, typer.Option("--name", help="Pod name: the database is awm_i_<name>.")],
     dsn_file: Annotated[Path, typer.Option("--dsn-file", help="Where to write the instance DSN (mode 0600).")],
-    admin_dsn: Annotated[str, typer.Option("--admin-dsn", envvar="AWM_ADMIN_DSN", show_envvar=True,
+    admin_dsn: Annotated[str, typer.Option("--admin-dsn", envvar=settings.names.AWM_ADMIN_DSN, show_envvar=True,
                                            help="Admin DSN (CREATEDB, CREATEROLE); set it via the environment.")],
-    fleet: Annotated[str, typer.Option("--fleet", envvar="AWM_FLEET", help="Recorded with the database.")] = "",
+    fleet: Annotated[str, typer.Option("--fleet", envvar=settings.names.AWM_FLEET, help="Recorded with the database.")] = "",
     namespace: Annotated[str, typer.Option("--namespace", envvar="POD_NAMESPACE", help="Recorded with the database.")] = "",
 ) -> None:
     """A pod's init container: ensure the environment's template, clone the instance database

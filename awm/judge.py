@@ -42,12 +42,16 @@ import os
 import time
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Mapping
 
 from pydantic import BaseModel, Field, ValidationError
 
+from awm import settings as awm_settings
+
 # awm.llm (and httpx under it) is imported where a judge is built: every env server imports this
 # module, most serve no judge, and that import is a tenth of a pod's start.
+
+_env = awm_settings.var  # the AWM_JUDGE_* variables' declarations: JudgeSettings' defaults are theirs
 
 CLASSES = ("complete", "incomplete", "agent_error", "server_error")
 # A tie between votes goes to the class that pays the agent least and masks nothing it should not.
@@ -61,54 +65,61 @@ class JudgeSettings(BaseModel):
 
     base_url: str = Field(description="OpenAI-compatible endpoint, e.g. http://vllm:8000/v1.")
     model: str
-    api_key_env: str = Field(default="AWM_JUDGE_API_KEY",
+    api_key_env: str = Field(default=_env.AWM_JUDGE_API_KEY_ENV.default,
                              description="Name of the environment variable holding the API key.")
-    temperature: float = Field(default=0.0, ge=0.0, le=2.0)
-    seed: int = 0
-    votes: int = Field(default=1, ge=1, le=15, description="k-vote majority; >1 samples at vote_temperature.")
+    temperature: float = Field(default=_env.AWM_JUDGE_TEMPERATURE.default, ge=0.0, le=2.0)
+    seed: int = _env.AWM_JUDGE_SEED.default
+    votes: int = Field(default=_env.AWM_JUDGE_VOTES.default, ge=1, le=15,
+                       description="k-vote majority; >1 samples at vote_temperature.")
     vote_temperature: float = Field(default=0.7, ge=0.0, le=2.0)
-    timeout_s: float = Field(default=60.0, gt=0, description="Per request.")
+    timeout_s: float = Field(default=_env.AWM_JUDGE_TIMEOUT_S.default, gt=0, description="Per request.")
     retries: int = Field(default=3, ge=1, le=10)
-    deadline_s: float = Field(default=180.0, gt=0, description="The whole judgement, retries and votes included.")
-    max_trajectory_tokens: int = Field(default=6000, ge=200)
+    deadline_s: float = Field(default=_env.AWM_JUDGE_DEADLINE_S.default, gt=0,
+                              description="The whole judgement, retries and votes included.")
+    max_trajectory_tokens: int = Field(default=_env.AWM_JUDGE_MAX_TRAJECTORY_TOKENS.default, ge=200)
     max_evidence_tokens: int = Field(default=3000, ge=100)
     max_output_tokens: int = Field(default=1024, ge=64)
     cache_size: int = Field(default=4096, ge=0)
-    structured_output: bool = Field(default=True, description="Ask for the verdict by JSON schema "
-                                    "(response_format); refused by the endpoint: asked without it.")
-    reasoning: bool | None = Field(default=None, description="OpenAI reasoning-model request shape "
-                                   "(max_completion_tokens, no temperature); None: by the model's name.")
-    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    structured_output: bool = Field(default=_env.AWM_JUDGE_STRUCTURED_OUTPUT.default, description=(
+        "Ask for the verdict by JSON schema (response_format); refused by the endpoint: asked without it."))
+    reasoning: bool | None = Field(default=_env.AWM_JUDGE_REASONING.default, description=(
+        "OpenAI reasoning-model request shape (max_completion_tokens, no temperature); None: by the model's name."))
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = \
+        _env.AWM_JUDGE_REASONING_EFFORT.default
     reasoning_max_output_tokens: int = Field(default=8192, ge=256, description="The completion budget "
                                              "of a reasoning model, its hidden reasoning included.")
 
     @classmethod
-    def from_env(cls, env: dict[str, str] | None = None) -> JudgeSettings | None:
+    def from_env(cls, env: Mapping[str, str] | None = None) -> JudgeSettings | None:
         """``AWM_JUDGE_BASE_URL`` and ``AWM_JUDGE_MODEL`` (both needed), ``AWM_JUDGE_VOTES``,
-        ``AWM_JUDGE_TIMEOUT_S``, ``AWM_JUDGE_MAX_TRAJECTORY_TOKENS``; ``None`` when unset."""
-        env = dict(os.environ if env is None else env)
-        if not env.get("AWM_JUDGE_BASE_URL") or not env.get("AWM_JUDGE_MODEL"):
+        ``AWM_JUDGE_TIMEOUT_S``, ``AWM_JUDGE_MAX_TRAJECTORY_TOKENS``...; ``None`` when unset. The
+        text as set is validated by this model (its fields' types and bounds)."""
+        base_url, model = _env.AWM_JUDGE_BASE_URL.raw(env), _env.AWM_JUDGE_MODEL.raw(env)
+        if not base_url or not model:
             return None
-        data: dict[str, Any] = {"base_url": env["AWM_JUDGE_BASE_URL"], "model": env["AWM_JUDGE_MODEL"]}
-        for key, name in (("votes", "VOTES"), ("timeout_s", "TIMEOUT_S"), ("seed", "SEED"),
-                          ("temperature", "TEMPERATURE"), ("max_trajectory_tokens", "MAX_TRAJECTORY_TOKENS"),
-                          ("api_key_env", "API_KEY_ENV"), ("deadline_s", "DEADLINE_S"),
-                          ("structured_output", "STRUCTURED_OUTPUT"), ("reasoning", "REASONING"),
-                          ("reasoning_effort", "REASONING_EFFORT")):
-            if env.get(f"AWM_JUDGE_{name}"):
-                data[key] = env[f"AWM_JUDGE_{name}"]
+        data: dict[str, Any] = {"base_url": base_url, "model": model}
+        for key, declared in _FROM_ENV:
+            if declared.raw(env):
+                data[key] = declared.raw(env)
         return cls.model_validate(data)
 
     def to_env(self) -> dict[str, str]:
         """The inverse of :meth:`from_env` (the key itself is passed separately, by name)."""
-        return {"AWM_JUDGE_BASE_URL": self.base_url, "AWM_JUDGE_MODEL": self.model,
-                "AWM_JUDGE_VOTES": str(self.votes), "AWM_JUDGE_TIMEOUT_S": str(self.timeout_s),
-                "AWM_JUDGE_SEED": str(self.seed), "AWM_JUDGE_TEMPERATURE": str(self.temperature),
-                "AWM_JUDGE_MAX_TRAJECTORY_TOKENS": str(self.max_trajectory_tokens),
-                "AWM_JUDGE_API_KEY_ENV": self.api_key_env, "AWM_JUDGE_DEADLINE_S": str(self.deadline_s),
-                "AWM_JUDGE_STRUCTURED_OUTPUT": "1" if self.structured_output else "0",
-                **({"AWM_JUDGE_REASONING": "1" if self.reasoning else "0"} if self.reasoning is not None else {}),
-                **({"AWM_JUDGE_REASONING_EFFORT": self.reasoning_effort} if self.reasoning_effort else {})}
+        env = {_env.AWM_JUDGE_BASE_URL.name: self.base_url, _env.AWM_JUDGE_MODEL.name: self.model}
+        for field, declared in _FROM_ENV:
+            value = getattr(self, field)
+            if value is not None:
+                env[declared.name] = ("1" if value else "0") if isinstance(value, bool) else str(value)
+        return env
+
+
+# The fields besides the endpoint and model that the environment may set (declared in awm/settings.py).
+_FROM_ENV = (("votes", _env.AWM_JUDGE_VOTES), ("timeout_s", _env.AWM_JUDGE_TIMEOUT_S),
+             ("seed", _env.AWM_JUDGE_SEED), ("temperature", _env.AWM_JUDGE_TEMPERATURE),
+             ("max_trajectory_tokens", _env.AWM_JUDGE_MAX_TRAJECTORY_TOKENS),
+             ("api_key_env", _env.AWM_JUDGE_API_KEY_ENV), ("deadline_s", _env.AWM_JUDGE_DEADLINE_S),
+             ("structured_output", _env.AWM_JUDGE_STRUCTURED_OUTPUT), ("reasoning", _env.AWM_JUDGE_REASONING),
+             ("reasoning_effort", _env.AWM_JUDGE_REASONING_EFFORT))
 
 
 class Step(BaseModel):

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -41,6 +40,9 @@ from typing import Any, TypeVar
 import httpx
 from pydantic import BaseModel, ValidationError
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
+
+from awm import settings
+from awm.settings import parse_flag  # noqa: F401 - where callers have always found it
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -170,43 +172,20 @@ class LLMSettings:
     def from_env(cls, base_url: str | None = None, api_key: str | None = None, model: str | None = None,
                  concurrency: int | None = None, reasoning: bool | None = None,
                  reasoning_effort: str | None = None) -> LLMSettings:
-        env = os.environ
-        url = base_url or env.get("AWM_LLM_BASE_URL") or env.get("OPENAI_BASE_URL") or "https://api.openai.com/v1"
-        key = api_key or env.get("AWM_LLM_API_KEY") or env.get("OPENAI_API_KEY") or ""
-        if reasoning is None and env.get("AWM_LLM_REASONING", "").strip():
-            reasoning = parse_flag(env["AWM_LLM_REASONING"], "AWM_LLM_REASONING")
+        url = base_url or settings.AWM_LLM_BASE_URL
+        key = api_key or settings.AWM_LLM_API_KEY
+        if reasoning is None:
+            reasoning = settings.AWM_LLM_REASONING
         return cls(
-            base_url=url.rstrip("/"), api_key=key, model=model or env.get("AWM_LLM_MODEL") or "gpt-4.1-mini",
-            embed_base_url=(env.get("AWM_EMBED_BASE_URL") or url).rstrip("/"),
-            embed_api_key=env.get("AWM_EMBED_API_KEY") or key,
-            embed_model=env.get("AWM_EMBED_MODEL") or "text-embedding-3-small",
-            concurrency=concurrency or int(env.get("AWM_LLM_CONCURRENCY", "8")),
-            reasoning=reasoning, reasoning_effort=reasoning_effort or env.get("AWM_LLM_REASONING_EFFORT") or None,
-            structured_output=parse_flag(env.get("AWM_LLM_STRUCTURED_OUTPUT") or "1", "AWM_LLM_STRUCTURED_OUTPUT"),
-            max_output_tokens=_positive_int(env.get("AWM_LLM_MAX_TOKENS"), "AWM_LLM_MAX_TOKENS"),
+            base_url=url.rstrip("/"), api_key=key, model=model or settings.AWM_LLM_MODEL,
+            embed_base_url=(settings.AWM_EMBED_BASE_URL or url).rstrip("/"),
+            embed_api_key=settings.AWM_EMBED_API_KEY or key,
+            embed_model=settings.AWM_EMBED_MODEL,
+            concurrency=concurrency or settings.AWM_LLM_CONCURRENCY,
+            reasoning=reasoning, reasoning_effort=reasoning_effort or settings.AWM_LLM_REASONING_EFFORT,
+            structured_output=settings.AWM_LLM_STRUCTURED_OUTPUT,
+            max_output_tokens=settings.AWM_LLM_MAX_TOKENS,
         )
-
-
-def _positive_int(value: str | None, name: str) -> int | None:
-    if not (value or "").strip():
-        return None
-    try:
-        number = int(str(value).strip())
-    except ValueError:
-        number = 0
-    if number < 1:
-        raise ValueError(f"{name} must be a positive integer, not {value!r}")
-    return number
-
-
-def parse_flag(value: str, name: str) -> bool:
-    """``1/true/yes/on`` or ``0/false/no/off``; anything else is a clear error."""
-    v = value.strip().lower()
-    if v in ("1", "true", "yes", "on"):
-        return True
-    if v in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"{name} must be 1/true/yes/on or 0/false/no/off, not {value!r}")
 
 
 @dataclass

@@ -8,17 +8,20 @@ from typing import Annotated, Any, Optional
 import typer
 from rich.console import Console
 
+from awm import settings
+
 _err = Console(stderr=True, soft_wrap=True)
 
 JudgeUrlOpt = Annotated[Optional[str], typer.Option(
-    "--judge-base-url", envvar="AWM_JUDGE_BASE_URL",
+    "--judge-base-url", envvar=settings.names.AWM_JUDGE_BASE_URL,
     help="OpenAI-compatible endpoint of the LLM judge for judge-verifier tasks (key: AWM_JUDGE_API_KEY).")]
-JudgeModelOpt = Annotated[Optional[str], typer.Option("--judge-model", envvar="AWM_JUDGE_MODEL", help="Judge model.")]
-JudgeVotesOpt = Annotated[int, typer.Option("--judge-votes", envvar="AWM_JUDGE_VOTES", min=1,
+JudgeModelOpt = Annotated[Optional[str], typer.Option("--judge-model", envvar=settings.names.AWM_JUDGE_MODEL,
+                                                      help="Judge model.")]
+JudgeVotesOpt = Annotated[int, typer.Option("--judge-votes", envvar=settings.names.AWM_JUDGE_VOTES, min=1,
                                             help="k-vote majority of the judge (1 = one deterministic call).")]
-KindOpt = Annotated[Optional[str], typer.Option("--verifier-kind", envvar="AWM_VERIFIER_KIND",
+KindOpt = Annotated[Optional[str], typer.Option("--verifier-kind", envvar=settings.names.AWM_VERIFIER_KIND,
                                                 help="Where a task has both kinds of verifier: code or judge.")]
-UngatedOpt = Annotated[bool, typer.Option("--allow-ungated", envvar="AWM_ALLOW_UNGATED",
+UngatedOpt = Annotated[bool, typer.Option("--allow-ungated", envvar=settings.names.AWM_ALLOW_UNGATED,
                                           help="Also serve tasks that have not passed both gates (marked ungated).")]
 
 

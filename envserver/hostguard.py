@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import functools
 import ipaddress
-import os
 import socket
 from collections.abc import Iterable, Sequence
 from fnmatch import fnmatchcase
@@ -30,16 +29,14 @@ from urllib.parse import urlsplit
 
 from starlette.middleware import Middleware
 
+from awm import settings
+
 ASGIApp = Callable[[dict[str, Any], Callable[[], Awaitable[dict[str, Any]]],
                     Callable[[dict[str, Any]], Awaitable[None]]], Awaitable[None]]
 DEFAULT_HOSTS = ("127.0.0.1", "localhost", "::1")
 
-HOSTS_ENV = "AWM_ALLOWED_HOSTS"
-ORIGINS_ENV = "AWM_ALLOWED_ORIGINS"
-
-
-def _split(value: str | None) -> list[str]:
-    return [part.strip() for part in (value or "").split(",") if part.strip()]
+HOSTS_ENV = settings.names.AWM_ALLOWED_HOSTS
+ORIGINS_ENV = settings.names.AWM_ALLOWED_ORIGINS
 
 
 @functools.lru_cache(maxsize=64)  # asked for every request's local address
@@ -60,13 +57,13 @@ def allowed_hosts(bind_hosts: Iterable[str], extra: Iterable[str] = ()) -> list[
             hosts.append(socket.gethostname())  # no getfqdn(): a reverse DNS lookup can hang
         elif bind:
             hosts.append(bind.strip("[]"))
-    hosts += [*_split(os.environ.get(HOSTS_ENV)), *extra]
+    hosts += [*settings.AWM_ALLOWED_HOSTS, *extra]
     return list(dict.fromkeys(h.lower() for h in hosts if h))
 
 
 def allowed_origins(extra: Iterable[str] = ()) -> list[str]:
     """Browser origins trusted besides same-origin requests: ``extra`` plus ``AWM_ALLOWED_ORIGINS``."""
-    return list(dict.fromkeys([*_split(os.environ.get(ORIGINS_ENV)), *extra]))
+    return list(dict.fromkeys([*settings.AWM_ALLOWED_ORIGINS, *extra]))
 
 
 class HostOriginGuard:

@@ -24,7 +24,9 @@ import sys
 import threading
 import time
 
-PARENT_ENV = "AWM_PARENT_PID"
+from awm import settings
+
+PARENT_ENV = settings.names.AWM_PARENT_PID
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
@@ -32,8 +34,8 @@ def die_with_parent(sig: int = signal.SIGTERM) -> None:
     """If ``AWM_PARENT_PID`` names our parent, have the kernel send ``sig`` when it dies; exit now
     if it is already gone. Raises OSError if the kernel refuses (the child must not run
     unsupervised without saying so)."""
-    expected = os.environ.pop(PARENT_ENV, None)
-    if not expected:
+    expected = settings.var.AWM_PARENT_PID.pop()
+    if expected is None:
         return
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
@@ -41,8 +43,8 @@ def die_with_parent(sig: int = signal.SIGTERM) -> None:
             errno = ctypes.get_errno()
             raise OSError(errno, f"prctl(PR_SET_PDEATHSIG): {os.strerror(errno)}")
     else:  # no parent-death signal elsewhere (macOS): notice reparenting instead, once a second
-        threading.Thread(target=_watch, args=(int(expected), sig), name="lifeline", daemon=True).start()
-    if os.getppid() != int(expected):  # the parent died before the prctl: nobody will signal us
+        threading.Thread(target=_watch, args=(expected, sig), name="lifeline", daemon=True).start()
+    if os.getppid() != expected:  # the parent died before the prctl: nobody will signal us
         sys.exit(f"envserver: the process that started us ({expected}) is gone; exiting")
 
 

@@ -18,10 +18,11 @@ deadline, about what an idle client may hold anyway. Bodies are bounded in size 
 from __future__ import annotations
 
 import asyncio
-import os
 from typing import Any
 
-HEAD_TIMEOUT_S = float(os.environ.get("AWM_HEAD_TIMEOUT_S", "10"))
+from awm import settings
+
+HEAD_TIMEOUT_S = settings.AWM_HEAD_TIMEOUT_S  # read once, when the server starts
 # How long the control listener keeps an idle connection (uvicorn's default is 5 s). The operator
 # switches and resets its pods in bursts a GRPO step apart (seconds to minutes): a connection kept
 # from a group's release to its next claim spares the operator a TCP connect per pod, which cost

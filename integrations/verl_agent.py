@@ -29,12 +29,12 @@ are global.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 from uuid import uuid4
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput, register
 
+from awm import settings
 from awm.episode import toolcalls
 from awm.episode.reward import RewardConfig
 from awm.episode.session import EpisodeSession, Outcome
@@ -48,9 +48,9 @@ def _settings(awm: Any) -> dict[str, Any]:
     operator settings from the environment."""
     if awm:
         return {k: v for k, v in (awm.items() if hasattr(awm, "items") else dict(awm).items())}
-    if os.environ.get("AWM_INSTANCES_FILE"):
-        return {"instances_file": os.environ["AWM_INSTANCES_FILE"]}
-    return {"operator": {"environments": [e for e in os.environ.get("AWM_ENVIRONMENTS", "").split(",") if e]}}
+    if settings.AWM_INSTANCES_FILE:
+        return {"instances_file": settings.AWM_INSTANCES_FILE}
+    return {"operator": {"environments": settings.AWM_ENVIRONMENTS}}
 
 
 @register("awm_agent")

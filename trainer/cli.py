@@ -17,6 +17,8 @@ import typer
 from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
+
+from awm import settings
 from awm.serveopts import JudgeModelOpt, JudgeUrlOpt, JudgeVotesOpt, KindOpt, UngatedOpt, serving_options
 
 trainer_app = typer.Typer()
@@ -26,7 +28,7 @@ err = Console(stderr=True, soft_wrap=True)  # an error line stays one line in lo
 BaseUrlOpt = Annotated[Optional[str], typer.Option(
     "--base-url", help="OpenAI-compatible endpoint of the policy (AWM_POLICY_BASE_URL, AWM_LLM_BASE_URL).")]
 ModelOpt = Annotated[Optional[str], typer.Option("--model", help="Model name (AWM_POLICY_MODEL, AWM_LLM_MODEL).")]
-ApiKeyOpt = Annotated[Optional[str], typer.Option("--api-key", envvar="AWM_POLICY_API_KEY", show_default=False,
+ApiKeyOpt = Annotated[Optional[str], typer.Option("--api-key", envvar=settings.names.AWM_POLICY_API_KEY, show_default=False,
                                                    help="API key (AWM_POLICY_API_KEY, else OPENAI_API_KEY).")]
 MaxTurnsOpt = Annotated[int, typer.Option("--max-turns", min=1, help="Turns before the episode is cut.")]
 WindowOpt = Annotated[Optional[int], typer.Option("--history-window", min=1,
@@ -70,8 +72,9 @@ MaxTokOpt = Annotated[int, typer.Option("--max-tokens", help="Max tokens per rep
 
 
 def _endpoint(base_url: str | None, model: str | None) -> tuple[str, str]:
-    url = base_url or os.environ.get("AWM_POLICY_BASE_URL") or os.environ.get("AWM_LLM_BASE_URL")
-    name = model or os.environ.get("AWM_POLICY_MODEL") or os.environ.get("AWM_LLM_MODEL")
+    # As set, without the LLM endpoint's defaults: no endpoint given is an error here, not OpenAI's.
+    url = base_url or settings.AWM_POLICY_BASE_URL or settings.var.AWM_LLM_BASE_URL.raw()
+    name = model or settings.AWM_POLICY_MODEL or settings.var.AWM_LLM_MODEL.raw()
     if not url or not name:
         err.print("[red]error:[/red] give the policy endpoint: --base-url and --model "
                   "(or AWM_POLICY_BASE_URL / AWM_POLICY_MODEL)")
@@ -187,7 +190,7 @@ def train(
     mode: Annotated[Optional[str], typer.Option("--mode", help="async | sync")] = None,
     metrics_port: Annotated[Optional[int], typer.Option("--metrics-port", help="Serve Prometheus metrics here.")] = None,
     seed: Annotated[Optional[int], typer.Option("--seed")] = None,
-    database_url: Annotated[Optional[str], typer.Option("--database-url", envvar="AWM_DATABASE_URL",
+    database_url: Annotated[Optional[str], typer.Option("--database-url", envvar=settings.names.AWM_DATABASE_URL,
                                                        help="External Postgres admin DSN (default: embedded).")] = None,
     verifier_kind: Annotated[Optional[VerifierKind], typer.Option(
         "--verifier-kind", help="Override the config's verifier_kind (where a task has both): code is the "
@@ -274,7 +277,7 @@ def eval_command(
     out: Annotated[Path, typer.Option("--out", help="Directory for eval.json, eval.png, trajectories.jsonl.")] = Path(
         "runs/eval"),
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
-    database_url: Annotated[Optional[str], typer.Option("--database-url", envvar="AWM_DATABASE_URL",
+    database_url: Annotated[Optional[str], typer.Option("--database-url", envvar=settings.names.AWM_DATABASE_URL,
                                                        help="External Postgres admin DSN (default: embedded).")] = None,
     judge_base_url: JudgeUrlOpt = None,
     judge_model: JudgeModelOpt = None,
@@ -458,7 +461,7 @@ def warmstart_command(
     tool_format: FormatOpt = ToolFormat.native,
     tool_descriptions: DescriptionsOpt = ToolDescriptions.full,
     instances: Annotated[int, typer.Option("--instances", min=1, help="Instances that replay the solutions.")] = 2,
-    database_url: Annotated[Optional[str], typer.Option("--database-url", envvar="AWM_DATABASE_URL",
+    database_url: Annotated[Optional[str], typer.Option("--database-url", envvar=settings.names.AWM_DATABASE_URL,
                                                        help="External Postgres admin DSN (default: embedded).")] = None,
     allow_ungated: UngatedOpt = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the record as JSON.")] = False,
@@ -522,7 +525,7 @@ def verify_command(
     )] = None,
     replicas: Annotated[int, typer.Option("--replicas", min=1, help="Instances per environment.")] = 2,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
-    database_url: Annotated[Optional[str], typer.Option("--database-url", envvar="AWM_DATABASE_URL",
+    database_url: Annotated[Optional[str], typer.Option("--database-url", envvar=settings.names.AWM_DATABASE_URL,
                                                        help="External Postgres admin DSN (default: embedded).")] = None,
     judge_base_url: JudgeUrlOpt = None,
     judge_model: JudgeModelOpt = None,

@@ -13,7 +13,7 @@ import os
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal, get_args
 
 import yaml
 
@@ -23,19 +23,36 @@ from awm.trainer.rollout import RolloutConfig
 from awm.trainer.tiny import TinySpec
 from awm.trainer.vllm_policy import LoraSpec
 
+# The choices of the config's enumerated settings, each spelled once: the fields' types, and the
+# check at load (from_dict), which names them in its error.
+PolicyKind = Literal["tiny", "hf", "vllm"]
+WeightSync = Literal["lora", "full"]
+DType = Literal["auto", "float32", "bfloat16"]
+LossAgg = Literal["token_mean", "seq_mean"]
+Backend = Literal["auto", "gloo", "nccl"]
+RunMode = Literal["async", "sync"]
+VerifierKind = Literal["code", "judge"]
+DTYPES: tuple[str, ...] = get_args(DType)
+
+
+def _one_of(choices: Any) -> str:
+    """``a, b or c`` of a Literal's values."""
+    values = get_args(choices)
+    return f"{', '.join(values[:-1])} or {values[-1]}"
+
 
 @dataclass
 class PolicyConfig:
     # tiny: built here from `tiny` | hf: a local transformers checkpoint at `path`, generating in
     # process | vllm: the checkpoint at `path` served by a vLLM server at `base_url` (or started
     # from `server`), the learner here, weights pushed to the server after every step
-    kind: str = "tiny"
+    kind: PolicyKind = "tiny"
     path: str | None = None
     temperature: float = 1.0
     max_new_tokens: int = 256
     device: str = "auto"  # auto: the first CUDA GPU when there is one, else cpu | cpu | cuda | cuda:N | mps
     # compute precision (autocast); weights and optimiser state are float32 regardless
-    dtype: str = "auto"  # auto: bfloat16 on a GPU that has it, else float32 | float32 | bfloat16
+    dtype: DType = "auto"  # auto: bfloat16 on a GPU that has it, else float32 | float32 | bfloat16
     tiny: TinySpec = field(default_factory=TinySpec)
     # Qwen3-style templates: thinking on or off (chat_template_kwargs.enable_thinking), the same
     # in rollouts and training; None: the template's default
@@ -43,7 +60,7 @@ class PolicyConfig:
     # -- kind vllm --
     base_url: str | None = None  # the server's OpenAI-compatible URL (…/v1)
     served_model: str = "policy"  # the name the server serves `path` under (--served-model-name)
-    weight_sync: str = "lora"  # lora: a peft LoRA, loaded at runtime | full: all weights, reloaded
+    weight_sync: WeightSync = "lora"  # lora: a peft LoRA, loaded at runtime | full: all weights, reloaded
     lora: LoraSpec = field(default_factory=LoraSpec)
     sync_dir: str | None = None  # where versions are written for the server to read (default run_dir/weights)
     request_timeout_s: float = 300.0
@@ -60,15 +77,15 @@ class PolicyConfig:
         data["tiny"] = TinySpec.from_dict(data.get("tiny"))
         data["lora"] = LoraSpec.from_dict(data.get("lora"))
         cfg = cls(**data)
-        if cfg.kind not in ("tiny", "hf", "vllm"):
-            raise ValueError(f"policy.kind must be tiny, hf or vllm, not {cfg.kind!r}")
+        if cfg.kind not in get_args(PolicyKind):
+            raise ValueError(f"policy.kind must be {_one_of(PolicyKind)}, not {cfg.kind!r}")
         if cfg.kind == "vllm":
             if not cfg.path:
                 raise ValueError("policy.kind vllm needs policy.path (the model directory the server serves)")
             if not cfg.base_url and not cfg.server:
                 raise ValueError("policy.kind vllm needs policy.base_url (a running server) or policy.server")
-            if cfg.weight_sync not in ("lora", "full"):
-                raise ValueError(f"policy.weight_sync must be lora or full, not {cfg.weight_sync!r}")
+            if cfg.weight_sync not in get_args(WeightSync):
+                raise ValueError(f"policy.weight_sync must be {_one_of(WeightSync)}, not {cfg.weight_sync!r}")
         if not isinstance(cfg.extra_body, dict):
             raise ValueError("policy.extra_body must be a mapping (JSON merged into every request)")
         reserved = {"return_token_ids", "logprobs", "model", "messages", "tools"} & set(cfg.extra_body)
@@ -86,8 +103,6 @@ class PolicyConfig:
         return cfg
 
 
-DTYPES = ("auto", "float32", "bfloat16")
-
 
 @dataclass
 class GRPOConfig:
@@ -96,7 +111,7 @@ class GRPOConfig:
     clip_eps: float = 0.2
     clip_eps_high: float | None = None  # DAPO's "clip higher"; None: symmetric
     kl_coef: float = 0.0  # > 0 keeps a frozen reference copy of the initial policy
-    loss_agg: str = "token_mean"  # token_mean | seq_mean
+    loss_agg: LossAgg = "token_mean"
     scale_rewards: bool = True  # divide by the group's std (False: Dr. GRPO)
     micro_batch_size: int = 8  # sequences per forward/backward; an update accumulates over its mini-batch
     # Groups (tasks) per optimiser update: a step of groups_per_step groups makes
@@ -117,8 +132,8 @@ class GRPOConfig:
             if data.get(key) is not None:
                 data[key] = float(data[key])  # YAML reads 3e-3 as a string
         cfg = cls(**data)
-        if cfg.loss_agg not in ("token_mean", "seq_mean"):
-            raise ValueError(f"grpo.loss_agg must be token_mean or seq_mean, not {cfg.loss_agg!r}")
+        if cfg.loss_agg not in get_args(LossAgg):
+            raise ValueError(f"grpo.loss_agg must be {_one_of(LossAgg)}, not {cfg.loss_agg!r}")
         if cfg.micro_batch_size < 1:
             raise ValueError("grpo.micro_batch_size must be at least 1")
         if cfg.mini_batch_groups is not None and (isinstance(cfg.mini_batch_groups, bool)
@@ -137,13 +152,13 @@ class LearnerConfig:
     #   torchrun --nproc-per-node N --no-python awm train --config run.yaml
     # Rank 0 runs rollouts, metrics and checkpoints; the others take part in the learner's steps.
     distributed: bool = False
-    backend: str = "auto"  # auto: nccl with GPUs, else gloo | gloo | nccl
+    backend: Backend = "auto"  # auto: nccl with GPUs, else gloo
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> LearnerConfig:
         cfg = cls(**(data or {}))
-        if cfg.backend not in ("auto", "gloo", "nccl"):
-            raise ValueError(f"learner.backend must be auto, gloo or nccl, not {cfg.backend!r}")
+        if cfg.backend not in get_args(Backend):
+            raise ValueError(f"learner.backend must be {_one_of(Backend)}, not {cfg.backend!r}")
         return cfg
 
 
@@ -195,7 +210,7 @@ class TrainConfig:
     seed: int = 0
     steps: int = 20
     groups_per_step: int = 2
-    mode: str = "async"  # async: rollouts overlap training (bounded staleness) | sync
+    mode: RunMode = "async"  # async: rollouts overlap training (bounded staleness) | sync
     checkpoint_every: int = 10
     resume: bool = True
     metrics_port: int = 0  # > 0: serve Prometheus metrics on this port
@@ -211,7 +226,7 @@ class TrainConfig:
     # The LLM judge of judge-verifier tasks (awm.judge.JudgeSettings fields: base_url, model, votes,
     # ...; the key from the environment variable named by api_key_env, AWM_JUDGE_API_KEY).
     judge: dict[str, Any] | None = None
-    verifier_kind: str | None = None  # code | judge: which one where a task has both
+    verifier_kind: VerifierKind | None = None  # which one where a task has both
     allow_ungated: bool = False  # also train on tasks that have not passed both gates
 
     def serving(self) -> dict[str, Any]:
@@ -247,8 +262,8 @@ class TrainConfig:
                 cfg.policy.path = _resolve(cfg.policy.path, base_dir, "policy.path")
             if cfg.policy.sync_dir:
                 cfg.policy.sync_dir = _resolve(cfg.policy.sync_dir, base_dir)
-        if cfg.mode not in ("async", "sync"):
-            raise ValueError("mode must be async or sync")
+        if cfg.mode not in get_args(RunMode):
+            raise ValueError(f"mode must be {_one_of(RunMode)}")
         mini = cfg.grpo.mini_batch_groups
         if mini is not None and (mini > cfg.groups_per_step or cfg.groups_per_step % mini):
             raise ValueError(f"grpo.mini_batch_groups ({mini}) must divide groups_per_step ({cfg.groups_per_step}): "
@@ -256,8 +271,8 @@ class TrainConfig:
         if cfg.learner.distributed and cfg.policy.kind != "vllm":
             raise ValueError("learner.distributed needs policy.kind vllm: a sharded model generates only "
                              "with every process taking part, so generation is the server's")
-        if cfg.verifier_kind not in (None, "code", "judge"):
-            raise ValueError("verifier_kind must be code or judge")
+        if cfg.verifier_kind is not None and cfg.verifier_kind not in get_args(VerifierKind):
+            raise ValueError(f"verifier_kind must be {_one_of(VerifierKind)}")
         cfg.serving()  # a malformed judge section fails here, before anything starts
         return cfg
 

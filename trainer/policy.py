@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import httpx
 
+from awm import settings
 from awm.bundle import EnvBundle
 from awm.episode import toolcalls
 from awm.trainer import awm_format
@@ -127,7 +127,7 @@ class OpenAIPolicy:
 
     def __post_init__(self) -> None:
         self.base_url = self.base_url.rstrip("/")
-        self.api_key = self.api_key or os.environ.get("AWM_POLICY_API_KEY") or os.environ.get("OPENAI_API_KEY", "")
+        self.api_key = self.api_key or settings.AWM_POLICY_API_KEY  # else OPENAI_API_KEY
         # Every request carries the key: the chat calls and, for vLLM, its weight-sync endpoints
         # (/v1/load_lora_adapter and the like answer 401 without it on a server with a key).
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else None

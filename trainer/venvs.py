@@ -13,7 +13,8 @@ a marker file; a half-finished one is never taken for a cache hit (it is removed
 Environments of older pins are removed once a new one is made: the ``KEEP`` most recently used
 of a name stay (two checkouts with different pins on one machine do not rebuild in turn); a
 stale verl environment alone holds ~6 GB.
-Standard library only: ``.ci/run`` builds these before the project's own environment exists.
+Standard library only (and :mod:`awm.settings`, which is too): ``.ci/run`` builds these before the
+project's own environment exists.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from awm import settings
 
 UV_VERSION = "0.13.8"
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,7 +54,7 @@ class CachedVenv:
     requirements: Path
     overrides: Path | None = None
     check: str = ""
-    cache_var: str = "AWM_VENV_CACHE"
+    cache_var: str = settings.names.AWM_VENV_CACHE  # the variable naming this one's cache directory
     # Also install this checkout with these extras (their dependencies resolved with the pins);
     # pyproject.toml then counts in the cache key.
     project_extras: str | None = None
@@ -67,7 +70,7 @@ class CachedVenv:
         return h.hexdigest()[:12]
 
     def env_dir(self) -> Path:
-        root = os.environ.get(self.cache_var) or os.environ.get("AWM_VENV_CACHE") or Path.home() / ".cache" / "awm"
+        root = os.environ.get(self.cache_var) or settings.AWM_VENV_CACHE
         return Path(root) / f"{self.name}-{self.digest()}"
 
     def python(self) -> Path:

@@ -14,6 +14,8 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
+from awm import settings
+
 console = Console(stderr=True)
 
 
@@ -35,7 +37,7 @@ def ui_command(
     replicas: Annotated[int, typer.Option("--replicas", "-n", min=1, help="Instances per --serve environment.")] = 1,
     instance: Annotated[Optional[list[str]], typer.Option("--instance", help=(
         "A running instance as MCP_URL,CONTROL_URL (awm serve prints them; repeatable)."))] = None,
-    operator_url: Annotated[Optional[str], typer.Option("--operator-url", envvar="AWM_OPERATOR_URL", help=(
+    operator_url: Annotated[Optional[str], typer.Option("--operator-url", envvar=settings.names.AWM_OPERATOR_URL, help=(
         "The operator's allocation API (fleet counts; token from AWM_API_TOKEN)."))] = None,
     fleet: Annotated[Optional[list[str]], typer.Option("--fleet", help="An EnvFleet as NAMESPACE/NAME (repeatable).")] = None,
     namespace: Annotated[Optional[list[str]], typer.Option("--namespace", help=(
@@ -48,7 +50,7 @@ def ui_command(
     allowed_host: Annotated[Optional[list[str]], typer.Option("--allowed-host", help=(
         "Another Host name the UI answers to (DNS-rebinding protection, as awm serve; also AWM_ALLOWED_HOSTS)."))] = None,
     port: Annotated[int, typer.Option(help="Port (0: any free one; the URL is printed).")] = 8090,
-    database_url: Annotated[Optional[str], typer.Option("--database-url", envvar="AWM_DATABASE_URL",
+    database_url: Annotated[Optional[str], typer.Option("--database-url", envvar=settings.names.AWM_DATABASE_URL,
                                                         help="External Postgres admin DSN for --serve.")] = None,
     playground_ttl: Annotated[float, typer.Option("--playground-ttl", min=1.0, help=(
         "Seconds a playground session may stay idle before its instance is released."))] = 900.0,

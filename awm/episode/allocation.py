@@ -29,15 +29,12 @@ from typing import Any, Awaitable, Callable, Mapping, TypeVar
 
 import aiohttp
 
+from awm import settings
 from awm.client import tls_context
 
 
 SA_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
 SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
-ENV_OPERATOR_URL = "AWM_OPERATOR_URL"
-ENV_NAMESPACE = "AWM_NAMESPACE"
-ENV_FLEET = "AWM_FLEET"
-ENV_CAMPAIGN = "AWM_CAMPAIGN"
 
 
 @dataclass(frozen=True)
@@ -52,14 +49,13 @@ class OperatorSettings:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "OperatorSettings | None":
         """The settings a campaign's Job gets, or None outside one (then runs use a local fleet)."""
-        e = os.environ if env is None else env
-        url, fleet = e.get(ENV_OPERATOR_URL), e.get(ENV_FLEET)
+        url, fleet = settings.var.AWM_OPERATOR_URL.get(env), settings.var.AWM_FLEET.get(env)
         if not url or not fleet:
             return None
-        namespace = e.get(ENV_NAMESPACE)
+        namespace = settings.var.AWM_NAMESPACE.get(env)
         if not namespace and SA_NAMESPACE.is_file():
             namespace = SA_NAMESPACE.read_text().strip()
-        return cls(url.rstrip("/"), namespace or "default", fleet, e.get(ENV_CAMPAIGN) or None)
+        return cls(url.rstrip("/"), namespace or "default", fleet, settings.var.AWM_CAMPAIGN.get(env))
 
     @property
     def holder(self) -> str | None:
@@ -74,7 +70,7 @@ class OperatorSettings:
 def bearer() -> dict[str, str]:
     """The caller's credentials for the operator's API: ``AWM_API_TOKEN``, else the pod's
     ServiceAccount token, read at every request (bound tokens are rotated by the kubelet)."""
-    token = os.environ.get("AWM_API_TOKEN", "").strip()
+    token = settings.AWM_API_TOKEN.strip()
     if not token and SA_TOKEN.is_file():
         token = SA_TOKEN.read_text().strip()
     return {"Authorization": f"Bearer {token}"} if token else {}

@@ -12,10 +12,11 @@ and CREATE TABLE statements for PostgreSQL and SQLite, for tables the app create
 from __future__ import annotations
 
 import json
-import os
 import sys
 import warnings
 from typing import Any
+
+from awm import settings  # before the confinement: reading a variable afterwards needs no file
 
 MARKER = "AWM_PROBE_RESULT "
 
@@ -127,7 +128,7 @@ def _confine() -> None:
 
     appshim.prepare()
     report = confine.confine(read_paths(app=True), confine.Limits(memory_mb=2048))
-    if not report.strong and os.environ.get("AWM_ALLOW_WEAK_ISOLATION") != "1":
+    if not report.strong and not settings.AWM_ALLOW_WEAK_ISOLATION:
         raise SystemExit(f"refusing to load untrusted app code: confinement layers missing: {report.missing}")
 
 

@@ -59,6 +59,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from pydantic import ValidationError
 
+from awm import settings
 from awm.bundle import (App, Database, EnvBundle, Limits, Route, Scenario, SeedTable, Task, Tool, Verifier)
 from awm.gates import EpisodeReport
 from awm.gates import record as record_gate
@@ -280,7 +281,8 @@ def _open_source(src: Path) -> _Source:
 
 def probe_app(code: str, name: str, timeout_s: float = 120.0) -> dict[str, Any]:
     """Load the app in a child process with a scrubbed environment and describe it."""
-    env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "PYTHONPATH", "HOME", "AWM_ALLOW_WEAK_ISOLATION")}
+    env = {k: v for k, v in os.environ.items()
+           if k in ("PATH", "LANG", "LC_ALL", "PYTHONPATH", "HOME", settings.names.AWM_ALLOW_WEAK_ISOLATION)}
     with tempfile.TemporaryDirectory(prefix="awm-probe-") as cwd:
         try:
             done = subprocess.run([sys.executable, "-m", "awm.importers.app_probe"],

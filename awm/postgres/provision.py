@@ -657,15 +657,17 @@ def main(argv: list[str] | None = None) -> None:
     import os
     import sys
 
+    from awm import settings
+
     ap = argparse.ArgumentParser(prog="python -m awm.postgres.provision", description=main.__doc__)
     ap.add_argument("--bundle", required=True, help="the environment's bundle (JSON)")
     ap.add_argument("--name", required=True, help="pod name: the database is awm_i_<name>")
     ap.add_argument("--dsn-file", required=True, help="where to write the instance DSN (mode 0600)")
-    ap.add_argument("--fleet", default=os.environ.get("AWM_FLEET", ""), help="recorded with the database (AWM_FLEET)")
+    ap.add_argument("--fleet", default=settings.AWM_FLEET, help="recorded with the database (AWM_FLEET)")
     ap.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE", ""),
                     help="recorded with the database (POD_NAMESPACE)")
     args = ap.parse_args(argv)
-    admin_dsn = os.environ.get("AWM_ADMIN_DSN")  # never argv: visible to every user in ps
+    admin_dsn = settings.AWM_ADMIN_DSN  # never argv: visible to every user in ps
     if not admin_dsn:
         sys.exit("provision: set AWM_ADMIN_DSN to the admin DSN (CREATEDB, CREATEROLE)")
     logging.basicConfig(level=logging.WARNING, format="%(message)s")

@@ -53,6 +53,7 @@ from typing import Any, Callable
 
 import psycopg
 
+from awm import settings
 from awm.bundle import EnvBundle
 from awm.postgres import provision
 from awm.postgres.spares import Spares, fleet_pool
@@ -60,7 +61,7 @@ from awm.postgres.spares import Spares, fleet_pool
 log = logging.getLogger("awm.provisioner")
 
 MAX_LINE = 64 * 1024  # a request is a name or two
-SOCKET_ENV = "AWM_PROVISIONER_SOCKET"
+SOCKET_ENV = settings.names.AWM_PROVISIONER_SOCKET  # where an env server finds its provisioner
 # What a claim's background work (its refill, its spare, the drop of what it evicted) waits
 # before it starts: the claim's own session and first call go first (Provisioner._settled).
 SETTLE_S = 0.1
@@ -596,9 +597,9 @@ def main(argv: list[str] | None = None) -> None:
                              "provisioner of the same fleet (namespace and fleet of --meta); 0: none")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    admin = os.environ.pop("AWM_ADMIN_DSN", "")
-    if not admin and os.environ.get("AWM_ADMIN_DSN_FILE"):
-        admin = Path(os.environ.pop("AWM_ADMIN_DSN_FILE")).read_text().strip()
+    admin = settings.var.AWM_ADMIN_DSN.pop()
+    if not admin and settings.AWM_ADMIN_DSN_FILE:
+        admin = settings.var.AWM_ADMIN_DSN_FILE.pop().read_text().strip()
     if not admin:
         raise SystemExit("provisioner: set AWM_ADMIN_DSN (or AWM_ADMIN_DSN_FILE)")
     root = catalog.resolve(args.catalog)

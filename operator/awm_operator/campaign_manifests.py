@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import os
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Mapping
 
 import yaml
 
+from awm import settings as awm_settings
 from awm_operator import conditions
 from awm_operator.config import OperatorConfig
 from awm_operator.crds import GROUP, VERSION, CampaignSpec
@@ -29,11 +29,12 @@ L_CLIENT = "awm.dev/client"            # the env pods' NetworkPolicy admits pods
 A_CAMPAIGN = "awm.dev/campaign"        # the full name (label values stop at 63 characters)
 JOB_SELECTOR = f"{L_NAME}={APP_NAME}"
 
-# What the Job's container gets; trainer/k8s_source.py reads the same names.
-ENV_OPERATOR_URL = "AWM_OPERATOR_URL"
-ENV_NAMESPACE = "AWM_NAMESPACE"
-ENV_FLEET = "AWM_FLEET"
-ENV_CAMPAIGN = "AWM_CAMPAIGN"
+# What the Job's container gets; awm.episode.allocation.OperatorSettings reads the same names.
+ENV_OPERATOR_URL = awm_settings.names.AWM_OPERATOR_URL
+ENV_NAMESPACE = awm_settings.names.AWM_NAMESPACE
+ENV_FLEET = awm_settings.names.AWM_FLEET
+ENV_CAMPAIGN = awm_settings.names.AWM_CAMPAIGN
+_env = awm_settings.var  # the declarations (defaults included) of the variables CampaignSettings reads
 
 CATALOG_DIR = "/campaign/catalog"
 WEIGHTS_DIR = "/weights"  # the weight-sync path of a vLLM sidecar: an emptyDir both containers mount
@@ -61,22 +62,21 @@ class CampaignSettings:
     """Campaign settings from the operator's environment (the chart sets them). Kept out of
     OperatorConfig: nothing but campaigns needs them."""
 
-    operator_url: str | None = None        # AWM_OPERATOR_URL: the allocation API as the Job's pod sees it
-    trainer_image: str = "awm-trainer:0.1.0"
-    trainer_pull_policy: str = "IfNotPresent"
-    eval_image: str | None = None          # AWM_EVAL_IMAGE: evaluations' image (no torch); unset: trainer_image
-    eval_pull_policy: str | None = None
-    status_interval: float = 2.0           # progress -> status patches at most this often
+    operator_url: str | None = _env.AWM_OPERATOR_URL.default  # the allocation API as the Job's pod sees it
+    trainer_image: str = _env.AWM_TRAINER_IMAGE.default
+    trainer_pull_policy: str = _env.AWM_TRAINER_IMAGE_PULL_POLICY.default
+    eval_image: str | None = _env.AWM_EVAL_IMAGE.default  # evaluations' image (no torch); unset: trainer_image
+    eval_pull_policy: str | None = _env.AWM_EVAL_IMAGE_PULL_POLICY.default
+    status_interval: float = _env.AWM_CAMPAIGN_STATUS_INTERVAL.default  # progress -> status patches at most this often
 
     @classmethod
-    def from_env(cls, env: dict[str, str] | None = None) -> "CampaignSettings":
-        e = os.environ if env is None else env
-        return cls(operator_url=e.get("AWM_OPERATOR_URL") or None,
-                   trainer_image=e.get("AWM_TRAINER_IMAGE") or cls.trainer_image,
-                   trainer_pull_policy=e.get("AWM_TRAINER_IMAGE_PULL_POLICY") or cls.trainer_pull_policy,
-                   eval_image=e.get("AWM_EVAL_IMAGE") or None,
-                   eval_pull_policy=e.get("AWM_EVAL_IMAGE_PULL_POLICY") or None,
-                   status_interval=float(e.get("AWM_CAMPAIGN_STATUS_INTERVAL") or cls.status_interval))
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "CampaignSettings":
+        return cls(operator_url=_env.AWM_OPERATOR_URL.get(env),
+                   trainer_image=_env.AWM_TRAINER_IMAGE.get(env),
+                   trainer_pull_policy=_env.AWM_TRAINER_IMAGE_PULL_POLICY.get(env),
+                   eval_image=_env.AWM_EVAL_IMAGE.get(env),
+                   eval_pull_policy=_env.AWM_EVAL_IMAGE_PULL_POLICY.get(env),
+                   status_interval=_env.AWM_CAMPAIGN_STATUS_INTERVAL.get(env))
 
     def image_for(self, mode: str) -> tuple[str, str]:
         """(image, pull policy) of a campaign's Job unless its spec names one. An evaluation of an
@@ -356,7 +356,7 @@ def job_manifest(campaign: str, namespace: str, uid: str, spec: CampaignSpec, cf
         args = eval_args(spec)
         ev = spec.evaluation
         if ev is not None and ev.api_key_secret is not None:
-            env.append({"name": "AWM_POLICY_API_KEY", "valueFrom": {"secretKeyRef": {
+            env.append({"name": awm_settings.names.AWM_POLICY_API_KEY, "valueFrom": {"secretKeyRef": {
                 "name": ev.api_key_secret.name, "key": ev.api_key_secret.key}}})
     container: dict[str, Any] = {
         "name": {"training": "trainer", "evaluation": "evaluator"}.get(spec.mode, "external"),

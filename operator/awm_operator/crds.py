@@ -21,6 +21,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from awm import settings as awm_settings
+
+_names = awm_settings.names  # the variables env servers read (declared in awm/settings.py)
+
 GROUP = "awm.dev"
 VERSION = "v1alpha1"
 MAX_REPLICAS = 4096
@@ -105,16 +109,17 @@ class JudgeSpec(_Spec):
 
     def env(self) -> list[dict[str, Any]]:
         env: list[dict[str, Any]] = [
-            {"name": "AWM_JUDGE_BASE_URL", "value": self.base_url}, {"name": "AWM_JUDGE_MODEL", "value": self.model},
-            {"name": "AWM_JUDGE_VOTES", "value": str(self.votes)},
-            {"name": "AWM_JUDGE_TIMEOUT_S", "value": str(self.timeout_seconds)},
-            {"name": "AWM_JUDGE_MAX_TRAJECTORY_TOKENS", "value": str(self.max_trajectory_tokens)}]
+            {"name": _names.AWM_JUDGE_BASE_URL, "value": self.base_url},
+            {"name": _names.AWM_JUDGE_MODEL, "value": self.model},
+            {"name": _names.AWM_JUDGE_VOTES, "value": str(self.votes)},
+            {"name": _names.AWM_JUDGE_TIMEOUT_S, "value": str(self.timeout_seconds)},
+            {"name": _names.AWM_JUDGE_MAX_TRAJECTORY_TOKENS, "value": str(self.max_trajectory_tokens)}]
         if self.reasoning is not None:
-            env.append({"name": "AWM_JUDGE_REASONING", "value": "1" if self.reasoning else "0"})
+            env.append({"name": _names.AWM_JUDGE_REASONING, "value": "1" if self.reasoning else "0"})
         if self.reasoning_effort:
-            env.append({"name": "AWM_JUDGE_REASONING_EFFORT", "value": self.reasoning_effort})
+            env.append({"name": _names.AWM_JUDGE_REASONING_EFFORT, "value": self.reasoning_effort})
         if self.api_key_secret is not None:
-            env.append({"name": "AWM_JUDGE_API_KEY", "valueFrom": {"secretKeyRef": {
+            env.append({"name": _names.AWM_JUDGE_API_KEY, "valueFrom": {"secretKeyRef": {
                 "name": self.api_key_secret.name, "key": self.api_key_secret.key}}})
         return env
 
@@ -132,9 +137,9 @@ class Serving(_Spec):
     def env(self) -> list[dict[str, Any]]:
         env = self.judge.env() if self.judge else []
         if self.verifier_kind:
-            env.append({"name": "AWM_VERIFIER_KIND", "value": self.verifier_kind})
+            env.append({"name": _names.AWM_VERIFIER_KIND, "value": self.verifier_kind})
         if self.allow_ungated:
-            env.append({"name": "AWM_ALLOW_UNGATED", "value": "1"})
+            env.append({"name": _names.AWM_ALLOW_UNGATED, "value": "1"})
         return env
 
 

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from awm import settings as awm_settings
 from awm_operator.config import OperatorConfig
 from awm_operator.crds import GROUP, VERSION, EnvFleetSpec
 from awm_operator.databases import DEFAULT_SHARD
@@ -34,6 +35,7 @@ DSN_FILE = "/run/awm/instance.dsn"
 BUNDLE_FILE = "/bundle/env.json"
 UID = 10001  # the env-server image's user
 
+_names = awm_settings.names  # the variables env servers and their init containers read (awm/settings.py)
 _LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?$")
 
 
@@ -132,10 +134,10 @@ def pod_manifest(fleet: str, namespace: str, fleet_uid: str, spec: EnvFleetSpec,
                     "command": ["python", "-m", "awm.postgres.provision", "--bundle", BUNDLE_FILE,
                                 "--name", "$(POD_NAME)", "--dsn-file", DSN_FILE],
                     "env": [
-                        {"name": "AWM_ADMIN_DSN", "valueFrom": {"secretKeyRef": {
+                        {"name": _names.AWM_ADMIN_DSN, "valueFrom": {"secretKeyRef": {
                             "name": spec.database.secret_name, "key": dsn_key}}},
                         pod_name,
-                        {"name": "AWM_FLEET", "value": fleet},
+                        {"name": _names.AWM_FLEET, "value": fleet},
                         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
                     ],
                     "volumeMounts": [{**bundle_mount, "readOnly": True}, run_mount, tmp_mount],
@@ -147,9 +149,10 @@ def pod_manifest(fleet: str, namespace: str, fleet_uid: str, spec: EnvFleetSpec,
                 "name": "envserver", "image": image, "imagePullPolicy": cfg.envserver_pull_policy,
                 "command": ["python", "-m", "awm.envserver", "--bundle", BUNDLE_FILE, "--name", "$(POD_NAME)",
                             "--host", "0.0.0.0", "--mcp-port", str(MCP_PORT), "--control-port", str(CONTROL_PORT)],
-                "env": [pod_name, {"name": "AWM_INSTANCE_DSN_FILE", "value": DSN_FILE},
+                "env": [pod_name, {"name": _names.AWM_INSTANCE_DSN_FILE, "value": DSN_FILE},
                         # Host names besides its pod IP (DNS-rebinding guard): any Service in its namespace.
-                        {"name": "AWM_ALLOWED_HOSTS", "value": f"*.{namespace}.svc,*.{namespace}.svc.cluster.local"}],
+                        {"name": _names.AWM_ALLOWED_HOSTS,
+                         "value": f"*.{namespace}.svc,*.{namespace}.svc.cluster.local"}],
                 "ports": [{"name": "mcp", "containerPort": MCP_PORT, "protocol": "TCP"},
                           {"name": "control", "containerPort": CONTROL_PORT, "protocol": "TCP"}],
                 # Every second: a pod is Ready within a second of its server listening (a
@@ -184,7 +187,7 @@ def pod_manifest(fleet: str, namespace: str, fleet_uid: str, spec: EnvFleetSpec,
         pod["spec"]["runtimeClassName"] = runtime_class
     pod["spec"]["containers"][0]["env"] += spec.serving.env()  # judge endpoint (+ key from a Secret), gates
     if spec.security.allow_weaker_isolation:  # said explicitly in the fleet: the env server accepts it
-        pod["spec"]["containers"][0]["env"].append({"name": "AWM_ALLOW_WEAK_ISOLATION", "value": "1"})
+        pod["spec"]["containers"][0]["env"].append({"name": _names.AWM_ALLOW_WEAK_ISOLATION, "value": "1"})
     if t.node_selector:
         pod["spec"]["nodeSelector"] = t.node_selector
     if t.tolerations:
@@ -220,7 +223,7 @@ def _late_binding(pod: dict[str, Any], fleet: str, namespace: str, spec: EnvFlee
         "command": ["python", "-m", "awm.postgres.provisioner", "--catalog", CATALOG_DIR,
                     "--socket", PROVISIONER_SOCKET, "--prefix", "$(POD_NAME)", "--meta", meta,
                     "--spares", str(spec.spare_databases)],
-        "env": [e for e in provision["env"] if e["name"] in ("AWM_ADMIN_DSN", "POD_NAME")],
+        "env": [e for e in provision["env"] if e["name"] in (_names.AWM_ADMIN_DSN, "POD_NAME")],
         "volumeMounts": [{"name": "bundle", "mountPath": CATALOG_DIR, "readOnly": True},
                          {"name": "tmp", "mountPath": "/tmp"}],
         "securityContext": security, "resources": resources,
@@ -231,7 +234,7 @@ def _late_binding(pod: dict[str, Any], fleet: str, namespace: str, spec: EnvFlee
                          "--provisioner", PROVISIONER_SOCKET, "--cache-envs", str(spec.cache_environments),
                          "--name", "$(POD_NAME)", "--host", "0.0.0.0",
                          "--mcp-port", str(MCP_PORT), "--control-port", str(CONTROL_PORT)]
-    server["env"] = [e for e in server["env"] if e["name"] != "AWM_INSTANCE_DSN_FILE"]
+    server["env"] = [e for e in server["env"] if e["name"] != _names.AWM_INSTANCE_DSN_FILE]
     for volume in pod["spec"]["volumes"]:
         if volume["name"] == "bundle":
             volume["emptyDir"]["sizeLimit"] = "1Gi"  # a catalog, not one bundle

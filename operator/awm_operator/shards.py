@@ -24,8 +24,12 @@ import hashlib
 import re
 from collections.abc import Sequence
 
+from awm import settings
+
 CONFIGMAP_LIMIT = 1024 * 1024       # bytes of keys and values the API server accepts in one ConfigMap
-SHARD_BYTES = 64 * 1024             # new claims go to a shard while it holds less than this
+# New claims go to a shard while it holds less than this (64 KiB; the operator's
+# OperatorConfig.ledger_shard_bytes, AWM_LEDGER_SHARD_BYTES, overrides it).
+SHARD_BYTES: int = settings.var.AWM_LEDGER_SHARD_BYTES.default
 
 
 def shard_name(fleet: str, index: int) -> str:
