@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from awm import settings
 from awm.bundle import EnvBundle
 from awm.judge import JudgeSettings
 from awm.postgres import provision
@@ -37,8 +38,9 @@ from awm.postgres.server import EmbeddedPostgres
 
 log = logging.getLogger("awm.fleet")
 _INHERITED = ("PATH", "LANG", "LC_ALL", "TZ", "PYTHONPATH", "HOME", "MALLOC_ARENA_MAX",
-              "AWM_ALLOW_WEAK_ISOLATION", "AWM_SANDBOX_LAYERS", "AWM_ALLOWED_HOSTS", "AWM_ALLOWED_ORIGINS",
-              "AWM_SERVER_LOOP", "AWM_SERVER_HTTP", "AWM_HEAD_TIMEOUT_S")
+              settings.names.AWM_ALLOW_WEAK_ISOLATION, settings.names.AWM_SANDBOX_LAYERS,
+              settings.names.AWM_ALLOWED_HOSTS, settings.names.AWM_ALLOWED_ORIGINS,
+              settings.names.AWM_SERVER_LOOP, settings.names.AWM_SERVER_HTTP, settings.names.AWM_HEAD_TIMEOUT_S)
 
 
 class FleetError(RuntimeError):
@@ -93,7 +95,7 @@ class Database:
 
     @classmethod
     def open(cls, database_url: str | None = None) -> Database:
-        url = database_url or os.environ.get("AWM_DATABASE_URL")
+        url = database_url or settings.AWM_DATABASE_URL
         if url:
             return cls(url)
         pg = EmbeddedPostgres.default()
@@ -294,11 +296,9 @@ class LocalFleet:
         # Secrets travel through a pipe, never the environment: a process's initial environment
         # block (/proc/<pid>/environ) keeps what it was started with even after os.environ.pop.
         secrets: dict[str, str] = {"dsn": handle.pinned_db.dsn} if handle.pinned_db is not None else {}
-        env["AWM_PARENT_PID"] = str(os.getpid())  # it exits when we do, even by SIGKILL
+        env[settings.names.AWM_PARENT_PID] = str(os.getpid())  # it exits when we do, even by SIGKILL
         if self._template is not None and self._workdir is not None:
-            from awm.sandbox.forkserver import TEMPLATE_ENV
-
-            env[TEMPLATE_ENV] = str(self._workdir / "forkserver.sock")
+            env[settings.names.AWM_FORK_TEMPLATE] = str(self._workdir / "forkserver.sock")
         if self.judge is not None:
             env.update(self.judge.to_env())
             if os.environ.get(self.judge.api_key_env):
@@ -306,11 +306,11 @@ class LocalFleet:
         secrets_fd, writer = os.pipe()
         with os.fdopen(writer, "w") as pipe:  # a few hundred bytes: within the pipe's buffer
             pipe.write(json.dumps(secrets))
-        env["AWM_SECRETS_FD"] = str(secrets_fd)
+        env[settings.names.AWM_SECRETS_FD] = str(secrets_fd)
         if self.verifier_kind:
-            env["AWM_VERIFIER_KIND"] = self.verifier_kind
+            env[settings.names.AWM_VERIFIER_KIND] = self.verifier_kind
         if self.allow_ungated:
-            env["AWM_ALLOW_UNGATED"] = "1"
+            env[settings.names.AWM_ALLOW_UNGATED] = "1"
         guard_args = [*(a for h in self.allowed_hosts for a in ("--allowed-host", h)),
                       *(a for o in self.allowed_origins for a in ("--allowed-origin", o))]
         if self._provisioner_server is not None:  # late binding: databases from the fleet's provisioner

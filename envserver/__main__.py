@@ -31,7 +31,7 @@ sys.modules.setdefault("watchfiles", None)  # type: ignore[arg-type]
 
 import uvicorn  # noqa: E402
 
-from awm import catalog
+from awm import catalog, settings
 from awm.bundle import EnvBundle
 from awm.judge import Judge, JudgeSettings
 from awm.postgres.provisioner import SOCKET_ENV, ProvisionerClient
@@ -47,13 +47,15 @@ def _port(server: uvicorn.Server) -> int:
     return int(server.servers[0].sockets[0].getsockname()[1])
 
 
-def _read_secrets(fd: str | None) -> dict[str, str]:
-    """The secrets a local fleet passes on a pipe (``AWM_SECRETS_FD``): a JSON object read once,
-    the descriptor closed, nothing left in the process's environment block."""
-    if not fd:
-        return {}
+def _read_secrets() -> dict[str, str]:
+    """The secrets a local fleet passes on a pipe (``AWM_SECRETS_FD``, removed from the environment):
+    a JSON object read once, the descriptor closed, nothing left in the process's environment block."""
+    fd = settings.var.AWM_SECRETS_FD.raw()  # as set, for the message
     try:
-        with os.fdopen(int(fd), "r") as pipe:
+        number = settings.var.AWM_SECRETS_FD.pop()  # a ValueError when not a number
+        if number is None:
+            return {}
+        with os.fdopen(number, "r") as pipe:
             data = json.loads(pipe.read())
     except (OSError, ValueError) as exc:
         sys.exit(f"envserver: AWM_SECRETS_FD={fd}: cannot read the secrets: {type(exc).__name__}")
@@ -62,13 +64,13 @@ def _read_secrets(fd: str | None) -> dict[str, str]:
 
 def _databases(args: argparse.Namespace, secrets: dict[str, str]) -> tuple[str | None, DatabaseSource | None]:
     """The instance DSN of a pinned instance, or the provisioner of a late-binding one."""
-    socket_path = args.provisioner or os.environ.get(SOCKET_ENV)
+    socket_path = args.provisioner or settings.AWM_PROVISIONER_SOCKET
     if socket_path:
         return None, ProvisionedDatabases(ProvisionerClient(socket_path, args.name or ""))
-    dsn = secrets.get("dsn") or os.environ.pop("AWM_INSTANCE_DSN", None) or args.dsn
-    dsn_file = os.environ.pop("AWM_INSTANCE_DSN_FILE", None)
+    dsn = secrets.get("dsn") or settings.var.AWM_INSTANCE_DSN.pop() or args.dsn
+    dsn_file = settings.var.AWM_INSTANCE_DSN_FILE.pop()
     if not dsn and dsn_file:  # Kubernetes: written by the pod's provisioning init container
-        dsn = Path(dsn_file).read_text().strip()
+        dsn = dsn_file.read_text().strip()
     if not dsn:
         sys.exit("envserver: set AWM_INSTANCE_DSN (or AWM_INSTANCE_DSN_FILE) to the instance's database DSN, "
                  f"or {SOCKET_ENV} / --provisioner to bind environments late")
@@ -89,16 +91,16 @@ def _first_bundle(args: argparse.Namespace, root: Path | None) -> EnvBundle:
 async def serve(args: argparse.Namespace) -> None:
     root = catalog.resolve(args.catalog) if args.catalog else None
     bundle = _first_bundle(args, root)
-    secrets = _read_secrets(os.environ.pop("AWM_SECRETS_FD", None))
+    secrets = _read_secrets()
     dsn, databases = _databases(args, secrets)
     if databases is not None and root is None:
         sys.exit("envserver: a late-binding instance (with a provisioner) needs --catalog")
     judge = None
-    settings = judge_settings(args)
-    if settings is not None:
-        key = os.environ.pop(settings.api_key_env, "")  # read once; workers get an empty environment anyway
+    judge_config = judge_settings(args)
+    if judge_config is not None:
+        key = os.environ.pop(judge_config.api_key_env, "")  # read once; workers get an empty environment anyway
         key = secrets.get("judge_api_key") or key
-        judge = Judge(settings, api_key=key)
+        judge = Judge(judge_config, api_key=key)
     instance = EnvInstance(bundle, dsn, args.name or bundle.name, verifier_workers=args.verifier_workers,
                            allow_weak_isolation=args.allow_weak_isolation, judge=judge,
                            verifier_kind=args.verifier_kind, allow_ungated=args.allow_ungated,
@@ -160,12 +162,21 @@ def judge_settings(args: argparse.Namespace) -> JudgeSettings | None:
     """Flags over ``AWM_JUDGE_*`` variables; ``None`` when no judge is configured."""
     env = dict(os.environ)
     if args.judge_base_url:
-        env["AWM_JUDGE_BASE_URL"] = args.judge_base_url
+        env[settings.names.AWM_JUDGE_BASE_URL] = args.judge_base_url
     if args.judge_model:
-        env["AWM_JUDGE_MODEL"] = args.judge_model
+        env[settings.names.AWM_JUDGE_MODEL] = args.judge_model
     if args.judge_votes:
-        env["AWM_JUDGE_VOTES"] = str(args.judge_votes)
+        env[settings.names.AWM_JUDGE_VOTES] = str(args.judge_votes)
     return JudgeSettings.from_env(env)
+
+
+def _as_set(declared: settings.Var[str]) -> str | None:
+    """A choice's variable as set, else its default, not checked against the choices: argparse
+    checks a flag's value but never its default, and the server has always taken the variable's
+    text as it was (an unknown ``AWM_SERVER_HTTP`` meant h11, an unknown ``AWM_VERIFIER_KIND`` the
+    primary verifier)."""
+    text = declared.raw()
+    return declared.default if text is None else text
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -178,7 +189,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--provisioner", metavar="SOCKET",
                         help=f"Unix socket of the provisioner, a path or @name (also {SOCKET_ENV}): bind environments late, "
                              "a fresh database of each from it")
-    parser.add_argument("--cache-envs", type=int, default=int(os.environ.get("AWM_CACHE_ENVS", "4")),
+    parser.add_argument("--cache-envs", type=int, default=settings.AWM_CACHE_ENVS,
                         help="environments kept ready (database, bundle) after a switch (also AWM_CACHE_ENVS)")
     parser.add_argument("--name", help="instance name (metrics label)")
     parser.add_argument("--dsn", help="instance DSN (prefer AWM_INSTANCE_DSN)")
@@ -192,7 +203,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="tool workers forked ahead of the next episode (1: a reset never waits for a "
                              "fork; 0: one worker less per instance, forked after the reset's answer)")
     parser.add_argument("--allow-weak-isolation", action="store_true",
-                        default=os.environ.get("AWM_ALLOW_WEAK_ISOLATION") == "1",
+                        default=settings.AWM_ALLOW_WEAK_ISOLATION,
                         help="run untrusted code even where the kernel lacks Landlock or seccomp "
                              "(also AWM_ALLOW_WEAK_ISOLATION=1); /info says what is missing")
     parser.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
@@ -205,17 +216,17 @@ def main(argv: list[str] | None = None) -> None:
                         "AWM_JUDGE_BASE_URL; the key comes from AWM_JUDGE_API_KEY)")
     parser.add_argument("--judge-model", help="judge model (also AWM_JUDGE_MODEL)")
     parser.add_argument("--judge-votes", type=int, help="k-vote majority (also AWM_JUDGE_VOTES; default 1)")
-    parser.add_argument("--verifier-kind", choices=("code", "judge"), default=os.environ.get("AWM_VERIFIER_KIND") or None,
+    parser.add_argument("--verifier-kind", choices=("code", "judge"), default=_as_set(settings.var.AWM_VERIFIER_KIND),
                         help="where a task has both kinds of verifier, serve this one (also AWM_VERIFIER_KIND)")
-    parser.add_argument("--allow-ungated", action="store_true", default=os.environ.get("AWM_ALLOW_UNGATED") == "1",
+    parser.add_argument("--allow-ungated", action="store_true", default=settings.AWM_ALLOW_UNGATED,
                         help="serve tasks that have not passed both gates, marked ungated (also AWM_ALLOW_UNGATED=1)")
     parser.add_argument("--sse", dest="json_response", action="store_false",
                         help="answer MCP requests as SSE streams instead of plain JSON")
     # As uvicorn's own options: `auto` takes uvloop and httptools when installed (the image has
     # both); the pure-Python ones stay selectable to measure the difference (bench/runtime.py).
-    parser.add_argument("--loop", choices=("auto", "asyncio", "uvloop"), default=os.environ.get("AWM_SERVER_LOOP", "auto"),
+    parser.add_argument("--loop", choices=("auto", "asyncio", "uvloop"), default=_as_set(settings.var.AWM_SERVER_LOOP),
                         help="event loop (also AWM_SERVER_LOOP)")
-    parser.add_argument("--http", choices=("auto", "h11", "httptools"), default=os.environ.get("AWM_SERVER_HTTP", "auto"),
+    parser.add_argument("--http", choices=("auto", "h11", "httptools"), default=_as_set(settings.var.AWM_SERVER_HTTP),
                         help="HTTP/1.1 parser (also AWM_SERVER_HTTP)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")

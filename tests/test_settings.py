@@ -19,18 +19,10 @@ SETTINGS_MODULES = {"awm/settings.py"}
 DOCS = ROOT / "docs" / "settings.md"
 
 # Files that may still read AWM_* variables themselves, for now: other work was under way in them
-# when the settings module landed (the first seven were left alone on purpose; awm/client.py gained
-# AWM_ENV_DEADLINE_S meanwhile). Remove each entry as its file reads through awm.settings; the list
-# is meant to end empty.
+# when the settings module landed (awm/client.py gained AWM_ENV_DEADLINE_S meanwhile). Remove each
+# entry as its file reads through awm.settings; the list is meant to end empty.
 ALLOWED_TO_READ = {
-    "awm/sandbox/appshim.py",       # reads none today
-    "awm/sandbox/forkserver.py",    # AWM_FORK_TEMPLATE, AWM_DEBUG_ZYGOTE (runs in the confined zygote)
-    "awm/sandbox/pool.py",          # AWM_HOME, AWM_SANDBOX_LAYERS
-    "awm/sandbox/worker.py",        # reads none today (runs in the confined worker)
-    "awm/fleet.py",                 # AWM_DATABASE_URL; the judge's key by name
-    "envserver/__main__.py",        # AWM_INSTANCE_DSN(_FILE), AWM_SECRETS_FD, AWM_PROVISIONER_SOCKET, ...
-    "integrations/openenv_awm.py",  # reads none today
-    "awm/client.py",                # AWM_ENV_DEADLINE_S (declared when the deadline work lands)
+    "awm/client.py",                # AWM_ENV_DEADLINE_S
 }
 # Variables read under a name held in data rather than spelled in code.
 READ_BY_NAME = {

@@ -63,9 +63,23 @@ _BOOT = ("import json, sys; c = json.loads(sys.argv[1]); sys.path[:0] = c['sys_p
          "from awm.sandbox.forkserver import main; main()")
 
 
-# A local fleet's template of app zygotes (:func:`start_template`): its socket, for the env servers.
-TEMPLATE_ENV = "AWM_FORK_TEMPLATE"
+# A local fleet's template of app zygotes (:func:`start_template`): its socket, for the env servers,
+# is named by awm.settings' AWM_FORK_TEMPLATE (``TEMPLATE_ENV`` here: see :func:`__getattr__`).
 TEMPLATE_TIMEOUT_S = 60.0
+
+
+def __getattr__(name: str) -> Any:
+    """``TEMPLATE_ENV``: the variable naming a fleet's template socket, as awm.settings declares it.
+
+    This module is the zygote's, the template's and (forked) every worker's, which start with an
+    empty environment and never read a variable: awm.settings (and pathlib with it, ~0.5 MB in a
+    tool zygote) is imported only by the functions that run in the env server or the fleet, and
+    here when the name is asked for."""
+    if name == "TEMPLATE_ENV":
+        from awm import settings
+
+        return settings.names.AWM_FORK_TEMPLATE
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class ZygoteError(RuntimeError):
@@ -137,7 +151,9 @@ class Zygote:
         self.isolation: dict[str, Any] = {}
 
     def _start(self) -> None:
-        template = os.environ.get(TEMPLATE_ENV) if self._config["app"] else None
+        from awm import settings  # in the env server (never in a zygote: see __getattr__ above)
+
+        template = settings.AWM_FORK_TEMPLATE if self._config["app"] else None
         if template:
             try:
                 self._start_forked(template)
@@ -146,7 +162,7 @@ class Zygote:
                 self._stop()  # the fleet's template is gone or refused: a zygote of our own
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         # AWM_DEBUG_ZYGOTE=1: the zygote and its children keep this process's stderr (tracebacks).
-        debug = bool(os.environ.get("AWM_DEBUG_ZYGOTE"))
+        debug = settings.AWM_DEBUG_ZYGOTE
         config = {**self._config, "parent": os.getpid(), "control_fd": theirs.fileno(), "debug": debug}
         try:
             # Started from one thread that lives as long as this process: the zygote dies with its
@@ -164,12 +180,14 @@ class Zygote:
     def _start_forked(self, path: str) -> None:
         """Have the fleet's template (:func:`start_template`) fork our zygote: it shares the
         template's imported and warmed-up frameworks with every other instance's zygote."""
+        from awm import settings  # in the env server, as in _start
+
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as conn:
                 conn.settimeout(TEMPLATE_TIMEOUT_S)  # the template may still be importing (a fleet's start)
                 conn.connect(path)
-                config = {**self._config, "debug": bool(os.environ.get("AWM_DEBUG_ZYGOTE"))}
+                config = {**self._config, "debug": settings.AWM_DEBUG_ZYGOTE}
                 socket.send_fds(conn, [json.dumps({"op": "zygote", "config": config}).encode()], [theirs.fileno()])
                 reply, fds = _recv(conn, 1)
         except BaseException:
@@ -476,12 +494,14 @@ def _serve(control: socket.socket, config: dict[str, Any]) -> None:
 def start_template(path: str, sys_path: list[str], drop_paths: list[str]) -> subprocess.Popen[bytes]:
     """Start the template listening on ``path`` (a Unix socket made here, mode 0600; only
     processes of this user are answered); it dies with this process."""
+    from awm import settings  # in the fleet's process, as in Zygote._start
+
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
         listener.bind(path)
         os.chmod(path, 0o600)
         listener.listen(64)
-        debug = bool(os.environ.get("AWM_DEBUG_ZYGOTE"))
+        debug = settings.AWM_DEBUG_ZYGOTE
         config = {"template": True, "sys_path": sys_path, "drop_paths": drop_paths, "parent": os.getpid(),
                   "listen_fd": listener.fileno(), "debug": debug}
         return _LAUNCHER.submit(  # from the long-lived launcher thread: see Zygote._start

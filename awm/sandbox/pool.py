@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from awm import settings
 from awm.jsonlimits import depth_exceeds, map_strings
 from awm.sandbox import codec, confine, forkserver
 from awm.sandbox.forkserver import Zygote
@@ -47,8 +48,9 @@ def _host_prefixes() -> list[str]:  # fixed for the process's life: computed onc
     """Paths of this machine that untrusted code can learn (its own sys.path, module files) and
     that must not reach an agent or a log through its output."""
     home = os.path.expanduser("~")
+    # AWM_HOME as set (its text, not a normalised Path: the prefix as it appears in paths made from it)
     found = {_package_root(), sys.prefix, sys.base_prefix, sys.exec_prefix, *_site_dirs(),
-             os.environ.get("AWM_HOME", ""), home if home not in ("/", "") else ""}
+             settings.var.AWM_HOME.raw() or "", home if home not in ("/", "") else ""}
     found |= {os.path.realpath(p) for p in found if p}
     return sorted((p for p in found if len(p) > 1), key=len, reverse=True)
 
@@ -127,8 +129,9 @@ def read_paths(app: bool) -> list[str]:
 
 
 def _layers() -> list[str]:
-    # Benchmarks switch layers off to measure them; anything less than all is weak.
-    return [x for x in os.environ.get("AWM_SANDBOX_LAYERS", ",".join(confine.LAYERS)).split(",") if x]
+    # Benchmarks switch layers off to measure them; anything less than all is weak ("": none).
+    layers = settings.AWM_SANDBOX_LAYERS
+    return list(confine.LAYERS) if layers is None else layers
 
 
 def _zygote_paths() -> tuple[list[str], list[str]]:
