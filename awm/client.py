@@ -8,6 +8,8 @@ milliseconds per call (docs/benchmarks.md measures both); any MCP client works a
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import itertools
 import json
@@ -17,11 +19,37 @@ from typing import Any
 
 import httpx
 
-from awm import errorclass
+from awm import errorclass, settings
 from awm.errorclass import ErrorClass
 
 PROTOCOL_VERSION = "2025-06-18"
 _ACCEPT = "application/json, text/event-stream"
+CLOSE_DEADLINE_S = 5.0  # ending a session on the way out: best effort, never the caller's wait
+
+
+def env_deadline_s() -> float:
+    """The longest a client here waits for one answer of an env server (a tool call, a reset, a
+    verification, a switch...): the whole request, from connecting to the answer's last byte.
+    ``AWM_ENV_DEADLINE_S``, default 60 s; read when a client is made. Past it the request fails as
+    the environment's (:class:`DeadlineExceeded`, an ``httpx.TimeoutException``): a hung env
+    server (SIGSTOP-ed, its host frozen) costs the episode it serves, masked, and holds its client
+    no longer than this. It must stay above the servers' own limits on a call (a tool's
+    ``tool_timeout_s``, 10 s by default; a verifier's ``verifier_timeout_s``)."""
+    return float(settings.AWM_ENV_DEADLINE_S)
+
+
+class DeadlineExceeded(httpx.TimeoutException):
+    """No (complete) answer from an env server within the request's deadline."""
+
+
+@contextlib.asynccontextmanager
+async def _deadline(seconds: float, what: str):  # type: ignore[no-untyped-def]
+    """httpx's timeouts bound each wait for a byte, not a request: this bounds the request."""
+    try:
+        async with asyncio.timeout(seconds):
+            yield
+    except TimeoutError:
+        raise DeadlineExceeded(f"{what}: no answer within {seconds:g} s (deadline)") from None
 
 
 @functools.cache
@@ -61,9 +89,11 @@ class ToolOutcome:
 
 
 class McpSession:
-    def __init__(self, url: str, timeout: float = 60.0, client: httpx.AsyncClient | None = None) -> None:
+    def __init__(self, url: str, timeout: float | None = None, client: httpx.AsyncClient | None = None) -> None:
+        """``timeout``: the deadline of each request (:func:`env_deadline_s` when None)."""
         self.url = url
-        self._client = client or http_client(timeout)
+        self.deadline_s = env_deadline_s() if timeout is None else timeout
+        self._client = client or http_client(self.deadline_s)
         self._own_client = client is None
         self._ids = itertools.count(1)
         self._headers = {"Accept": _ACCEPT, "Content-Type": "application/json"}
@@ -111,8 +141,9 @@ class McpSession:
 
     async def close(self) -> None:
         if "Mcp-Session-Id" in self._headers:
-            try:
-                await self._client.delete(self.url, headers=self._headers)
+            try:  # a hung server must not hold up a release: its session ends with it anyway
+                async with _deadline(min(CLOSE_DEADLINE_S, self.deadline_s), "DELETE session"):
+                    await self._client.delete(self.url, headers=self._headers)
             except httpx.HTTPError:
                 pass
         if self._own_client:
@@ -130,7 +161,8 @@ class McpSession:
 
     async def _post(self, payload: dict[str, Any]) -> dict[str, Any] | None:
         try:
-            response = await self._client.post(self.url, content=json.dumps(payload), headers=self._headers)
+            async with _deadline(self.deadline_s, str(payload.get("method"))):
+                response = await self._client.post(self.url, content=json.dumps(payload), headers=self._headers)
         except httpx.HTTPError as exc:
             raise McpError(f"{payload.get('method')}: {type(exc).__name__}: {exc}") from exc
         if response.status_code == 202:
@@ -160,9 +192,11 @@ def _last_sse_message(body: str, request_id: Any) -> dict[str, Any] | None:
 class ControlClient:
     """The instance's control API (reset, verify, diff, checksum, health)."""
 
-    def __init__(self, base_url: str, timeout: float = 60.0, client: httpx.AsyncClient | None = None) -> None:
+    def __init__(self, base_url: str, timeout: float | None = None, client: httpx.AsyncClient | None = None) -> None:
+        """``timeout``: the deadline of each request (:func:`env_deadline_s` when None)."""
         self.base_url = base_url.rstrip("/")
-        self._client = client or http_client(timeout)
+        self.deadline_s = env_deadline_s() if timeout is None else timeout
+        self._client = client or http_client(self.deadline_s)
         self._own_client = client is None
 
     async def reset(self, task_id: str | None = None, verify: bool = False, env: str | None = None) -> dict[str, Any]:
@@ -190,7 +224,8 @@ class ControlClient:
 
     async def sqlite(self, state: str = "final") -> bytes:
         """The database as a SQLite file (AWM-1K imports): ``initial`` (the snapshot) or ``final``."""
-        response = await self._client.get(self.base_url + "/sqlite", params={"state": state})
+        async with _deadline(self.deadline_s, "GET /sqlite"):
+            response = await self._client.get(self.base_url + "/sqlite", params={"state": state})
         if response.status_code >= 400:
             raise ControlApiError(response.status_code, response.json().get("error", response.text))
         return response.content
@@ -207,13 +242,26 @@ class ControlClient:
         return await self._call("GET", "/info")
 
     async def ready(self) -> bool:
+        state = await self.readiness()
+        return bool(state and state.get("ready"))
+
+    async def readiness(self) -> dict[str, Any] | None:
+        """``/readyz``'s answer (``ready``, ``wedged``, ``db``: its database connection is up);
+        None when the instance does not answer."""
         try:
-            return (await self._client.get(self.base_url + "/readyz")).status_code == 200
-        except httpx.HTTPError:
-            return False
+            async with _deadline(self.deadline_s, "GET /readyz"):
+                response = await self._client.get(self.base_url + "/readyz")
+            state = response.json()
+        except (httpx.HTTPError, ValueError):
+            return None
+        if not isinstance(state, dict):
+            return None
+        state["ready"] = response.status_code == 200 and state.get("ready", True) is not False
+        return state
 
     async def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-        response = await self._client.request(method, self.base_url + path, json=body)
+        async with _deadline(self.deadline_s, f"{method} {path}"):
+            response = await self._client.request(method, self.base_url + path, json=body)
         data = response.json()
         if response.status_code >= 400:
             raise ControlApiError(response.status_code, data.get("error", response.text))

@@ -310,6 +310,8 @@ SECTIONS: list[tuple[str, list[Var[Any]]]] = [
             "each instance database)."),
         Var("AWM_CAMPAIGN", TEXT, None, "The Campaign a Job runs for: its claims carry it, so that a retried Job "
             "releases what its crashed predecessor held."),
+        Var("AWM_ENV_DEADLINE_S", POSITIVE_FLOAT, 60.0, "The longest a client waits for one answer of an env "
+            "server (connect to last byte): a hung server costs its episode, masked, not the run."),
         Var("AWM_API_TOKEN", TEXT, "", "Bearer token for the operator's API, from outside the cluster.",
             shown="the pod's ServiceAccount token"),
         Var("AWM_INSTANCES_FILE", TEXT, None, "verl adapter: instances to use (the lines `awm serve --json` "

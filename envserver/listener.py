@@ -57,8 +57,11 @@ class _HeadDeadline:
             transport.close()
 
     def _head_arrived(self) -> bool:
+        """The request (its head *and* its body) has arrived: a head alone is not enough, or a
+        client that vanishes mid-body holds the connection (a descriptor and a coroutine) for
+        ever, the app waiting for a body that never comes (found by bench/soak.py)."""
         cycle = getattr(self, "cycle", None)
-        return cycle is not None and not cycle.response_complete
+        return cycle is not None and not cycle.response_complete and not cycle.more_body
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)  # type: ignore[misc]

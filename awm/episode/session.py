@@ -31,7 +31,7 @@ from typing import Any
 
 import httpx
 
-from awm.client import ControlApiError, ControlClient, McpError, McpSession
+from awm.client import ControlApiError, ControlClient, DeadlineExceeded, McpError, McpSession
 from awm.episode import toolcalls
 from awm.errorclass import ErrorClass
 from awm.episode.calldiff import DiffTracker
@@ -55,9 +55,10 @@ class EnvHandle:
 
     @classmethod
     async def connect(cls, mcp_url: str, control_url: str, env: str = "", instance: str = "",
-                      scenario: str = "", timeout: float = 60.0, control: ControlClient | None = None) -> EnvHandle:
+                      scenario: str = "", timeout: float | None = None, control: ControlClient | None = None) -> EnvHandle:
         """``control``: a control client already open to the instance (the handle owns it from
-        here, closing it if the connect fails)."""
+        here, closing it if the connect fails). ``timeout``: the deadline of every request to
+        the instance (:func:`awm.client.env_deadline_s`, ``AWM_ENV_DEADLINE_S``, when None)."""
         mcp = McpSession(mcp_url, timeout=timeout)
         control = control or ControlClient(control_url, timeout=timeout)
         try:
@@ -222,9 +223,16 @@ class EpisodeSession:
 
     async def call_tool(self, name: str, arguments: dict[str, Any] | None = None) -> CallResult:
         """One tool call. Invalid arguments (JSON-RPC -32602) are the agent's; any other MCP or
-        transport failure is the environment's: it becomes an ``unavailable`` result and the
-        episode's ``infra_error`` (masked)."""
+        transport failure (a deadline passed included) is the environment's: it becomes an
+        ``unavailable`` result and the episode's ``infra_error`` (masked). Once the instance has
+        failed the episode, later calls are not sent: each would wait out the deadline again on a
+        hung server (a reply of several calls, the text form's :meth:`act`), and the episode is
+        masked whatever they answer."""
         self.steps += 1
+        if self.infra_error is not None:
+            self.error_kinds.append(ErrorClass.UNAVAILABLE)
+            return CallResult(name, True, ErrorClass.UNAVAILABLE,
+                              f"unavailable: not sent, the instance failed this episode ({self.infra_error})"[:500])
         t0 = time.perf_counter()
         try:
             out = await self.mcp.call_tool(name, arguments or {})
@@ -243,6 +251,9 @@ class EpisodeSession:
         elif self.tracker is not None:  # a failed call's writes are rolled back: nothing to record
             try:
                 result.diff = await self.tracker.after_call(self.control)
+            except DeadlineExceeded as exc:  # the instance hangs: the next request would wait it out again
+                result.diff_error = str(exc)
+                self.infra_error = self.infra_error or f"call diff after {name} failed: {exc}"
             except ENV_ERRORS as exc:  # only the record is lost: the call itself succeeded
                 result.diff_error = str(exc)
         return result

@@ -314,7 +314,7 @@ class PoolSource(InstanceSource):
         queue = self._queues.setdefault(env, asyncio.Queue())
         down_since: float | None = None
         last = "every instance is being checked"
-        failed_switches = 0
+        failed_switches, first_failed = 0, 0.0
         while True:
             now = time.monotonic()
             busy = sum(self._leased.values()) if late else self._leased.get(env, 0)
@@ -335,9 +335,14 @@ class PoolSource(InstanceSource):
                     last = f"{stolen.name}: switch to {env!r} failed: {type(exc).__name__}: {exc}"
                     log.warning("%s", last)
                     failed_switches += 1
-                    if failed_switches >= max(3, len(self._all)):
+                    first_failed = first_failed or time.monotonic()
+                    # Repeated failures stop the claim, once they have lasted claim_timeout_s as
+                    # well: a database server that hangs or restarts fails every switch for a
+                    # while (each at the client's deadline), and must cost episodes, not the run.
+                    if failed_switches >= max(3, len(self._all)) and \
+                            time.monotonic() - first_failed >= self.claim_timeout_s:
                         raise InstancesUnavailable(f"{failed_switches} instances failed to switch to {env!r} "
-                                                   f"(last: {last})") from None
+                                                   f"in {time.monotonic() - first_failed:.0f} s (last: {last})") from None
                     continue
                 self._leased[env] = self._leased.get(env, 0) + 1
                 return stolen
@@ -445,13 +450,25 @@ class PoolSource(InstanceSource):
         task.add_done_callback(self._checks.discard)
 
     async def _wait_ready(self, lease: Lease) -> bool:
-        """Whether the instance answers /readyz within ``ready_timeout_s`` (it may be restarting)."""
+        """Whether the instance answers /readyz within ``ready_timeout_s`` (it may be restarting).
+        One that answers "not ready" only because its database connection is down (the server
+        restarted under it) is reset: only a reset reconnects it, and nobody else would reset an
+        instance that is out of the pool (found by bench/soak.py: after a Postgres restart such
+        an instance stayed out of the pool for good)."""
         control = ControlClient(lease.control_url, timeout=5)
         deadline = time.monotonic() + self.ready_timeout_s
+        poked = 0.0
         try:
             while time.monotonic() < deadline:
-                if await control.ready():
+                state = await control.readiness()
+                if state is not None and state["ready"]:
                     return True
+                if state is not None and state.get("db") is False and not state.get("wedged") \
+                        and time.monotonic() - poked >= 1.0:
+                    poked = time.monotonic()
+                    with contextlib.suppress(Exception):  # the database may still be down: later
+                        await control.reset(None, verify=True)
+                    continue
                 await asyncio.sleep(0.2)
             return False
         finally:
