@@ -243,8 +243,8 @@ def test_the_fork_server_warm_up_runs_our_app_and_leaves_nothing_running():
 
 
 def test_loading_an_app_sends_nothing_to_the_server():
-    """What a load prepares (the dialect's facts, the mappers, a first query of each mapped class)
-    needs no statement: a worker is made ahead of its episode, before any server is listening."""
+    """What a load prepares (the dialect's facts, the mappers) needs no statement: a worker is
+    made ahead of its episode, before any server is listening."""
     from awm.sandbox import channel
 
     class Refuse:

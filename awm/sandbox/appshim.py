@@ -19,8 +19,9 @@ one connection, inside the tool call's savepoint, after the same statement filte
 * The dialect learns the facts it asks a new connection for (server version, default schema,
   isolation level, ``standard_conforming_strings``) from :data:`FACTS` when the engine is made, not
   over the pipe: four round trips less on the first call of every episode. The ORM's mappers are
-  configured, and each mapped class queried once against no rows (:func:`_prime`), at load: the
-  worker is made one episode ahead, so that work is off the episode's first call.
+  configured at load. (Querying every mapped class once at load, against no rows, was tried: it
+  took a few ms off an episode's first call and added 10-20 ms of CPU to every episode, since a
+  worker serves one episode and an episode queries a few of its classes: docs/benchmarks.md.)
 
 What costs a fresh worker time is mostly not the app but the frameworks' first use (lazy imports,
 schema builders, compilers, caches): a first app loaded in a process took ~80 ms, a second one
@@ -323,86 +324,11 @@ class _FactsConnection(PipeConnection):
         return _FactsCursor(self)
 
 
-class _PrimeCursor(PipeCursor):
-    _types: dict[str, int] = {}
-
-    def _send(self, query: Any, params: Any) -> None:
-        text = query.decode() if isinstance(query, bytes) else str(query)
-        self._rows, self._index, self.rowcount, self.description = [], 0, 0, None
-        if _PRAGMA.match(text) or not _READ.match(text):
-            return
-        columns = re.findall(r"(\w+)\.(\w+)(?:\s+AS\s+(\w+))?", text.split(" FROM ", 1)[0])
-        self.description = [_Column((label or column, self._types.get(column, 25), None, None, None, None, None))
-                            for _, column, label in columns] or [_Column(("value", 25, None, None, None, None, None))]
-
-
-class _PrimeConnection(_FactsConnection):
-    """The connection :func:`_prime` queries through: every ``SELECT`` has no rows (and its
-    columns' types), nothing reaches the server."""
-
-    def cursor(self, *_: Any, **__: Any) -> PipeCursor:
-        return _PrimeCursor(self)
-
-
 _initializing = False
-_priming = False
 
 
 def _connect() -> PipeConnection:
-    if _priming:
-        return _PrimeConnection()
     return _FactsConnection() if _initializing else PipeConnection()
-
-
-# Postgres' type OIDs of what a column holds, as the psycopg dialect's result processors read them.
-_OIDS = {bool: 16, int: 20, float: 701, str: 25, bytes: 17, dict: 114, list: 114}
-
-
-def _prime(module: types.ModuleType, engine: Any) -> None:
-    """Query every mapped class of the app once (``SELECT`` of all its columns), answered with no
-    rows and without a round trip (:class:`_PrimeConnection`): the ORM's per-mapper work of a first
-    query (loader strategies, the compile state, result processors of its column types) is done
-    while the worker is made ahead of its episode, not on the episode's first call. No handler of
-    the app runs and nothing is kept: a session of our own, an empty identity map, no row. Best
-    effort: whatever fails here is only not primed."""
-    global _priming
-    try:
-        _priming = True
-        _prime_mappers(module, engine)
-    except Exception:  # noqa: BLE001
-        pass
-    finally:
-        _priming = False
-        _PrimeCursor._types = {}
-
-
-def _prime_mappers(module: types.ModuleType, engine: Any) -> None:
-    import datetime as dt
-    import decimal
-
-    from sqlalchemy import select
-    from sqlalchemy.orm import Session, registry
-
-    registries: dict[int, Any] = {}
-    for value in list(module.__dict__.values()):
-        try:
-            found = getattr(value, "registry", None)  # a declarative base's (an app's __getattr__ may raise)
-        except Exception:  # noqa: BLE001
-            continue
-        if isinstance(found, registry):
-            registries[id(found)] = found
-    mappers = [m for r in registries.values() for m in list(r.mappers)]
-    oids = {**_OIDS, decimal.Decimal: 1700, dt.datetime: 1114, dt.date: 1082, dt.time: 1083}
-    types_: dict[str, int] = {}
-    for mapper in mappers:
-        for column in getattr(mapper, "columns", []):
-            with contextlib.suppress(Exception):
-                types_.setdefault(column.name, oids.get(column.type.python_type, 25))
-    _PrimeCursor._types = types_
-    with Session(engine) as session:
-        for mapper in mappers:
-            with contextlib.suppress(Exception):
-                session.execute(select(mapper.class_).limit(1)).all()
 
 
 # -- loading the app -----------------------------------------------------------------------------
@@ -494,7 +420,6 @@ def load_app(code: str, module_name: str) -> tuple[types.ModuleType, Any]:
     # configure fails on that query, as it did.
     with contextlib.suppress(Exception):
         configure_mappers()
-    _prime(module, engine)
     return module, app
 
 
