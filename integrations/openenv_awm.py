@@ -30,7 +30,7 @@ reward and parts, and whether the episode is masked (the environment's failure: 
 and ``warning`` says when a task has not passed awm's quality gates. Where OpenEnv's behaviour is a
 flaw awm keeps its own (docs/integrations.md lists them): a crashing tool's writes are rolled back;
 an incomplete verdict pays ``incomplete`` in code mode too (``reward_config["incomplete_code"]``
-sets OpenEnv's 0.0); an episode whose tools failed for the environment's reasons verifies as
+gives OpenEnv's code-mode answer, ``others``, at that reward); an episode whose tools failed for the environment's reasons verifies as
 ``server_error`` whatever the verifier says.
 """
 
@@ -443,7 +443,8 @@ class Session:
                                                                                        "incomplete")
         reward = self.reward(reward_type)
         if reward_type == "incomplete" and mode == "code" and "incomplete_code" in self.rewards:
-            reward = float(self.rewards["incomplete_code"])
+            # OpenEnv's code mode, asked for: its code verifiers answer complete or "others"
+            reward_type, reward = "others", float(self.rewards["incomplete_code"])
         result = {**{k: v for k, v in verdict.items() if k not in ("evidence",)}, "verifier_mode": mode,
                   "awm": {"reward": outcome.reward, "masked": outcome.masked, "mask_reason": outcome.mask_reason,
                           "components": outcome.components, "error_kinds": list(episode.error_kinds)}}

@@ -243,14 +243,17 @@ async def test_reward_config_is_the_sessions_own(served):
         config = {"complete": 2.0, "format_error": -0.5, "incomplete_code": 0.0}
         await c.reset(scenario="pet_clinic_2", task_idx=1, reward_config=config)
         assert (await c.call("nope"))["reward"] == -0.5
-        assert (await c.call("verify"))["reward"] == 0.0  # OpenEnv's code mode: incomplete pays nothing
+        unfinished = await c.call("verify")  # OpenEnv's code mode, asked for: "others", paying nothing
+        assert (unfinished["reward_type"], unfinished["reward"]) == ("others", 0.0)
         listed = json.loads((await c.call("list_appointments"))["tool_result"])
         await c.call("cancel_appointment", appointment_id=listed["appointments"][0]["id"])
         assert (await c.call("verify"))["reward"] == 2.0
     async with await connect(served) as ws:  # another session: OpenEnv's defaults
         c = Client(ws)
         await c.reset(scenario="pet_clinic_2", task_idx=1)
-        assert (await c.call("nope"))["reward"] == -1.0 and (await c.call("verify"))["reward"] == 0.1
+        assert (await c.call("nope"))["reward"] == -1.0
+        unfinished = await c.call("verify")
+        assert (unfinished["reward_type"], unfinished["reward"]) == ("incomplete", 0.1)
 
 
 async def test_environment_failures_and_flawed_tasks_are_never_paid(served):
