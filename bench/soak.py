@@ -88,6 +88,7 @@ from pathlib import Path
 from typing import Any
 
 from awm.errorclass import ENVIRONMENT_FAULTS
+from bench.runtime import children as descendants
 
 FAULT_KINDS = ("env_kill", "env_stop", "pg_kill", "pg_stop", "client_vanish", "half_open")
 ENV_FAULT_CLASSES = tuple(c.value for c in ENVIRONMENT_FAULTS)  # a call the environment failed: masks
@@ -110,19 +111,6 @@ def pct(values: list[float], q: float) -> float | None:
     lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
     return round(ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo), 3)
 
-
-def descendants(pid: int) -> list[int]:
-    found, todo = [], [pid]
-    while todo:
-        parent = todo.pop()
-        for task in Path(f"/proc/{parent}/task").glob("*"):
-            try:
-                kids = [int(p) for p in (task / "children").read_text().split()]
-            except OSError:
-                continue
-            found += kids
-            todo += kids
-    return found
 
 
 def alive(pid: int) -> bool:
