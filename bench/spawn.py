@@ -56,7 +56,7 @@ def cpu_ms(pid: int, reaped: bool = False) -> float:
 
 
 def spawn_round(spec: WorkerSpec, zygote: Any, cycles: int) -> dict[str, float]:
-    zygote_pid, me = zygote.pid(), os.getpid()
+    zygote_pid, me = zygote.env_pid() or zygote.pid(), os.getpid()
     server0, zygote0, workers0 = cpu_ms(me), cpu_ms(zygote_pid), cpu_ms(zygote_pid, reaped=True)
     walls = []
     for _ in range(cycles):

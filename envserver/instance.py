@@ -32,7 +32,7 @@ from awm.errorclass import ErrorClass
 from awm.judge import Judge, Step
 from awm.postgres.provisioner import ProvisionerError, ProvisionerLost
 from awm.sandbox.forkserver import Zygote
-from awm.sandbox.pool import WeakIsolation, WorkerFailure, WorkerPool, make_zygote
+from awm.sandbox.pool import WeakIsolation, WorkerFailure, WorkerPool, WorkerSpec, make_zygote
 from awm.envserver.binding import Binding, BindError, DatabaseSource, FixedDatabase
 from awm.envserver.metrics import Metrics
 from awm.envserver.reset import DatabaseLost, EpisodeDatabase, ResetResult
@@ -149,6 +149,18 @@ class EnvInstance:
         assert self.binding.verifier_pool is not None
         return self.binding.verifier_pool
 
+    def _dedicate(self, binding: Binding) -> None:
+        """Workers are forked, from now on, only for ``binding``'s environment: each fork server
+        starts a new environment zygote (:meth:`Zygote.dedicate`), so that no worker is a copy of
+        a process that held another environment's code (issue 45). Cheap: the environment zygote
+        of the previous one is killed off this thread, and a fork of the clean zygote replaces it
+        at the first spawn. Called before the new binding's first spawn (its
+        pools have not forked yet), once the switch cannot fail any more."""
+        key = WorkerSpec(load=binding.runtime.load).load_key
+        for app in (False, True):
+            if app in self._zygotes or app == binding.app:
+                self._zygote(app).dedicate(key if app == binding.app else None)
+
     def _zygote(self, app: bool) -> Zygote:
         if app not in self._zygotes:
             self._zygotes[app] = make_zygote(app)
@@ -160,6 +172,7 @@ class EnvInstance:
     async def start(self) -> None:
         binding = await self._new_binding(self._first)
         await self._db(lambda: binding.db.reset(verify=True))  # prove the clone is pristine
+        self._dedicate(binding)
         await asyncio.get_running_loop().run_in_executor(None, lambda: binding.activate(
             self._zygote(binding.app), self.workers, self.allow_weak_isolation, wait=True,
             spares=self.spare_workers))
@@ -291,6 +304,9 @@ class EnvInstance:
                 raise
             raise answer from None
         previous = self.binding
+        # The fork servers hold the previous environment's code: from now on workers are forked
+        # from one that never held it (its first spawn comes after this answer).
+        self._dedicate(binding)
         # The previous environment's workers are detached now (nothing can reach them) and
         # killed off the claim path.
         asyncio.get_running_loop().run_in_executor(None, previous.deactivate())

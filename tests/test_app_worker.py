@@ -400,6 +400,14 @@ def test_a_fork_server_starts_on_its_own_when_the_template_is_unreachable(monkey
         pool.zygote.close()
 
 
+def _environment_zygote(fleet) -> int:
+    """The one instance's environment zygote (its workers' parent): the child of its zygote, which
+    the fleet's template forked."""
+    zygote = next(iter(_children(fleet._template.pid)))
+    (env,) = _children(zygote)
+    return env
+
+
 async def test_without_a_spare_an_instance_holds_one_tool_worker_and_still_serves_every_episode(library, admin_dsn):
     """``spare_workers=0`` (``awm openenv serve --spare-workers 0``): an app instance keeps one
     tool worker and its verifier's, not two tool workers; each episode still gets a fresh worker
@@ -423,10 +431,9 @@ async def test_without_a_spare_an_instance_holds_one_tool_worker_and_still_serve
                     assert not found.is_error and [b["title"] for b in found.structured["books"]] == ["Dune"]
                     pid = await mcp.call_tool("search_books", {"query": "dune"})
                     assert not pid.is_error
-                zygote = next(iter(_children(fleet._template.pid)))
-                seen |= _children(zygote)
+                seen |= _children(_environment_zygote(fleet))
             await control.close()
-            zygote = next(iter(_children(fleet._template.pid)))
+            zygote = _environment_zygote(fleet)
             expected = 3 if spares else 2  # tool worker + spare + verifier's, against tool worker + verifier's
             deadline = time.monotonic() + 20  # (a replacement may still be forking: the count settles)
             while len(_children(zygote)) != expected and time.monotonic() < deadline:

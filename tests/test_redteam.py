@@ -1222,6 +1222,94 @@ def _ensure_user() -> pwd.struct_passwd:
         return pwd.getpwnam(RUNNER)
 
 
+# -- another environment's code in the fork server a worker was copied from (issue 45) ------------
+
+# A tool of each environment searches the memory its worker was forked with for the other's code:
+# the fork server's compiled loads and everything reachable from the modules, strings inside code
+# objects too. The marker is spelt in two halves in the probe, so that only the other environment's
+# code holds it whole.
+_PROBE = """
+def probe_code_of_others(db, half: str):
+    import gc, sys
+    CODE = type(probe_code_of_others.__code__)
+    marker = half + "-" + OTHER
+    found = []
+    worker = sys.modules.get("awm.sandbox.worker")
+    for key in getattr(worker, "COMPILED", {}) or {}:
+        if marker in str(key):
+            found.append("the fork server's compiled code")
+    forkserver = sys.modules.get("awm.sandbox.forkserver")
+    for load in (getattr(forkserver, "_LOADS", {}) or {}).values():
+        if marker in repr(load):
+            found.append("the fork server's loads")
+    seen, todo, count = set(), list(gc.get_objects()) + list(sys.modules.values()), 0
+    while todo and count < 3_000_000:
+        obj = todo.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        count += 1
+        if isinstance(obj, str):
+            if marker in obj and obj is not marker:
+                found.append("a string in memory")
+            continue
+        if isinstance(obj, (bytes, bytearray)):
+            if marker.encode() in obj:
+                found.append("bytes in memory")
+            continue
+        if type(obj) is CODE:
+            todo.extend(obj.co_consts)
+        try:
+            todo.extend(gc.get_referents(obj))
+        except Exception:
+            pass
+    return {"found": sorted(set(found)), "objects": count}
+"""
+
+
+def _marked_bundle(base: EnvBundle, name: str, own: str, other: str) -> EnvBundle:
+    """``base`` renamed, with a tool whose code holds ``own`` whole and the probe for ``other``."""
+    data = base.model_dump()
+    data["scenario"]["name"] = name
+    mark = Tool(name="marked", description="(red team) holds this environment's marker",
+                input_schema={"type": "object", "properties": {}},
+                code=f"def marked(db):\n    return {own!r}\n")
+    probe = Tool(name="probe_code_of_others", description="(red team) looks for the other environment's code",
+                 input_schema={"type": "object", "properties": {"half": {"type": "string"}}, "required": ["half"]},
+                 code=f"OTHER = {other.split('-', 1)[1]!r}\n" + _PROBE.strip() + "\n")
+    data["tools"] = [t.model_dump() for t in base.tools] + [mark.model_dump(), probe.model_dump()]
+    return EnvBundle.model_validate(data)
+
+
+async def test_no_worker_finds_another_environments_code(admin_dsn, notes_bundle):
+    """Late binding: one instance serves environment A, then B, then A again. A fork server keeps
+    the code it was sent, and a worker is a copy of its memory: a worker of B must find none of A's
+    code (and the reverse), so each environment gets a fork server of its own at every switch."""
+    marker_a, marker_b = "AWMRTA-5c1e0f9d2b", "AWMRTB-93ad7e41c0"
+    bundles = [_marked_bundle(notes_bundle, "rt_alpha", marker_a, marker_b),
+               _marked_bundle(notes_bundle, "rt_beta", marker_b, marker_a)]
+    fleet = LocalFleet(bundles, instances=1, database=Database(admin_dsn), allow_ungated=True)
+    await fleet.start()
+    control = ControlClient(fleet.instances[0].control_url)
+    try:
+        for env, own, other in (("rt_alpha", marker_a, marker_b), ("rt_beta", marker_b, marker_a),
+                                ("rt_alpha", marker_a, marker_b)):
+            await control.bind(env)
+            async with McpSession(fleet.instances[0].mcp_url) as mcp:
+                await control.reset(None)
+                marked = await mcp.call_tool("marked", {})
+                assert not marked.is_error and own in marked.text, marked.text
+                half = other.split("-", 1)[0]
+                for _ in range(2):  # the episode's worker, then the next episode's (the spare)
+                    probe = await mcp.call_tool("probe_code_of_others", {"half": half})
+                    assert not probe.is_error, probe.text
+                    assert '"found": []' in probe.text.replace("'", '"'), f"{env}: {probe.text}"
+                    await control.reset(None)
+    finally:
+        await control.close()
+        await fleet.stop()
+
+
 def test_the_suite_passes_as_an_unprivileged_user():
     """CI runs as root; env pods do not. As root, re-run this module as a second, non-root uid
     (the whole stack: embedded Postgres, env server, workers) and require it to pass."""

@@ -62,6 +62,7 @@ _PR_CAPBSET_DROP = 24
 _CAP_VERSION_3 = 0x20080522
 _PR_SET_NO_NEW_PRIVS = 38
 _PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
 _PR_SET_SECCOMP = 22
 _SECCOMP_MODE_FILTER = 2
 
@@ -230,6 +231,13 @@ def die_with_parent(parent_pid: int) -> None:
     _libc().prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent_pid:
         os._exit(0)
+
+
+def child_subreaper() -> None:
+    """Become the parent of this process's orphaned descendants (``PR_SET_CHILD_SUBREAPER``):
+    a fork server's workers outlive a killed environment zygote by a moment, and are reaped here
+    rather than by whatever runs as pid 1 (an env server, in a pod)."""
+    _libc().prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
 def enter_namespaces(report: Report, read_paths: list[str] | None = None) -> None:

@@ -28,11 +28,23 @@ passed with ``SCM_RIGHTS``):
 
 The zygote dies with the server (``PR_SET_PDEATHSIG``), and its children with it.
 
-In a local fleet an app zygote is not started by its env server but forked by the fleet's
-**template** (:func:`start_template`, socket named by ``AWM_FORK_TEMPLATE``): one process that
-imported and warmed up the frameworks once, so that every instance's zygote and workers share
-those pages instead of holding a copy each. Such a zygote exits when its server hangs up its
-control socket, and with the template; everything else about it is as above.
+**One environment per fork server.** The zygote above never holds an environment's code: it
+forks, per environment, an **environment zygote** (``{"op": "env"}`` with the new process's
+control socket → ``{"op": "env_forked", "pid": N}`` and its pidfd), which inherits the namespaces
+and file view and then speaks the protocol above (spawn, reap) on its own socket. Loads go to it
+alone, and every worker is a copy of its memory. The server dedicates its zygote to one
+environment (:meth:`Zygote.dedicate`, at every switch of a late-binding instance): the environment
+zygote of the previous one is killed (and its workers with it) and the next spawn forks a new one
+from the clean zygote, so no worker of environment B is ever a copy of a process that held A's
+code, not even in memory freed since (issue 45). That costs a fork and a compile of the new
+environment's code, not a new zygote's namespaces and file view. The clean zygote is the
+subreaper of its environment zygotes' orphans and reaps them, and everything it forks, itself.
+
+In a local fleet a zygote is not started by its env server but forked by the fleet's **template**
+(:func:`start_template`, socket named by ``AWM_FORK_TEMPLATE``): one process that imported and
+warmed up the frameworks once, so that every instance's zygote and workers share those pages
+instead of holding a copy each. Such a zygote exits when its server hangs up its control socket,
+and with the template; everything else about it is as above.
 """
 
 from __future__ import annotations
@@ -63,7 +75,7 @@ _BOOT = ("import json, sys; c = json.loads(sys.argv[1]); sys.path[:0] = c['sys_p
          "from awm.sandbox.forkserver import main; main()")
 
 
-# A local fleet's template of app zygotes (:func:`start_template`): its socket, for the env servers,
+# A local fleet's template of zygotes (:func:`start_template`): its socket, for the env servers,
 # is named by awm.settings' AWM_FORK_TEMPLATE (``TEMPLATE_ENV`` here: see :func:`__getattr__`).
 TEMPLATE_TIMEOUT_S = 60.0
 
@@ -138,7 +150,8 @@ class _Forked:
 
 
 class Zygote:
-    """The server's handle on one zygote process (thread-safe; respawned when it dies)."""
+    """The server's handle on one zygote process and its current environment zygote
+    (thread-safe; either is started again when it died)."""
 
     def __init__(self, sys_path: list[str], drop_paths: list[str], app: bool, layers: list[str],
                  read_paths: list[str] | None = None, max_loads: int = MAX_LOADS) -> None:
@@ -147,13 +160,19 @@ class Zygote:
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | _Forked | None = None
         self._sock: socket.socket | None = None
-        self._loads: OrderedDict[str, None] = OrderedDict()  # what the running zygote holds, as it does
+        self._env_proc: _Forked | None = None  # the environment zygote workers are forked from
+        self._env_sock: socket.socket | None = None
+        self._loads: OrderedDict[str, None] = OrderedDict()  # what the environment zygote holds, as it does
+        # The load key of the environment this zygote serves (dedicate); None: any. Spawns of
+        # another environment's code are refused, so that a pool of an environment switched away
+        # from can never send its code to the next one's environment zygote.
+        self._dedicated: str | None = None
         self.isolation: dict[str, Any] = {}
 
     def _start(self) -> None:
         from awm import settings  # in the env server (never in a zygote: see __getattr__ above)
 
-        template = settings.AWM_FORK_TEMPLATE if self._config["app"] else None
+        template = settings.AWM_FORK_TEMPLATE
         if template:
             try:
                 self._start_forked(template)
@@ -206,39 +225,93 @@ class Zygote:
     def _ready(self, ours: socket.socket) -> None:
         """Wait for the new zygote's ``ready`` on its control socket."""
         self._sock = ours
-        self._loads = OrderedDict()
         hello, fds = _recv(ours, 0)
         if hello.get("op") != "ready":
             raise ZygoteError(f"zygote said {hello.get('op')!r} instead of ready")
         self.isolation = dict(hello.get("isolation") or {})
 
-    def _request(self, message: dict[str, Any], fds: list[int], max_fds: int) -> tuple[dict[str, Any], list[int]]:
-        with self._lock:
-            return self._exchange(message, fds, max_fds)
+    def _fork_env(self) -> tuple[_Forked, socket.socket]:
+        """Fork an environment zygote from the clean one (which must be running); wait for it."""
+        assert self._sock is not None
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            socket.send_fds(self._sock, [json.dumps({"op": "env"}).encode()], [theirs.fileno()])
+            reply, fds = _recv(self._sock, 1)
+        except (OSError, EOFError, ValueError) as exc:
+            ours.close()
+            raise ZygoteError(f"zygote failed: {exc}") from None
+        finally:
+            theirs.close()
+        if reply.get("op") != "env_forked" or len(fds) != 1:
+            ours.close()
+            for fd in fds:
+                os.close(fd)
+            raise ZygoteError(f"zygote could not fork an environment zygote: {reply.get('reason', reply)}")
+        proc = _Forked(int(reply["pid"]), fds[0])
+        try:
+            hello, _ = _recv(ours, 0)
+            if hello.get("op") != "ready":
+                raise ValueError(f"said {hello.get('op')!r} instead of ready")
+        except (OSError, EOFError, ValueError) as exc:
+            _retire(proc, ours)
+            raise ZygoteError(f"environment zygote failed: {exc}") from None
+        return proc, ours
 
-    def _exchange(self, message: dict[str, Any], fds: list[int], max_fds: int) -> tuple[dict[str, Any], list[int]]:
-        """One request and its reply, with the lock held (a zygote that died is started again)."""
+    def _start_env(self) -> None:
+        try:
+            self._env_proc, self._env_sock = self._fork_env()
+        except ZygoteError:
+            self._stop()  # the clean zygote too: the next spawn starts both again
+            raise
+        self._loads = OrderedDict()
+
+    def _ensure(self) -> socket.socket:
+        """The environment zygote's socket, either process started (again) if it is not running."""
         if self._proc is None or self._proc.poll() is not None:
             self._stop()
             self._start()
-        assert self._sock is not None
+        if self._env_proc is None or self._env_proc.poll() is not None:
+            self._stop_env()
+            self._start_env()
+        assert self._env_sock is not None
+        return self._env_sock
+
+    def _exchange(self, message: dict[str, Any], fds: list[int], max_fds: int) -> tuple[dict[str, Any], list[int]]:
+        """One request to the environment zygote and its reply, with the lock held."""
+        sock = self._ensure()
         try:
-            socket.send_fds(self._sock, [json.dumps(message).encode()], fds)
-            return _recv(self._sock, max_fds)
+            socket.send_fds(sock, [json.dumps(message).encode()], fds)
+            return _recv(sock, max_fds)
         except (OSError, EOFError, ValueError) as exc:
-            self._stop()
+            self._stop_env()
             raise ZygoteError(f"zygote failed: {exc}") from None
+
+    def dedicate(self, load_key: str | None) -> None:
+        """Serve the environment whose load is ``load_key`` from now on (None: none). A change
+        retires the environment zygote of the previous one, and its workers with it (a switch
+        detaches them anyway), off the caller's thread; the next spawn forks a new one from the
+        clean zygote, which has never held an environment's code."""
+        with self._lock:
+            if load_key == self._dedicated:
+                return
+            self._dedicated = load_key
+            old = (self._env_proc, self._env_sock)
+            self._env_proc = self._env_sock = None
+            self._loads = OrderedDict()
+        if old[0] is not None and old[1] is not None:
+            _RETIRER.submit(_retire, old[0], old[1])
 
     def spawn(self, config: dict[str, Any], child_read: int, child_write: int, load_key: str,
               load: dict[str, Any]) -> tuple[int, int | None]:
         """Fork a worker reading ``child_read`` and writing ``child_write``: (pid, pidfd). Once
-        confined, it loads ``load`` (sent to the zygote the first time ``load_key`` is used, and
-        again whenever the zygote says it does not hold it: a restarted one holds nothing)."""
+        confined, it loads ``load`` (sent to the environment zygote the first time ``load_key`` is
+        used, and again whenever it says it does not hold it: a restarted one holds nothing).
+        A load with code of another environment than the dedicated one is refused."""
         with self._lock:
+            if self._dedicated is not None and load_key != self._dedicated and _has_code(load):
+                raise ZygoteError("this fork server serves another environment now")
             for attempt in range(2):
-                if self._proc is None or self._proc.poll() is not None:
-                    self._stop()
-                    self._start()  # (empties self._loads) before deciding what to send
+                self._ensure()  # (a new environment zygote empties self._loads) before deciding what to send
                 known = attempt == 0 and load_key in self._loads
                 message = {"op": "spawn", "config": config, "load_key": load_key, "load": None if known else load}
                 reply, fds = self._exchange(message, [child_read, child_write], 1)
@@ -254,18 +327,36 @@ class Zygote:
         return int(reply["pid"]), (fds[0] if fds else None)
 
     def reap(self, pid: int) -> int | None:
-        """Wait for a child that was killed (or exited); its wait status, or None if unknown."""
-        try:
-            reply, _ = self._request({"op": "reap", "pid": pid}, [], 0)
-        except ZygoteError:
-            return None
+        """Wait for a child that was killed (or exited); its wait status, or None if unknown (a
+        worker of an environment zygote since killed was reaped by the clean zygote)."""
+        with self._lock:
+            if self._env_sock is None or self._env_proc is None or self._env_proc.poll() is not None:
+                return None
+            try:
+                reply, _ = self._exchange({"op": "reap", "pid": pid}, [], 0)
+            except ZygoteError:
+                return None
         status = reply.get("status")
         return int(status) if isinstance(status, int) else None
 
     def pid(self) -> int | None:
+        """The clean zygote's pid."""
         return self._proc.pid if self._proc is not None else None
 
+    def env_pid(self) -> int | None:
+        """The pid of the environment zygote workers are forked from (None before the first spawn)."""
+        return self._env_proc.pid if self._env_proc is not None else None
+
+    def _stop_env(self) -> None:
+        if self._env_proc is not None and self._env_sock is not None:
+            _retire(self._env_proc, self._env_sock)
+        elif self._env_sock is not None:
+            self._env_sock.close()
+        self._env_proc = self._env_sock = None
+        self._loads = OrderedDict()
+
     def _stop(self) -> None:
+        self._stop_env()
         if self._sock is not None:
             self._sock.close()
             self._sock = None
@@ -278,6 +369,21 @@ class Zygote:
     def close(self) -> None:
         with self._lock:
             self._stop()
+
+
+_RETIRER = ThreadPoolExecutor(1, thread_name_prefix="awm-zygote-retirer")  # never shut down
+
+
+def _retire(proc: _Forked, sock: socket.socket) -> None:
+    """Hang up on an environment zygote and kill it (its workers die with it)."""
+    sock.close()
+    proc.kill()
+    proc.wait()
+
+
+def _has_code(load: dict[str, Any]) -> bool:
+    """Whether a load holds an environment's code (a verifier's worker loads none)."""
+    return bool(load.get("prelude") or load.get("tools") or load.get("app"))
 
 
 # -- the zygote process ---------------------------------------------------------------------------
@@ -343,6 +449,24 @@ def _ruleset(read_paths: list[str]) -> int | None:
     return _RULESETS[key]
 
 
+def _hold(key: str, load: dict[str, Any], compile_it: bool = True) -> None:
+    """Keep ``load`` as the most recent one (dropping the least recent beyond the limit) and,
+    ``compile_it`` (it was just sent), its code compiled for the workers."""
+    from awm.sandbox import worker
+
+    for dropped in _remember(_LOADS, key, load, _loads_limit):
+        kept = {item for held in _LOADS.values() for item in load_sources(held)}
+        for item in load_sources(dropped):
+            if item not in kept:
+                worker.COMPILED.pop(item, None)
+    if compile_it:
+        for source, filename in load_sources(load):
+            try:
+                worker.COMPILED[(source, filename)] = compile(source, filename, "exec")
+            except (SyntaxError, ValueError, TypeError, RecursionError, MemoryError):
+                pass  # the worker compiles it itself and reports the error where the load fails
+
+
 def _spawn(control: socket.socket, message: dict[str, Any], fds: list[int], zygote: int,
            namespaces: confine.Report) -> None:
     if len(fds) != 2:
@@ -350,8 +474,6 @@ def _spawn(control: socket.socket, message: dict[str, Any], fds: list[int], zygo
             os.close(fd)
         socket.send_fds(control, [json.dumps({"op": "failed", "reason": "spawn needs two descriptors"}).encode()], [])
         return
-    from awm.sandbox import worker
-
     key = str(message.get("load_key") or "")
     load = message.get("load") if isinstance(message.get("load"), dict) else _LOADS.get(key)
     if load is None:  # the server believes this zygote holds it: say it does not, to be sent it
@@ -359,17 +481,7 @@ def _spawn(control: socket.socket, message: dict[str, Any], fds: list[int], zygo
             os.close(fd)
         socket.send_fds(control, [json.dumps({"op": "unknown_load", "key": key}).encode()], [])
         return
-    for dropped in _remember(_LOADS, key, load, _loads_limit):
-        kept = {item for held in _LOADS.values() for item in load_sources(held)}
-        for item in load_sources(dropped):
-            if item not in kept:
-                worker.COMPILED.pop(item, None)
-    if isinstance(message.get("load"), dict):
-        for source, filename in load_sources(load):
-            try:
-                worker.COMPILED[(source, filename)] = compile(source, filename, "exec")
-            except (SyntaxError, ValueError, TypeError, RecursionError, MemoryError):
-                pass  # the worker compiles it itself and reports the error where the load fails
+    _hold(key, load, compile_it=isinstance(message.get("load"), dict))
     config = {**(message.get("config") or {}), "load": _LOADS.get(key), "ruleset_fd": None}
     if "landlock" in config.get("layers", confine.LAYERS):
         config["ruleset_fd"] = _ruleset(config.get("read_paths") or [])
@@ -436,7 +548,7 @@ def main() -> None:
 
 def _serve(control: socket.socket, config: dict[str, Any]) -> None:
     """The zygote, its imports done: leave this project's code out of reach, enter its namespaces,
-    say ready, then fork workers until its server hangs up."""
+    say ready, then fork environment zygotes until its server hangs up."""
     from awm.sandbox import worker
 
     global _loads_limit
@@ -451,7 +563,58 @@ def _serve(control: socket.socket, config: dict[str, Any]) -> None:
         # the file view too: the zygote builds it once, every child lives in it
         confine.enter_namespaces(namespaces, config.get("read_paths") if "fsview" in layers else None)
     worker.SECCOMP_PROGRAM = confine.SeccompProgram.build()  # built once, inherited by every child
+    if "landlock" in layers:
+        _ruleset(config.get("read_paths") or [])  # built once, inherited by every environment zygote
+    # Environment zygotes are reaped by the kernel, and so are the workers a killed one leaves
+    # behind (this process is their subreaper): no zombie reaches the env server.
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    confine.child_subreaper()
     socket.send_fds(control, [json.dumps({"op": "ready", "isolation": namespaces.as_dict()}).encode()], [])
+    me = os.getpid()
+    while True:
+        try:
+            message, fds = _recv(control, 1)
+        except (EOFError, OSError, ValueError):
+            return
+        if message.get("op") == "env" and len(fds) == 1:
+            _fork_env(control, fds[0], me, namespaces)
+        else:
+            for fd in fds:
+                os.close(fd)
+            socket.send_fds(control, [json.dumps({"op": "failed", "reason": f"unknown op {message.get('op')!r} "
+                                                  "(workers are forked by an environment zygote)"}).encode()], [])
+
+
+def _fork_env(control: socket.socket, env_fd: int, zygote: int, namespaces: confine.Report) -> None:
+    """Fork an environment zygote serving on ``env_fd``; answer its pid and a pidfd."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            control.close()
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # it reaps its workers itself (``reap``)
+            confine.die_with_parent(zygote)
+            env = socket.socket(fileno=env_fd)
+            socket.send_fds(env, [json.dumps({"op": "ready"}).encode()], [])
+            _serve_env(env, namespaces)
+        except BaseException:
+            if DEBUG:
+                import traceback
+                traceback.print_exc()
+        finally:
+            os._exit(0)
+    os.close(env_fd)
+    pidfds: list[int] = []
+    try:
+        pidfds.append(os.pidfd_open(pid))
+    except OSError:
+        pass  # already gone: the server reads EOF on its socket
+    socket.send_fds(control, [json.dumps({"op": "env_forked", "pid": pid}).encode()], pidfds)
+    for fd in pidfds:
+        os.close(fd)
+
+
+def _serve_env(control: socket.socket, namespaces: confine.Report) -> None:
+    """An environment zygote: fork workers of one environment until its server hangs up."""
     me = os.getpid()
     while True:
         try:
@@ -476,17 +639,18 @@ def _serve(control: socket.socket, config: dict[str, Any]) -> None:
             socket.send_fds(control, [json.dumps({"op": "failed", "reason": f"unknown op {op!r}"}).encode()], [])
 
 
-# -- a local fleet's template of app zygotes -----------------------------------------------------
+# -- a local fleet's template of zygotes ---------------------------------------------------------
 #
 # Every env server keeps a zygote of its own, and an app zygote holds ~50 MB of imported and
 # warmed-up frameworks (FastAPI, Pydantic, SQLAlchemy, psycopg) that no two exec'd processes
 # share. A local fleet starts one more process, the template: started as a zygote is (``python -I
 # -S``, empty environment, descriptors on /dev/null, no connection, no credential), it imports and
-# warms up what an app zygote does and then only forks app zygotes when an env server of the fleet
-# asks (``TEMPLATE_ENV`` names its socket). A zygote forked from it shares those pages with every
+# warms up what an app zygote does and then only forks zygotes when an env server of the fleet
+# asks (``TEMPLATE_ENV`` names its socket). Tool zygotes are forked from it too: they share its
+# pages (and need none of them). A zygote forked from it shares those pages with every
 # other instance's zygote and workers, and then goes on exactly as one it started itself (drops
 # this project's code from ``sys.path``, enters its own namespaces, builds its own file view,
-# holds its own environment's loads). The template never runs untrusted code and never holds an
+# forks its own environment zygotes). The template never runs untrusted code and never holds an
 # environment's code: it receives nothing but a zygote's configuration. A zygote it forked dies
 # when its env server hangs up its control socket (or the template dies); its workers die with it.
 
@@ -539,7 +703,7 @@ def _template(config: dict[str, Any]) -> None:
                 continue
             zygote = message.get("config")
             reason = ("not a zygote request" if message.get("op") != "zygote" or len(fds) != 1
-                      or not isinstance(zygote, dict) or not zygote.get("app")
+                      or not isinstance(zygote, dict)
                       else "another installation" if zygote.get("sys_path") != config["sys_path"] else "")
             if reason:
                 for fd in fds:
