@@ -11,6 +11,7 @@ which holds the admin credential this process never sees.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -124,6 +125,12 @@ class Binding:
     @property
     def app(self) -> bool:
         return bool(self.runtime.load.get("app"))
+
+    @functools.cached_property
+    def load_key(self) -> str:
+        """Names this environment's code to the fork servers (:meth:`Zygote.dedicate`): a hash of
+        it, computed once (a switch reads it)."""
+        return WorkerSpec(load=self.runtime.load).load_key
 
     def activate(self, zygote: Zygote, workers: int, allow_weak_isolation: bool, wait: bool,
                  staged: bool = False, spares: int = 1) -> None:

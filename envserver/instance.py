@@ -32,7 +32,7 @@ from awm.errorclass import ErrorClass
 from awm.judge import Judge, Step
 from awm.postgres.provisioner import ProvisionerError, ProvisionerLost
 from awm.sandbox.forkserver import Zygote
-from awm.sandbox.pool import WeakIsolation, WorkerFailure, WorkerPool, WorkerSpec, make_zygote
+from awm.sandbox.pool import WeakIsolation, WorkerFailure, WorkerPool, make_zygote
 from awm.envserver.binding import Binding, BindError, DatabaseSource, FixedDatabase
 from awm.envserver.metrics import Metrics
 from awm.envserver.reset import DatabaseLost, EpisodeDatabase, ResetResult
@@ -150,20 +150,19 @@ class EnvInstance:
         return self.binding.verifier_pool
 
     def _dedicate(self, binding: Binding) -> None:
-        """Workers are forked, from now on, only for ``binding``'s environment: each fork server
-        starts a new environment zygote (:meth:`Zygote.dedicate`), so that no worker is a copy of
-        a process that held another environment's code (issue 45). Cheap: the environment zygote
-        of the previous one is killed off this thread, and a fork of the clean zygote replaces it
-        at the first spawn. Called before the new binding's first spawn (its
-        pools have not forked yet), once the switch cannot fail any more."""
-        key = WorkerSpec(load=binding.runtime.load).load_key
+        """Workers are forked, from now on, only for ``binding``'s environment, by an environment
+        zygote that has only ever held its code (:meth:`Zygote.dedicate`; issue 45): the one kept
+        since it was served last (a cached environment), or a fork of the clean zygote at the
+        first spawn. Called before the new binding's first spawn (its pools have not forked yet),
+        once the switch cannot fail any more."""
+        key = binding.load_key
         for app in (False, True):
             if app in self._zygotes or app == binding.app:
-                self._zygote(app).dedicate(key if app == binding.app else None)
+                self._zygote(app).dedicate(key if app == binding.app else "")  # "": no environment
 
     def _zygote(self, app: bool) -> Zygote:
         if app not in self._zygotes:
-            self._zygotes[app] = make_zygote(app)
+            self._zygotes[app] = make_zygote(app, max_envs=self.cache_envs)
         return self._zygotes[app]
 
     async def _db(self, fn: Callable[[], T]) -> T:
@@ -230,6 +229,8 @@ class EnvInstance:
         close the connection off the instance's database thread (the binding is unreachable)."""
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, binding.deactivate())
+        for zygote in self._zygotes.values():
+            zygote.forget(binding.load_key)  # its environment zygote goes with it
         await (loop.run_in_executor(None, binding.db.close) if aside else self._db(binding.db.close))
         await self._release(binding.name, binding.database)
 

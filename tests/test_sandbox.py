@@ -233,19 +233,19 @@ def test_a_fork_server_keeps_the_most_recent_loads_and_is_sent_a_dropped_one_aga
                 assert worker.request({"op": "call", "tool": "which", "arguments": {}}, _no_sql, 5)["value"] == i
             finally:
                 worker.kill()
-        assert list(zygote._loads) == [specs[3].load_key, specs[1].load_key]
+        assert list(zygote._envs[None].loads) == [specs[3].load_key, specs[1].load_key]
         # A fork server that died (killed, out of memory) is started again holding nothing, and
         # one that lost track of a load says so: either way the load is sent again.
         os.kill(zygote.pid(), signal.SIGKILL)
         zygote._proc.wait()
-        zygote._loads = OrderedDict((s.load_key, None) for s in specs)  # a server out of step with it
+        zygote._envs[None].loads = OrderedDict((s.load_key, None) for s in specs)  # a server out of step with it
         for i in (3, 2):
             worker = Worker(specs[i], zygote)
             try:
                 assert worker.request({"op": "call", "tool": "which", "arguments": {}}, _no_sql, 5)["value"] == i
             finally:
                 worker.kill()
-        zygote._loads = OrderedDict((s.load_key, None) for s in specs)
+        zygote._envs[None].loads = OrderedDict((s.load_key, None) for s in specs)
         worker = Worker(specs[0], zygote)  # the running zygote holds 3 and 2, not 0
         try:
             assert worker.request({"op": "call", "tool": "which", "arguments": {}}, _no_sql, 5)["value"] == 0

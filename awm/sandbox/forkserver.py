@@ -33,11 +33,12 @@ forks, per environment, an **environment zygote** (``{"op": "env"}`` with the ne
 control socket → ``{"op": "env_forked", "pid": N}`` and its pidfd), which inherits the namespaces
 and file view and then speaks the protocol above (spawn, reap) on its own socket. Loads go to it
 alone, and every worker is a copy of its memory. The server dedicates its zygote to one
-environment (:meth:`Zygote.dedicate`, at every switch of a late-binding instance): the environment
-zygote of the previous one is killed (and its workers with it) and the next spawn forks a new one
-from the clean zygote, so no worker of environment B is ever a copy of a process that held A's
-code, not even in memory freed since (issue 45). That costs a fork and a compile of the new
-environment's code, not a new zygote's namespaces and file view. The clean zygote is the
+environment at a time (:meth:`Zygote.dedicate`, at every switch of a late-binding instance):
+spawns go to that environment's zygote, kept from when it was served last (up to ``max_envs``, the
+instance's cached environments) or forked from the clean zygote at the next spawn, and spawns of
+another environment's code are refused. So no worker of environment B is ever a copy of a process
+that held A's code, not even in memory freed since (issue 45), and a new environment costs a fork
+and a compile of its code, not a new zygote's namespaces and file view. The clean zygote is the
 subreaper of its environment zygotes' orphans and reaps them, and everything it forks, itself.
 
 In a local fleet a zygote is not started by its env server but forked by the fleet's **template**
@@ -62,6 +63,7 @@ import sys
 import threading
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
 from awm.sandbox import confine
@@ -113,6 +115,7 @@ _LAUNCHER = ThreadPoolExecutor(1, thread_name_prefix="awm-zygote-launcher")  # n
 # so that a late-binding instance that serves hundreds of environments over its life does not
 # grow the process every fork copies.
 MAX_LOADS = 32
+MAX_ENVS = 4  # environment zygotes a fork server keeps (a late-binding instance: its cached environments)
 _LOADS: OrderedDict[str, dict[str, Any]] = OrderedDict()
 _loads_limit = MAX_LOADS  # in the zygote: the limit its server configured
 _RULESETS: dict[tuple[str, ...], int | None] = {}  # in the zygote: Landlock rulesets, by read paths
@@ -149,23 +152,35 @@ class _Forked:
         return self.returncode
 
 
+@dataclass
+class _Env:
+    """An environment zygote as the server holds it."""
+
+    proc: _Forked
+    sock: socket.socket
+    loads: OrderedDict[str, None] = field(default_factory=OrderedDict)  # what it holds, as it does
+
+
 class Zygote:
-    """The server's handle on one zygote process and its current environment zygote
-    (thread-safe; either is started again when it died)."""
+    """The server's handle on one zygote process and its environment zygotes (thread-safe; any of
+    them is started again when it died)."""
 
     def __init__(self, sys_path: list[str], drop_paths: list[str], app: bool, layers: list[str],
-                 read_paths: list[str] | None = None, max_loads: int = MAX_LOADS) -> None:
+                 read_paths: list[str] | None = None, max_loads: int = MAX_LOADS, max_envs: int = MAX_ENVS) -> None:
         self._config = {"sys_path": sys_path, "drop_paths": drop_paths, "app": app, "layers": layers,
                         "read_paths": list(read_paths or []), "max_loads": max_loads}
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | _Forked | None = None
         self._sock: socket.socket | None = None
-        self._env_proc: _Forked | None = None  # the environment zygote workers are forked from
-        self._env_sock: socket.socket | None = None
-        self._loads: OrderedDict[str, None] = OrderedDict()  # what the environment zygote holds, as it does
-        # The load key of the environment this zygote serves (dedicate); None: any. Spawns of
-        # another environment's code are refused, so that a pool of an environment switched away
-        # from can never send its code to the next one's environment zygote.
+        # Environment zygotes by the load key of their environment, least recently served first:
+        # a late-binding instance keeps those of the environments it keeps cached (``max_envs``),
+        # so that a switch back to one forks nothing.
+        self._envs: OrderedDict[str | None, _Env] = OrderedDict()
+        self._max_envs = max(1, max_envs)
+        self._owners: dict[int, _Env] = {}  # worker pid -> the environment zygote that forked it
+        # The load key of the environment served now (dedicate); None: any. Spawns of another
+        # environment's code are refused, so that a pool of an environment switched away from can
+        # never send its code to another environment's zygote.
         self._dedicated: str | None = None
         self.isolation: dict[str, Any] = {}
 
@@ -257,49 +272,62 @@ class Zygote:
             raise ZygoteError(f"environment zygote failed: {exc}") from None
         return proc, ours
 
-    def _start_env(self) -> None:
-        try:
-            self._env_proc, self._env_sock = self._fork_env()
-        except ZygoteError:
-            self._stop()  # the clean zygote too: the next spawn starts both again
-            raise
-        self._loads = OrderedDict()
-
-    def _ensure(self) -> socket.socket:
-        """The environment zygote's socket, either process started (again) if it is not running."""
+    def _current(self) -> _Env:
+        """The environment zygote of the environment served now, either process started (again)
+        if it is not running; with the lock held."""
         if self._proc is None or self._proc.poll() is not None:
             self._stop()
             self._start()
-        if self._env_proc is None or self._env_proc.poll() is not None:
-            self._stop_env()
-            self._start_env()
-        assert self._env_sock is not None
-        return self._env_sock
+        key = self._dedicated
+        env = self._envs.get(key)
+        if env is None or env.proc.poll() is not None:
+            if env is not None:
+                self._drop_env(key)
+            try:
+                env = self._envs[key] = _Env(*self._fork_env())
+            except ZygoteError:
+                self._stop()  # the clean zygote too: the next spawn starts both again
+                raise
+        self._envs.move_to_end(key)
+        while len(self._envs) > self._max_envs:
+            self._drop_env(next(iter(self._envs)))
+        return env
 
-    def _exchange(self, message: dict[str, Any], fds: list[int], max_fds: int) -> tuple[dict[str, Any], list[int]]:
-        """One request to the environment zygote and its reply, with the lock held."""
-        sock = self._ensure()
+    def _drop_env(self, key: str | None) -> None:
+        """Retire an environment zygote (off this thread: its workers die with it)."""
+        env = self._envs.pop(key, None)
+        if env is not None:
+            self._owners = {pid: e for pid, e in self._owners.items() if e is not env}
+            _RETIRER.submit(_retire, env.proc, env.sock)
+
+    def _exchange(self, env: _Env, message: dict[str, Any], fds: list[int],
+                  max_fds: int) -> tuple[dict[str, Any], list[int]]:
+        """One request to an environment zygote and its reply, with the lock held."""
         try:
-            socket.send_fds(sock, [json.dumps(message).encode()], fds)
-            return _recv(sock, max_fds)
+            socket.send_fds(env.sock, [json.dumps(message).encode()], fds)
+            return _recv(env.sock, max_fds)
         except (OSError, EOFError, ValueError) as exc:
-            self._stop_env()
+            for key, held in list(self._envs.items()):
+                if held is env:
+                    self._drop_env(key)
             raise ZygoteError(f"zygote failed: {exc}") from None
 
     def dedicate(self, load_key: str | None) -> None:
-        """Serve the environment whose load is ``load_key`` from now on (None: none). A change
-        retires the environment zygote of the previous one, and its workers with it (a switch
-        detaches them anyway), off the caller's thread; the next spawn forks a new one from the
-        clean zygote, which has never held an environment's code."""
+        """Serve the environment whose load is ``load_key`` from now on (None: any, as before the
+        first call; "": none, a verifier's empty load only). Its
+        environment zygote is the one kept from when it was served last, else forked from the
+        clean zygote at the next spawn: either has never held another environment's code."""
         with self._lock:
-            if load_key == self._dedicated:
-                return
             self._dedicated = load_key
-            old = (self._env_proc, self._env_sock)
-            self._env_proc = self._env_sock = None
-            self._loads = OrderedDict()
-        if old[0] is not None and old[1] is not None:
-            _RETIRER.submit(_retire, old[0], old[1])
+            if load_key in self._envs:
+                self._envs.move_to_end(load_key)
+
+    def forget(self, load_key: str) -> None:
+        """The environment whose load is ``load_key`` is no longer kept: its environment zygote
+        goes (the instance dropped it from its cache)."""
+        with self._lock:
+            if load_key != self._dedicated:
+                self._drop_env(load_key)
 
     def spawn(self, config: dict[str, Any], child_read: int, child_write: int, load_key: str,
               load: dict[str, Any]) -> tuple[int, int | None]:
@@ -311,15 +339,17 @@ class Zygote:
             if self._dedicated is not None and load_key != self._dedicated and _has_code(load):
                 raise ZygoteError("this fork server serves another environment now")
             for attempt in range(2):
-                self._ensure()  # (a new environment zygote empties self._loads) before deciding what to send
-                known = attempt == 0 and load_key in self._loads
+                env = self._current()  # (a new environment zygote holds no load) before deciding what to send
+                known = attempt == 0 and load_key in env.loads
                 message = {"op": "spawn", "config": config, "load_key": load_key, "load": None if known else load}
-                reply, fds = self._exchange(message, [child_read, child_write], 1)
+                reply, fds = self._exchange(env, message, [child_read, child_write], 1)
                 if reply.get("op") == "unknown_load":
-                    self._loads.pop(load_key, None)
+                    env.loads.pop(load_key, None)
                     continue
-                _remember(self._loads, load_key, None, self._config["max_loads"])
+                _remember(env.loads, load_key, None, self._config["max_loads"])
                 break
+            if reply.get("op") == "spawned":
+                self._owners[int(reply["pid"])] = env
         if reply.get("op") != "spawned":
             for fd in fds:
                 os.close(fd)
@@ -328,12 +358,13 @@ class Zygote:
 
     def reap(self, pid: int) -> int | None:
         """Wait for a child that was killed (or exited); its wait status, or None if unknown (a
-        worker of an environment zygote since killed was reaped by the clean zygote)."""
+        worker of an environment zygote since retired was reaped by the clean zygote)."""
         with self._lock:
-            if self._env_sock is None or self._env_proc is None or self._env_proc.poll() is not None:
+            env = self._owners.pop(pid, None)
+            if env is None or env.proc.poll() is not None or not any(e is env for e in self._envs.values()):
                 return None
             try:
-                reply, _ = self._exchange({"op": "reap", "pid": pid}, [], 0)
+                reply, _ = self._exchange(env, {"op": "reap", "pid": pid}, [], 0)
             except ZygoteError:
                 return None
         status = reply.get("status")
@@ -344,19 +375,16 @@ class Zygote:
         return self._proc.pid if self._proc is not None else None
 
     def env_pid(self) -> int | None:
-        """The pid of the environment zygote workers are forked from (None before the first spawn)."""
-        return self._env_proc.pid if self._env_proc is not None else None
-
-    def _stop_env(self) -> None:
-        if self._env_proc is not None and self._env_sock is not None:
-            _retire(self._env_proc, self._env_sock)
-        elif self._env_sock is not None:
-            self._env_sock.close()
-        self._env_proc = self._env_sock = None
-        self._loads = OrderedDict()
+        """The pid of the environment zygote the current environment's workers are forked from
+        (None before its first spawn)."""
+        env = self._envs.get(self._dedicated)
+        return env.proc.pid if env is not None else None
 
     def _stop(self) -> None:
-        self._stop_env()
+        for env in self._envs.values():
+            _retire(env.proc, env.sock)
+        self._envs.clear()
+        self._owners.clear()
         if self._sock is not None:
             self._sock.close()
             self._sock = None

@@ -142,12 +142,13 @@ def _zygote_paths() -> tuple[list[str], list[str]]:
     return ([root, *sites] if root not in sites else sites), ([root] if root not in sites else [])
 
 
-def make_zygote(app: bool) -> Zygote:
-    """A fork server for this process's workers (one per env server is enough: it only forks).
-    An app one is forked by the local fleet's template when this env server was told of one
+def make_zygote(app: bool, max_envs: int = forkserver.MAX_ENVS) -> Zygote:
+    """A fork server for this process's workers (one per env server and kind of code is enough:
+    it only forks), keeping the environment zygotes of ``max_envs`` environments. Forked by the
+    local fleet's template when this env server was told of one
     (:data:`awm.sandbox.forkserver.TEMPLATE_ENV`), else started here."""
     sys_path, drop_paths = _zygote_paths()
-    return Zygote(sys_path, drop_paths, app, _layers(), read_paths(app))
+    return Zygote(sys_path, drop_paths, app, _layers(), read_paths(app), max_envs=max_envs)
 
 
 def start_template(path: str) -> subprocess.Popen[bytes]:
