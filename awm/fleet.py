@@ -181,11 +181,10 @@ class LocalFleet:
         # (before _provision, which bench/runtime.py replaces), removed at stop (a laptop that runs `awm serve` daily must not collect them in /tmp).
         self._workdir: Path | None = None
         self._supervisor: asyncio.Task[None] | None = None
-        # The template the env servers' zygotes are forked from (awm.sandbox.forkserver): their
-        # imported and warmed-up frameworks in memory once for the fleet, not once per instance,
-        # and a late-binding instance's new zygote at each switch a fork, not an interpreter's
-        # start. Started with the fleet when it binds late or its catalog has apps (an app may be
-        # added on demand); an env server that cannot reach it starts a zygote of its own.
+        # The template the env servers' app zygotes are forked from (awm.sandbox.forkserver):
+        # their imported and warmed-up frameworks in memory once for the fleet, not once per
+        # instance. Started with the fleet when its catalog has apps; an env server that cannot
+        # reach it starts a zygote of its own.
         self._template: subprocess.Popen[bytes] | None = None
         self._stopping = False
         self.provision_s = 0.0
@@ -208,7 +207,7 @@ class LocalFleet:
         if self.database is None:
             self.database = await asyncio.to_thread(Database.open)
         self._workdir = Path(tempfile.mkdtemp(prefix="awm-fleet-"))
-        if self.binding == "late" or any(b.app is not None for b in self.bundles):
+        if any(b.app is not None for b in self.bundles):
             from awm.sandbox.pool import start_template
 
             try:

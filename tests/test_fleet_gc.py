@@ -29,7 +29,9 @@ CHILD = textwrap.dedent("""
         fleet = LocalFleet([bundle], replicas=2, database=Database(sys.argv[1]), fleet_id="killed",
                            verifier_workers=2)
         await fleet.start()
-        print(json.dumps([h.pid for h in fleet.instances]), flush=True)
+        # the env servers, and the template their fork servers are forked from (a late-binding fleet's)
+        template = [fleet._template.pid] if fleet._template is not None else []
+        print(json.dumps([h.pid for h in fleet.instances] + template), flush=True)
         await asyncio.sleep(3600)
 
     asyncio.run(main())
