@@ -673,9 +673,10 @@ def _cmdline(pid: int) -> str:
 
 def awm_roles(tree: list[int]) -> dict[str, dict[str, float]]:
     """awm's process tree by role, PSS summed and counted: the protocol server, env servers, the
-    fork-server template, fork servers (zygotes), and workers (a zygote's children). A sandbox
-    process (``python -I -S``) is a zygote when its parent is an env server or the template, a
-    worker when its parent is a zygote."""
+    fork-server template, fork servers (zygotes), their environment zygotes, and workers (an
+    environment zygote's children). A sandbox process (``python -I -S``) is a zygote when its
+    parent is an env server or the template, an environment zygote when its parent is a zygote,
+    a worker when its parent is an environment zygote."""
     kind: dict[int, str] = {}
     for pid in tree:
         cmd = _cmdline(pid)
@@ -686,8 +687,14 @@ def awm_roles(tree: list[int]) -> dict[str, dict[str, float]]:
             parent = kind.get(_parent(pid), "protocol_server")
             kind[pid] = {"protocol_server": "template", "env_server": "zygote"}.get(parent, "sandbox")
     for pid in tree:
+        if kind[pid] == "sandbox" and kind.get(_parent(pid)) == "template":
+            kind[pid] = "zygote"
+    for pid in tree:
+        if kind[pid] == "sandbox" and kind.get(_parent(pid)) == "zygote":
+            kind[pid] = "env_zygote"
+    for pid in tree:
         if kind[pid] == "sandbox":
-            kind[pid] = "zygote" if kind.get(_parent(pid)) == "template" else "worker"
+            kind[pid] = "worker"
     roles: dict[str, dict[str, float]] = {}
     for pid, role in kind.items():
         entry = roles.setdefault(role, {"processes": 0, "pss_mb": 0.0})

@@ -284,6 +284,14 @@ NOT_ALLOWED = re.compile(
     r"current_xact_id\w*|get_backend_memory_contexts|get_shmem_allocations\w*|control_\w+|lock_status|"
     r"blocking_pids|get_wal_\w+|walfile_name\w*|column_toast_chunk_id|xact_\w+|last_committed_xact|"
     r"get_multixact_members|export_snapshot|prepared_xact|safe_snapshot_blocking_pids))$")
+# Implementations whose work grows with the product of their arguments' lengths and that never
+# check for a cancel, so that no deadline ends them (the statement timeout, the server's protocol
+# cancel and a terminate all wait for such a check): ``translate`` and the trims with a set of
+# characters compare every character of one argument with every one of the other (measured on
+# PostgreSQL 18.6: translate of 100,000 characters by 20,000 ran 7.2 s past a 1 s timeout, 200,000
+# by 40,000 29 s; btrim 2.5 s). Matched against the implementation's symbol only: ``btrim(text)``
+# (``btrim1``, what ``TRIM(x)`` calls) stays allowed beside a refused ``btrim(text, text)``.
+UNCANCELLABLE = re.compile(r"^(translate|btrim|ltrim|rtrim|byteatrim|bytealtrim|byteartrim)$")
 # Volatile functions allowed all the same: they change only the episode's own data (sequences,
 # which the reset restores) or nothing. Reviewed one by one. (``currval``/``lastval`` read the
 # session's sequence state, which each reset discards: ``DISCARD SEQUENCES``.)
@@ -333,9 +341,11 @@ def read_overloads(conn: Any) -> list[Overload]:
 
 def refused_overloads(overloads: list[Overload]) -> set[int]:
     """The oids of overloads refused by what they are: a name or an implementation symbol in
-    ``NOT_ALLOWED``, or a SQL body that calls a refused overload (to a fixed point)."""
+    ``NOT_ALLOWED``, an implementation in ``UNCANCELLABLE``, or a SQL body that calls a refused
+    overload (to a fixed point)."""
     refused = {o.oid for o in overloads
-               if NOT_ALLOWED.match(o.name) or (o.language in ("internal", "c") and NOT_ALLOWED.match(o.symbol))}
+               if NOT_ALLOWED.match(o.name) or (o.language in ("internal", "c") and NOT_ALLOWED.match(o.symbol))
+               or (o.language == "internal" and UNCANCELLABLE.match(o.symbol))}
     # every alias of a refused implementation, whatever its name
     refused_impls = {o.implementation() for o in overloads if o.oid in refused}
     refused |= {o.oid for o in overloads if o.implementation() in refused_impls}

@@ -212,6 +212,11 @@ def test_revoked_overloads_are_revoked_in_every_instance(admin_dsn, notes_bundle
             assert conn.execute("SELECT age(timestamp '2026-01-02', timestamp '2026-01-01')").fetchone()
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 conn.execute("SELECT age('1'::xid)")
+            # TRIM(x) is btrim(text), allowed; TRIM(BOTH set FROM x) is btrim(text, text), which
+            # never checks for a cancel (sqlguard.UNCANCELLABLE)
+            assert conn.execute("SELECT trim('  a '), ltrim('  a'), rtrim('a  ')").fetchone() == ("a", "a", "a")
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute("SELECT trim(both 'x' from 'xax')")
     finally:
         provision.drop_instance(admin_dsn, instance.dbname)
 

@@ -320,6 +320,20 @@ def long_query_past_timeout(db):
     # generate_series in FROM materialises, and a fast disk reached temp_file_limit first
     return db.scalar("SELECT count(*) FROM (SELECT generate_series(1, 100000000000) AS x) s")
 ''',
+    # Built-ins that never check for a cancel and take the product of their arguments' lengths:
+    # past the 2 s limit by minutes, holding the instance and a core of the shared server.
+    "translate_uncancellable": '''
+def translate_uncancellable(db):
+    return db.scalar("SELECT length(translate(repeat('a', 400000), repeat('b', 80000) || 'a', ''))")
+''',
+    "trim_set_uncancellable": '''
+def trim_set_uncancellable(db):
+    return db.scalar("SELECT length(trim(both repeat('b', 80000) || 'a' from repeat('a', 400000)))")
+''',
+    "trim_set_uncancellable_by_oid": '''
+def trim_set_uncancellable_by_oid(db):
+    return db.scalar("SELECT length(pg_catalog.ltrim(repeat('a', 400000)::bytea, (repeat('b', 80000) || 'a')::bytea))")
+''',
     "unicode_escaped_function": '''
 def unicode_escaped_function(db):
     return db.scalar('SELECT U&"\\0070g_advisory_xact_lock"(1)')

@@ -369,12 +369,15 @@ REVOKED_FUNCTIONS = (
     "query_to_xml_and_xmlschema(text, boolean, boolean, text)",
     # Overloads the statement guard cannot tell from an allowed one of the same name
     # (envserver/sql_allowlist.py REVOKED_OVERLOADS; tests/test_sqlguard.py checks both agree):
-    # age(xid) reads the cluster's transaction counter, which other instances move.
-    "age(xid)",
+    # age(xid) reads the cluster's transaction counter, which other instances move; the trims
+    # with a set of characters never check for a cancel and take the product of their arguments'
+    # lengths (envserver/sqlguard.py UNCANCELLABLE).
+    "age(xid)", "btrim(bytea,bytea)", "btrim(text,text)", "ltrim(bytea,bytea)", "ltrim(text,text)",
+    "rtrim(bytea,bytea)", "rtrim(text,text)",
 )
 TEMP_FILE_LIMIT = "256MB"  # per session of an instance role
 # Bumped when the template's privileges change, so that no template made before is reused.
-HARDENING = "3"
+HARDENING = "4"
 
 
 def _revoke_functions(db: psycopg.Connection) -> None:
