@@ -198,13 +198,17 @@ class ControlClient:
         self.deadline_s = env_deadline_s() if timeout is None else timeout
         self._client = client or http_client(self.deadline_s)
         self._own_client = client is None
+        self._verify_extra_s = 0.0  # the judge's deadline, as the last reset said (verify)
 
     async def reset(self, task_id: str | None = None, verify: bool = False, env: str | None = None) -> dict[str, Any]:
         """A new episode; with ``env``, of that environment (a late-binding instance switches)."""
         body: dict[str, Any] = {"task_id": task_id, "verify": verify}
         if env is not None:
             body["env"] = env
-        return await self._call("POST", "/reset", body)
+        answer = await self._call("POST", "/reset", body)
+        judge_s = answer.get("judge_deadline_s")
+        self._verify_extra_s = float(judge_s) if isinstance(judge_s, (int, float)) and judge_s > 0 else 0.0
+        return answer
 
     async def bind(self, env: str) -> dict[str, Any]:
         """Serve ``env`` from now on (late binding; its MCP sessions end: connect again)."""
@@ -220,7 +224,10 @@ class ControlClient:
         body: dict[str, Any] = {"final_answer": final_answer}
         if kind is not None:
             body["verifier_kind"] = kind
-        return await self._call("POST", "/verify", body)
+        # An instance with an LLM judge may take its judge's whole deadline (retries and votes)
+        # on top of the verifier: its last reset said how long (``judge_deadline_s``). A verdict
+        # the judge is still allowed to give is waited for, not masked as a hung server's.
+        return await self._call("POST", "/verify", body, self.deadline_s + self._verify_extra_s)
 
     async def sqlite(self, state: str = "final") -> bytes:
         """The database as a SQLite file (AWM-1K imports): ``initial`` (the snapshot) or ``final``."""
@@ -259,9 +266,12 @@ class ControlClient:
         state["ready"] = response.status_code == 200 and state.get("ready", True) is not False
         return state
 
-    async def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-        async with _deadline(self.deadline_s, f"{method} {path}"):
-            response = await self._client.request(method, self.base_url + path, json=body)
+    async def _call(self, method: str, path: str, body: dict[str, Any] | None = None,
+                    deadline_s: float | None = None) -> dict[str, Any]:
+        deadline = deadline_s or self.deadline_s
+        async with _deadline(deadline, f"{method} {path}"):
+            response = await self._client.request(method, self.base_url + path, json=body,
+                                                  timeout=httpx.Timeout(deadline))
         data = response.json()
         if response.status_code >= 400:
             raise ControlApiError(response.status_code, data.get("error", response.text))

@@ -562,6 +562,8 @@ class EnvInstance:
             "escaped": result.escaped,
             "ungated": self.episode.ungated,
             "cached_envs": list(self._bindings),  # what a claim of it costs a reset (the operator files it so)
+            # how long a verification may take besides the verifier's own limit: the client waits for it
+            **({"judge_deadline_s": self.judge.settings.deadline_s} if self.judge is not None else {}),
         }
 
     def tend_workers(self) -> None:

@@ -9,6 +9,8 @@ listens on (a real node's address, so that pods reach it: tests/test_realnode.py
 
 from __future__ import annotations
 
+import asyncio
+
 import json
 import re
 import socket
@@ -31,6 +33,7 @@ class Reply:
     status: int = 200
     headers: dict[str, str] = field(default_factory=dict)
     tool_calls: list[dict[str, Any]] | None = None  # native OpenAI tool calls (agent tests)
+    delay_s: float = 0.0  # answered this late (a slow endpoint)
 
     @classmethod
     def json(cls, value: Any) -> Reply:
@@ -83,6 +86,8 @@ class ScriptedLLM(LocalEndpoint):
             self.counts[stage] += 1
             self.requests.append((stage, body))
         reply = self.answer(stage, body, index)
+        if reply.delay_s:
+            await asyncio.sleep(reply.delay_s)
         if reply.status != 200:
             return JSONResponse({"error": {"message": reply.content or "scripted failure"}}, status_code=reply.status,
                                 headers=reply.headers)

@@ -101,6 +101,25 @@ async def test_every_judge_class(judged, llm, script, cls, verdict, kind, reward
     assert result["evidence"]["groceries_after"][0]["body"] == f"milk, eggs ({cls})"
 
 
+async def test_a_client_waits_for_a_judge_slower_than_its_request_deadline(judged, llm, script):
+    """A judge may take its whole deadline (retries, votes: 180 s by default), longer than a
+    client's deadline for one answer of an env server (60 s by default, here 1.5 s): the reset
+    says how long (``judge_deadline_s``), and the client waits for the verdict instead of masking
+    the episode as if the server hung (issue 46)."""
+    _, mcp, handle = judged
+    slow = ControlClient(handle.control_url, timeout=1.5)
+    try:
+        reset = await slow.reset("groceries")
+        assert reset["judge_deadline_s"] >= 3
+        assert not (await mcp.call_tool("add_note", {"title": "groceries", "body": "milk, eggs (slow)"})).is_error
+        script.replies = [Reply(json.dumps({"reasoning": "slow but sure", "classification": "complete"}), delay_s=3.0)]
+        result = await slow.verify("Done: I added the note.")
+        assert result["verdict"] == "complete" and result["judge"]["reasoning"] == "slow but sure", result
+        assert (await slow.info())["env"]  # any other request keeps the short deadline
+    finally:
+        await slow.close()
+
+
 async def test_the_judge_sees_task_criteria_evidence_and_the_episode_log(judged, llm, script):
     control, mcp, _ = judged
     script.says("complete")

@@ -718,3 +718,27 @@ def test_a_fleets_spares_without_a_comment_still_go_with_the_fleet(admin_dsn, bu
         provision.drop_instance(admin_dsn, orphan)
         spares.close()
         provisioner.close()
+
+
+def test_a_release_during_a_postgres_restart_is_dropped_once_it_is_back(tmp_path, notes_bundle):
+    """Found by the soak: a release whose DROP met the server restarting was never tried again,
+    and the database stayed made and held by nobody until the fleet stopped. The provisioner
+    tries it again until the server is back."""
+    from awm.postgres.server import EmbeddedPostgres
+
+    pg = EmbeddedPostgres(tmp_path / "postgres")
+    pg.start()
+    provisioner = Provisioner(pg.admin_dsn(), {notes_bundle.name: notes_bundle}.__getitem__, "droptest", keep=0)
+    try:
+        got = provisioner.acquire("notes")
+        assert got.database in provision.list_instances(pg.admin_dsn())
+        pg.stop()
+        provisioner.release_later(got.database)
+        time.sleep(2.0)  # its first tries fail: the server is down
+        pg.start()
+        wait_for("the released database dropped once the server is back",
+                 lambda: got.database not in provision.list_instances(pg.admin_dsn()), 60)
+        assert provisioner.stats["released"] == 1
+    finally:
+        provisioner.close()
+        pg.stop()

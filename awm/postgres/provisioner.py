@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import psycopg
+import tenacity
 
 from awm import settings
 from awm.bundle import EnvBundle
@@ -65,6 +66,9 @@ SOCKET_ENV = settings.names.AWM_PROVISIONER_SOCKET  # where an env server finds 
 # What a claim's background work (its refill, its spare, the drop of what it evicted) waits
 # before it starts: the claim's own session and first call go first (Provisioner._settled).
 SETTLE_S = 0.1
+# How long a release's DROP is tried again while the server is away (restarting): a crash
+# recovery takes seconds; past this the fleet's own sweep at its next start drops it.
+DROP_RETRY_S = 120.0
 
 
 def socket_address(path: str) -> str:
@@ -151,6 +155,7 @@ class Provisioner:
         self._spare_jobs = ThreadPoolExecutor(1, thread_name_prefix="awm-provision-spare")
         self._strategy: str | None = None
         self.closed = False
+        self._closing = threading.Event()  # set by close(): drops being retried stop
         self.spares = Spares(admin_dsn, pool or prefix, max_spares, self.meta) if max_spares > 0 else None
         self.stats = {"acquired": 0, "ready_hits": 0, "spare_hits": 0, "clones_on_claim": 0, "refills": 0,
                       "spares_made": 0, "released": 0}
@@ -274,8 +279,15 @@ class Provisioner:
         path, and its next ``acquire`` on the same connection would otherwise wait behind the
         ``DROP DATABASE`` (27-57 ms on a disk, measured)."""
         def drop() -> None:
+            # A drop that fails because the server is away (restarting, its connections refused)
+            # is tried again until it is back (the soak found databases held by nobody until the
+            # fleet stopped); one that is refused for what it is is not.
+            retrying = tenacity.Retrying(
+                retry=tenacity.retry_if_exception_type(psycopg.OperationalError),
+                stop=tenacity.stop_after_delay(DROP_RETRY_S) | tenacity.stop_when_event_set(self._closing),
+                wait=tenacity.wait_exponential(multiplier=0.25, max=5.0), reraise=True)
             try:
-                self.release(database)
+                retrying(self.release, database)
             except Exception as exc:  # noqa: BLE001 - close() and the fleet's sweeps drop what is left
                 log.warning("provisioner: dropping %s failed: %s: %s", database, type(exc).__name__, exc)
 
@@ -365,6 +377,7 @@ class Provisioner:
         """Drop every database made here (handed out or ready). Spares stay: they belong to the
         pool (the fleet), not to this provisioner."""
         self.closed = True
+        self._closing.set()  # drops being retried give up: the ones left are dropped below
         self._refill.shutdown(wait=True, cancel_futures=True)
         self._spare_jobs.shutdown(wait=True, cancel_futures=True)
         if self.spares is not None:
