@@ -406,3 +406,39 @@ async def test_a_claimed_playground_session_is_its_claimers_and_ends_with_its_cl
                 await playground.release(inst.name, "mine")
         assert inst.name not in playground.sessions
     await view.close()
+
+
+def test_an_episode_comes_with_its_grpo_group_rewards_and_advantages(tmp_path, home):
+    """The GRPO group as a unit (issue 48): an episode's API answer lists its group's episodes
+    with their rewards, verdicts and the advantages the step line recorded (none where masked or
+    not trained on), and the step that trained on it."""
+    from awm.trainer.grpo import group_advantages
+    from awm.trainer.samples import build_batch
+
+    run = tmp_path / "runs" / "grouped"
+    run.mkdir(parents=True)
+    log = TrajectoryLog(run / "trajectories.jsonl")
+    members = [trajectory(n) for n in range(8)]  # groups g0 (ep0-3) and g1 (ep4-7); ep0 is masked
+    for t in members:
+        log.start(t)
+        log.end(t)
+    batch = build_batch([members[:4]])  # g0 trained at step 1, g1 not yet
+    log.write("step", {"step": 1, "version": 1, "groups": ["g0"], "advantages": batch.advantages})
+    log.close()
+    valid = [not t.masked for t in members[:4]]
+    import torch
+    expected = group_advantages(torch.tensor([t.reward for t in members[:4]]), torch.tensor(valid)).tolist()
+    assert batch.advantages == {t.episode_id: round(a, 6) for t, a, ok in zip(members[:4], expected, valid) if ok}
+    with TestClient(build_app(UiState(Runs([tmp_path / "runs"])))) as client:
+        episode = client.get(f"/api/runs/{run_id(run)}/episodes/ep000002").json()
+        group = episode["group"]
+        assert group["group_id"] == "g0" and group["step"] == 1 and group["size"] == 4
+        assert [m["episode_id"] for m in group["episodes"]] == [f"ep00000{i}" for i in range(4)]
+        by_id = {m["episode_id"]: m for m in group["episodes"]}
+        assert by_id["ep000000"]["masked"] and by_id["ep000000"]["advantage"] is None
+        for t in members[1:4]:
+            assert by_id[t.episode_id]["advantage"] == batch.advantages[t.episode_id]
+            assert by_id[t.episode_id]["reward"] == t.reward
+        assert group["reward_mean"] == sum(t.reward for t in members[1:4]) / 3
+        later = client.get(f"/api/runs/{run_id(run)}/episodes/ep000005").json()["group"]
+        assert later["step"] is None and all(m["advantage"] is None for m in later["episodes"])

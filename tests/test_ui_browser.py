@@ -748,6 +748,39 @@ def test_episode_neighbours_and_its_task_in_the_catalog(ui, browser, runs, shots
     assert severe(browser) == []
 
 
+def test_an_episode_shows_its_grpo_group_with_rewards_and_advantages(ui, browser, runs, shots):
+    """"What did this group's episodes do and what advantage did each get" (issue 48): the episode
+    page lists its GRPO group - every sibling, its verdict, reward and the advantage the learner
+    gave it (from the step line the trainer wrote) - and a sibling is one click away."""
+    train = run_id(runs / "tiny")
+    steps, ended = episodes_of(runs / "tiny")
+    events = [json.loads(line) for line in (runs / "tiny" / "trajectories.jsonl").read_text().splitlines()]
+    advantages = {k: v for e in events if e["event"] == "step" for k, v in (e.get("advantages") or {}).items()}
+    trained = [e for e in ended if e.get("group_id") in steps and not e.get("masked")]
+    assert trained and advantages, "the tiny run trained on groups and recorded their advantages"
+    first = trained[0]
+    siblings = [e for e in ended if e.get("group_id") == first["group_id"]]
+    assert len(siblings) == 4  # the run's group_size
+    open_page(browser, ui, f"#/episode/{train}/{first['episode_id']}", "episode")
+    section = browser.find_element("css selector", "section.group")
+    assert f"GRPO group of 4 · trained at step {steps[first['group_id']]}" in section.text
+    rows = section.find_elements("css selector", "tbody tr")
+    assert len(rows) == 4 and len(section.find_elements("css selector", "tr[aria-current=true]")) == 1
+    shown = [row.find_element("css selector", "td[data-advantage]").get_attribute("data-advantage") for row in rows]
+    assert sorted(float(a) for a in shown if a) == sorted(advantages[e["episode_id"]] for e in siblings
+                                                          if e["episode_id"] in advantages)
+    assert shown.count("") == sum(e["episode_id"] not in advantages for e in siblings)  # masked: none
+    full_shot(browser, shots / "episode-group.png")
+    other = next(e for e in siblings if e["episode_id"] != first["episode_id"])
+    browser.execute_script("document.body.dataset.ready = ''")
+    section.find_element("css selector", f"a[href$='{other['episode_id']}']").click()
+    wait(lambda: browser.execute_script("return document.body.dataset.ready") == "episode", "the sibling")
+    assert browser.current_url.endswith(other["episode_id"])
+    current = browser.find_element("css selector", "section.group tr[aria-current=true]")
+    assert "this episode" in current.text
+    assert severe(browser) == []
+
+
 def test_fleet_page_answers_what_my_campaign_is_doing_in_the_cluster(browser, runs, tmp_path, monkeypatch, shots):
     """What the chart's UI shows (`awm ui --operator-url URL --namespace NS`): each Campaign of the
     namespace with its phase, step, reward, throughput and its fleet's instances, and each

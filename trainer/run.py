@@ -159,7 +159,8 @@ async def _train(cfg: TrainConfig, on_step: StepHook | None, coordinator: Coordi
                     record = await _train_step(cfg, step, service, learner, policy, began)
                     # which groups this step trained on: the log's episodes joined to their step
                     traj_log.write("step", {"step": record["step"], "version": record["version"],
-                                            "groups": record.pop("group_ids")})
+                                            "groups": record.pop("group_ids"),
+                                            "advantages": record.pop("advantages")})
                     metrics_log.write(record)
                     metrics.observe_step(record)
                     if on_step:
@@ -215,6 +216,7 @@ async def _train_step(cfg: TrainConfig, step: int, service: Any, learner: Learne
     trajectories = [t for g in groups for t in g.trajectories]
     tokens = sum(t.generated_tokens for t in trajectories)
     return {"step": step + 1, "version": learner.version, "group_ids": [g.group_id for g in groups],
+            "advantages": batch.advantages,
             **reward_summary(trajectories),
             "zero_advantage_groups": batch.zero_advantage_groups,
             "tool_calls": sum(t.tool_calls for t in trajectories), "generated_tokens": tokens,

@@ -50,6 +50,9 @@ class Batch:
     episodes: int = 0
     masked: int = 0
     zero_advantage_groups: int = 0
+    # each unmasked episode's advantage in its group (trained on or not: a zero-advantage group's
+    # are 0), by episode id: the step line of the trajectory log records them for the run pages
+    advantages: dict[str, float] = field(default_factory=dict)
 
 
 Format = ChatFormat | TemplateFormat
@@ -111,6 +114,9 @@ def build_batch(groups: Iterable[list[Trajectory]], fmt: Format | None = None, s
         batch.masked += int((~valid).sum())
         rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)
         advantages = group_advantages(rewards, valid, scale=scale_rewards)
+        for traj, advantage, ok in zip(trajectories, advantages.tolist(), valid.tolist()):
+            if ok and traj.episode_id:
+                batch.advantages[traj.episode_id] = round(advantage, 6)
         if not bool(advantages.abs().gt(1e-8).any()):
             batch.zero_advantage_groups += 1
             if not keep_zero_advantage:

@@ -10,7 +10,7 @@ The API is the front end's only data source, and plain enough to script against:
                                                steps, the logs' sizes: what a live page polls
     GET  /api/runs/{id}/episodes?env=&task_id=&verdict=&error_kind=&step=&masked=&min_reward=
                                  &max_reward=&q=&version=&offset=&limit=        one page of the episode list
-    GET  /api/runs/{id}/episodes/{episode_id}  one whole episode (and its neighbours in the log)
+    GET  /api/runs/{id}/episodes/{episode_id}  one whole episode (its neighbours in the log, its GRPO group)
     GET  /api/fleet                            instances, states, holders, rates, latency; the
                                                operator's fleets, and per namespace its Campaigns (each
                                                with its run's id when its run directory is under the
@@ -209,6 +209,8 @@ def build_app(state: UiState, middleware: list[Middleware] | None = None) -> Sta
         if record is None:
             return _error(404, "no such episode")
         record["neighbours"] = await run_in_threadpool(index.neighbours, request.path_params["episode"])  # type: ignore[union-attr]
+        if record.get("group_id"):  # its GRPO group: the siblings, their rewards and advantages
+            record["group"] = await run_in_threadpool(index.group, record["group_id"])  # type: ignore[union-attr]
         return JSONResponse(record)
 
     async def fleet(request: Request) -> Response:

@@ -25,7 +25,7 @@ from typing import Any, Iterator
 
 from awm.postgres.server import awm_home
 
-SCHEMA_VERSION = 4  # bump when the tables change: older index files are rebuilt
+SCHEMA_VERSION = 5  # bump when the tables change: older index files are rebuilt
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
@@ -38,6 +38,7 @@ CREATE TABLE IF NOT EXISTS episodes (
   offset INTEGER, length INTEGER
 );
 CREATE TABLE IF NOT EXISTS group_steps (group_id TEXT PRIMARY KEY, step INTEGER);
+CREATE TABLE IF NOT EXISTS advantages (episode_id TEXT PRIMARY KEY, advantage REAL);  -- from step lines
 CREATE INDEX IF NOT EXISTS episodes_env_task ON episodes (env, task_id);
 CREATE INDEX IF NOT EXISTS episodes_group ON episodes (group_id);
 CREATE INDEX IF NOT EXISTS episodes_verdict ON episodes (verdict);
@@ -148,7 +149,7 @@ class EpisodeIndex:
 
     def _reset(self) -> None:
         self._db.executescript("DROP TABLE IF EXISTS meta; DROP TABLE IF EXISTS episodes; "
-                               "DROP TABLE IF EXISTS group_steps;" + _SCHEMA)
+                               "DROP TABLE IF EXISTS group_steps; DROP TABLE IF EXISTS advantages;" + _SCHEMA)
         self._db.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
         self._db.commit()
 
@@ -190,7 +191,7 @@ class EpisodeIndex:
                     self._reset()
                     self._memo.clear()
             self._progress = (scanned, stat.st_size)
-            episodes, steps, offset = self._scan(scanned)
+            episodes, steps, advantages, offset = self._scan(scanned)
             with self._lock:
                 if episodes:
                     columns = list(episodes[0])
@@ -198,6 +199,7 @@ class EpisodeIndex:
                                          f"({', '.join(':' + c for c in columns)})", episodes)
                 # a resumed run trains a redone step's groups again: the later step line wins
                 self._db.executemany("INSERT OR REPLACE INTO group_steps VALUES (?, ?)", steps)
+                self._db.executemany("INSERT OR REPLACE INTO advantages VALUES (?, ?)", advantages)
                 self._db.execute("INSERT OR REPLACE INTO meta VALUES ('scanned', ?)", (str(offset),))
                 self._db.execute("INSERT OR REPLACE INTO meta VALUES ('inode', ?)", (str(stat.st_ino),))
                 self._db.commit()
@@ -205,8 +207,8 @@ class EpisodeIndex:
             self._progress = (0, 0)
             return len(episodes)
 
-    def _scan(self, start: int) -> tuple[list[dict[str, Any]], list[tuple[str, int]], int]:
-        episodes, steps = [], []
+    def _scan(self, start: int) -> tuple[list[dict[str, Any]], list[tuple[str, int]], list[tuple[str, float]], int]:
+        episodes, steps, advantages = [], [], []  # type: ignore[var-annotated]
         with self._lock:
             n = self._db.execute("SELECT coalesce(max(n), -1) + 1 FROM episodes").fetchone()[0]
         offset = start
@@ -214,7 +216,7 @@ class EpisodeIndex:
             f.seek(start)
             for line in f:
                 if self._closing:
-                    return [], [], start  # the server is stopping: nothing is written
+                    return [], [], [], start  # the server is stopping: nothing is written
                 if not line.endswith(b"\n"):
                     break  # a line still being written: the next refresh reads it whole
                 if line.startswith(_END):
@@ -226,8 +228,10 @@ class EpisodeIndex:
                 elif line.startswith(_STEP):
                     event = json.loads(line)
                     steps += [(g, event["step"]) for g in event.get("groups") or []]
+                    advantages += [(e, a) for e, a in (event.get("advantages") or {}).items()
+                                   if isinstance(a, (int, float))]
                 offset += len(line)
-        return episodes, steps, offset
+        return episodes, steps, advantages, offset
 
     def page(self, where: EpisodeFilter, offset: int = 0, limit: int = 50) -> tuple[int, list[dict[str, Any]]]:
         """The total matching ``where`` and one page of them, in log order."""
@@ -342,6 +346,25 @@ class EpisodeIndex:
             after = self._db.execute("SELECT episode_id FROM episodes WHERE n > ? ORDER BY n LIMIT 1",
                                      (row["n"],)).fetchone()
         return {"previous": before[0] if before else None, "next": after[0] if after else None}
+
+    def group(self, group_id: str) -> dict[str, Any] | None:
+        """A GRPO group as a unit: its step and its episodes in log order, each with its reward,
+        verdict, whether it was masked and the advantage the learner gave it (None where the log
+        says none: masked, or the group not trained on yet)."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT e.episode_id, e.task_id, e.env, e.verdict, e.reward, e.masked, e.mask_reason, e.turns, "
+                "e.tool_calls, a.advantage, g.step FROM episodes e LEFT JOIN advantages a ON a.episode_id = e.episode_id "
+                "LEFT JOIN group_steps g ON g.group_id = e.group_id WHERE e.group_id = ? ORDER BY e.n",
+                (group_id,)).fetchall()
+        if not rows:
+            return None
+        members = [{**dict(r), "masked": bool(r["masked"])} for r in rows]
+        for member in members:
+            member.pop("step", None)
+        valid = [m["reward"] for m in members if not m["masked"] and m["reward"] is not None]
+        return {"group_id": group_id, "step": rows[0]["step"], "episodes": members, "size": len(members),
+                "reward_mean": sum(valid) / len(valid) if valid else None}
 
     def episode(self, episode_id: str) -> dict[str, Any] | None:
         with self._lock:

@@ -57,6 +57,27 @@ function verdict(ep) {
     h("h3", {}, "Database at the end"), renderCounts(ep.diff));
 }
 
+// The GRPO group as a unit: every episode sampled for the same task from the same policy, its
+// reward and the advantage the learner gave it (reward minus the group's mean, over its spread).
+function group(ep, runId) {
+  const g = ep.group;
+  if (!g || !g.episodes || g.episodes.length < 2) return null;
+  return h("section", { class: "group", "aria-labelledby": "group-h" },
+    h("h2", { id: "group-h" }, `GRPO group of ${g.size}`, g.step != null ? ` · trained at step ${g.step}` : " · not trained on yet"),
+    h("p", { class: "muted" }, `Mean reward ${fmt.num(g.reward_mean)}. An advantage is what the learner gave the episode: `
+      + "its reward against its group's; a masked episode has none."),
+    h("div", { class: "table-wrap" }, h("table", { class: "group-members" },
+      h("caption", {}, "Episodes of this group"),
+      h("thead", {}, h("tr", {}, ["Episode", "Verdict", "Reward", "Advantage", "Turns"].map((c) => h("th", { scope: "col" }, c)))),
+      h("tbody", {}, g.episodes.map((m) => h("tr", m.episode_id === ep.episode_id ? { "aria-current": "true", class: "current" } : {},
+        h("td", {}, m.episode_id === ep.episode_id ? h("strong", {}, "this episode")
+          : h("a", { href: `#/episode/${runId}/${m.episode_id}`, rel: "sibling" }, m.episode_id)),
+        h("td", {}, badge(m.verdict || "none"), m.masked ? badge(`masked: ${m.mask_reason}`, "masked") : null),
+        h("td", { class: "num" }, fmt.num(m.reward)),
+        h("td", { class: "num", "data-advantage": m.advantage ?? "" }, m.advantage == null ? "–" : fmt.num(m.advantage)),
+        h("td", { class: "num" }, String(m.turns ?? "–"))))))));
+}
+
 export async function render(main, [runId, episodeId]) {
   // the run's name for the breadcrumb from its (light) status; an episode still shows without it
   const [ep, run] = await Promise.all([api(`/api/runs/${runId}/episodes/${episodeId}`),
@@ -79,5 +100,5 @@ export async function render(main, [runId, episodeId]) {
     h("h2", {}, "Prompt"), prompt.map(message),
     h("h2", {}, "Turns"), ep.turns.map(turn),
     ep.final_answer != null ? [h("h2", {}, "Final answer"), h("pre", {}, ep.final_answer)] : null,
-    verdict(ep));
+    verdict(ep), group(ep, runId));
 }
