@@ -511,6 +511,32 @@ def test_run_page_answers_how_loss_kl_and_reward_moved(ui, browser, runs, shots)
     assert severe(browser) == []
 
 
+def test_run_page_answers_how_reward_was_distributed_at_each_step(ui, browser, runs, shots):
+    """"How was reward distributed at step N" (issue 48): a stacked column per step of the
+    learner's `reward_distribution` (unmasked episodes by reward), each segment's count and share
+    exact, a column one click from that step's episodes."""
+    train = run_id(runs / "tiny")
+    metrics = [m for m in metric_rows(runs / "tiny") if m.get("reward_distribution")]
+    assert metrics, "the tiny run logged reward distributions"
+    open_page(browser, ui, f"#/run/{train}", "run")
+    section = browser.find_element("css selector", "section.reward-distribution")
+    for record in metrics:
+        segments = section.find_elements("css selector", f"rect[data-x='{record['step']}']")
+        counts = {r.get_attribute("data-value"): int(r.get_attribute("data-count")) for r in segments}
+        assert counts == record["reward_distribution"], (record["step"], counts)
+        total = sum(counts.values())
+        for r in segments:
+            assert float(r.get_attribute("data-share")) == pytest.approx(int(r.get_attribute("data-count")) / total, abs=1e-4)
+    full_shot(browser, shots / "run-reward-distribution.png")
+    step = metrics[-1]["step"]
+    browser.execute_script("document.body.dataset.ready = ''")
+    browser.execute_script("arguments[0].dispatchEvent(new MouseEvent('click', {bubbles: true}))",
+                           section.find_element("css selector", f"rect[data-x='{step}']"))
+    wait(lambda: browser.execute_script("return document.body.dataset.ready") == "run", "the step's page")
+    assert browser.current_url.endswith(f"step={step}")
+    assert severe(browser) == []
+
+
 def test_evaluation_page_answers_which_tasks_failed_and_why(ui, browser, runs, shots):
     report = json.loads((runs / "eval" / "eval.json").read_text())
     evaluated = run_id(runs / "eval")

@@ -291,5 +291,50 @@ export function barChart(groups, { width = 640, height = 220, title = "" } = {})
   return box;
 }
 
+// How a value was distributed at each x: one stacked column per x, a segment per value (its
+// share of that x's count), the values' colours from the lowest to the highest. columns:
+// [{x, counts: {value: count}}] (e.g. each step's episodes by reward); a segment's <title> and
+// data attributes say its x, value, count and share; a column is a link when `href(x)` is given.
+export function distributionChart(columns, { width = 640, height = 220, title = "", xLabel = "step", valueLabel = "value", href = null } = {}) {
+  const pad = { l: 44, r: 12, t: 12, b: 34 };
+  const values = [...new Set(columns.flatMap((c) => Object.keys(c.counts || {})))].sort((a, b) => Number(a) - Number(b) || a.localeCompare(b));
+  const color = Object.fromEntries(values.map((v, i) => [v, SCALE[Math.round(i * (SCALE.length - 1) / Math.max(values.length - 1, 1))]]));
+  const svg = s("svg", { viewBox: `0 0 ${width} ${height}`, role: "img", "aria-label": title, class: "chart distribution" });
+  svg.append(s("title", {}, title));
+  const Y = (share) => height - pad.b - share * (height - pad.t - pad.b);
+  for (let i = 0; i <= 4; i++) {
+    svg.append(s("line", { x1: pad.l, x2: width - pad.r, y1: Y(i / 4), y2: Y(i / 4), class: "grid" }));
+    svg.append(s("text", { x: pad.l - 6, y: Y(i / 4) + 4, "text-anchor": "end", class: "tick" }, `${i * 25}%`));
+  }
+  const slot = (width - pad.l - pad.r) / Math.max(columns.length, 1);
+  const every = Math.max(1, Math.ceil(columns.length / 12));  // at most ~12 x labels
+  columns.forEach((c, ci) => {
+    const total = Object.values(c.counts || {}).reduce((a, b) => a + b, 0);
+    const x = pad.l + ci * slot + slot * 0.1, w = Math.max(1, slot * 0.8);
+    const column = href ? s("a", { href: href(c.x), "aria-label": `${xLabel} ${c.x}: open its episodes` }) : s("g", {});
+    let below = 0;
+    for (const v of values) {
+      const n = (c.counts || {})[v] || 0;
+      if (!n || !total) continue;
+      const share = n / total;
+      const rect = s("rect", { x, y: Y(below + share), width: w, height: Y(below) - Y(below + share), fill: color[v],
+        "data-x": c.x, "data-value": v, "data-count": n, "data-share": share.toFixed(4) });
+      rect.append(s("title", {}, `${xLabel} ${c.x}: ${valueLabel} ${v}, ${n} of ${total} (${(100 * share).toFixed(1)}%)`));
+      column.append(rect);
+      below += share;
+    }
+    svg.append(column);
+    if (ci % every === 0) svg.append(s("text", { x: x + w / 2, y: height - pad.b + 14, "text-anchor": "middle", class: "tick" }, String(c.x)));
+  });
+  svg.append(s("text", { x: pad.l + (width - pad.l - pad.r) / 2, y: height - 4, "text-anchor": "middle", class: "tick" }, xLabel));
+  const box = document.createElement("div");
+  box.className = "chart-box";
+  box.append(head(title, values.map((v) => ({ name: `${valueLabel} ${v}`, color: color[v] }))), svg);
+  return box;
+}
+
+// low to high (a distribution's values): red, amber, grey-green, green, blue; dark enough on white
+const SCALE = ["#b3261e", "#8a5a00", "#4d5a00", "#1b7a3a", "#1f5fbf"];
+
 // distinct, dark enough for text-level contrast on white
 export const COLORS = ["#1f5fbf", "#b3261e", "#1b7a3a", "#7a4bc0", "#8a5a00", "#00727a", "#a4247a", "#4d5a00"];

@@ -1,6 +1,7 @@
 // One run: its numbers, every metric it logged, its configuration, results per environment and
 // per task with the failure classes, and its episodes (filtered, paged through the server's index).
 import { api, badge, errorBox, field, fill, fmt, h, poll, query, runState, select, table } from "../lib.js";
+import { distributionChart } from "../charts.js";
 import { metricPanels, series } from "../metrics.js";
 import { configuration, failureSummary, headline, kindBadges, perEnv, perTask, stepLink, stepValues } from "./summary.js";
 
@@ -29,6 +30,7 @@ export async function render(main, [id], params) {
         h("a", { href: `#/run/${run.id}` }, "Clear")),
       stepValues(run, picked)) : null,
     live.metrics,
+    live.distribution,
     live.results,
     configuration(run),
     live.news,
@@ -47,10 +49,25 @@ function liveParts(run, picked) {
     state: h("p", { id: "run-state" }, stateLine(run.status)),
     headline: h("div", {}, headline(run)),
     metrics: h("div", {}, curves.rows.length ? metricPanels([{ run, series: curves }], { highlight: picked, link: stepLink }) : null),
+    distribution: h("div", {}, rewardDistribution(run)),
     results: h("div", {}, h("h2", {}, run.eval ? "Results per environment" : "Environments"), perEnv(run),
       failureSummary(run), perTask(run)),
     news: h("p", { class: "muted", id: "episodes-news", role: "status" }),
   };
+}
+
+// How reward was distributed at each step (the learner's `reward_distribution`: unmasked episodes
+// by reward): a stacked column per step, each a link to that step's episodes. A mean hides a
+// step whose episodes split between 0 and 1 behind the same 0.5 as one where all scored 0.5.
+function rewardDistribution(run) {
+  const columns = (run.metrics || []).filter((r) => r.reward_distribution && typeof r.reward_distribution === "object")
+    .map((r) => ({ x: r.step, counts: r.reward_distribution }));
+  if (!columns.length) return null;
+  return h("section", { class: "reward-distribution", "aria-labelledby": "reward-dist-h" },
+    h("h2", { id: "reward-dist-h" }, "Reward distribution per step"),
+    h("p", { class: "muted" }, "Each step's unmasked episodes by reward, as shares; hover a segment for its count, click a column for its episodes."),
+    h("figure", { class: "distribution-panel" }, distributionChart(columns, { title: "episodes by reward", valueLabel: "reward",
+      href: (step) => stepLink(run, step) })));
 }
 
 function stateLine(status) {
@@ -92,6 +109,7 @@ function redraw(live, run, picked) {
   if (!(panels && panels.update && panels.update([{ run, series: curves }]))) {  // new metrics: the section anew
     fill(live.metrics, curves.rows.length ? metricPanels([{ run, series: curves }], { highlight: picked, link: stepLink }) : null);
   }
+  fill(live.distribution, rewardDistribution(run));
   fill(live.results, h("h2", {}, run.eval ? "Results per environment" : "Environments"), perEnv(run),
     failureSummary(run), perTask(run));
 }
