@@ -442,3 +442,39 @@ def test_an_episode_comes_with_its_grpo_group_rewards_and_advantages(tmp_path, h
         assert group["reward_mean"] == sum(t.reward for t in members[1:4]) / 3
         later = client.get(f"/api/runs/{run_id(run)}/episodes/ep000005").json()["group"]
         assert later["step"] is None and all(m["advantage"] is None for m in later["episodes"])
+
+
+def test_an_evaluation_names_its_checkpoint_and_a_run_lists_the_evaluations_of_its_checkpoints(tmp_path, home):
+    """eval.json records what produced it (settings, date) and the checkpoint it evaluated; pass@1
+    has a 95 % interval over tasks; the training run's page data lists the evaluations of its
+    checkpoints by step, the evaluation's names the run and step (issue 48)."""
+    from awm.trainer import eval as ev
+
+    run = tmp_path / "runs" / "trained"
+    run.mkdir(parents=True)
+    write_run(run, 8)
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward_mean": 0.5}) + "\n")
+    scores = [ev.EnvScore("lamps", [ev.TaskScore("lamps", f"t{i}", 4, c, 0, c / 4, c / 4, 1.0 if c else 0.0)
+                                    for i, c in enumerate([4, 3, 0, 1, 2, 4, 0, 2])])]
+    for step in (2, 4):
+        checkpoint = run / "checkpoints" / f"step-{step:06d}"
+        checkpoint.mkdir(parents=True)
+        assert ev.checkpoint_of(checkpoint) == {"path": str(checkpoint.resolve()), "run_dir": str(run.resolve()),
+                                                "step": step}
+        data = ev.report(scores, 4, str(checkpoint), {"temperature": 0.6, "max_turns": 20}, ev.checkpoint_of(checkpoint))
+        out = tmp_path / "runs" / f"eval-{step}"
+        out.mkdir()
+        (out / "eval.json").write_text(json.dumps(data))
+    lo, hi = data["overall"]["pass@1_ci95"]
+    assert lo < data["overall"]["pass@1"] < hi and 0 <= lo and hi <= 1
+    assert ev.interval95([0.5]) is None and ev.interval95([1.0, 1.0]) == [1.0, 1.0]
+    assert ev.interval95([0.0, 1.0] * 10) == ev.interval95([0.0, 1.0] * 10)  # seeded: the same report twice
+    assert ev.checkpoint_of(tmp_path / "model") == {"path": str((tmp_path / "model").resolve())}
+    with TestClient(build_app(UiState(Runs([tmp_path / "runs"])))) as client:
+        trained = client.get(f"/api/runs/{run_id(run)}").json()
+        assert [(e["step"], e["name"]) for e in trained["evaluations"]] == [(2, "eval-2"), (4, "eval-4")]
+        assert trained["evaluations"][0]["pass@1_ci95"] == [lo, hi]
+        assert trained["evaluations"][0]["settings"] == {"temperature": 0.6, "max_turns": 20}
+        evaluation = client.get(f"/api/runs/{run_id(tmp_path / 'runs' / 'eval-4')}").json()
+        assert evaluation["evaluated_run"] == {"id": run_id(run), "name": "trained", "step": 4}
+        assert evaluation["evaluations"] == []

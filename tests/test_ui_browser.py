@@ -562,6 +562,22 @@ def test_evaluation_page_answers_which_tasks_failed_and_why(ui, browser, runs, s
         assert not tasks.find_elements("link text", "first failure")
     open_page(browser, ui, f"#/run/{evaluated}", "run")
     full_shot(browser, shots / "eval-per-task.png")
+    # what produced the numbers, and the training run and step it evaluated (issue 48)
+    config = browser.find_element("css selector", "section[aria-labelledby=config-h]").text
+    settings = report["settings"]
+    assert settings["max_turns"] == 2 and "max_turns" in config and settings["date"] in config and "temperature" in config
+    origin = browser.find_element("id", "evaluated-run")
+    assert origin.text == "the checkpoint of step 3 of tiny"
+    browser.execute_script("document.body.dataset.ready = ''")
+    origin.find_element("link text", "tiny").click()
+    wait(lambda: browser.execute_script("return document.body.dataset.ready") == "run", "the trained run")
+    assert browser.current_url.endswith(f"#/run/{run_id(runs / 'tiny')}?step=3")
+    # the training run draws pass@1 over its evaluated checkpoints, each a link to its evaluation
+    section = browser.find_element("css selector", "section.over-checkpoints")
+    assert "1 evaluation of this run's checkpoints" in section.text
+    row = section.find_element("xpath", f".//tr[td/a[@href='#/run/{evaluated}']]")
+    assert row.text.split()[0] == "3" and f"{100 * report['overall']['pass@1']:.1f}%" in row.text
+    full_shot(browser, shots / "run-over-checkpoints.png")
     assert severe(browser) == []
 
 

@@ -7,6 +7,7 @@ Exit codes: 0 success, 1 failed episode / run, 2 bad input, 3 policy endpoint un
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 import os
 from enum import Enum
@@ -330,10 +331,12 @@ def eval_command(
         err.print("[red]error:[/red] no tasks selected (only tasks that passed both gates are evaluated unless "
                   "--allow-ungated; `awm catalog validate --record` records the gates)")
         raise typer.Exit(2)
+    evaluated: dict[str, Any] | None = None
     if checkpoint is not None:
         if checkpoint.is_file() and checkpoint.name == "latest":  # RUN/checkpoints/latest names the step
             checkpoint = checkpoint.parent / checkpoint.read_text().strip()
         policy, name = _checkpoint_policy(checkpoint, temperature, thinking), str(checkpoint)
+        evaluated = ev.checkpoint_of(checkpoint)
     else:
         url, name = _endpoint(base_url, model)
         try:
@@ -348,6 +351,12 @@ def eval_command(
     cfg = AgentConfig(max_turns=max_turns, history_window=history_window, tool_format=tool_format.value,
                       stop_on_format_error=stop_on_format_error, tool_descriptions=tool_descriptions.value)
     out.mkdir(parents=True, exist_ok=True)
+    # what produced the numbers, in the report: two evaluations are comparable only if these agree
+    run_settings = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                    "temperature": temperature, "max_tokens": max_tokens, "max_turns": max_turns,
+                    "history_window": history_window, "tool_format": tool_format.value,
+                    "tool_descriptions": tool_descriptions.value, "thinking": thinking,
+                    "verifier_kind": verifier_kind, "catalog": str(catalog), "tasks_selected": len(tasks)}
 
     def progress(score: Any) -> None:
         if not as_json:
@@ -389,14 +398,15 @@ def eval_command(
     except (PolicyUnavailable, InstancesUnavailable) as exc:
         # What finished is kept: a partial report, marked as such, next to the trajectories.
         what = "policy" if isinstance(exc, PolicyUnavailable) else "instances"
-        partial = {**ev.report(ev.by_environment(done), k, name), "incomplete": f"{what} unavailable: {exc}",
+        partial = {**ev.report(ev.by_environment(done), k, name, run_settings, evaluated),
+                   "incomplete": f"{what} unavailable: {exc}",
                    "tasks_selected": len(tasks)}
         (out / "eval.json").write_text(json.dumps(partial, indent=2))
         err.print(f"[red]error: the {'policy endpoint is' if what == 'policy' else 'environment instances are'} "
                   f"unavailable:[/red] {exc}")
         err.print(f"{len(done)} of {len(tasks)} tasks finished before that: partial report in {out / 'eval.json'}")
         raise typer.Exit(3) from exc
-    data = ev.report(scores, k, name)
+    data = ev.report(scores, k, name, run_settings, evaluated)
     (out / "eval.json").write_text(json.dumps(data, indent=2))
     ev.plot(data, out / "eval.png")
     if as_json:

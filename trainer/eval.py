@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import math
+import random
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -122,13 +124,52 @@ def running_summary(done: list[TaskScore]) -> dict[str, Any]:
             "pass_at_k": {env: v for env, ts in by_env.items() if (v := _mean([t.pass_at_k for t in ts])) is not None}}
 
 
-def report(scores: list[EnvScore], k: int, model: str) -> dict[str, Any]:
+BOOTSTRAP_RESAMPLES = 2000
+
+
+def interval95(values: list[float | None], seed: int = 0) -> list[float] | None:
+    """A 95 % confidence interval of the mean of per-task values (pass@1, pass@k): the 2.5th and
+    97.5th percentiles of the mean over tasks resampled with replacement (a percentile bootstrap,
+    seeded, so a report is reproducible). Tasks are the unit: a task's k samples are not
+    independent draws of the benchmark. None below two tasks."""
+    present = [v for v in values if v is not None]
+    if len(present) < 2:
+        return None
+    rng = random.Random(seed)
+    n = len(present)
+    means = sorted(sum(rng.choice(present) for _ in range(n)) / n for _ in range(BOOTSTRAP_RESAMPLES))
+    return [round(means[int(0.025 * (len(means) - 1))], 4), round(means[int(0.975 * (len(means) - 1))], 4)]
+
+
+def checkpoint_of(path: Path) -> dict[str, Any]:
+    """Where an evaluated checkpoint comes from: its path, and for a training run's checkpoint
+    (``RUN/checkpoints/step-NNNNNN``) the run's directory and the step, so that the run's page can
+    draw pass@1 over the checkpoints it was evaluated at."""
+    out: dict[str, Any] = {"path": str(path.resolve())}
+    match = re.fullmatch(r"step-(\d+)", path.name)
+    if match and path.parent.name == "checkpoints":
+        out.update(run_dir=str(path.parent.parent.resolve()), step=int(match.group(1)))
+    return out
+
+
+def report(scores: list[EnvScore], k: int, model: str, settings: dict[str, Any] | None = None,
+           checkpoint: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The evaluation's report (``eval.json``): per environment and overall pass@1 and pass@k with
+    95 % intervals over tasks, and what produced them (``settings``: decoding, turns, tool format,
+    date; ``checkpoint``: :func:`checkpoint_of`)."""
     envs = [s.summary(k) for s in scores]
+    for env, score in zip(envs, scores):
+        scored = [t for t in score.tasks if t.samples]
+        env["pass@1_ci95"] = interval95([t.pass_at_1 for t in scored])
+        env[f"pass@{k}_ci95"] = interval95([t.pass_at_k for t in scored])
     tasks = [t for s in scores for t in s.tasks if t.samples]
     overall = {"tasks": sum(e["tasks"] for e in envs), "episodes": sum(e["episodes"] for e in envs),
                "masked": sum(e["masked"] for e in envs), "short": sum(e["short"] for e in envs),
-               "pass@1": _mean([t.pass_at_1 for t in tasks]), f"pass@{k}": _mean([t.pass_at_k for t in tasks])}
+               "pass@1": _mean([t.pass_at_1 for t in tasks]), f"pass@{k}": _mean([t.pass_at_k for t in tasks]),
+               "pass@1_ci95": interval95([t.pass_at_1 for t in tasks]),
+               f"pass@{k}_ci95": interval95([t.pass_at_k for t in tasks])}
     return {"model": model, "k": k, "environments": envs, "overall": overall,
+            **({"settings": settings} if settings else {}), **({"checkpoint": checkpoint} if checkpoint else {}),
             "tasks": [asdict(t) for s in scores for t in s.tasks]}
 
 

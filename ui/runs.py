@@ -266,14 +266,44 @@ class Runs:
         index, indexing = self.index_now(rid)
         ready = index if indexing is None else None
         info = self.info(rid, path)
+        report = _read_json(path / "eval.json")
         return {"id": rid, "name": path.name, "path": str(path), "kind": info.kind, "framework": info.framework,
+                "evaluated_run": self._evaluated_run(report) if report else None,
+                "evaluations": self.evaluations_of(path) if info.kind == "train" else [],
                 "status": status(info, path),
                 "model": info.model, "metrics": (metrics := read_metrics(path)),
-                "eval": _read_json(path / "eval.json"), "config": _read_json(path / "config.json"),
+                "eval": report, "config": _read_json(path / "config.json"),
                 "indexing": indexing,
                 "per_env": ready.per_env() if ready else [], "facets": ready.facets() if ready else {},
                 "per_task": ready.per_task() if ready else [], "by_version": ready.by_version() if ready and not metrics and info.kind == "train" else [],
                 "episodes": ready.count() if ready else (None if indexing else 0)}
+
+    def _evaluated_run(self, report: dict[str, Any]) -> dict[str, Any] | None:
+        """The training run and step an evaluation's checkpoint came from, if it is one of ours."""
+        checkpoint = report.get("checkpoint") or {}
+        run_dir, step = checkpoint.get("run_dir"), checkpoint.get("step")
+        if not isinstance(run_dir, str) or not isinstance(step, int):
+            return None
+        for rid, path in self.paths().items():
+            if str(path.resolve()) == run_dir:
+                return {"id": rid, "name": path.name, "step": step}
+        return {"id": None, "name": Path(run_dir).name, "step": step}
+
+    def evaluations_of(self, run: Path) -> list[dict[str, Any]]:
+        """The evaluations of a training run's checkpoints (their eval.json names the run's
+        directory), by step: what its page draws as pass@1 over checkpoints."""
+        out = []
+        target = str(run.resolve())
+        for rid, path in self.paths().items():
+            report = _read_json(path / "eval.json") if (path / "eval.json").is_file() else None
+            checkpoint = (report or {}).get("checkpoint") or {}
+            if checkpoint.get("run_dir") != target or not isinstance(checkpoint.get("step"), int):
+                continue
+            overall, k = report.get("overall") or {}, report.get("k")  # type: ignore[union-attr]
+            out.append({"id": rid, "name": path.name, "step": checkpoint["step"], "k": k,
+                        "pass@1": overall.get("pass@1"), "pass@1_ci95": overall.get("pass@1_ci95"),
+                        "pass@k": overall.get(f"pass@{k}"), "settings": report.get("settings") or {}})  # type: ignore[union-attr]
+        return sorted(out, key=lambda e: (e["step"], e["name"]))
 
     def close(self) -> None:
         for index in self._indexes.values():

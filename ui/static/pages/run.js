@@ -1,9 +1,9 @@
 // One run: its numbers, every metric it logged, its configuration, results per environment and
 // per task with the failure classes, and its episodes (filtered, paged through the server's index).
 import { api, badge, errorBox, field, fill, fmt, h, poll, query, runState, select, table } from "../lib.js";
-import { distributionChart } from "../charts.js";
+import { COLORS, distributionChart, lineChart } from "../charts.js";
 import { metricPanels, series } from "../metrics.js";
-import { configuration, failureSummary, headline, kindBadges, perEnv, perTask, stepLink, stepValues } from "./summary.js";
+import { configuration, failureSummary, headline, kindBadges, perEnv, perTask, stepLink, stepValues, withInterval } from "./summary.js";
 
 const FILTERS = ["env", "task_id", "verdict", "error_kind", "step", "version", "masked", "min_reward", "max_reward", "q"];
 const PAGE = 50;
@@ -49,7 +49,7 @@ function liveParts(run, picked) {
     state: h("p", { id: "run-state" }, stateLine(run.status)),
     headline: h("div", {}, headline(run)),
     metrics: h("div", {}, curves.rows.length ? metricPanels([{ run, series: curves }], { highlight: picked, link: stepLink }) : null),
-    distribution: h("div", {}, rewardDistribution(run)),
+    distribution: h("div", {}, rewardDistribution(run), overCheckpoints(run)),
     results: h("div", {}, h("h2", {}, run.eval ? "Results per environment" : "Environments"), perEnv(run),
       failureSummary(run), perTask(run)),
     news: h("p", { class: "muted", id: "episodes-news", role: "status" }),
@@ -68,6 +68,34 @@ function rewardDistribution(run) {
     h("p", { class: "muted" }, "Each step's unmasked episodes by reward, as shares; hover a segment for its count, click a column for its episodes."),
     h("figure", { class: "distribution-panel" }, distributionChart(columns, { title: "episodes by reward", valueLabel: "reward",
       href: (step) => stepLink(run, step) })));
+}
+
+// pass@1 of the run's checkpoints, from the evaluations that name it (`awm eval --checkpoint
+// RUN/checkpoints/...`), with their 95 % intervals: whether training moved what it is judged by.
+function overCheckpoints(run) {
+  const evals = (run.evaluations || []).filter((e) => e["pass@1"] != null);
+  if (!evals.length) return null;
+  const point = (e, y, what) => ({ x: e.step, y, href: e.id ? `#/run/${e.id}` : null,
+    label: `step ${e.step}: ${what} ${fmt.pct(y)} (${e.name}; open the evaluation)` });
+  const withCi = evals.filter((e) => Array.isArray(e["pass@1_ci95"]));
+  const lines = [{ name: "pass@1", color: COLORS[0], points: evals.map((e) => point(e, e["pass@1"], "pass@1")) }];
+  if (withCi.length) {
+    lines.push({ name: "95% CI, low", color: COLORS[2], dash: "4 3", points: withCi.map((e) => point(e, e["pass@1_ci95"][0], "95% CI low")) },
+      { name: "95% CI, high", color: COLORS[2], dash: "4 3", points: withCi.map((e) => point(e, e["pass@1_ci95"][1], "95% CI high")) });
+  }
+  return h("section", { class: "over-checkpoints", "aria-labelledby": "checkpoints-h" },
+    h("h2", { id: "checkpoints-h" }, "pass@1 over checkpoints"),
+    h("p", { class: "muted" }, `${evals.length} evaluation${evals.length > 1 ? "s" : ""} of this run's checkpoints; each point opens its evaluation.`),
+    h("figure", { class: "checkpoint-panel" }, lineChart(lines, { title: "pass@1 by checkpoint step", xLabel: "step", group: "checkpoints" })),
+    table([
+      { label: "Step", cell: (e) => e.step, cls: "num" },
+      { label: "Evaluation", cell: (e) => (e.id ? h("a", { href: `#/run/${e.id}` }, e.name) : e.name) },
+      { label: "pass@1", cell: (e) => withInterval(e["pass@1"], e["pass@1_ci95"]), cls: "num" },
+      { label: "k", cell: (e) => e.k ?? "–", cls: "num" },
+      { label: "Temperature", cell: (e) => e.settings?.temperature ?? "–", cls: "num" },
+      { label: "Max turns", cell: (e) => e.settings?.max_turns ?? "–", cls: "num" },
+      { label: "Date", cell: (e) => e.settings?.date ?? "–" },
+    ], evals, "Evaluations of this run's checkpoints"));
 }
 
 function stateLine(status) {
@@ -109,7 +137,7 @@ function redraw(live, run, picked) {
   if (!(panels && panels.update && panels.update([{ run, series: curves }]))) {  // new metrics: the section anew
     fill(live.metrics, curves.rows.length ? metricPanels([{ run, series: curves }], { highlight: picked, link: stepLink }) : null);
   }
-  fill(live.distribution, rewardDistribution(run));
+  fill(live.distribution, rewardDistribution(run), overCheckpoints(run));
   fill(live.results, h("h2", {}, run.eval ? "Results per environment" : "Environments"), perEnv(run),
     failureSummary(run), perTask(run));
 }

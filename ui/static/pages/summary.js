@@ -29,7 +29,7 @@ export function measures(run) {
   if (run.eval) {
     const k = run.eval.k;
     const tasks = run.eval.tasks || [];
-    out.push(["Model", run.eval.model || "–"], ["pass@1 (all tasks)", fmt.pct(run.eval.overall["pass@1"]), run.eval.overall["pass@1"]],
+    out.push(["Model", run.eval.model || "–"], ["pass@1 (all tasks)", withInterval(run.eval.overall["pass@1"], run.eval.overall["pass@1_ci95"]), run.eval.overall["pass@1"]],
       [`pass@${k} (all tasks)`, fmt.pct(run.eval.overall[`pass@${k}`]), run.eval.overall[`pass@${k}`]],
       ["Tasks", tasks.length || run.eval.overall.tasks || "–", tasks.length || run.eval.overall.tasks],
       ["Tasks never solved", tasks.length ? tasks.filter((t) => !t.complete).length : "–", tasks.filter((t) => !t.complete).length]);
@@ -55,6 +55,11 @@ export function measures(run) {
   return out;
 }
 
+// a rate with its 95 % interval over tasks (eval.json's bootstrap), when the report has one
+export function withInterval(value, ci) {
+  return Array.isArray(ci) && ci.length === 2 ? `${fmt.pct(value)} (95% CI ${fmt.pct(ci[0])}–${fmt.pct(ci[1])})` : fmt.pct(value);
+}
+
 // Which way each measure is better, so that compare colours a difference as better or worse, not
 // by its sign (one more task never solved is worse). Counts of what was run (episodes, steps,
 // tasks) and GRPO's loss and KL (neither is a score) have no better way.
@@ -76,8 +81,10 @@ export function flatten(value, prefix = "", out = []) {
 }
 
 export function configuration(run) {
-  const where = run.eval ? { model: run.eval.model, k: run.eval.k, environments: (run.eval.environments || []).map((e) => e.env) }
+  const where = run.eval ? { model: run.eval.model, k: run.eval.k, environments: (run.eval.environments || []).map((e) => e.env),
+    ...(run.eval.settings || {}), ...(run.eval.checkpoint ? { checkpoint: run.eval.checkpoint.path } : {}) }
     : run.config;
+  const from = run.evaluated_run;
   const rows = where ? flatten(where) : [];
   const envs = (run.per_env || []).map((e) => e.env);
   return h("section", { "aria-labelledby": "config-h" },
@@ -86,6 +93,8 @@ export function configuration(run) {
       h("dt", {}, "Directory"), h("dd", {}, h("code", {}, run.path)),
       h("dt", {}, "Kind"), h("dd", {}, kindBadges(run)),
       run.model ? [h("dt", {}, "Policy"), h("dd", {}, run.model)] : null,
+      from ? [h("dt", {}, "Evaluated"), h("dd", { id: "evaluated-run" }, "the checkpoint of step ", String(from.step), " of ",
+        from.id ? h("a", { href: `#/run/${from.id}?step=${from.step}` }, from.name) : from.name)] : null,
       h("dt", {}, "Environments"), h("dd", {}, envs.length ? envs.join(", ") : "–")),
     rows.length ? h("details", { class: "config", open: true },
       h("summary", {}, run.eval ? "Evaluation (eval.json)" : `config.json (${rows.length} settings)`),
@@ -110,6 +119,7 @@ export function perEnv(run) {
         { label: "Episodes", cell: (e) => e.episodes, cls: "num" },
         { label: "Masked", cell: (e) => e.masked, cls: "num" },
         { label: "pass@1", cell: (e) => fmt.pct(e["pass@1"]), cls: "num" },
+        { label: "pass@1, 95% CI", cell: (e) => (Array.isArray(e["pass@1_ci95"]) ? `${fmt.pct(e["pass@1_ci95"][0])}–${fmt.pct(e["pass@1_ci95"][1])}` : "–"), cls: "num" },
         { label: `pass@${k}`, cell: (e) => fmt.pct(e[`pass@${k}`]), cls: "num" },
         { label: "Mean reward", cell: (e) => fmt.num(e.mean_reward), cls: "num" },
       ], run.eval.environments, "Per environment (eval.json)"),
