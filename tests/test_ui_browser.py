@@ -511,6 +511,72 @@ def test_run_page_answers_how_loss_kl_and_reward_moved(ui, browser, runs, shots)
     assert severe(browser) == []
 
 
+def test_run_page_charts_zoom_change_their_x_axis_expand_and_download(ui, browser, runs, shots):
+    """The W&B chart controls (issue 48): a drag across a chart zooms every chart to that x range
+    (reset by one button); the x axis can be the step, the elapsed time or the episodes run; a
+    panel expands to the page's width; each panel downloads as CSV (its exact values) and SVG."""
+    import urllib.parse
+
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    train = run_id(runs / "tiny")
+    metrics = metric_rows(runs / "tiny")
+    open_page(browser, ui, "#/runs", "runs")
+    browser.execute_script("localStorage.removeItem('awm-ui-metrics')")
+    open_page(browser, ui, f"#/run/{train}", "run")
+    assert not browser.find_element("id", "reset-zoom").is_displayed()  # nothing zoomed yet
+    loss = browser.find_element("css selector", 'figure.panel[data-metric="loss"]')
+    # CSV: the step and the loss of every step that logged one, exactly
+    href = loss.find_element("css selector", "a.csv").get_attribute("href")
+    assert href.startswith("data:text/csv") and loss.find_element("css selector", "a.csv").get_attribute("download") == "loss.csv"
+    lines = urllib.parse.unquote(href.split(",", 1)[1]).splitlines()
+    assert lines[0] == "step,loss"
+    assert [(int(a), float(b)) for a, b in (line.split(",") for line in lines[1:])] == [
+        (m["step"], pytest.approx(m["loss"])) for m in metrics if m.get("loss") is not None]
+    svg = loss.find_element("css selector", "a.svg")
+    svg.click()  # the data URL is made on click (the download itself is the browser's)
+    assert svg.get_attribute("href").startswith("data:image/svg+xml") and svg.get_attribute("download") == "loss.svg"
+    # a drag from the first step to the second: every panel shows steps 1-2 only
+    overlay = loss.find_element("css selector", "rect.overlay")
+    width = overlay.rect["width"]
+    first, last = metrics[0]["step"], metrics[-1]["step"]
+    at = lambda step: int(((step - first) / max(1, last - first) - 0.5) * width * 0.98)  # noqa: E731
+    ActionChains(browser).move_to_element_with_offset(overlay, at(first), 0).click_and_hold() \
+        .move_to_element_with_offset(overlay, at(first + 1), 0).release().perform()
+    wait(lambda: browser.find_element("id", "reset-zoom").is_displayed(), "the reset button")
+    for panel in browser.find_elements("css selector", "figure.panel"):
+        ticks = [t.text for t in panel.find_elements("css selector", "svg text.tick[text-anchor=middle]")]
+        assert ticks and {int(t) for t in ticks} <= {first, first + 1}, (panel.get_attribute("data-metric"), ticks)
+    assert browser.execute_script("return document.body.dataset.ready") == "run"  # a drag is not a click
+    browser.find_element("id", "reset-zoom").click()
+    assert not browser.find_element("id", "reset-zoom").is_displayed()
+    # the x axis: elapsed time (minutes) and the episodes run, each point still its step
+    choice = browser.find_element("id", "x-axis")
+    assert {o.get_attribute("value") for o in choice.find_elements("tag name", "option")} == {"step", "elapsed", "episodes"}
+    browser.execute_script("const s = arguments[0]; s.value = 'episodes'; s.dispatchEvent(new Event('change'));", choice)
+    loss = browser.find_element("css selector", 'figure.panel[data-metric="loss"]')
+    assert "episodes run" in loss.text
+    lines = urllib.parse.unquote(loss.find_element("css selector", "a.csv").get_attribute("href").split(",", 1)[1]).splitlines()
+    assert lines[0] == "episodes run,step,loss"
+    running = 0
+    expected = []
+    for m in metrics:
+        running += m.get("episodes") or 0
+        if m.get("loss") is not None:
+            expected.append((running, m["step"]))
+    assert [(int(a), int(b)) for a, b, _ in (line.split(",") for line in lines[1:])] == expected
+    browser.execute_script("const s = document.getElementById('x-axis'); s.value = 'step'; s.dispatchEvent(new Event('change'));")
+    # a panel across the page's width, and back
+    loss = browser.find_element("css selector", 'figure.panel[data-metric="loss"]')
+    small = loss.rect["width"]
+    loss.find_element("xpath", ".//button[text()='Expand']").click()
+    loss = browser.find_element("css selector", 'figure.panel[data-metric="loss"]')
+    assert "expanded" in loss.get_attribute("class") and loss.rect["width"] > 1.5 * small
+    full_shot(browser, shots / "run-expanded-panel.png")
+    loss.find_element("xpath", ".//button[text()='Shrink']").click()
+    assert severe(browser) == []
+
+
 def test_run_page_answers_how_reward_was_distributed_at_each_step(ui, browser, runs, shots):
     """"How was reward distributed at step N" (issue 48): a stacked column per step of the
     learner's `reward_distribution` (unmasked episodes by reward), each segment's count and share

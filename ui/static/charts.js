@@ -94,9 +94,12 @@ function nearest(sorted, x) {
 // options: title, xLabel, width, height, yMin, yMax, log ("auto" | true | false), smoothing (0..0.99),
 //          highlight (an x), group (hover group), pick (x -> href), describe (series, x, y -> text)
 export function lineChart(series, opts = {}) {
-  const { width = 480, height = 220, title = "", xLabel = "", group = null, highlight = null, pick = null } = opts;
+  const { width = 480, height = 220, title = "", xLabel = "", group = null, highlight = null, pick = null,
+    xRange = null, onZoom = null } = opts;
   const pad = { l: 52, r: 12, t: 10, b: 34 };
-  const all = series.flatMap((se) => se.points).filter((p) => present(p.y));
+  // xRange [lo, hi]: only that part of the x axis (a zoom); onZoom(range): a drag across the chart
+  const inRange = (p) => !xRange || (p.x >= xRange[0] && p.x <= xRange[1]);
+  const all = series.flatMap((se) => se.points).filter((p) => present(p.y) && inRange(p));
   const box = document.createElement("div");
   box.className = "chart-box";
   if (!all.length) {
@@ -140,7 +143,7 @@ export function lineChart(series, opts = {}) {
     svg.append(s("line", { x1: X(highlight), x2: X(highlight), y1: pad.t, y2: height - pad.b, class: "highlight" }));
   }
   const weight = opts.smoothing || 0;
-  const drawn = series.map((se) => ({ ...se, raw: se.points.filter((p) => present(p.y)) }))
+  const drawn = series.map((se) => ({ ...se, raw: se.points.filter((p) => present(p.y) && inRange(p)) }))
     .map((se) => ({ ...se, line: smooth(se.raw, weight) }));
   // a line of more points than the panel has pixels is drawn through each pixel column's lowest
   // and highest point (its shape, spikes included, at a fraction of the DOM); hover reads all
@@ -224,12 +227,44 @@ export function lineChart(series, opts = {}) {
       else if (other !== mine) other(x);
     }
   };
-  overlay.addEventListener("mousemove", (e) => { const x = toX(e); show(x, true); broadcast(x); });
-  svg.addEventListener("mouseleave", () => { show(null); broadcast(null); });
+  // drag across the chart to zoom to that x range (a click without a drag still picks)
+  let dragFrom = null, dragged = false;
+  const band = s("rect", { y: pad.t, height: height - pad.t - pad.b, class: "zoom-band", visibility: "hidden" });
+  svg.insertBefore(band, overlay);
+  overlay.addEventListener("mousedown", (e) => {
+    if (!onZoom || e.button !== 0) return;
+    dragFrom = toX(e);
+    e.preventDefault();
+  });
+  overlay.addEventListener("mousemove", (e) => {
+    const x = toX(e);
+    show(x, true);
+    broadcast(x);
+    if (dragFrom !== null) {
+      const a = Math.max(pad.l, Math.min(X(dragFrom), X(x))), b = Math.min(width - pad.r, Math.max(X(dragFrom), X(x)));
+      band.setAttribute("x", a); band.setAttribute("width", Math.max(0, b - a)); band.setAttribute("visibility", "visible");
+    }
+  });
+  overlay.addEventListener("mouseup", (e) => {
+    if (dragFrom === null) return;
+    const x = toX(e), from = dragFrom;
+    dragFrom = null;
+    band.setAttribute("visibility", "hidden");
+    if (Math.abs(X(x) - X(from)) > 6) {
+      dragged = true;  // not a click
+      // to the points nearest the drag's ends: the range holds the points the drag went over
+      onZoom([nearest(xsAll, Math.min(from, x)), nearest(xsAll, Math.max(from, x))]);
+    }
+  });
+  svg.addEventListener("mouseleave", () => { show(null); broadcast(null); dragFrom = null; band.setAttribute("visibility", "hidden"); });
   if (pick) {
     overlay.style.cursor = "pointer";
-    overlay.addEventListener("click", (e) => { location.hash = pick(nearest(xsAll, toX(e))); });
+    overlay.addEventListener("click", (e) => {
+      if (dragged) { dragged = false; return; }
+      location.hash = pick(nearest(xsAll, toX(e)));
+    });
   }
+  if (onZoom) svg.classList.add("zoomable");
   box.append(head(title, series, log), svg, tip, readout);
   return box;
 }

@@ -59,6 +59,15 @@ export function series(run) {
   return { axis: "step", rows: [] };
 }
 
+// a chart as a standalone SVG file (its styles inlined where the page's CSS gave them)
+function svgUrl(svg) {
+  const copy = svg.cloneNode(true);
+  copy.setAttribute("xmlns", "http://www.w3.org/2000/svg");
+  const css = "text{font:11px sans-serif;fill:#4f5660}.grid{stroke:#e3e6eb}.crosshair,.overlay,.zoom-band{display:none}";
+  copy.insertBefore(Object.assign(document.createElementNS("http://www.w3.org/2000/svg", "style"), { textContent: css }), copy.firstChild);
+  return `data:image/svg+xml;charset=utf-8,${encodeURIComponent(new XMLSerializer().serializeToString(copy))}`;
+}
+
 export function keysOf(runsSeries) {
   const keys = new Set();
   for (const { rows } of runsSeries) for (const r of rows) for (const [k, v] of Object.entries(r.values)) if (v !== null) keys.add(k);
@@ -75,6 +84,40 @@ function absentNote(runs) {
   return lines.length ? h("p", { class: "muted", id: "not-computed" }, `Not drawn: ${lines.join("; ")}.`) : null;
 }
 
+// The x axes a run's metrics can be drawn against: its steps (or policy versions), the time since
+// it began (`elapsed_s`, in minutes) and the episodes it had run by then (the sum of `episodes`).
+// Each point keeps its step, so that a link or a pick still names the step.
+export function axes(runs) {
+  const has = (key) => runs.some(({ series: se }) => se.rows.some((row) => typeof row.values[key] === "number"));
+  const stepName = runs[0].series.axis === "step" ? "step" : "policy version";
+  return [["step", stepName], ...(has("elapsed_s") ? [["elapsed", "elapsed (minutes)"]] : []),
+    ...(has("episodes") ? [["episodes", "episodes run"]] : [])];
+}
+
+// [{row, x}] of one run's rows on ``axis`` (rows without a value on it left out)
+export function along(se, axis) {
+  if (axis === "elapsed") return se.rows.filter((row) => typeof row.values.elapsed_s === "number").map((row) => ({ row, x: row.values.elapsed_s / 60 }));
+  if (axis === "episodes") {
+    let total = 0;
+    return se.rows.map((row) => { total += typeof row.values.episodes === "number" ? row.values.episodes : 0; return { row, x: total }; });
+  }
+  return se.rows.map((row) => ({ row, x: row.x }));
+}
+
+// one panel's values as CSV: the x axis, the step (unless that is the axis), one column per run
+export function panelCsv(key, lines, xName) {
+  const xs = [...new Set(lines.flatMap((l) => l.points.map((p) => p.x)))].sort((a, b) => a - b);
+  const byRun = lines.map((l) => new Map(l.points.map((p) => [p.x, p])));
+  const cell = (v) => (v === null || v === undefined ? "" : /[",\n]/.test(String(v)) ? `"${String(v).replaceAll('"', '""')}"` : String(v));
+  const bySteps = lines.every((l) => l.points.every((p) => p.step === p.x));  // the x axis is the step itself
+  const rows = [[xName, ...(bySteps ? [] : ["step"]), ...lines.map((l) => (lines.length > 1 ? `${key} (${l.name})` : key))].map(cell).join(",")];
+  for (const x of xs) {
+    const step = byRun.map((m) => m.get(x)?.step).find((v) => v !== undefined);
+    rows.push([x, ...(bySteps ? [] : [step]), ...byRun.map((m) => m.get(x)?.y)].map(cell).join(","));
+  }
+  return rows.join("\n") + "\n";
+}
+
 const STORE = "awm-ui-metrics";
 function saved() {
   try { return JSON.parse(localStorage.getItem(STORE) || "null") || {}; } catch { return {}; }
@@ -86,11 +129,16 @@ export function metricPanels(runs, { highlight = null, link = null, hoverGroup =
   const keys = keysOf(runs.map((r) => r.series));
   const root = h("section", { class: "metrics", "aria-labelledby": "metrics-h" });
   if (!keys.length) return root;
-  const state = { smoothing: 0, log: "auto", chosen: null, ...saved() };
+  const state = { smoothing: 0, log: "auto", chosen: null, xAxis: "step", ...saved() };
   const chosen = new Set((state.chosen || DEFAULT).filter((k) => keys.includes(k)));
   if (!chosen.size) keys.slice(0, 8).forEach((k) => chosen.add(k));
   const axis = runs[0].series.axis;
+  const axisChoices = axes(runs);
+  if (!axisChoices.some(([v]) => v === state.xAxis)) state.xAxis = "step";
+  let xRange = null;  // a zoom: every panel shows the same x range (dragged on any of them)
+  const expanded = new Set();  // panels drawn across the whole width
   const panels = h("div", {});
+  const resetZoom = h("button", { type: "button", id: "reset-zoom", onclick: () => { xRange = null; draw(); } }, "Reset zoom");
   const store = () => { try { localStorage.setItem(STORE, JSON.stringify({ ...state, chosen: [...chosen] })); } catch { /* private mode */ } };
 
   const draw = () => {
@@ -105,17 +153,32 @@ export function metricPanels(runs, { highlight = null, link = null, hoverGroup =
       h("div", { class: "panels" }, members.map((key) => {
         const lines = runs.map((r, i) => ({
           name: runs.length > 1 ? r.run.name : label(key), color: COLORS[i % COLORS.length], dash: i >= COLORS.length ? "4 3" : null,
-          points: r.series.rows.filter((row) => row.values[key] !== undefined).map((row) => ({
-            x: row.x, y: row.values[key],
+          points: along(r.series, state.xAxis).filter(({ row }) => row.values[key] !== undefined).map(({ row, x }) => ({
+            x, step: row.x, y: row.values[key],
             href: link && key === "reward_mean" ? link(r.run, row.x) : null,
             label: `${axis === "step" ? "step" : "version"} ${row.x}: reward ${exact(row.values[key])}${runs.length > 1 ? ` (${r.run.name})` : ""} (open its episodes)`,
           })),
         }));
-        return h("figure", { class: "panel", "data-metric": key }, lineChart(lines, {
-          title: label(key), xLabel: axis, highlight, log: state.log === "auto" ? "auto" : state.log === "on",
-          smoothing: Number(state.smoothing), group: hoverGroup,
-          pick: link && runs.length === 1 ? (x) => link(runs[0].run, x) : null }));
+        const xName = axisChoices.find(([v]) => v === state.xAxis)[1];
+        const stepOf = new Map(lines[0].points.map((p) => [p.x, p.step]));
+        const marked = highlight === null ? null : lines[0].points.find((p) => p.step === highlight)?.x ?? null;
+        const figure = h("figure", { class: `panel${expanded.has(key) ? " expanded" : ""}`, "data-metric": key }, lineChart(lines, {
+          title: label(key), xLabel: xName, highlight: marked, log: state.log === "auto" ? "auto" : state.log === "on",
+          smoothing: Number(state.smoothing), group: hoverGroup, xRange, onZoom: (range) => { xRange = range; draw(); },
+          width: expanded.has(key) ? 960 : 480, height: expanded.has(key) ? 320 : 220,
+          pick: link && runs.length === 1 ? (x) => link(runs[0].run, stepOf.get(x) ?? x) : null }));
+        const csv = panelCsv(key, lines, xName);
+        const tools = h("div", { class: "panel-tools" },
+          h("button", { type: "button", class: "link", "aria-pressed": String(expanded.has(key)),
+            onclick: () => { if (expanded.has(key)) expanded.delete(key); else expanded.add(key); draw(); } },
+          expanded.has(key) ? "Shrink" : "Expand"),
+          h("a", { href: `data:text/csv;charset=utf-8,${encodeURIComponent(csv)}`, download: `${key}.csv`, class: "csv" }, "CSV"),
+          h("a", { href: "#", download: `${key}.svg`, class: "svg",
+            onclick: (e) => { e.currentTarget.href = svgUrl(figure.querySelector("svg")); } }, "SVG"));
+        figure.prepend(tools);
+        return figure;
       })))));
+    resetZoom.style.display = xRange === null ? "none" : "";  // (the hidden attribute loses to the buttons' CSS)
   };
 
   // the chooser: a checkbox per metric, by group, with a filter; smoothing; log scale
@@ -145,6 +208,8 @@ export function metricPanels(runs, { highlight = null, link = null, hoverGroup =
   const log = h("select", { id: "log-scale" }, [["auto", "auto (when values span decades)"], ["on", "on"], ["off", "off"]]
     .map(([v, t]) => h("option", { value: v, selected: state.log === v }, t)));
   log.addEventListener("change", () => { state.log = log.value; store(); draw(); });
+  const xAxis = h("select", { id: "x-axis" }, axisChoices.map(([v, t]) => h("option", { value: v, selected: state.xAxis === v }, t)));
+  xAxis.addEventListener("change", () => { state.xAxis = xAxis.value; xRange = null; store(); draw(); });
   drawList();
   draw();
   // a live page's new steps: the same metrics redrawn in place (the chooser as it is); false when
@@ -164,10 +229,10 @@ export function metricPanels(runs, { highlight = null, link = null, hoverGroup =
           h("button", { type: "button", onclick: () => setAll(false) }, "Hide all")),
         list),
       h("div", { class: "field" }, h("label", { for: "smoothing" }, "Smoothing (EMA)"), h("span", {}, smoothing, " ", shown)),
-      field("Log scale", log)),
+      field("Log scale", log), field("X axis", xAxis), resetZoom),
     absentNote(runs),
-    h("p", { class: "muted" }, link ? "Hover a chart for the exact values at a step in every chart; click to open that step's episodes."
-      : "Hover a chart for the exact values at a step in every chart."),
+    h("p", { class: "muted" }, (link ? "Hover a chart for the exact values at a step in every chart; click to open that step's episodes."
+      : "Hover a chart for the exact values at a step in every chart.") + " Drag across a chart to zoom every chart to that range."),
     panels);
   return root;
 }
