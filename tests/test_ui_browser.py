@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import re
 import shutil
@@ -886,6 +887,27 @@ def test_an_episode_shows_its_grpo_group_with_rewards_and_advantages(ui, browser
     assert browser.current_url.endswith(other["episode_id"])
     current = browser.find_element("css selector", "section.group tr[aria-current=true]")
     assert "this episode" in current.text
+    assert severe(browser) == []
+
+
+def test_an_episode_draws_each_turns_token_log_probs(ui, browser, runs, shots):
+    """Per-token log-probs in the episode view (issue 48): each turn whose tokens' log-probs the
+    policy returned (what GRPO's ratio is taken against) shows them by position, with their
+    count, mean and lowest value."""
+    train = run_id(runs / "tiny")
+    _, ended = episodes_of(runs / "tiny")
+    episode = next(e for e in ended if any(t.get("logprobs") for t in e["turns"]))
+    open_page(browser, ui, f"#/episode/{train}/{episode['episode_id']}", "episode")
+    shown = browser.find_elements("css selector", "details.logprobs")
+    with_lps = [t for t in episode["turns"] if t.get("logprobs")]
+    assert len(shown) == len(with_lps)
+    for element, t in zip(shown, with_lps):
+        lps = [v for v in t["logprobs"] if v is not None and math.isfinite(v)]
+        assert int(element.get_attribute("data-tokens")) == len(lps)
+        assert float(element.get_attribute("data-mean")) == pytest.approx(sum(lps) / len(lps), abs=1e-5)
+    shown[0].find_element("tag name", "summary").click()
+    assert shown[0].find_element("css selector", "svg polyline.series").is_displayed()
+    full_shot(browser, shots / "episode-logprobs.png")
     assert severe(browser) == []
 
 

@@ -1,5 +1,6 @@
 // One episode step by step: the prompt, each assistant turn with its tool calls (arguments,
 // result or classified error, and the rows the call changed), the verdict and the reward.
+import { COLORS, lineChart } from "../charts.js";
 import { renderCounts, renderDiff } from "../diff.js";
 import { api, badge, fill, fmt, h, query } from "../lib.js";
 
@@ -31,12 +32,28 @@ function call(c, result) {
       : result && result.diff_error ? h("p", { class: "error" }, `diff not recorded: ${result.diff_error}`) : null);
 }
 
+// The policy's log-probability of each token it generated in this turn (what GRPO's ratio is
+// taken against), drawn by position, with the mean and the least likely: where the model hesitated.
+function tokenLogprobs(t) {
+  const lps = (t.logprobs || []).filter((v) => typeof v === "number" && Number.isFinite(v));
+  if (!lps.length) return null;
+  const mean = lps.reduce((a, b) => a + b, 0) / lps.length;
+  const min = Math.min(...lps);
+  const unlikely = lps.filter((v) => v < Math.log(0.1)).length;
+  return h("details", { class: "logprobs", "data-mean": mean.toFixed(6), "data-tokens": lps.length },
+    h("summary", {}, `Token log-probs: ${lps.length} tokens, mean ${fmt.num(mean)}, lowest ${fmt.num(min)}, `
+      + `${unlikely} below log 0.1`),
+    lineChart([{ name: "log-prob", color: COLORS[0], points: lps.map((y, i) => ({ x: i + 1, y })) }],
+      { title: `turn ${t.index + 1}: log-prob of each generated token`, xLabel: "token", width: 640, height: 160, log: false }));
+}
+
 function turn(t) {
   const byId = Object.fromEntries((t.results || []).map((r) => [r.tool_call_id, r]));
   const content = t.assistant && typeof t.assistant.content === "string" ? t.assistant.content : "";
   return h("section", { class: "turn", "aria-label": `Turn ${t.index + 1}` },
     h("h3", {}, `Turn ${t.index + 1}`, h("span", { class: "muted" }, ` · policy ${fmt.ms(t.policy_ms)} · version ${t.policy_version} · ${t.completion_tokens} tokens`)),
     content ? h("div", { class: "msg assistant" }, h("div", { class: "role" }, "assistant"), h("pre", {}, content)) : null,
+    tokenLogprobs(t),
     t.tool_calls.length ? h("ol", { class: "calls" }, t.tool_calls.map((c) => call(c, byId[c.id]))) : h("p", { class: "muted" }, "No tool call: the final answer."));
 }
 
