@@ -857,6 +857,36 @@ def test_episode_neighbours_and_its_task_in_the_catalog(ui, browser, runs, shots
     assert severe(browser) == []
 
 
+def test_runs_list_shows_differing_settings_and_searches_sorts_and_filters(ui, browser, runs, shots):
+    """The runs list as W&B's runs table (issue 48): the settings that differ between the runs are
+    columns (the two training runs differ in their seed), and the list searches, sorts by any
+    column and filters by kind and state."""
+    open_page(browser, ui, "#/runs", "runs")
+    count = browser.find_element("id", "runs-count").text
+    assert count.startswith("3 of 3 runs") and "seed" in count, count
+    seed = browser.find_element("css selector", "button.sort[data-sort='hyper:seed']")
+    seeds = {json.loads((runs / name / "config.json").read_text())["seed"] for name in ("tiny", "tiny-seed2")}
+    seed.click()
+    names = [a.text for a in browser.find_elements("css selector", "main tbody tr td:nth-child(2) a")]
+    assert names[:2] == ["tiny", "tiny-seed2"] if min(seeds) == json.loads((runs / "tiny" / "config.json").read_text())["seed"] \
+        else names[:2] == ["tiny-seed2", "tiny"]
+    assert names[-1] == "eval"  # no seed: last, whichever the direction
+    browser.find_element("css selector", "button.sort[data-sort='hyper:seed']").click()
+    again = [a.text for a in browser.find_elements("css selector", "main tbody tr td:nth-child(2) a")]
+    assert again[:2] == names[:2][::-1] and again[-1] == "eval"
+    browser.execute_script("const s = document.getElementById('runs-kind'); s.value = 'eval'; s.dispatchEvent(new Event('change'));")
+    assert [a.text for a in browser.find_elements("css selector", "main tbody tr td:nth-child(2) a")] == ["eval"]
+    browser.execute_script("const s = document.getElementById('runs-kind'); s.value = ''; s.dispatchEvent(new Event('change'));")
+    search = browser.find_element("id", "runs-search")
+    search.send_keys("seed2")
+    assert [a.text for a in browser.find_elements("css selector", "main tbody tr td:nth-child(2) a")] == ["tiny-seed2"]
+    search.clear()
+    search.send_keys(f"seed={max(seeds)}")
+    assert len(browser.find_elements("css selector", "main tbody tr")) == 1
+    full_shot(browser, shots / "runs-list.png")
+    assert severe(browser) == []
+
+
 def test_an_episode_shows_its_grpo_group_with_rewards_and_advantages(ui, browser, runs, shots):
     """"What did this group's episodes do and what advantage did each get" (issue 48): the episode
     page lists its GRPO group - every sibling, its verdict, reward and the advantage the learner

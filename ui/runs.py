@@ -48,6 +48,25 @@ class RunInfo(BaseModel):
     step: int | None = None  # the last step logged, and of how many (config.json's steps)
     total_steps: int | None = None
     now: float = 0.0  # the server's clock when this was read: a page says "written 12 s ago" by it
+    # its settings, flattened (``grpo.lr``): a training run's config.json, an evaluation's k and
+    # settings; the runs list shows those that differ between runs as columns, searchable and sortable
+    hyper: dict[str, str | int | float | bool | None] = {}
+
+
+MAX_HYPER = 200  # settings per run the list carries (a config is a few dozen)
+
+
+def flat_settings(value: Any, prefix: str = "", out: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Nested settings as dotted keys with scalar values (lists as JSON text), at most MAX_HYPER."""
+    out = {} if out is None else out
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if len(out) >= MAX_HYPER:
+                break
+            flat_settings(item, f"{prefix}.{key}" if prefix else str(key), out)
+    elif prefix:
+        out[prefix] = value if value is None or isinstance(value, (str, int, float, bool)) else json.dumps(value)[:200]
+    return out
 
 
 def run_id(path: Path) -> str:
@@ -209,7 +228,9 @@ class Runs:
         now = time.time()
         state, why = run_state(metrics, total, report, modified, now)
         last_step = metrics[-1].get("step") if metrics else None
-        return RunInfo(id=rid, name=name if name != "." else path.name, path=str(path), kind=kind,
+        hyper = flat_settings(config) if config else flat_settings(
+            {"k": k, **((report or {}).get("settings") or {})}) if report is not None else {}
+        return RunInfo(id=rid, name=name if name != "." else path.name, path=str(path), kind=kind, hyper=hyper,
                        framework=None if report is not None else made_by,
                        model=(report or {}).get("model") or start.get("policy"), steps=len(metrics),
                        last_reward=rewards[-1] if rewards else None, k=k, pass_at_1=overall.get("pass@1"),

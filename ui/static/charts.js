@@ -332,6 +332,19 @@ export function barChart(groups, { width = 640, height = 220, title = "" } = {})
 // data attributes say its x, value, count and share; a column is a link when `href(x)` is given.
 export function distributionChart(columns, { width = 640, height = 220, title = "", xLabel = "step", valueLabel = "value", href = null } = {}) {
   const pad = { l: 44, r: 12, t: 12, b: 34 };
+  // more columns than ~2 pixels each: adjacent ones summed into one (x "first–last"), as a long
+  // run's 6,250 steps would otherwise be 6,250 columns of segments
+  const most = Math.floor((width - pad.l - pad.r) / 3);
+  if (columns.length > most) {
+    const size = Math.ceil(columns.length / most);
+    const merged = [];
+    for (let i = 0; i < columns.length; i += size) {
+      const part = columns.slice(i, i + size), counts = {};
+      for (const c of part) for (const [v, n] of Object.entries(c.counts || {})) counts[v] = (counts[v] || 0) + n;
+      merged.push({ x: part.length > 1 ? `${part[0].x}–${part[part.length - 1].x}` : part[0].x, first: part[0].x, counts });
+    }
+    columns = merged;
+  }
   const values = [...new Set(columns.flatMap((c) => Object.keys(c.counts || {})))].sort((a, b) => Number(a) - Number(b) || a.localeCompare(b));
   const color = Object.fromEntries(values.map((v, i) => [v, SCALE[Math.round(i * (SCALE.length - 1) / Math.max(values.length - 1, 1))]]));
   const svg = s("svg", { viewBox: `0 0 ${width} ${height}`, role: "img", "aria-label": title, class: "chart distribution" });
@@ -346,7 +359,7 @@ export function distributionChart(columns, { width = 640, height = 220, title = 
   columns.forEach((c, ci) => {
     const total = Object.values(c.counts || {}).reduce((a, b) => a + b, 0);
     const x = pad.l + ci * slot + slot * 0.1, w = Math.max(1, slot * 0.8);
-    const column = href ? s("a", { href: href(c.x), "aria-label": `${xLabel} ${c.x}: open its episodes` }) : s("g", {});
+    const column = href ? s("a", { href: href(c.first ?? c.x), "aria-label": `${xLabel} ${c.x}: open its episodes` }) : s("g", {});
     let below = 0;
     for (const v of values) {
       const n = (c.counts || {})[v] || 0;
