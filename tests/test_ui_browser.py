@@ -574,6 +574,7 @@ def test_run_page_charts_zoom_change_their_x_axis_expand_and_download(ui, browse
     loss = browser.find_element("css selector", 'figure.panel[data-metric="loss"]')
     assert "expanded" in loss.get_attribute("class") and loss.rect["width"] > 1.5 * small
     full_shot(browser, shots / "run-expanded-panel.png")
+    loss.screenshot(str(shots / "section-expanded-panel.png"))
     loss.find_element("xpath", ".//button[text()='Shrink']").click()
     assert severe(browser) == []
 
@@ -595,6 +596,7 @@ def test_run_page_answers_how_reward_was_distributed_at_each_step(ui, browser, r
         for r in segments:
             assert float(r.get_attribute("data-share")) == pytest.approx(int(r.get_attribute("data-count")) / total, abs=1e-4)
     full_shot(browser, shots / "run-reward-distribution.png")
+    section.screenshot(str(shots / "section-reward-distribution.png"))
     step = metrics[-1]["step"]
     browser.execute_script("document.body.dataset.ready = ''")
     browser.execute_script("arguments[0].dispatchEvent(new MouseEvent('click', {bubbles: true}))",
@@ -645,6 +647,7 @@ def test_evaluation_page_answers_which_tasks_failed_and_why(ui, browser, runs, s
     row = section.find_element("xpath", f".//tr[td/a[@href='#/run/{evaluated}']]")
     assert row.text.split()[0] == "3" and f"{100 * report['overall']['pass@1']:.1f}%" in row.text
     full_shot(browser, shots / "run-over-checkpoints.png")
+    section.screenshot(str(shots / "section-over-checkpoints.png"))
     assert severe(browser) == []
 
 
@@ -910,6 +913,7 @@ def test_an_episode_shows_its_grpo_group_with_rewards_and_advantages(ui, browser
                                                           if e["episode_id"] in advantages)
     assert shown.count("") == sum(e["episode_id"] not in advantages for e in siblings)  # masked: none
     full_shot(browser, shots / "episode-group.png")
+    section.screenshot(str(shots / "section-episode-group.png"))
     other = next(e for e in siblings if e["episode_id"] != first["episode_id"])
     browser.execute_script("document.body.dataset.ready = ''")
     section.find_element("css selector", f"a[href$='{other['episode_id']}']").click()

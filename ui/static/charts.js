@@ -346,7 +346,7 @@ export function distributionChart(columns, { width = 640, height = 220, title = 
     columns = merged;
   }
   const values = [...new Set(columns.flatMap((c) => Object.keys(c.counts || {})))].sort((a, b) => Number(a) - Number(b) || a.localeCompare(b));
-  const color = Object.fromEntries(values.map((v, i) => [v, SCALE[Math.round(i * (SCALE.length - 1) / Math.max(values.length - 1, 1))]]));
+  const color = Object.fromEntries(values.map((v, i) => [v, scale(i, values.length)]));
   const svg = s("svg", { viewBox: `0 0 ${width} ${height}`, role: "img", "aria-label": title, class: "chart distribution" });
   svg.append(s("title", {}, title));
   const Y = (share) => height - pad.b - share * (height - pad.t - pad.b);
@@ -381,8 +381,11 @@ export function distributionChart(columns, { width = 640, height = 220, title = 
   return box;
 }
 
-// low to high (a distribution's values): red, amber, grey-green, green, blue; dark enough on white
-const SCALE = ["#b3261e", "#8a5a00", "#4d5a00", "#1b7a3a", "#1f5fbf"];
+// the i-th of n values from low to high: hues from red through amber and green to blue, each its
+// own, dark enough for text-level contrast on white
+function scale(i, n) {
+  return `hsl(${Math.round((n > 1 ? i / (n - 1) : 1) * 220)}, 70%, 34%)`;
+}
 
 // distinct, dark enough for text-level contrast on white
 export const COLORS = ["#1f5fbf", "#b3261e", "#1b7a3a", "#7a4bc0", "#8a5a00", "#00727a", "#a4247a", "#4d5a00"];

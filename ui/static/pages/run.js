@@ -86,7 +86,7 @@ function overCheckpoints(run) {
   return h("section", { class: "over-checkpoints", "aria-labelledby": "checkpoints-h" },
     h("h2", { id: "checkpoints-h" }, "pass@1 over checkpoints"),
     h("p", { class: "muted" }, `${evals.length} evaluation${evals.length > 1 ? "s" : ""} of this run's checkpoints; each point opens its evaluation.`),
-    h("figure", { class: "checkpoint-panel" }, lineChart(lines, { title: "pass@1 by checkpoint step", xLabel: "step", group: "checkpoints" })),
+    h("figure", { class: "checkpoint-panel" }, lineChart(lines, { title: "pass@1 by checkpoint step", xLabel: "step", group: "checkpoints", yMin: 0, yMax: 1, log: false })),
     table([
       { label: "Step", cell: (e) => e.step, cls: "num" },
       { label: "Evaluation", cell: (e) => (e.id ? h("a", { href: `#/run/${e.id}` }, e.name) : e.name) },
