@@ -54,3 +54,45 @@ async def test_restart_between_episodes_is_invisible(own_pg, notes_bundle):
             assert not (await mcp.call_tool("list_notes", {})).is_error
         assert (await control.verify("You have 3 notes."))["verdict"] == "complete"
         await control.close()
+
+
+def test_a_killed_postmaster_left_unreaped_is_not_running_and_starts_again(tmp_path):
+    """A postmaster SIGKILLed whose parent does not reap it (PID 1 of some containers) is a zombie:
+    pg_ctl's kill(pid, 0) called it running, so ``start`` did nothing and the server stayed down
+    (and its postmaster.pid blocked a real start). Here the postmaster is this test's own child,
+    killed and never waited for."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    import psycopg
+
+    from awm.postgres import server as pgserver
+
+    pg = EmbeddedPostgres(tmp_path / "postgres")
+    pg.start()
+    pg.stop()
+    drop = ({"user": pgserver.SERVER_USER, "group": pgserver.SERVER_USER, "extra_groups": []}
+            if os.geteuid() == 0 else {})
+    child = subprocess.Popen([str(pgserver.bin_dir() / "postgres"), "-D", str(pg.data), "-k", str(pg.socket_dir)],
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             cwd="/", **drop)
+    try:
+        deadline = time.monotonic() + 30
+        while not pg.is_running() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert pg.is_running()
+        os.kill(child.pid, signal.SIGKILL)  # and no wait(): a zombie from now on
+        deadline = time.monotonic() + 10
+        while pgserver._zombie(child.pid) is False and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert pgserver._zombie(child.pid)
+        time.sleep(2.0)  # its backends notice the postmaster's death and go
+        assert not pg.is_running()
+        assert pg.start() is True  # it starts a new server, not "already running"
+        with psycopg.connect(pg.admin_dsn(), connect_timeout=5) as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+    finally:
+        child.wait()
+        pg.stop()

@@ -129,7 +129,22 @@ class EmbeddedPostgres:
         if not (self.data / "PG_VERSION").exists():
             return False
         result = self._run([str(bin_dir() / "pg_ctl"), "status", "-D", str(self.data)], check=False)
-        return result.returncode == 0
+        if result.returncode != 0:
+            return False
+        # pg_ctl asks kill(pid, 0), which a zombie answers: a postmaster killed and not yet reaped
+        # (its parent a process that does not wait, as PID 1 of some containers) is dead, and its
+        # postmaster.pid would make the next start refuse ("lock file already exists").
+        pid = self._postmaster_pid()
+        if pid is not None and _zombie(pid):
+            (self.data / "postmaster.pid").unlink(missing_ok=True)
+            return False
+        return True
+
+    def _postmaster_pid(self) -> int | None:
+        try:
+            return int((self.data / "postmaster.pid").read_text().split("\n", 1)[0])
+        except (OSError, ValueError):
+            return None
 
     def version(self) -> str:
         with psycopg.connect(self.admin_dsn(), autocommit=True) as conn:
@@ -193,6 +208,14 @@ class EmbeddedPostgres:
                 tail = "\n".join(self.log_file.read_text(errors="replace").splitlines()[-20:])
             raise PostgresError(f"{Path(cmd[0]).name} {' '.join(cmd[1:4])} failed: {result.stderr.strip()}\n{tail}")
         return result
+
+
+def _zombie(pid: int) -> bool:
+    """Whether ``pid`` has exited and only waits to be reaped (``Z`` in /proc/<pid>/stat)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def _as_root() -> bool:
