@@ -100,3 +100,39 @@ async def test_an_invented_tool_in_the_awm_format_ends_the_episode(notes: Any) -
                      RewardConfig(format_errors=PAPER))
     assert traj.turns[0].results[0]["error_kind"] == ErrorClass.UNKNOWN_TOOL
     assert traj.stop_reason == "format_error" and traj.reward == -1.0 and not traj.masked
+
+
+async def test_a_reply_without_its_think_block_is_a_format_error_where_thinking_is_on(notes: Any) -> None:
+    """Issue 44: with the policy thinking (Qwen3 as the paper trains it), a reply without its
+    <think>...</think> block is a format error, recorded as ``malformed``: it costs the format
+    penalty, and with early termination it ends the episode scored ``format_error``. A reply that
+    thinks goes on as usual; without ``require_thinking`` nothing is checked."""
+    call = native("add_note", {"title": "groceries", "body": "milk"})
+    thoughtless = Reply(content="", tool_calls=[call])
+    thoughtful = Reply(content="<think>add the note</think>", tool_calls=[call])
+    # early termination: the first reply without a block ends the episode, unverified, -1
+    stop = AgentConfig(max_turns=4, stop_on_format_error=True, require_thinking=True)
+    traj = await run(notes, thoughtless, stop, RewardConfig())
+    assert traj.stop_reason == "format_error" and traj.reward == -1.0 and len(traj.turns) == 1
+    assert [r["error_kind"] for r in traj.turns[0].results] == [ErrorClass.MALFORMED.value]
+    assert "think" in traj.verdict["reason"]
+    # a penalty instead of a stop: the call still runs, the block's absence costs the format penalty
+    # (the final answer "Done." has none either: two format errors)
+    going = AgentConfig(max_turns=4, require_thinking=True)
+    traj = await run(notes, thoughtless, going, RewardConfig(format_penalty=0.1))
+    assert traj.stop_reason == "answer" and len(traj.turns) == 2
+    kinds = [r["error_kind"] for t in traj.turns for r in t.results if r["is_error"]]
+    assert kinds == [ErrorClass.MALFORMED.value] * 2
+    assert traj.reward_components["format_penalty"] == pytest.approx(-0.2)
+    # a reply that thinks: no format error from the first turn
+    traj = await run(notes, thoughtful, going, RewardConfig(format_penalty=0.1))
+    assert [r["error_kind"] for r in traj.turns[0].results if r["is_error"]] == []
+    # off by default
+    traj = await run(notes, thoughtless, AgentConfig(max_turns=4), RewardConfig(format_penalty=0.1))
+    assert all(not r["is_error"] for t in traj.turns for r in t.results)
+    # the kit's configs turn it on
+    from pathlib import Path
+
+    for name in ("qwen3-4b", "qwen3-8b", "qwen3-14b"):
+        path = Path(__file__).resolve().parents[1] / "examples" / "paper" / f"{name}.yaml"
+        assert TrainConfig.load(path).agent.require_thinking is True

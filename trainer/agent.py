@@ -61,6 +61,10 @@ class AgentConfig:
     # full: the tools as the environment describes them | short: first sentence of each
     # description, parameter schemas without their prose (toolcalls.short_tools; small models)
     tool_descriptions: str = "full"
+    # A reply without its <think>...</think> block while the policy thinks (Qwen3 in thinking
+    # mode, as the paper trains it) is a format error: the turn records it as ``malformed``, which
+    # reward.format_errors scores (and agent.stop_on_format_error stops at), as the paper does.
+    require_thinking: bool = False
 
     def __post_init__(self) -> None:
         # A misspelt format would send the model no tools at all: every episode would fail quietly.
@@ -136,6 +140,17 @@ async def run_episode(policy: Policy, env: EnvHandle, task_id: str, cfg: AgentCo
         turn = Turn(index, assistant, [c.to_dict() for c in calls], [], source, round(policy_ms, 3), 0.0,
                     reply.version, reply.prompt_tokens, reply.completion_tokens, reply.prompt_ids,
                     reply.completion_ids, reply.logprobs, len(context))
+        if cfg.require_thinking and not toolcalls.has_thinking(reply.content):
+            session.note_error(ErrorClass.MALFORMED)
+            session.note_malformed()
+            turn.results.append({"tool_call_id": None, "name": None, "is_error": True,
+                                 "error_kind": ErrorClass.MALFORMED.value, "ms": 0.0,
+                                 "text": "reply without its <think>...</think> block while thinking is on"})
+            if cfg.stop_on_format_error and ErrorClass.MALFORMED in session.reward.format_errors:
+                traj.stop_reason = "format_error"  # scored reward.format_error, not verified
+                _record_turn(traj, turn, log, on_turn)
+                return await _finish(traj, session, timings, start, log,
+                                     verdict={"verdict": "format_error", "reason": "format error: no <think> block"})
         if not calls:
             traj.final_answer = toolcalls.strip_calls(toolcalls.strip_thinking(reply.content))
             traj.stop_reason = "answer"
@@ -261,9 +276,10 @@ def _result_messages(turn: Turn, source: str, cfg: AgentConfig) -> list[dict[str
             result["text"][:cfg.tool_result_chars] + f"... [{len(result['text']) - cfg.tool_result_chars} chars cut]")
         return f"Error: {text}" if result["is_error"] else text
 
+    answered = [r for r in turn.results if r["tool_call_id"] is not None]  # not the reply's own format error
     if source == "native":
-        return [{"role": "tool", "tool_call_id": r["tool_call_id"], "content": body(r)} for r in turn.results]
-    blocks = "\n".join(f"<tool_response>\n{body(r)}\n</tool_response>" for r in turn.results)
+        return [{"role": "tool", "tool_call_id": r["tool_call_id"], "content": body(r)} for r in answered]
+    blocks = "\n".join(f"<tool_response>\n{body(r)}\n</tool_response>" for r in answered)
     return [{"role": "user", "content": blocks}]
 
 

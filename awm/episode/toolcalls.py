@@ -107,6 +107,12 @@ def _arguments(raw: Any) -> tuple[dict[str, Any], str]:
 _THINK = re.compile(r"<think>.*?</think>\s*", re.DOTALL)
 
 
+def has_thinking(content: str | None) -> bool:
+    """Whether a reply carries its reasoning block: a closed ``</think>`` (a Qwen3 template that
+    opens the block in the prompt leaves only the close to the reply)."""
+    return bool(content) and "</think>" in content  # type: ignore[operator]
+
+
 def strip_thinking(content: str | None) -> str:
     """The reply without its ``<think>...</think>`` reasoning (a Qwen3-style model thinking
     aloud may mention a ``<tool_call>`` it does not make); an unclosed block is all thought."""

@@ -54,6 +54,8 @@ function turn(t) {
     h("h3", {}, `Turn ${t.index + 1}`, h("span", { class: "muted" }, ` · policy ${fmt.ms(t.policy_ms)} · version ${t.policy_version} · ${t.completion_tokens} tokens`)),
     content ? h("div", { class: "msg assistant" }, h("div", { class: "role" }, "assistant"), h("pre", {}, content)) : null,
     tokenLogprobs(t),
+    (t.results || []).filter((r) => r.tool_call_id == null).map((r) => h("p", { class: "error format-error" },
+      badge(r.error_kind || "error", "err"), ` ${r.text}`)),
     t.tool_calls.length ? h("ol", { class: "calls" }, t.tool_calls.map((c) => call(c, byId[c.id]))) : h("p", { class: "muted" }, "No tool call: the final answer."));
 }
 
