@@ -240,3 +240,31 @@ def test_running_summary_for_a_campaign_status():
             TaskScore("hotel", "c", 0, 0, 4, None, 0.0, None)]  # all masked: not scored
     assert running_summary(done) == {"step": 3, "reward_mean": 0.25, "pass_rates": {"crm": 0.25},
                                      "pass_at_k": {"crm": 0.5}}
+
+
+def test_awm_eval_takes_a_training_configs_evaluation_settings(pg, tmp_path):
+    """Issue 44: `awm eval --config examples/paper/qwen3-8b.yaml` evaluates as the paper pins it -
+    temperature 0.6, top-p 0.95, top-k 20, history 10, its agent's tool format and turns, thinking
+    on (and a reply without its block a format error) - and a flag given on the command line wins
+    (here --max-turns 3). The report records the settings and the config."""
+    bodies = []
+
+    def answer(stage, body, index):
+        bodies.append(body)
+        return Reply("<think>nothing to do</think>Done.")
+
+    paper = Path(__file__).resolve().parents[1] / "examples" / "paper" / "qwen3-8b.yaml"
+    out = tmp_path / "eval"
+    result = awm_eval(answer, pg, "--config", str(paper), "--task", "add_note", "-k", "1", "--out", str(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert bodies
+    for body in bodies:
+        assert body["temperature"] == 0.6 and body["top_p"] == 0.95 and body["top_k"] == 20, body
+        assert body["chat_template_kwargs"] == {"enable_thinking": True} and body["max_tokens"] == 2048
+        assert "tools" not in body  # the awm format: the meta-tools in the prompt, not native tools
+    settings = json.loads((out / "eval.json").read_text())["settings"]
+    assert settings["config"] == str(paper) and settings["temperature"] == 0.6 and settings["history_window"] == 10
+    assert (settings["top_p"], settings["top_k"], settings["tool_format"], settings["thinking"]) == (0.95, 20, "awm", True)
+    assert settings["max_turns"] == 3  # given on the command line
+    bad = awm_eval(answer, pg, "--config", str(tmp_path / "missing.yaml"), "--task", "add_note", "--out", str(out))
+    assert bad.returncode == 2 and "--config" in bad.stderr

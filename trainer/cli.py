@@ -246,8 +246,33 @@ def train(
         leave(0)
 
 
+def _evaluation_defaults(path: Path, given: set[str]) -> dict[str, Any]:
+    """What a training config says about evaluating its checkpoints (``evaluation``: the paper pins
+    decoding and history apart from training; the agent's turns, tool format and format rules; the
+    policy's thinking), as ``awm eval``'s parameters, leaving out those the command line gave."""
+    from awm.trainer.config import TrainConfig
+
+    cfg = TrainConfig.load(path)
+    ev, agent = cfg.evaluation, cfg.agent
+    values: dict[str, Any] = {"temperature": ev.temperature, "max_turns": agent.max_turns,
+                              "history_window": ev.history_window if ev.history_window is not None else agent.history_window,
+                              "tool_format": agent.tool_format, "stop_on_format_error": agent.stop_on_format_error,
+                              "thinking": cfg.policy.thinking, "max_tokens": cfg.policy.max_new_tokens}
+    out = {k: v for k, v in values.items() if k not in given}
+    out["require_thinking"] = agent.require_thinking and "thinking" not in given
+    sampling = {k: v for k, v in (("top_p", ev.top_p), ("top_k", ev.top_k)) if v is not None}
+    if sampling and "extra_body" not in given:
+        out["sampling"] = sampling
+    return out
+
+
 @trainer_app.command("eval")
 def eval_command(
+    ctx: typer.Context,
+    config: Annotated[Optional[Path], typer.Option(
+        "--config", help="A training config (e.g. examples/paper/qwen3-8b.yaml): its `evaluation` section "
+                         "(temperature, top-p, top-k, history window), its agent's turns, tool format and format "
+                         "rules and its policy's thinking become this evaluation's defaults; a flag given wins.")] = None,
     base_url: BaseUrlOpt = None,
     model: ModelOpt = None,
     api_key: ApiKeyOpt = None,
@@ -306,6 +331,26 @@ def eval_command(
 ) -> None:
     """pass@1 and pass@k per environment for a model endpoint (k samples of every task); with
     --suite, a published benchmark's own harness and evaluator, in a table shaped like the AWM paper's."""
+    pinned: dict[str, Any] = {}
+    if config is not None:  # the config's evaluation settings, where no flag says otherwise
+        # (by name: typer ships its own click, whose ParameterSource is not click's)
+        given = {name for name in ctx.params
+                 if getattr(ctx.get_parameter_source(name), "name", "") not in ("DEFAULT", "DEFAULT_MAP")}
+        try:
+            pinned = _evaluation_defaults(config, given)
+        except (OSError, ValueError) as exc:
+            err.print(f"[red]error:[/red] --config {config}: {exc}")
+            raise typer.Exit(2) from exc
+        temperature = pinned.pop("temperature", temperature)
+        max_turns = pinned.pop("max_turns", max_turns)
+        history_window = pinned.pop("history_window", history_window)
+        tool_format = ToolFormat(pinned.pop("tool_format", tool_format.value))
+        thinking = pinned.pop("thinking", thinking)
+        stop_on_format_error = pinned.pop("stop_on_format_error", stop_on_format_error)
+        max_tokens = pinned.pop("max_tokens", max_tokens)
+        if pinned.get("sampling"):  # top-p and top-k, in every request's body (vLLM and OpenAI-style servers)
+            merged = {**pinned["sampling"], **(json.loads(extra_body) if extra_body else {})}
+            extra_body = json.dumps(merged)
     if suite is not None:
         _suite(suite, base_url, model, api_key, temperature, out, suite_python, category, case, num_tasks, k,
                user_base_url, user_model, benchmark_config, max_steps)
@@ -349,14 +394,16 @@ def eval_command(
         policy = OpenAIPolicy(url, name, api_key or "", temperature=temperature, max_tokens=max_tokens,
                               timeout_s=request_timeout, retries=retries, extra_body=_thinking_body(thinking, extra))
     cfg = AgentConfig(max_turns=max_turns, history_window=history_window, tool_format=tool_format.value,
-                      stop_on_format_error=stop_on_format_error, tool_descriptions=tool_descriptions.value)
+                      stop_on_format_error=stop_on_format_error, tool_descriptions=tool_descriptions.value,
+                      require_thinking=bool(pinned.get("require_thinking", False)))
     out.mkdir(parents=True, exist_ok=True)
     # what produced the numbers, in the report: two evaluations are comparable only if these agree
     run_settings = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                     "temperature": temperature, "max_tokens": max_tokens, "max_turns": max_turns,
                     "history_window": history_window, "tool_format": tool_format.value,
                     "tool_descriptions": tool_descriptions.value, "thinking": thinking,
-                    "verifier_kind": verifier_kind, "catalog": str(catalog), "tasks_selected": len(tasks)}
+                    "verifier_kind": verifier_kind, "catalog": str(catalog), "tasks_selected": len(tasks),
+                    **({"config": str(config), **(pinned.get("sampling") or {})} if config is not None else {})}
 
     def progress(score: Any) -> None:
         if not as_json:
