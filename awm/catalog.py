@@ -75,10 +75,11 @@ def _extract(archive: Path) -> Path:
 
 REPORT = "report.json"  # written next to the bundles by `awm catalog import`; not a bundle
 INDEX = "index.json"    # written next to the bundles by `awm catalog export`; not a bundle either
+SELECTION = "selection.json"  # written next to the bundles by `awm catalog select`: what it chose, and why
 
 
 def _is_bundle(path: Path) -> bool:
-    return is_source_dir(path) or (path.is_file() and path.suffix == ".json" and path.name not in (REPORT, INDEX))
+    return is_source_dir(path) or (path.is_file() and path.suffix == ".json" and path.name not in (REPORT, INDEX, SELECTION))
 
 
 def index(bundles: list[EnvBundle]) -> dict[str, Any]:

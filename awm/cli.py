@@ -463,6 +463,45 @@ def catalog_split(
                   f"{len(held_out)} ({record['tasks']['test']} tasks) in {out / 'test'}; seed {seed}")
 
 
+@catalog_app.command("select")
+def catalog_select(
+    catalog: Annotated[str, typer.Argument(help="Catalog directory or archive (e.g. a split's train/).")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Directory to write the selected catalog and selection.json into.")],
+    envs: Annotated[Optional[int], typer.Option("--envs", min=1, help="At most this many environments (a seeded "
+                                                "choice of those the filters keep; the paper: 526).")] = None,
+    min_tasks: Annotated[int, typer.Option("--min-tasks", min=1, help="Leave out an environment with fewer "
+                                           "tasks left.")] = 1,
+    max_tasks: Annotated[Optional[int], typer.Option("--max-tasks", min=1, help="At most this many tasks of an "
+                                                     "environment (a seeded choice).")] = None,
+    gates: Annotated[bool, typer.Option("--gates/--no-gates", help="Keep only tasks whose gates passed for the "
+                                        "verifier served.")] = True,
+    verifier_kind: KindOpt = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the choices: the same seed, the same subset.")] = 0,
+) -> None:
+    """The training subset (the paper trained on 526 environments, 3,315 tasks): tasks whose
+    verifier can be believed (not complete on the untouched snapshot; gates passed), environments
+    with enough of them, then a seeded choice. Writes a catalog of the chosen environments with
+    the chosen tasks, and selection.json with the filters, the counts left out by reason and every
+    choice."""
+    from awm.selection import Filters, select
+
+    filters = Filters(gates=gates, verifier_kind=verifier_kind, min_tasks=min_tasks, max_tasks=max_tasks,
+                      envs=envs, seed=seed)
+    chosen = select(_load(catalog), filters)
+    if not chosen.bundles:
+        err.print(f"[red]error:[/red] no environment left: tasks left out {dict(chosen.dropped_tasks)}, "
+                  f"environments {dict(chosen.dropped_envs)}")
+        raise typer.Exit(2)
+    out.mkdir(parents=True, exist_ok=True)
+    for bundle in chosen.bundles:
+        (out / f"{bundle.name}.json").write_text(bundle.model_dump_json(indent=1))
+    (out / catalog_mod.INDEX).write_text(json.dumps(catalog_mod.index(chosen.bundles), indent=1))
+    record = chosen.record(filters, str(catalog))
+    (out / catalog_mod.SELECTION).write_text(json.dumps(record, indent=1))
+    console.print(f"{record['environments']} environments, {record['tasks']} tasks in {out}; left out: "
+                  f"tasks {record['dropped_tasks'] or 'none'}, environments {record['dropped_environments'] or 'none'}")
+
+
 @catalog_app.command("import")
 def catalog_import(
     src: Annotated[Path, typer.Argument(help="Directory in the AWM-1K release format (gen_*.jsonl).")],

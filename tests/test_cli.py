@@ -35,6 +35,50 @@ def test_catalog_list_and_show(home):
     assert missing.returncode == 2 and "not in the catalog" in missing.stderr
 
 
+def test_catalog_select_keeps_believable_tasks_in_environments_with_enough_of_them(home, tmp_path):
+    """`awm catalog select` (issue 44: the paper's training subset): tasks whose verifier says
+    complete on the untouched snapshot or whose gates did not pass are left out, environments
+    with too few tasks left too, then a seeded choice of environments and tasks; selection.json
+    records the filters, the reasons and every choice, and the same seed chooses the same."""
+    from awm import catalog
+    from awm.selection import Filters, select
+
+    starter = catalog.load("starter")
+    # a task whose verifier says complete on the untouched snapshot (its negative gate failed)
+    bike = starter[0]
+    broken = bike.tasks[0]
+    record = broken.gates[-1].model_copy(update={"negative": broken.gates[-1].negative.model_copy(update={"passed": False, "verdict": "complete"})})
+    bike = bike.model_copy(update={"tasks": [broken.model_copy(update={"gates": [record]}), *bike.tasks[1:]]})
+    # an environment whose tasks never ran their gates
+    crm = starter[1].model_copy(update={"tasks": [t.model_copy(update={"gates": []}) for t in starter[1].tasks]})
+    bundles = [bike, crm, starter[2]]
+    chosen = select(bundles, Filters(min_tasks=2))
+    assert [b.name for b in chosen.bundles] == [bike.name, starter[2].name]
+    assert broken.id not in {t.id for t in chosen.bundles[0].tasks} and len(chosen.bundles[0].tasks) == len(bike.tasks) - 1
+    assert chosen.dropped_tasks["verifier says complete on the untouched snapshot"] == 1
+    assert chosen.dropped_tasks["gates: no gate record for its code verifier"] == len(crm.tasks)
+    assert chosen.dropped_envs == {"fewer than 2 tasks left": 1}
+    capped = select(bundles, Filters(max_tasks=3, envs=1, seed=5))
+    assert len(capped.bundles) == 1 and len(capped.bundles[0].tasks) == 3
+    assert [t.id for t in select(bundles, Filters(max_tasks=3, envs=1, seed=5)).bundles[0].tasks] == \
+        [t.id for t in capped.bundles[0].tasks]  # seeded
+    assert select(bundles, Filters(gates=False, min_tasks=2)).bundles[1].name == crm.name  # gates not required
+
+    out = tmp_path / "selected"
+    r = awm("catalog", "select", "starter", "--out", str(out), "--max-tasks", "4", "--envs", "2", "--seed", "1", home=home)
+    assert r.returncode == 0, r.stderr
+    record = json.loads((out / "selection.json").read_text())
+    assert record["environments"] == 2 and record["tasks"] == 8 and record["filters"]["seed"] == 1
+    loaded = catalog.load(out)
+    assert {b.name: [t.id for t in b.tasks] for b in loaded} == record["chosen"]
+    assert record["dropped_environments"] == {"over envs": 1}
+    from examples.paper.campaign import environments  # the kit's Campaign reads the selection's environments
+
+    assert environments(out / "selection.json") == sorted(record["chosen"])
+    none = awm("catalog", "select", "starter", "--out", str(tmp_path / "none"), "--min-tasks", "100", home=home)
+    assert none.returncode == 2 and "no environment left" in none.stderr
+
+
 def test_catalog_split_holds_out_whole_environments_reproducibly(home, tmp_path):
     """`awm catalog split`: train/ and test/ are catalogs of whole environments (disjoint, all of
     them), the same seed gives the same split, split.json records it; bad fractions are refused."""

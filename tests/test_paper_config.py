@@ -71,7 +71,7 @@ SETTINGS: list[tuple[str, Any, str, str]] = [
     ("policy.temperature", 1.0, "awm", "rollouts sample the model's own distribution (not stated)"),
     ("policy.server.dtype", "bfloat16", "awm", "the GPU serving precision"),
     ("learner.distributed", True, "awm", "FSDP2 under torchrun"),
-    ("catalog", "catalogs/awm1k-split/train", "awm", "what `awm catalog split` writes"),
+    ("catalog", "catalogs/awm1k-train", "awm", "what `awm catalog select` writes from the split's train/"),
 ]
 # What the paper's Table 8 gives that no config value holds, and where it is instead.
 NOT_SETTINGS: list[tuple[str, str, str]] = [

@@ -1,7 +1,7 @@
 """The reproduction kit's Campaign: one of the paper configs as the operator runs it on a GPU node.
 
     python -m examples.paper.campaign --config examples/paper/qwen3-8b.yaml \\
-        --split catalogs/awm1k-split/split.json --catalog-image REGISTRY/awm1k-train:v1 \\
+        --split catalogs/awm1k-train/selection.json --catalog-image REGISTRY/awm1k-train:v1 \\
         --vllm-image REGISTRY/vllm-openai:TAG --judge-secret openai-key > campaign.yaml
     kubectl -n rl apply -f campaign.yaml
 
@@ -45,14 +45,16 @@ SECRET_KEY = "api-key"
 
 
 def environments(split: Path) -> list[str]:
-    """The training environments of an ``awm catalog split`` (its split.json), or of a catalog
-    directory (its index.json)."""
+    """The training environments of an ``awm catalog split`` (its split.json), an ``awm catalog
+    select`` (its selection.json), or a catalog directory (its index.json)."""
     data = json.loads(split.read_text())
     if isinstance(data, dict) and "train" in data:
         return list(data["train"])
+    if isinstance(data, dict) and isinstance(data.get("chosen"), dict):  # selection.json
+        return sorted(data["chosen"])
     if isinstance(data, dict) and "environments" in data:  # a catalog's index.json
         return [e["name"] if isinstance(e, dict) else e for e in data["environments"]]
-    raise ValueError(f"{split}: neither a split.json (train: [...]) nor a catalog index.json (environments: [...])")
+    raise ValueError(f"{split}: neither a split.json (train: [...]), a selection.json (chosen: {...}) nor a catalog index.json (environments: [...])")
 
 
 def render(config: dict[str, Any], envs: list[str], name: str, *, catalog_image: str | None = None,
@@ -120,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", type=Path, required=True, help="a paper config (examples/paper/qwen3-*.yaml)")
     parser.add_argument("--split", type=Path, required=True,
-                        help="split.json of `awm catalog split` (its train list), or a catalog's index.json")
+                        help="selection.json of `awm catalog select`, split.json of `awm catalog split` (its train "
+                             "list), or a catalog's index.json")
     parser.add_argument("--name", help="the Campaign's name (default: paper-<config name>)")
     parser.add_argument("--catalog-image", help="the training catalog as an image (default: the chart's catalog.image)")
     parser.add_argument("--vllm-image", help="the vLLM server's image (default: vllm/vllm-openai)")
