@@ -61,6 +61,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -123,31 +124,52 @@ _DEV_DIR = -1  # in the zygote: the host's /dev (:func:`_quiet`)
 
 
 class _Forked:
-    """A zygote forked by a fleet's template, so not this process's child: watched and killed
-    through its pidfd (no pid reuse can mistake it), as ``subprocess.Popen`` would be."""
+    """A zygote forked by a fleet's template, or an environment zygote, so not this process's
+    child: watched and killed through its pidfd (no pid reuse can mistake it), as
+    ``subprocess.Popen`` would be. Where the kernel gives no pidfd (gVisor has no ``pidfd_open``),
+    by its pid, as a worker is there."""
 
-    def __init__(self, pid: int, pidfd: int) -> None:
+    def __init__(self, pid: int, pidfd: int | None) -> None:
         self.pid = pid
         self._fd: int | None = pidfd
+        self._by_pid = pidfd is None
         self.returncode: int | None = None
 
+    def _gone(self) -> bool:
+        try:
+            os.kill(self.pid, 0)  # its parent reaps it at once (SIGCHLD ignored): no zombie lingers
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        return False
+
     def poll(self) -> int | None:
-        if self.returncode is None and self._fd is not None and select.select([self._fd], [], [], 0)[0]:
-            self.returncode = -1  # exited (its status went to the template, which reaps it)
+        if self.returncode is None:
+            if self._fd is not None and select.select([self._fd], [], [], 0)[0]:
+                self.returncode = -1  # exited (its status went to its parent, which reaps it)
+            elif self._by_pid and self._gone():
+                self.returncode = -1
         return self.returncode
 
     def kill(self) -> None:
-        if self._fd is not None:
-            try:
+        try:
+            if self._fd is not None:
                 signal.pidfd_send_signal(self._fd, signal.SIGKILL)
-            except (ProcessLookupError, OSError):
-                pass
+            elif self._by_pid and self.returncode is None:
+                os.kill(self.pid, signal.SIGKILL)
+        except (ProcessLookupError, OSError):
+            pass
 
     def wait(self) -> int:
         if self._fd is not None:
             select.select([self._fd], [], [])  # readable once the process has exited
             os.close(self._fd)
             self._fd = None
+        elif self._by_pid:
+            deadline = time.monotonic() + 10.0
+            while not self._gone() and time.monotonic() < deadline:
+                time.sleep(0.005)
         self.returncode = -1 if self.returncode is None else self.returncode
         return self.returncode
 
@@ -257,12 +279,12 @@ class Zygote:
             raise ZygoteError(f"zygote failed: {exc}") from None
         finally:
             theirs.close()
-        if reply.get("op") != "env_forked" or len(fds) != 1:
+        if reply.get("op") != "env_forked" or len(fds) > 1:
             ours.close()
             for fd in fds:
                 os.close(fd)
             raise ZygoteError(f"zygote could not fork an environment zygote: {reply.get('reason', reply)}")
-        proc = _Forked(int(reply["pid"]), fds[0])
+        proc = _Forked(int(reply["pid"]), fds[0] if fds else None)  # no pidfd: a kernel without pidfd_open
         try:
             hello, _ = _recv(ours, 0)
             if hello.get("op") != "ready":
