@@ -527,7 +527,8 @@ def test_run_page_charts_zoom_change_their_x_axis_expand_and_download(ui, browse
     open_page(browser, ui, f"#/run/{train}", "run")
     assert not browser.find_element("id", "reset-zoom").is_displayed()  # nothing zoomed yet
     loss = browser.find_element("css selector", 'figure.panel[data-metric="loss"]')
-    # CSV: the step and the loss of every step that logged one, exactly
+    # CSV (made on click): the step and the loss of every step that logged one, exactly
+    loss.find_element("css selector", "a.csv").click()
     href = loss.find_element("css selector", "a.csv").get_attribute("href")
     assert href.startswith("data:text/csv") and loss.find_element("css selector", "a.csv").get_attribute("download") == "loss.csv"
     lines = urllib.parse.unquote(href.split(",", 1)[1]).splitlines()
@@ -557,6 +558,7 @@ def test_run_page_charts_zoom_change_their_x_axis_expand_and_download(ui, browse
     browser.execute_script("const s = arguments[0]; s.value = 'episodes'; s.dispatchEvent(new Event('change'));", choice)
     loss = browser.find_element("css selector", 'figure.panel[data-metric="loss"]')
     assert "episodes run" in loss.text
+    loss.find_element("css selector", "a.csv").click()
     lines = urllib.parse.unquote(loss.find_element("css selector", "a.csv").get_attribute("href").split(",", 1)[1]).splitlines()
     assert lines[0] == "episodes run,step,loss"
     running = 0

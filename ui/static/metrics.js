@@ -160,19 +160,19 @@ export function metricPanels(runs, { highlight = null, link = null, hoverGroup =
           })),
         }));
         const xName = axisChoices.find(([v]) => v === state.xAxis)[1];
-        const stepOf = new Map(lines[0].points.map((p) => [p.x, p.step]));
         const marked = highlight === null ? null : lines[0].points.find((p) => p.step === highlight)?.x ?? null;
         const figure = h("figure", { class: `panel${expanded.has(key) ? " expanded" : ""}`, "data-metric": key }, lineChart(lines, {
           title: label(key), xLabel: xName, highlight: marked, log: state.log === "auto" ? "auto" : state.log === "on",
           smoothing: Number(state.smoothing), group: hoverGroup, xRange, onZoom: (range) => { xRange = range; draw(); },
           width: expanded.has(key) ? 960 : 480, height: expanded.has(key) ? 320 : 220,
-          pick: link && runs.length === 1 ? (x) => link(runs[0].run, stepOf.get(x) ?? x) : null }));
-        const csv = panelCsv(key, lines, xName);
+          pick: link && runs.length === 1 ? (x) => link(runs[0].run, lines[0].points.find((p) => p.x === x)?.step ?? x) : null }));
         const tools = h("div", { class: "panel-tools" },
           h("button", { type: "button", class: "link", "aria-pressed": String(expanded.has(key)),
             onclick: () => { if (expanded.has(key)) expanded.delete(key); else expanded.add(key); draw(); } },
           expanded.has(key) ? "Shrink" : "Expand"),
-          h("a", { href: `data:text/csv;charset=utf-8,${encodeURIComponent(csv)}`, download: `${key}.csv`, class: "csv" }, "CSV"),
+          // made on click: a long run's panels hold thousands of points each (the page draws first)
+          h("a", { href: "#", download: `${key}.csv`, class: "csv",
+            onclick: (e) => { e.currentTarget.href = `data:text/csv;charset=utf-8,${encodeURIComponent(panelCsv(key, lines, xName))}`; } }, "CSV"),
           h("a", { href: "#", download: `${key}.svg`, class: "svg",
             onclick: (e) => { e.currentTarget.href = svgUrl(figure.querySelector("svg")); } }, "SVG"));
         figure.prepend(tools);
