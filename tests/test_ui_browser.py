@@ -473,6 +473,8 @@ def test_run_page_answers_how_loss_kl_and_reward_moved(ui, browser, runs, shots)
     assert json.loads((runs / "tiny" / "config.json").read_text())["grpo"]["kl_coef"] == 0
     assert all(m.get("kl") is None for m in metrics)
     assert "kl" not in panels
+    metrics_section = browser.find_element("css selector", "section.metrics").text
+    assert "null" not in metrics_section.split() and "undefined" not in metrics_section.split()
     logged = {k for m in metrics for k, v in m.items() if isinstance(v, (int, float)) and k != "step"}
     boxes = {b.get_attribute("value") for b in browser.find_elements("css selector", "input[name=metric]")}
     assert logged - {"kl"} <= boxes and "kl" not in boxes, logged - boxes  # every number a step computed can be chosen

@@ -230,7 +230,7 @@ export function metricPanels(runs, { highlight = null, link = null, hoverGroup =
         list),
       h("div", { class: "field" }, h("label", { for: "smoothing" }, "Smoothing (EMA)"), h("span", {}, smoothing, " ", shown)),
       field("Log scale", log), field("X axis", xAxis), resetZoom),
-    absentNote(runs),
+    absentNote(runs) || "",  // (Element.append writes a null as the text "null")
     h("p", { class: "muted" }, (link ? "Hover a chart for the exact values at a step in every chart; click to open that step's episodes."
       : "Hover a chart for the exact values at a step in every chart.") + " Drag across a chart to zoom every chart to that range."),
     panels);
