@@ -442,6 +442,14 @@ def test_an_episode_comes_with_its_grpo_group_rewards_and_advantages(tmp_path, h
         assert group["reward_mean"] == sum(t.reward for t in members[1:4]) / 3
         later = client.get(f"/api/runs/{run_id(run)}/episodes/ep000005").json()["group"]
         assert later["step"] is None and all(m["advantage"] is None for m in later["episodes"])
+        # a step's groups as units: step 1 trained on g0 only
+        step = client.get(f"/api/runs/{run_id(run)}/steps/1/groups").json()
+        (g0,) = step["groups"]
+        assert g0["group_id"] == "g0" and g0["size"] == 4 and g0["reward_mean"] == group["reward_mean"]
+        assert [e["advantage"] for e in g0["episodes"]] == [m["advantage"] for m in group["episodes"]]
+        assert client.get(f"/api/runs/{run_id(run)}/steps/2/groups").json()["groups"] == []
+        assert client.get(f"/api/runs/{run_id(run)}/steps/x/groups").status_code == 400
+        assert client.get("/api/runs/000000000000/steps/1/groups").status_code == 404
 
 
 def test_an_evaluation_names_its_checkpoint_and_a_run_lists_the_evaluations_of_its_checkpoints(tmp_path, home):

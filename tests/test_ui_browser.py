@@ -907,6 +907,16 @@ def test_an_episode_shows_its_grpo_group_with_rewards_and_advantages(ui, browser
     first = trained[0]
     siblings = [e for e in ended if e.get("group_id") == first["group_id"]]
     assert len(siblings) == 4  # the run's group_size
+    # the step that trained on it lists its groups as units, each episode a link with its advantage
+    step = steps[first["group_id"]]
+    open_page(browser, ui, f"#/run/{train}?step={step}", "run")
+    wait(lambda: browser.find_elements("css selector", "section.step-groups table"), "the step's groups")
+    table = browser.find_element("css selector", "section.step-groups table")
+    in_step = {e["group_id"] for e in ended if steps.get(e.get("group_id")) == step}
+    assert len(table.find_elements("css selector", "tbody tr")) == len(in_step)
+    links = table.find_elements("css selector", f"a[href$='{first['episode_id']}']")
+    assert len(links) == 1
+    assert float(links[0].get_attribute("data-advantage")) == pytest.approx(advantages[first["episode_id"]])
     open_page(browser, ui, f"#/episode/{train}/{first['episode_id']}", "episode")
     section = browser.find_element("css selector", "section.group")
     assert f"GRPO group of 4 · trained at step {steps[first['group_id']]}" in section.text

@@ -11,6 +11,7 @@ The API is the front end's only data source, and plain enough to script against:
     GET  /api/runs/{id}/episodes?env=&task_id=&verdict=&error_kind=&step=&masked=&min_reward=
                                  &max_reward=&q=&version=&offset=&limit=        one page of the episode list
     GET  /api/runs/{id}/episodes/{episode_id}  one whole episode (its neighbours in the log, its GRPO group)
+    GET  /api/runs/{id}/steps/{step}/groups     the GRPO groups a step trained on, each with its episodes
     GET  /api/fleet                            instances, states, holders, rates, latency; the
                                                operator's fleets, and per namespace its Campaigns (each
                                                with its run's id when its run directory is under the
@@ -203,6 +204,16 @@ def build_app(state: UiState, middleware: list[Middleware] | None = None) -> Sta
         total, rows = await run_in_threadpool(index.page, where, offset, limit)
         return JSONResponse({"total": total, "offset": offset, "limit": limit, "episodes": rows})
 
+    async def step_groups(request: Request) -> Response:
+        try:
+            step = _int(request.path_params["step"])
+        except ValueError:
+            return _error(400, "a step is a whole number")
+        index = await run_in_threadpool(state.runs.index, request.path_params["run"])
+        if index is None or step is None:
+            return _error(404, "no such run or step")
+        return JSONResponse({"step": step, "groups": await run_in_threadpool(index.step_groups, step)})
+
     async def episode(request: Request) -> Response:
         index = await run_in_threadpool(state.runs.index, request.path_params["run"])
         record = await run_in_threadpool(index.episode, request.path_params["episode"]) if index else None
@@ -279,6 +290,7 @@ def build_app(state: UiState, middleware: list[Middleware] | None = None) -> Sta
         Route("/api/runs/{run}/status", run_status),
         Route("/api/runs/{run}/episodes", episodes),
         Route("/api/runs/{run}/episodes/{episode}", episode),
+        Route("/api/runs/{run}/steps/{step}/groups", step_groups),
         Route("/api/fleet", fleet),
         Route("/api/playground/claim", playground(lambda _, body, token: pg.claim(body, token), ClaimRequest),
               methods=["POST"]),

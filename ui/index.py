@@ -366,6 +366,26 @@ class EpisodeIndex:
         return {"group_id": group_id, "step": rows[0]["step"], "episodes": members, "size": len(members),
                 "reward_mean": sum(valid) / len(valid) if valid else None}
 
+    def step_groups(self, step: int) -> list[dict[str, Any]]:
+        """The GRPO groups a training step trained on, each as a unit: its task, its episodes in
+        log order with their rewards, verdicts and advantages, and its mean reward."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT e.group_id, e.episode_id, e.task_id, e.env, e.verdict, e.reward, e.masked, a.advantage "
+                "FROM episodes e JOIN group_steps g ON g.group_id = e.group_id "
+                "LEFT JOIN advantages a ON a.episode_id = e.episode_id WHERE g.step = ? ORDER BY e.n", (step,)).fetchall()
+        groups: dict[str, dict[str, Any]] = {}
+        for r in rows:
+            group = groups.setdefault(r["group_id"], {"group_id": r["group_id"], "env": r["env"], "task_id": r["task_id"],
+                                                      "episodes": []})
+            group["episodes"].append({"episode_id": r["episode_id"], "verdict": r["verdict"], "reward": r["reward"],
+                                      "masked": bool(r["masked"]), "advantage": r["advantage"]})
+        for group in groups.values():
+            valid = [e["reward"] for e in group["episodes"] if not e["masked"] and e["reward"] is not None]
+            group["size"] = len(group["episodes"])
+            group["reward_mean"] = sum(valid) / len(valid) if valid else None
+        return list(groups.values())
+
     def episode(self, episode_id: str) -> dict[str, Any] | None:
         with self._lock:
             row = self._db.execute("SELECT e.offset, e.length, g.step FROM episodes e LEFT JOIN group_steps g "

@@ -29,6 +29,7 @@ export async function render(main, [id], params) {
         " is marked on every chart; ", h("a", { href: "#episodes-h" }, "its episodes"), " are listed below. ",
         h("a", { href: `#/run/${run.id}` }, "Clear")),
       stepValues(run, picked)) : null,
+    params.step !== undefined && params.step !== "" ? stepGroups(run, Number(params.step)) : null,
     live.metrics,
     live.distribution,
     live.results,
@@ -54,6 +55,27 @@ function liveParts(run, picked) {
       failureSummary(run), perTask(run)),
     news: h("p", { class: "muted", id: "episodes-news", role: "status" }),
   };
+}
+
+// The GRPO groups a step trained on, each a unit: its task, its episodes' rewards and the
+// advantages the learner gave them, each episode one click away. Drawn when the API answers.
+function stepGroups(run, step) {
+  const section = h("section", { class: "step-groups", "aria-labelledby": "step-groups-h" },
+    h("h2", { id: "step-groups-h" }, `GRPO groups of step ${step}`), h("p", { class: "muted" }, "Loading…"));
+  api(`/api/runs/${run.id}/steps/${step}/groups`).then(({ groups }) => {
+    fill(section, h("h2", { id: "step-groups-h" }, `GRPO groups of step ${step}`),
+      groups.length ? table([
+        { label: "Task", cell: (g) => [h("code", {}, g.task_id), " ", h("span", { class: "muted" }, g.env)] },
+        { label: "Episodes", cell: (g) => g.size, cls: "num" },
+        { label: "Mean reward", cell: (g) => fmt.num(g.reward_mean), cls: "num" },
+        { label: "Each episode: reward (advantage)", cell: (g) => h("span", { class: "members" }, g.episodes.map((e, i) => [
+          i ? " · " : null,
+          h("a", { href: `#/episode/${run.id}/${e.episode_id}`, "data-advantage": e.advantage ?? "" },
+            `${fmt.num(e.reward)} (${e.masked ? "masked" : e.advantage == null ? "–" : fmt.num(e.advantage)})`)])) },
+      ], groups, `The ${groups.length} groups step ${step} trained on`)
+        : h("p", { class: "muted" }, "No group of this step in the trajectory log."));
+  }).catch((err) => fill(section, errorBox(err)));
+  return section;
 }
 
 // How reward was distributed at each step (the learner's `reward_distribution`: unmasked episodes
