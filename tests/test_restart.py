@@ -89,7 +89,10 @@ def test_a_killed_postmaster_left_unreaped_is_not_running_and_starts_again(tmp_p
             time.sleep(0.05)
         assert pgserver._zombie(child.pid)
         time.sleep(2.0)  # its backends notice the postmaster's death and go
+        locks = [pg.data / "postmaster.pid", *pg.socket_dir.glob(".s.PGSQL.*.lock")]
+        assert len(locks) == 2 and all(str(child.pid) in lock.read_text().split("\n", 1)[0] for lock in locks)
         assert not pg.is_running()
+        assert not any(lock.exists() for lock in locks)  # both name the dead postmaster: both go
         assert pg.start() is True  # it starts a new server, not "already running"
         with psycopg.connect(pg.admin_dsn(), connect_timeout=5) as conn:
             assert conn.execute("SELECT 1").fetchone() == (1,)

@@ -136,7 +136,14 @@ class EmbeddedPostgres:
         # postmaster.pid would make the next start refuse ("lock file already exists").
         pid = self._postmaster_pid()
         if pid is not None and _zombie(pid):
-            (self.data / "postmaster.pid").unlink(missing_ok=True)
+            # its lock files too (the data directory's and each socket's), which name a pid that a
+            # new postmaster's own kill(pid, 0) would find alive: "lock file already exists"
+            for lock in [self.data / "postmaster.pid", *self.socket_dir.glob(".s.PGSQL.*.lock")]:
+                try:
+                    if lock.read_text().split("\n", 1)[0].strip() == str(pid):
+                        lock.unlink(missing_ok=True)
+                except OSError:
+                    pass
             return False
         return True
 
