@@ -89,8 +89,12 @@ def test_a_killed_postmaster_left_unreaped_is_not_running_and_starts_again(tmp_p
             time.sleep(0.05)
         assert pgserver._zombie(child.pid)
         time.sleep(2.0)  # its backends notice the postmaster's death and go
-        locks = [pg.data / "postmaster.pid", *pg.socket_dir.glob(".s.PGSQL.*.lock")]
-        assert len(locks) == 2 and all(str(child.pid) in lock.read_text().split("\n", 1)[0] for lock in locks)
+        socket_lock = pg.socket_dir / ".s.PGSQL.5432.lock"
+        if not socket_lock.exists():  # left behind on some machines (CI's), not on others: made here then
+            socket_lock.write_text(f"{child.pid}\n{pg.data}\n")
+        locks = [pg.data / "postmaster.pid", socket_lock]
+        # postmaster.pid and the socket's lock: each names the dead pid
+        assert all(str(child.pid) == lock.read_text().split("\n", 1)[0].strip() for lock in locks)
         assert not pg.is_running()
         assert not any(lock.exists() for lock in locks)  # both name the dead postmaster: both go
         assert pg.start() is True  # it starts a new server, not "already running"
