@@ -65,6 +65,7 @@ import httptools
 import httpx
 import uvloop
 
+from awm.claims import Claim, ClaimedInstance
 from awm.episode.allocation import AllocationClient, bearer
 from awm_operator.cli import render
 from awm_operator.crds import definitions
@@ -182,9 +183,9 @@ class StubPods:
         self.sock.close()
 
 
-async def switch_instance(session: aiohttp.ClientSession, inst: dict[str, Any]) -> None:
+async def switch_instance(session: aiohttp.ClientSession, inst: ClaimedInstance) -> None:
     """What a trainer's lease does with an instance claimed with ``"switch": "client"``."""
-    async with session.post(inst["controlUrl"] + "/bind", json={"env": inst["environment"]}) as r:
+    async with session.post(f"{inst.control_url}/bind", json={"env": inst.environment}) as r:
         assert r.status == 200, await r.text()
 
 
@@ -347,10 +348,10 @@ class Bench:
                         **({"switch": "client"} if client_switch else {})}
                 async with session.post(base, json=body) as r:
                     assert r.status == 201, await r.text()
-                    got = await r.json()
-                    claim_id = got["id"]
-                for inst in got["instances"]:
-                    if inst.get("switched") is False:  # the client's switch: part of the claim's latency
+                    got = Claim.read(await r.json())
+                    claim_id = got.id
+                for inst in got.instances:
+                    if inst.switched is False:  # the client's switch: part of the claim's latency
                         await switch_instance(session, inst)
                 claim_lat.append((time.perf_counter() - t) * 1000)
                 done.append(1)
@@ -449,14 +450,14 @@ class Bench:
         async def one(env: str) -> str:
             t = time.perf_counter()
             got = await alloc.claim(group, group_size=group, environment=env, wait_seconds=120,
-                                    switch="client" if client_switch else None)
+                                    switch="client" if client_switch else "operator")
             answered.append(time.perf_counter())
-            pending = [i for i in got["instances"] if i.get("switched") is False]
+            pending = [i for i in got.instances if i.switched is False]
             if pending:
                 await asyncio.gather(*(switch_instance(self.session, i) for i in pending))
             lat.append((time.perf_counter() - t) * 1000)
-            assert all(i["environment"] == env for i in got["instances"]), got
-            return str(got["id"])
+            assert all(i.environment == env for i in got.instances), got
+            return got.id
 
         cpu0 = self.cpu()
         ids = await asyncio.gather(*(one(env) for env in envs))
@@ -588,13 +589,13 @@ class Bench:
 
             async with AllocationClient(self.api, NS, "bench") as alloc:
                 for _ in range(20):  # warm-up: connections, first allocations
-                    await alloc.release((await alloc.claim(1))["id"])
+                    await alloc.release((await alloc.claim(1)).id)
                 lat = []
                 for _ in range(300):
                     t = time.perf_counter()
                     got = await alloc.claim(1)
                     lat.append((time.perf_counter() - t) * 1000)
-                    await alloc.release(got["id"])
+                    await alloc.release(got.id)
                 result["claim_p50_ms"], result["claim_p99_ms"] = pct(lat, 0.5), pct(lat, 0.99)
                 self.log(f"claim p50 {result['claim_p50_ms']} ms, p99 {result['claim_p99_ms']} ms")
 
@@ -603,7 +604,7 @@ class Bench:
                     t = time.perf_counter()
                     got = await alloc.claim(64, group_size=8)
                     grpo.append((time.perf_counter() - t) * 1000)
-                    await alloc.release(got["id"])
+                    await alloc.release(got.id)
                 result["grpo_claim_p50_ms"] = pct(grpo, 0.5)
 
             # The sustained load comes from a lean aiohttp client: the clients share the operator's

@@ -29,8 +29,9 @@ import random
 import time
 from typing import Any
 
+from awm.claims import ClaimRequest
 from awm_operator.pods import PodInfo
-from awm_operator.state import ClaimRecord, ClaimRequest, Fleet, plan_late
+from awm_operator.state import ClaimRecord, Fleet, plan_late
 
 
 def simulate(pods: int, envs: int, groups: int, group_size: int, cache: int, steps: int, warmup: int,
@@ -49,7 +50,7 @@ def simulate(pods: int, envs: int, groups: int, group_size: int, cache: int, ste
         chosen = rng.sample(names, groups)
         for g, env in enumerate(chosen):
             t0 = time.perf_counter()
-            plan = plan_late(fleet.available, ClaimRequest(group_size, environment=env, group_size=group_size),
+            plan = plan_late(fleet.available, ClaimRequest(count=group_size, environment=env, group_size=group_size),
                              fleet.prepared, fleet.holding if cache_aware else None)
             plan_ms.append((time.perf_counter() - t0) * 1000)
             assert plan is not None, "every step fits the fleet"

@@ -447,11 +447,11 @@ async def late_rounds(operator_url: str, fleet: str, envs: list[str], bundles: d
         while todo:
             env = todo.pop(0)
             t0 = time.perf_counter()
-            got = await alloc.claim(count=1, environment=env, wait_seconds=300, switch=switch)
+            got = await alloc.claim(count=1, environment=env, wait_seconds=300, switch=switch or "operator")
             answer_ms.append((time.perf_counter() - t0) * 1000)
-            (inst,) = got["instances"]
-            landed += made_for.get(env) == inst["pod"]
-            lease = Lease(env, inst["pod"], inst["mcpUrl"], inst["controlUrl"], unswitched=inst.get("switched") is False)
+            (inst,) = got.instances
+            landed += made_for.get(env) == inst.pod
+            lease = Lease(env, inst.pod, inst.mcp_url or "", inst.control_url or "", unswitched=inst.switched is False)
             try:
                 handle = await lease.connect()  # switches it first when the operator left that to us
                 claim_ms.append((time.perf_counter() - t0) * 1000)
@@ -463,8 +463,8 @@ async def late_rounds(operator_url: str, fleet: str, envs: list[str], bundles: d
                     first_call_ms.append(report.tool_ms[0])
             finally:
                 await lease.disconnect()
-                released = await alloc.release(got["id"])
-                replaced += released["replaced"]
+                released = await alloc.release(got.id)
+                replaced += released.replaced
 
     async with AllocationClient(operator_url, NS, fleet) as alloc:
         t0 = time.perf_counter()

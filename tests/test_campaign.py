@@ -409,10 +409,12 @@ def test_job_state_maps_to_phases() -> None:
 
 
 def test_phases_only_move_forward() -> None:
-    assert cm.advances("", "Pending") and cm.advances("Pending", "Running") and cm.advances("Running", "Failed")
-    assert cm.advances("Pending", "Succeeded")
-    assert not cm.advances("Running", "Pending") and not cm.advances("Succeeded", "Running")
-    assert not cm.advances("Failed", "Succeeded") and not cm.advances("Running", "Running")
+    from awm_operator.phases import campaign_advances as advances
+
+    assert advances("", "Pending") and advances("Pending", "Running") and advances("Running", "Failed")
+    assert advances("Pending", "Succeeded") and advances(None, "Pending")
+    assert not advances("Running", "Pending") and not advances("Succeeded", "Running")
+    assert not advances("Failed", "Succeeded") and not advances("Running", "Running")
 
 
 def test_settings_from_env() -> None:

@@ -225,8 +225,8 @@ async def main():
     async with AllocationClient(os.environ["AWM_OPERATOR_URL"], os.environ["AWM_NAMESPACE"],
                                 os.environ["AWM_FLEET"]) as alloc:
         claim = await alloc.claim(count=2, group_size=2, holder="external")
-        print("claimed", len(claim["instances"]), claim["instances"][0]["controlUrl"] is not None, flush=True)
-        await alloc.release(claim["id"])
+        print("claimed", len(claim.instances), claim.instances[0].control_url is not None, flush=True)
+        await alloc.release(claim.id)
         print("released", flush=True)
 
 asyncio.run(main())

@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 import pytest
 
+from awm.claims import Claim
 from awm.postgres import provision
 from awm.episode.allocation import AllocationClient, AllocationError, bearer, new_claim_id
 from awm.episode.sources import Lease
@@ -101,59 +102,59 @@ def test_a_late_binding_fleet_switches_its_pods_to_the_claimed_environment(clust
     async def api_claim() -> None:  # the allocation API switches the third pod to another one
         async with AllocationClient(api_url(operator), NS, "late") as alloc:
             got = await alloc.claim(count=1, environment="project_tracker")
-            assert [i["environment"] for i in got["instances"]] == ["project_tracker"]
-            assert {i["pod"] for i in got["instances"]}.isdisjoint(i["pod"] for i in grpo["instances"])
+            assert [i.environment for i in got.instances] == ["project_tracker"]
+            assert {i.pod for i in got.instances}.isdisjoint(i["pod"] for i in grpo["instances"])
             assert httpx.get(control + "/info").json()["env"] == "project_tracker"
             with pytest.raises(AllocationError) as exc:  # every pod is taken: a fleet of 3 holds 3 episodes
                 await alloc.claim(count=1, environment="notes", wait_seconds=0.5)
             assert exc.value.status == 409
-            await alloc.release(got["id"])
+            await alloc.release(got.id)
             # switch="client": answered at once, the pod left as it was; the client's lease
             # switches it when it connects (one /bind from the client, none from the operator).
             got = await alloc.claim(count=1, environment="notes", switch="client", wait_seconds=10)
-            (inst,) = got["instances"]
-            assert inst["environment"] == "notes" and inst["switched"] is False, inst
+            (inst,) = got.instances
+            assert inst.environment == "notes" and inst.switched is False, inst
             assert httpx.get(control + "/info").json()["env"] == "project_tracker"
-            lease = Lease(inst["environment"], inst["pod"], late_server.mcp_url, inst["controlUrl"],  # a kwok pod: no MCP
-                          unswitched=inst["switched"] is False)
+            lease = Lease(inst.environment, inst.pod, late_server.mcp_url, inst.control_url,  # a kwok pod: no MCP
+                          unswitched=inst.switched is False)
             handle = await lease.connect()
             try:
                 assert httpx.get(control + "/info").json()["env"] == "notes" and not lease.unswitched
                 assert {t["name"] for t in handle.tools} == {t.name for t in notes_bundle.tools}
             finally:
                 await lease.disconnect()
-                await alloc.release(got["id"])
+                await alloc.release(got.id)
             # prepare: the operator makes an environment ready on a free pod ahead of its claim,
             # and the claim lands there. crm counts as ready: the GRPO claim's pods serve it.
             for _ in range(100):  # the release is answered before its ledger write frees the pod
                 if (await alloc.fleet())["ready"] == 1:
                     break
                 await asyncio.sleep(0.1)
-            assert (await alloc.prepare({"crm": 2}, wait=True))["chosen"] == 0
+            assert (await alloc.prepare({"crm": 2}, wait=True)).chosen == 0
             # The free pod served project_tracker two claims ago and said it keeps it (its
             # answers' cached_envs): nothing to make, and a claim of it would land there.
-            assert (await alloc.prepare({"project_tracker": 1}, wait=True))["chosen"] == 0
+            assert (await alloc.prepare({"project_tracker": 1}, wait=True)).chosen == 0
             made = await alloc.prepare({"bike_shop": 1}, wait=True)  # no pod has served it
-            assert made["chosen"] == 1 and made["prepared"] + made["cached"] == 1 and made["failed"] == 0, made
-            (ready_pod,) = made["pods"]
-            assert made["pods"][ready_pod] == "bike_shop" and ready_pod not in {i["pod"] for i in grpo["instances"]}
+            assert made.chosen == 1 and made.prepared + made.cached == 1 and made.failed == 0, made
+            (ready_pod,) = made.pods
+            assert made.pods[ready_pod] == "bike_shop" and ready_pod not in {i["pod"] for i in grpo["instances"]}
             assert "bike_shop" in httpx.get(control + "/info").json()["cached_envs"]
             again = await alloc.prepare({"bike_shop": 1}, wait=True)
-            assert again["chosen"] == 0  # it is ready already
+            assert again.chosen == 0  # it is ready already
             got = await alloc.claim(count=1, environment="bike_shop", wait_seconds=10)
-            assert [i["pod"] for i in got["instances"]] == [ready_pod]
-            await alloc.release(got["id"])
+            assert [i.pod for i in got.instances] == [ready_pod]
+            await alloc.release(got.id)
             # A claim asked for again with its id (the first answer lost on the way) is the claim
             # bound the first time, not a second one held by nobody until its TTL.
             cid = new_claim_id()
             once = await alloc.claim(count=1, environment="notes", claim_id=cid, wait_seconds=10)
             again = await alloc.claim(count=1, environment="notes", claim_id=cid, wait_seconds=10)
-            assert once["id"] == again["id"] == cid
-            assert [i["pod"] for i in again["instances"]] == [i["pod"] for i in once["instances"]]
+            assert once.id == again.id == cid
+            assert [i.pod for i in again.instances] == [i.pod for i in once.instances]
             await alloc.release(cid)
             r = httpx.post(f"{api_url(operator)}/v1/namespaces/{NS}/envfleets/late/claims", json={"id": "mine"},
                            headers=bearer())
-            assert r.status_code == 400 and "id must be" in r.json()["error"]
+            assert r.status_code == 400 and "id: String should match pattern" in r.json()["error"]
             for body in ({"environments": {"missing-from-fleet": 1}}, {"environments": {"crm": -1}},
                          {"environments": {}}, {"environments": ["crm"]}, {"environments": {"crm": 1}, "wait": "yes"}):
                 r = httpx.post(f"{api_url(operator)}/v1/namespaces/{NS}/envfleets/late/prepare", json=body,
@@ -220,14 +221,14 @@ def test_failed_pods_are_replaced_and_scale_down_spares_allocated(cluster: Clust
     wait_for("the failed pod replaced", lambda: victim not in {p["metadata"]["name"] for p in cluster.pods("repl")}
              and cluster.ready("repl", 4))
 
-    async def claim() -> dict[str, Any]:
+    async def claim() -> Claim:
         async with AllocationClient(api_url(operator), NS, "repl") as alloc:
             return await alloc.claim(count=2)
 
     bound = asyncio.run(claim())
     cluster.scale("repl", 1)
     wait_for("scaled down to the 2 allocated", lambda: len(cluster.pods("repl")) == 2, timeout=30)
-    assert {p["metadata"]["name"] for p in cluster.pods("repl")} == {i["pod"] for i in bound["instances"]}
+    assert {p["metadata"]["name"] for p in cluster.pods("repl")} == {i.pod for i in bound.instances}
     cluster.delete("envfleets", "repl")
     wait_for("the fleet gone", lambda: cluster.get("envfleets", "repl") is None)
 
@@ -266,12 +267,12 @@ def test_claims_bind_and_release(cluster: Cluster, operator: InThread, env_serve
     async def api_claims() -> None:
         async with AllocationClient(api_url(operator), NS, "pool") as alloc:
             got = await alloc.claim(count=2)
-            assert len({i["pod"] for i in got["instances"]} | taken) == 11
+            assert len({i.pod for i in got.instances} | taken) == 11
             with pytest.raises(AllocationError) as exc:
                 await alloc.claim(count=2, wait_seconds=0.5)
             assert exc.value.status == 409
-            released = await alloc.release(got["id"])
-            assert released["returned"] == 2 and released["replaced"] == 0
+            released = await alloc.release(got.id)
+            assert released.returned == 2 and released.replaced == 0
     asyncio.run(api_claims())
 
     # Deleting claims resets their instances through the control API and returns them.
@@ -403,7 +404,7 @@ def test_concurrent_claims_never_share_an_instance(cluster: Cluster, operator: I
 
     async def api_claim(alloc: AllocationClient) -> list[str]:
         got = await alloc.claim(count=1, wait_seconds=5)
-        return [i["pod"] for i in got["instances"]]
+        return [i.pod for i in got.instances]
 
     async def race() -> list[str]:
         async with AllocationClient(api_url(operator), NS, "pool") as alloc:
@@ -446,11 +447,11 @@ def test_failed_reset_replaces_the_instance(cluster: Cluster, operator: InThread
     async def go() -> None:
         async with AllocationClient(api_url(operator), NS, "pool") as alloc:
             got = await alloc.claim(count=2)
-            broken = got["instances"][0]["pod"]
+            broken = got.instances[0].pod
             cluster.annotate(broken, A_CONTROL_URL, "http://127.0.0.1:9")  # nothing listens there
             await asyncio.sleep(0.5)  # the operator sees the new annotation through its watch
-            released = await alloc.release(got["id"])
-            assert (released["returned"], released["replaced"]) == (1, 1)
+            released = await alloc.release(got.id)
+            assert (released.returned, released.replaced) == (1, 1)
             wait_for("the broken pod gone and replaced",
                      lambda: broken not in {p["metadata"]["name"] for p in cluster.pods("pool")}
                      and cluster.ready("pool", 12))
@@ -472,24 +473,24 @@ def test_claim_ttl_renewal_and_lost_instances(cluster: Cluster, operator: InThre
             short = await alloc.claim(count=2, ttl_seconds=1.5)
             kept = await alloc.claim(count=2, ttl_seconds=1.5)
             renewed = await alloc.renew(kept["id"], ttl_seconds=300)
-            assert renewed["expiresAt"] > kept["expiresAt"]
+            assert renewed.expires_at > kept.expires_at
             # Not renewed: the operator releases it by itself (reset, back to the pool).
-            wait_for("the short claim expired", lambda: short["id"] not in cluster.ledger("ttl"), timeout=30)
+            wait_for("the short claim expired", lambda: short.id not in cluster.ledger("ttl"), timeout=30)
             with pytest.raises(AllocationError) as exc:
-                await alloc.get(short["id"])
+                await alloc.get(short.id)
             assert exc.value.status == 404
             assert metric(operator, "awm_claims_expired_total", fleet="ttl") == 1
             # An allocated pod deleted: the claim shows the instance lost, the fleet replaces the pod.
-            lost = kept["instances"][0]["pod"]
+            lost = kept.instances[0].pod
             cluster.delete_pods([lost])
             wait_for("the replacement", lambda: len(cluster.pods("ttl")) == 6 and lost not in
                      {p["metadata"]["name"] for p in cluster.pods("ttl")})
-            shown = await alloc.get(kept["id"])
-            assert shown["lost"] == 1 and [i["pod"] for i in shown["instances"] if i["lost"]] == [lost]
-            released = await alloc.release(kept["id"])
-            assert (released["returned"], released["replaced"]) == (1, 0)
+            shown = await alloc.get(kept.id)
+            assert shown.lost == 1 and [i.pod for i in shown.instances if i.lost] == [lost]
+            released = await alloc.release(kept.id)
+            assert (released.returned, released.replaced) == (1, 0)
             with pytest.raises(AllocationError) as exc:
-                await alloc.release(kept["id"])
+                await alloc.release(kept.id)
             assert exc.value.status == 404
     asyncio.run(api())
     wait_for("6 ready and nothing allocated", lambda: cluster.ready("ttl", 6) and not cluster.ledger("ttl"))
@@ -527,21 +528,21 @@ def test_a_retried_trainer_frees_what_its_predecessor_held(cluster: Cluster, ope
     async def go() -> None:
         async with AllocationClient(api_url(operator), NS, "retry") as alloc:
             dead = await alloc.claim(count=4, group_size=2, ttl_seconds=600, holder="campaign/grpo-1")
-            assert (await alloc.get(dead["id"]))["holder"] == "campaign/grpo-1"
+            assert (await alloc.get(dead.id)).holder == "campaign/grpo-1"
             with pytest.raises(AllocationError) as exc:
                 await alloc.claim(count=1, wait_seconds=0)
             assert exc.value.status == 409  # the fleet is all held
             async with KubernetesSource(settings, ["crm"], per_env=4, group_size=2, claim_timeout_s=20) as source:
                 assert len(source._all) == 4 and len(source.claims) == 1
                 with pytest.raises(AllocationError) as gone:
-                    await alloc.get(dead["id"])
+                    await alloc.get(dead.id)
                 assert gone.value.status == 404
                 (held,) = source.claims
-                assert (await alloc.get(held))["holder"] == "campaign/grpo-1"
+                assert (await alloc.get(held)).holder == "campaign/grpo-1"
             with pytest.raises(AllocationError) as bad:
                 await alloc.release_holder("")
             assert bad.value.status == 400
-            assert (await alloc.release_holder("campaign/nobody"))["released"] == []
+            assert (await alloc.release_holder("campaign/nobody")).released == []
     asyncio.run(go())
     wait_for("all 4 back in the pool", lambda: cluster.ready("retry", 4))
     cluster.delete("envfleets", "retry")
@@ -825,7 +826,7 @@ def test_a_ledger_spread_over_configmaps(control_plane: Any, cluster: Cluster, a
     shards = Cluster(control_plane, ns)
     config = operator_config(ns, ledger_shard_bytes=450)
 
-    async def claim(op: InThread, n: int, **kwargs: Any) -> list[dict[str, Any]]:
+    async def claim(op: InThread, n: int, **kwargs: Any) -> list[Claim]:
         async with AllocationClient(api_url(op), ns, "sharded") as alloc:
             return list(await asyncio.gather(*(alloc.claim(count=1, **kwargs) for _ in range(n))))
 
@@ -853,11 +854,11 @@ def test_a_ledger_spread_over_configmaps(control_plane: Any, cluster: Cluster, a
         with pytest.raises(AllocationError) as exc:
             asyncio.run(claim(op, 1, wait_seconds=1))
         assert exc.value.status == 409  # nothing handed out twice
-        asyncio.run(release(op, [c["id"] for c in api[:4]]))
+        asyncio.run(release(op, [c.id for c in api[:4]]))
         again = asyncio.run(claim(op, 4))
         assert set(shards.ledger_shards("sharded")) == set(stored)  # the freed room was reused
         assert len(set(shards.allocated("sharded"))) == 10
-        asyncio.run(release(op, [c["id"] for c in api[4:] + again]))
+        asyncio.run(release(op, [c.id for c in api[4:] + again]))
         shards.delete("envclaims", "two")
         wait_for("all 10 back in the pool", lambda: shards.ready("sharded", 10) and not shards.ledger("sharded"))
         shards.delete("envfleets", "sharded")
@@ -917,7 +918,7 @@ def test_peering_one_replica_acts_and_a_standby_takes_over(control_plane: Any, c
             assert metric(standby, "awm_pod_operations_total", fleet="ha", operation="create") == 0
             assert len(peer.pods("ha")) == 5
 
-            async def claim(op: InThread, count: int, wait: float = 60, retries: int = 8) -> dict[str, Any]:
+            async def claim(op: InThread, count: int, wait: float = 60, retries: int = 8) -> Claim:
                 async with AllocationClient(api_url(op), ns, "ha", standby_retries=retries) as alloc:
                     return await alloc.claim(count=count, wait_seconds=wait)
             first = asyncio.run(claim(active, 2))
@@ -932,12 +933,12 @@ def test_peering_one_replica_acts_and_a_standby_takes_over(control_plane: Any, c
         assert metric(standby, "awm_pod_operations_total", fleet="ha", operation="create") == 2
         # The claim made through the stopped replica survived in the ledger: the new one knows it
         # and never hands its instances out again.
-        async def show() -> dict[str, Any]:
+        async def show() -> Claim:
             async with AllocationClient(api_url(standby), ns, "ha") as alloc:
                 return await alloc.get(first["id"])
-        assert {i["pod"] for i in asyncio.run(show())["instances"]} == {i["pod"] for i in first["instances"]}
+        assert {i.pod for i in asyncio.run(show()).instances} == {i.pod for i in first.instances}
         second = asyncio.run(claim(standby, 5))
-        assert not {i["pod"] for i in second["instances"]} & {i["pod"] for i in first["instances"]}
+        assert not {i.pod for i in second.instances} & {i.pod for i in first.instances}
         peer.delete("envfleets", "ha")
         wait_for("the fleet gone", lambda: peer.get("envfleets", "ha") is None, timeout=60)
 

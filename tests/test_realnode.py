@@ -48,6 +48,7 @@ from awm import catalog
 from awm.postgres import provision
 from awm.client import ControlClient, McpSession
 from awm.gates import replay
+from awm.claims import Claim
 from awm.episode.allocation import AllocationClient
 from awm.episode.sources import Lease
 from k8s import chart as chart_install
@@ -747,15 +748,15 @@ def test_the_ui_pods_playground_claims_with_the_users_token(chart: Cluster, flee
 
 
 def test_allocation_api_claim_through_the_operator_service(chart: Cluster, fleet: str) -> None:
-    async def claim() -> dict[str, Any]:
+    async def claim() -> Claim:
         async with AllocationClient(_operator_url(chart.cp), NS, fleet) as alloc:
             got = await alloc.claim(count=2, group_size=2)
-            await alloc.release(got["id"])
+            await alloc.release(got.id)
             return got
 
     got = asyncio.run(claim())
-    assert len(got["instances"]) == 2 and len({i["environment"] for i in got["instances"]}) == 1
-    assert all(i["mcpUrl"].startswith("http://10.85.") for i in got["instances"])
+    assert len(got.instances) == 2 and len({i.environment for i in got.instances}) == 1
+    assert all((i.mcp_url or "").startswith("http://10.85.") for i in got.instances)
 
 
 # --------------------------------------------------------------------------- an evaluation Campaign
@@ -1055,11 +1056,11 @@ def test_a_late_binding_fleet_serves_every_environment_in_turn(chart: Cluster) -
                     by_client = turn >= len(LATE_ENVS)
                     t0 = time.perf_counter()
                     got = await alloc.claim(count=2, group_size=2, environment=env, wait_seconds=120,
-                                            switch="client" if by_client else None)
+                                            switch="client" if by_client else "operator")
                     if by_client:
-                        assert all(i["switched"] is False for i in got["instances"]), got
-                        leases = [Lease(i["environment"], i["pod"], i["mcpUrl"], i["controlUrl"], unswitched=True)
-                                  for i in got["instances"]]
+                        assert all(i.switched is False for i in got.instances), got
+                        leases = [Lease(i.environment, i.pod, i.mcp_url or "", i.control_url or "", unswitched=True)
+                                  for i in got.instances]
                         try:
                             await asyncio.gather(*(lease.connect() for lease in leases))
                         finally:
@@ -1067,12 +1068,12 @@ def test_a_late_binding_fleet_serves_every_environment_in_turn(chart: Cluster) -
                         sources.extend(str((lease.switched or {}).get("database_source")) for lease in leases)
                     switches.append(time.perf_counter() - t0)
                     try:
-                        for inst in got["instances"]:
-                            assert inst["environment"] == env
-                            control = ControlClient(inst["controlUrl"])
+                        for inst in got.instances:
+                            assert inst.environment == env
+                            control = ControlClient(inst.control_url or "")
                             try:
                                 assert (await control.info())["env"] == env
-                                async with McpSession(inst["mcpUrl"]) as mcp:
+                                async with McpSession(inst.mcp_url or "") as mcp:
                                     tools = {t["name"] for t in await mcp.list_tools()}
                                     task = bundles[env].tasks[0]
                                     report = await replay(env, task, mcp, control)
@@ -1080,15 +1081,15 @@ def test_a_late_binding_fleet_serves_every_environment_in_turn(chart: Cluster) -
                             finally:
                                 await control.close()
                     finally:
-                        released = await alloc.release(got["id"])
-                        assert released["replaced"] == 0, released  # every reset at release was pristine
+                        released = await alloc.release(got.id)
+                        assert released.replaced == 0, released  # every reset at release was pristine
                 # Both pods keep the last two environments (cacheEnvironments: 2). One of them
                 # switches to the first; then a claim of the second lands on the other pod, which
                 # keeps it (a reset), not on the one that dropped it to make room (a new database).
                 first, second = LATE_ENVS[0], LATE_ENVS[1]
                 got = await alloc.claim(count=1, environment=first, wait_seconds=120)
-                moved = got["instances"][0]["pod"]
-                await alloc.release(got["id"])
+                moved = got.instances[0].pod
+                await alloc.release(got.id)
                 kept = {p["metadata"]["name"]: (await _info(p)) for p in chart.pods(name)}
                 assert second not in kept[moved]["cached_envs"] and all(
                     second in i["cached_envs"] for pod, i in kept.items() if pod != moved), kept
@@ -1097,8 +1098,8 @@ def test_a_late_binding_fleet_serves_every_environment_in_turn(chart: Cluster) -
                         break
                     await asyncio.sleep(0.1)
                 got = await alloc.claim(count=1, environment=second, wait_seconds=120)
-                assert got["instances"][0]["pod"] != moved, (got, kept)
-                await alloc.release(got["id"])
+                assert got.instances[0].pod != moved, (got, kept)
+                await alloc.release(got.id)
             return seen
 
         seen = asyncio.run(rounds())

@@ -200,7 +200,7 @@ async def test_fleet_view_reads_the_operators_instances_and_claims(home):
     from awm_operator.api import bound_port, build_api, serve
     from awm_operator.config import OperatorConfig
     from awm_operator.reconcile import Context
-    from tests.test_operator import operator_fleet
+    from tests.operator_fakes import operator_fleet
 
     ctx = Context(kube=None, allocator=None, metrics=None, config=OperatorConfig())  # type: ignore[arg-type]
     runner = await serve(build_api(ctx, operator_fleet()), "127.0.0.1", 0)

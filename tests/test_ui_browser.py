@@ -975,7 +975,7 @@ def test_fleet_page_answers_what_my_campaign_is_doing_in_the_cluster(browser, ru
     from awm_operator.api import bound_port, build_api, serve
     from awm_operator.config import OperatorConfig
     from awm_operator.reconcile import Context
-    from tests.test_operator import operator_fleet
+    from tests.operator_fakes import operator_fleet
 
     campaign = {"metadata": {"name": "tiny", "namespace": "ns", "uid": "u1", "creationTimestamp": "2026-11-26T10:00:00Z"},
                 "spec": {"mode": "training", "environments": ["crm", "bike_shop"], "training": {"groupSize": 4}},

@@ -49,7 +49,7 @@ from awm.episode.allocation import AllocationError
 from awm.ui import catalog as catalog_view
 from awm.ui.fleet import FleetView
 from awm.ui.index import EpisodeFilter
-from awm.ui.playground import (TTL_S, CallRequest, ClaimRequest, Forbidden, Playground, ResetRequest, Unauthorized,
+from awm.ui.playground import (TTL_S, CallRequest, PlaygroundClaim, Forbidden, Playground, ResetRequest, Unauthorized,
                                VerifyRequest)
 from awm.ui.runs import Runs
 
@@ -292,7 +292,7 @@ def build_app(state: UiState, middleware: list[Middleware] | None = None) -> Sta
         Route("/api/runs/{run}/episodes/{episode}", episode),
         Route("/api/runs/{run}/steps/{step}/groups", step_groups),
         Route("/api/fleet", fleet),
-        Route("/api/playground/claim", playground(lambda _, body, token: pg.claim(body, token), ClaimRequest),
+        Route("/api/playground/claim", playground(lambda _, body, token: pg.claim(body, token), PlaygroundClaim),
               methods=["POST"]),
         Route("/api/playground/{instance}/open", playground(lambda n, _, token: pg.open(n, token), None),
               methods=["POST"]),

@@ -57,7 +57,10 @@ class VerifyRequest(BaseModel):
     final_answer: str | None = None
 
 
-class ClaimRequest(BaseModel):
+class PlaygroundClaim(BaseModel):
+    """What the browser asks for: an instance of a fleet (the allocation API's request is
+    :class:`awm.claims.ClaimRequest`, made from it)."""
+
     namespace: str = Field(min_length=1, max_length=63)
     fleet: str = Field(min_length=1, max_length=253)
     environment: str | None = Field(default=None, max_length=253)
@@ -132,12 +135,12 @@ class Playground:
             await session.close()
         return stale
 
-    def _allocation(self, claimed: Claimed | ClaimRequest, token: str) -> AllocationClient:
+    def _allocation(self, claimed: Claimed | PlaygroundClaim, token: str) -> AllocationClient:
         assert self.fleet.operator_url is not None
         return AllocationClient(self.fleet.operator_url, claimed.namespace, claimed.fleet, timeout=CLAIM_WAIT_S + 10,
                                 token=token)
 
-    async def claim(self, body: ClaimRequest, token: str | None) -> dict[str, Any]:
+    async def claim(self, body: PlaygroundClaim, token: str | None) -> dict[str, Any]:
         """One instance of ``body.fleet`` (of ``body.environment`` when given), claimed with the
         caller's token; its session's name is ``NAMESPACE.POD`` (a namespace has no dot)."""
         if not self.claims:
@@ -150,21 +153,21 @@ class Playground:
         async with self._allocation(body, token) as alloc:
             made = await alloc.claim(count=1, environment=body.environment, wait_seconds=CLAIM_WAIT_S,
                                      ttl_seconds=self.ttl_s, holder=HOLDER)
-            (inst,) = made["instances"]
-            name = f"{body.namespace}.{inst['pod']}"
-            claimed = Claimed(body.namespace, body.fleet, made["id"], digest(token), time.monotonic())
-            session = Session(Instance(env=inst["environment"], name=name, mcp_url=inst["mcpUrl"],
-                                       control_url=inst["controlUrl"]), claimed)
+            (inst,) = made.instances
+            name = f"{body.namespace}.{inst.pod}"
+            claimed = Claimed(body.namespace, body.fleet, made.id, digest(token), time.monotonic())
+            session = Session(Instance(env=inst.environment, name=name, mcp_url=inst.mcp_url or "",
+                                       control_url=inst.control_url or ""), claimed)
             try:
                 await session.open()
             except BaseException:
-                await alloc.release(made["id"])
+                await alloc.release(made.id)
                 raise
         stale = self.sessions.pop(name, None)  # the operator handed out again an instance whose claim expired
         if stale is not None:
             await stale.close()
         self.sessions[name] = session
-        return {"instance": name, "claim": made["id"], "environment": inst["environment"]}
+        return {"instance": name, "claim": made.id, "environment": inst.environment}
 
     def _owned(self, session: Session, token: str | None) -> None:
         if session.claimed is not None and (token is None or not hmac.compare_digest(session.claimed.owner,

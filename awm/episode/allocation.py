@@ -12,8 +12,11 @@ step's claims cost the claiming loop ~110 ms with httpx, more than the whole ste
 
     async with AllocationClient("http://awm-operator:8080", namespace="rl", fleet="train") as alloc:
         claim = await alloc.claim(count=64, group_size=8)     # 8 GRPO groups of 8
-        for inst in claim["instances"]: ...                   # mcpUrl, controlUrl, group
-        await alloc.release(claim["id"])                      # reset and back to the pool
+        for inst in claim.instances: ...                      # mcp_url, control_url, group
+        await alloc.release(claim.id)                         # reset and back to the pool
+
+Requests and answers are the models of :mod:`awm.claims`, which the operator's API reads and
+writes too: a request the API would refuse is refused here before it is sent.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from typing import Any, Awaitable, Callable, Mapping, TypeVar
 import aiohttp
 
 from awm import settings
+from awm.claims import (BadRequest, Claim, ClaimOutcome, ClaimRefusal, ClaimRequest, HolderRelease, Preparation, PrepareRequest,
+                        Release, Renewal, RenewRequest, Switch, Wire)
 from awm.client import tls_context
 
 
@@ -77,11 +82,13 @@ def bearer() -> dict[str, str]:
 
 
 class AllocationError(RuntimeError):
-    """The operator answered and refused (``status``: its HTTP status)."""
+    """The operator answered and refused (``status``: its HTTP status; ``refusal``: its answer,
+    with the claim's outcome where it has one)."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, refusal: ClaimRefusal | None = None) -> None:
         super().__init__(f"HTTP {status}: {message}")
         self.status = status
+        self.refusal = refusal
 
 
 class OperatorUnreachable(ConnectionError):
@@ -91,6 +98,7 @@ class OperatorUnreachable(ConnectionError):
 
 PROXY_VARIABLES = ("https_proxy", "http_proxy", "all_proxy")  # no_proxy alone sends nothing through one
 R = TypeVar("R")
+A = TypeVar("A", bound=Wire)
 
 
 async def past_standby(send: Callable[[dict[str, str]], Awaitable[R]], retries: int,
@@ -160,45 +168,59 @@ class AllocationClient:
 
     async def claim(self, count: int = 1, group_size: int | None = None, environment: str | None = None,
                     wait_seconds: float = 30.0, ttl_seconds: float | None = None,
-                    holder: str | None = None, switch: str | None = None, claim_id: str | None = None) -> dict[str, Any]:
+                    holder: str | None = None, switch: Switch = "operator", claim_id: str | None = None) -> Claim:
         """Bind instances; unless released or renewed within ``ttl_seconds`` (the operator's
         default when None), the operator releases them by itself. ``holder`` names who holds
         them, so that :meth:`release_holder` can free them all. ``switch="client"``: a
-        late-binding fleet answers at once, and each instance marked ``"switched": false`` is
+        late-binding fleet answers at once, and each instance marked ``switched=False`` is
         the caller's to switch (:meth:`awm.episode.sources.Lease.connect` does). ``claim_id``
         (:func:`new_claim_id`): asking again with the same id after a lost answer returns the
         claim bound the first time instead of binding a second one."""
-        body = {"count": count, "groupSize": group_size, "environment": environment, "waitSeconds": wait_seconds,
-                "ttlSeconds": ttl_seconds, "holder": holder, **({"switch": switch} if switch else {}),
-                **({"id": claim_id} if claim_id else {})}
-        return await self._call("POST", "/claims", body)
+        try:  # refused here as the operator would refuse it, before it is sent
+            req = ClaimRequest.read(dict(count=count, group_size=group_size, environment=environment, switch=switch,
+                                         wait_seconds=wait_seconds, ttl_seconds=ttl_seconds, holder=holder, id=claim_id))
+        except BadRequest as exc:
+            raise AllocationError(400, f"bad request: {exc}",
+                                  ClaimRefusal(error=f"bad request: {exc}", outcome=ClaimOutcome.REFUSED)) from None
+        return await self._call("POST", "/claims", Claim, req)
 
-    async def prepare(self, environments: Mapping[str, int], wait: bool = False) -> dict[str, Any]:
+    async def prepare(self, environments: Mapping[str, int], wait: bool = False) -> Preparation:
         """binding: late - make ``environments`` (name -> instances) ready on the fleet's pods
         ahead of their claims, e.g. a GRPO step's next groups: a claim of one then lands on a
         pod that has it ready and costs a reset instead of a switch. ``wait``: answer once they
         are made (what was made and what failed), else once the pods are chosen."""
-        return await self._call("POST", "/prepare", {"environments": dict(environments), "wait": wait})
+        return await self._call("POST", "/prepare", Preparation,
+                                PrepareRequest(environments=dict(environments), wait=wait))
 
-    async def release_holder(self, holder: str) -> dict[str, Any]:
-        """Release every claim of ``holder`` (``{"released": [ids], "returned", "replaced"}``)."""
-        return await self._call("DELETE", "/claims", params={"holder": holder})
+    async def release_holder(self, holder: str) -> HolderRelease:
+        """Release every claim of ``holder``."""
+        return await self._call("DELETE", "/claims", HolderRelease, params={"holder": holder})
 
-    async def get(self, claim_id: str) -> dict[str, Any]:
-        """The claim as the operator sees it now; instances whose pod was lost have ``lost: true``."""
-        return await self._call("GET", f"/claims/{claim_id}")
+    async def get(self, claim_id: str) -> Claim:
+        """The claim as the operator sees it now; instances whose pod was lost have ``lost`` set."""
+        return await self._call("GET", f"/claims/{claim_id}", Claim)
 
-    async def renew(self, claim_id: str, ttl_seconds: float | None = None) -> dict[str, Any]:
-        return await self._call("POST", f"/claims/{claim_id}/renew", {"ttlSeconds": ttl_seconds})
+    async def renew(self, claim_id: str, ttl_seconds: float | None = None) -> Renewal:
+        return await self._call("POST", f"/claims/{claim_id}/renew", Renewal, RenewRequest(ttl_seconds=ttl_seconds))
 
-    async def release(self, claim_id: str) -> dict[str, Any]:
-        return await self._call("DELETE", f"/claims/{claim_id}")
+    async def release(self, claim_id: str) -> Release:
+        return await self._call("DELETE", f"/claims/{claim_id}", Release)
 
     async def fleet(self) -> dict[str, Any]:
-        return await self._call("GET", "")
+        return await self._request("GET", "")
 
-    async def _call(self, method: str, path: str, body: dict[str, Any] | None = None,
-                    params: Mapping[str, str] | None = None) -> dict[str, Any]:
+    async def _call(self, method: str, path: str, answer: type[A], body: Wire | None = None,
+                    params: Mapping[str, str] | None = None) -> A:
+        """One request whose answer is ``answer``; an answer that is not one is an AllocationError."""
+        data = await self._request(method, path, body.wire() if body is not None else None, params)
+        try:
+            return answer.read(data)
+        except BadRequest as exc:
+            raise AllocationError(200, f"the operator's answer to {method} {path} is not a {answer.__name__}: "
+                                       f"{exc}") from None
+
+    async def _request(self, method: str, path: str, body: dict[str, Any] | None = None,
+                       params: Mapping[str, str] | None = None) -> dict[str, Any]:
         """One request, asked again past a standby replica (:func:`past_standby`); the answer's
         JSON, or AllocationError (the operator refused) or OperatorUnreachable (no answer)."""
         session, url = self.session, self.base + path
@@ -227,5 +249,9 @@ class AllocationClient:
         if not isinstance(data, dict):
             data = {"error": text}
         if status >= 400:
-            raise AllocationError(status, data.get("error", text))
+            try:
+                refusal: ClaimRefusal | None = ClaimRefusal.read(data)
+            except BadRequest:
+                refusal = None
+            raise AllocationError(status, refusal.error if refusal else text, refusal)
         return data

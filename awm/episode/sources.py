@@ -605,8 +605,8 @@ class OperatorClaims:
             delay = min(delay * 2, 5.0)
         # A late-binding fleet leaves the switch to us (switch="client"): each lease switches its
         # instance when it connects, so a group's switches run at once on its pods.
-        return [Lease(i["environment"], i["pod"], i["mcpUrl"], i["controlUrl"], self.scenarios.get(i["environment"], ""),
-                      got["id"], unswitched=i.get("switched", True) is False) for i in got["instances"]]
+        return [Lease(i.environment, i.pod, i.mcp_url, i.control_url, self.scenarios.get(i.environment, ""),
+                      got.id, unswitched=i.switched is False) for i in got.instances]
 
     async def release(self, claim_id: str) -> None:
         """Release one claim (the operator resets its instances); a failure is left to its TTL."""
@@ -625,9 +625,9 @@ class OperatorClaims:
         for delay in (0.5, 1.0, 2.0, 4.0, 0.0):
             try:
                 got = await self.alloc.release_holder(self.holder)
-                if got.get("released"):
-                    log.warning("released %d claims (%d instances) that %s still held", len(got["released"]),
-                                got.get("returned", 0) + got.get("replaced", 0), self.holder)
+                if got.released:
+                    log.warning("released %d claims (%d instances) that %s still held", len(got.released),
+                                got.returned + got.replaced, self.holder)
                 return
             except AllocationError as exc:
                 if exc.status == 404:

@@ -21,12 +21,13 @@ from typing import Any, Mapping
 
 import aiohttp
 
+from awm.claims import Claim, ClaimedInstance, ClaimOutcome, ClaimRequest
 from awm_operator.ledger import LostRace
 from awm_operator.metrics import Metrics
 from awm_operator.kube import Kube
 from awm_operator.podhttp import PodHttp, PodHttpError
 from awm_operator.pods import PodInfo
-from awm_operator.state import ClaimRecord, ClaimRequest, Fleet, plan, plan_late
+from awm_operator.state import ClaimRecord, Fleet, plan, plan_late, unsatisfiable
 
 log = logging.getLogger("awm.operator.allocator")
 
@@ -36,21 +37,33 @@ MAX_SWITCH_ROUNDS = 3  # binding: late - a claim whose pods fail to switch this 
 PREPARE_CONCURRENCY = 64  # binding: late - preparations of one request in flight (each one clone on its shard)
 
 
-class ClaimError(RuntimeError):
+class Refused(RuntimeError):
+    """A claim not bound; ``outcome`` says why, in the allocation API's words (and HTTP status)."""
+
+    outcome = ClaimOutcome.REFUSED
+
+
+class ClaimError(Refused):
     """The claim can never be bound as asked (bad request, unknown fleet or environment)."""
 
 
-class NotActive(RuntimeError):
+class NotActive(Refused):
     """This operator replica does not act on the fleet (kopf peering: another one does)."""
 
+    outcome = ClaimOutcome.STANDBY
 
-class Unavailable(RuntimeError):
+
+class Unavailable(Refused):
     """Not enough ready instances within the time the caller was willing to wait."""
 
+    outcome = ClaimOutcome.UNALLOCATED
 
-class InProgress(RuntimeError):
+
+class InProgress(Refused):
     """The claim id is being bound by another request right now (a client that asked again
     before its first request ended): ask again once that one has."""
+
+    outcome = ClaimOutcome.CONTENTION
 
 
 @dataclass
@@ -60,12 +73,12 @@ class Bound:
     env: str | None = None  # binding: late - the environment it was switched to
     switched: bool = True   # False: the client switches it to ``env`` (ClaimRequest.client_switches)
 
-    def as_status(self) -> dict[str, Any]:
-        return {"pod": self.pod.name, "environment": self.env or self.pod.env, "group": self.group,
-                "mcpUrl": self.pod.mcp_url, "controlUrl": self.pod.control_url}
+    def instance(self) -> ClaimedInstance:
+        return ClaimedInstance(pod=self.pod.name, environment=self.env or self.pod.env, group=self.group,
+                               mcp_url=self.pod.mcp_url, control_url=self.pod.control_url, switched=self.switched)
 
 
-def describe(fleet: Fleet, claim_id: str) -> dict[str, Any] | None:
+def describe(fleet: Fleet, claim_id: str) -> Claim | None:
     """A claim as the allocation API shows it: instances (lost ones flagged) and expiry."""
     record = fleet.claims.get(claim_id)
     if record is None:
@@ -75,12 +88,13 @@ def describe(fleet: Fleet, claim_id: str) -> dict[str, Any] | None:
     for i, group in enumerate(record.groups):
         for name in group:
             info = fleet.pods.get(name)
-            instances.append({"pod": name, "environment": fleet.env_of(name), "group": i,
-                              "mcpUrl": info.mcp_url if info else None,
-                              "controlUrl": info.control_url if info else None, "lost": name in lost})
-    return {"id": claim_id, "namespace": fleet.namespace, "fleet": fleet.name, "instances": instances,
-            "lost": len(lost), "expiresAt": record.expires, "holder": record.holder, "owner": record.owner,
-            "releasing": claim_id in fleet.releasing}
+            instances.append(ClaimedInstance(pod=name, environment=fleet.env_of(name), group=i,
+                                             mcp_url=info.mcp_url if info else None,
+                                             control_url=info.control_url if info else None, switched=None,
+                                             lost=name in lost))
+    return Claim(id=claim_id, namespace=fleet.namespace, fleet=fleet.name, instances=instances, lost=len(lost),
+                 expires_at=record.expires, holder=record.holder, owner=record.owner,
+                 releasing=claim_id in fleet.releasing)
 
 
 class Allocator:
@@ -116,7 +130,7 @@ class Allocator:
         autoscaler. ``ttl``: seconds after which the operator releases the claim by itself."""
         t0 = time.monotonic()
         deadline = None if wait is None else t0 + wait
-        problem = req.problem(fleet.spec, fleet.selected)
+        problem = unsatisfiable(req, fleet.spec, fleet.selected)
         if problem:
             self.metrics.claims.labels(fleet.namespace, fleet.name, source, "failed").inc()
             raise ClaimError(problem)

@@ -42,33 +42,61 @@ another identity's), unless the operator runs with AWM_API_AUTH=off.
 from __future__ import annotations
 
 import asyncio
-import re
 import secrets
 import time
-from typing import Any
+from typing import Any, TypeVar
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from awm.claims import (MAX_ENVIRONMENTS, MAX_WAIT_S, OUTCOME_STATUS, BadRequest, Claim, ClaimOutcome, ClaimRefusal,
+                        ClaimRequest, HolderRelease, Preparation, PrepareRequest, Release, Renewal, RenewRequest, Wire)
 from awm_operator import auth as authn
 from awm_operator import hostguard
-from awm_operator.allocator import ClaimError, InProgress, NotActive, Unavailable, describe
+from awm_operator.allocator import ClaimError, Refused, describe
 from awm_operator.campaigns import add_campaign_routes
-from awm_operator.crds import GROUP, MAX_REPLICAS, VERSION, binding_of
+from awm_operator.crds import GROUP, VERSION, binding_of
 from awm_operator.kube import ApiError
+from awm_operator.phases import ConditionType
 from awm_operator.reconcile import Context
-from awm_operator.state import ClaimRequest, Fleets
+from awm_operator.state import Fleet, Fleets
 
-MAX_WAIT = 600.0
-CLAIM_ID = re.compile(r"api_[0-9a-f]{16,64}")  # a claim id a client may choose (to ask again after a lost answer)
 HOLDER_RELEASE_CONCURRENCY = 64  # releases of one DELETE ?holder= in flight (resets, ledger writes)
+W = TypeVar("W", bound=Wire)
+
+
+class Refusal(Exception):
+    """An answer other than the route's own: its status, message and (for a claim) outcome."""
+
+    def __init__(self, status: int, message: str, outcome: ClaimOutcome | None = None) -> None:
+        super().__init__(message)
+        self.status, self.outcome = status, outcome
+
+    @classmethod
+    def of(cls, exc: Refused) -> "Refusal":
+        """The allocator's refusal in the API's words: its outcome decides the status."""
+        return cls(OUTCOME_STATUS[exc.outcome], str(exc), exc.outcome)
+
+    def response(self) -> web.Response:
+        return answer(ClaimRefusal(error=str(self), outcome=self.outcome), self.status)
+
+
+def answer(model: Wire, status: int = 200) -> web.Response:
+    return web.json_response(model.wire(), status=status)
 
 
 def _error(status: int, message: str) -> web.Response:
-    return web.json_response({"error": message}, status=status)
+    return Refusal(status, message).response()
 
 
-ENVIRONMENT_NAMES = 2000  # a fleet's environment names listed (what a claim may ask for), at most
+async def body_of(request: web.Request, model: type[W]) -> W:
+    """The request's body as ``model`` (an empty body: the model's defaults); 400 with the
+    model's words for what is wrong."""
+    try:
+        data = await request.json() if request.can_read_body else None
+        return model.read(data)
+    except (ValueError, BadRequest) as exc:  # not JSON, or not the model
+        raise Refusal(400, f"bad request: {exc}", ClaimOutcome.REFUSED if model is ClaimRequest else None) from None
 
 
 def fleet_summary(obj: dict[str, Any], fleets: Fleets) -> dict[str, Any]:
@@ -79,11 +107,11 @@ def fleet_summary(obj: dict[str, Any], fleets: Fleets) -> dict[str, Any]:
     binding = binding_of(spec.get("binding"), (spec.get("catalog") or {}).get("url"))
     row: dict[str, Any] = {
         "namespace": meta["namespace"], "fleet": meta["name"], "binding": binding,
-        "environments": len(names), "environmentNames": names[:ENVIRONMENT_NAMES],
+        "environments": len(names), "environmentNames": names[:MAX_ENVIRONMENTS],
         "replicas": replicas, "ready": ready, "allocated": allocated,
         "starting": max(0, replicas - ready - allocated), "demand": None, "live": False,
         "condition": next(({k: c.get(k) for k in ("status", "reason", "message")}
-                           for c in status.get("conditions") or [] if c.get("type") == "Ready"), None)}
+                           for c in status.get("conditions") or [] if c.get("type") == ConditionType.READY), None)}
     fleet = fleets.get(meta["namespace"], meta["name"])
     if fleet is not None and fleet.spec is not None and fleet.active and not fleet.deleted:
         row |= {**fleet.counts().as_dict(), "demand": fleet.demand(), "live": True}
@@ -105,64 +133,149 @@ async def unavailable_closes(request: web.Request, handler: Any) -> web.StreamRe
     return response
 
 
-def build_api(ctx: Context, fleets: Fleets, auth: authn.Authenticator | None = None) -> web.Application:
-    """``auth``: who may call (:mod:`awm_operator.auth`); None leaves the API open (AWM_API_AUTH=off)."""
-    routes = web.RouteTableDef()
+@web.middleware
+async def refusals(request: web.Request, handler: Any) -> web.StreamResponse:
+    """A route raises :class:`Refusal` (or the allocator a :class:`Refused`); the client gets
+    its status and a :class:`ClaimRefusal` body."""
+    try:
+        return await handler(request)
+    except Refusal as exc:
+        return exc.response()
+    except Refused as exc:
+        return Refusal.of(exc).response()
 
+
+class AllocationApi:
+    """The routes of ``/v1/namespaces/{ns}/envfleets/{fleet}/...``: each reads its request into
+    a model of :mod:`awm.claims`, asks the allocator, and answers with a model."""
+
+    def __init__(self, ctx: Context, fleets: Fleets) -> None:
+        self.ctx, self.fleets = ctx, fleets
+
+    # ---- what every route needs
+    def fleet(self, request: web.Request) -> Fleet:
+        fleet = self.fleets.get(request.match_info["ns"], request.match_info["fleet"])
+        if fleet is not None and fleet.spec is None and not fleet.active and fleet.pods and not fleet.deleted:
+            # its pods are watched but its spec is not: kopf pauses a standby replica's handlers
+            raise Refusal(503, "this operator replica is a standby", ClaimOutcome.STANDBY)
+        if fleet is None or fleet.spec is None or fleet.deleted:
+            raise Refusal(404, "no such fleet")
+        return fleet
+
+    @staticmethod
     def caller(request: web.Request) -> str | None:
         who = authn.identity(request)
         return who.user if who else None
 
-    def not_yours(request: web.Request, fleet: Any, claim_id: str) -> web.Response | None:
+    def check_owner(self, request: web.Request, fleet: Fleet, claim_id: str) -> None:
         """403 when the API authenticates and the claim was made by another identity."""
         record = fleet.claims.get(claim_id)
-        me = caller(request)
+        me = self.caller(request)
         if record is not None and me is not None and record.owner is not None and record.owner != me:
-            return _error(403, f"claim {claim_id} belongs to {record.owner}, not to {me}")
-        return None
+            raise Refusal(403, f"claim {claim_id} belongs to {record.owner}, not to {me}")
 
-    @routes.get("/healthz")
-    async def healthz(_: web.Request) -> web.Response:
-        return web.Response(text="ok")
+    def ttl(self, asked: float | None) -> float:
+        ttl = asked or self.ctx.config.claim_ttl_default
+        if not 0 < ttl <= self.ctx.config.claim_ttl_max:
+            raise Refusal(400, f"bad request: ttlSeconds must be in (0, {self.ctx.config.claim_ttl_max:g}]")
+        return ttl
 
-    @routes.get("/readyz")
-    async def readyz(_: web.Request) -> web.Response:
-        return web.Response(text="ok") if fleets.acting() else web.Response(status=503, text="standby")
+    @staticmethod
+    def api_claim(fleet: Fleet, claim_id: str, doing: str) -> None:
+        """404/400 unless ``claim_id`` is a live allocation-API claim of the fleet."""
+        if not claim_id.startswith("api_"):
+            raise Refusal(400, f"only allocation-API claims (api_...) {doing}")
+        if claim_id not in fleet.claims or claim_id in fleet.releasing:
+            raise Refusal(404, "no such claim (released already, or expired)")
 
-    def fleet_of(request: web.Request):  # type: ignore[no-untyped-def]
-        fleet = fleets.get(request.match_info["ns"], request.match_info["fleet"])
-        if fleet is not None and fleet.spec is None and not fleet.active and fleet.pods and not fleet.deleted:
-            # its pods are watched but its spec is not: kopf pauses a standby replica's handlers
-            raise web.HTTPServiceUnavailable(text='{"error": "this operator replica is a standby"}',
-                                             content_type="application/json")
-        if fleet is None or fleet.spec is None or fleet.deleted:
-            raise web.HTTPNotFound(text='{"error": "no such fleet"}', content_type="application/json")
-        return fleet
+    # ---- the routes
+    async def claim(self, request: web.Request) -> web.Response:
+        t0 = time.monotonic()
+        fleet = self.fleet(request)
+        req = await body_of(request, ClaimRequest)
+        ttl = self.ttl(req.ttl_seconds)
+        wait = self.ctx.config.claim_wait_default if req.wait_seconds is None else req.wait_seconds
+        claim_id = req.id or f"api_{secrets.token_hex(8)}"
+        self.check_owner(request, fleet, claim_id)  # asked again after a lost answer: the maker's only
+        bound = await self.ctx.allocator.claim(fleet, claim_id, req, min(wait, MAX_WAIT_S), source="api", ttl=ttl,
+                                               holder=req.holder or None, owner=self.caller(request))
+        record = fleet.claims.get(claim_id)
+        return answer(Claim(id=claim_id, namespace=fleet.namespace, fleet=fleet.name,
+                            instances=[b.instance() for b in bound], expires_at=record.expires if record else None,
+                            holder=req.holder or None, owner=self.caller(request),
+                            latency_ms=round((time.monotonic() - t0) * 1000, 3)), 201)
 
-    @routes.get("/v1/namespaces/{ns}/envfleets")
-    async def listing(request: web.Request) -> web.Response:
-        """Every EnvFleet of the namespace (read from the API server, so a standby replica
-        answers too), with this replica's live counts where it acts on the fleet, else the
-        counts of the fleet's status; and its Ready condition (why it is not ready)."""
-        namespace = request.match_info["ns"]
+    async def get_claim(self, request: web.Request) -> web.Response:
+        fleet = self.fleet(request)
+        self.check_owner(request, fleet, request.match_info["id"])
+        shown = describe(fleet, request.match_info["id"])
+        if shown is None:
+            raise Refusal(404, "no such claim")
+        return answer(shown)
+
+    async def renew(self, request: web.Request) -> web.Response:
+        fleet, claim_id = self.fleet(request), request.match_info["id"]
+        if not claim_id.startswith("api_"):
+            raise Refusal(400, "only allocation-API claims (api_...) expire")
+        ttl = self.ttl((await body_of(request, RenewRequest)).ttl_seconds)
+        self.api_claim(fleet, claim_id, "expire")
+        self.check_owner(request, fleet, claim_id)
         try:
-            listed = await ctx.kube.request("GET", f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/envfleets")
-        except (ApiError, OSError, asyncio.TimeoutError) as exc:
-            return _error(502, f"cannot list fleets: {exc}")
-        return web.json_response({"namespace": namespace, "fleets": [
-            fleet_summary(obj, fleets) for obj in sorted(listed.get("items") or [], key=lambda o: o["metadata"]["name"])]})
+            expires = await self.ctx.allocator.renew(fleet, claim_id, ttl)
+        except ClaimError as exc:
+            raise Refusal(404, str(exc)) from None
+        return answer(Renewal(id=claim_id, expires_at=expires))
 
-    @routes.get("/v1/namespaces/{ns}/envfleets/{fleet}")
-    async def show(request: web.Request) -> web.Response:
-        fleet = fleet_of(request)
+    async def release(self, request: web.Request) -> web.Response:
+        fleet, claim_id = self.fleet(request), request.match_info["id"]
+        self.api_claim(fleet, claim_id, "are released here; delete the EnvClaim")
+        self.check_owner(request, fleet, claim_id)
+        returned, replaced = await self.ctx.allocator.release(fleet, claim_id, durable=False)
+        return answer(Release(id=claim_id, returned=returned, replaced=replaced))
+
+    async def release_holder(self, request: web.Request) -> web.Response:
+        fleet = self.fleet(request)
+        holder = request.query.get("holder") or ""
+        if not holder or len(holder) > 253:
+            raise Refusal(400, "bad request: ?holder= is required, at most 253 characters "
+                               "(to release one claim: .../claims/{id})")
+        if not fleet.active or fleet.ledger is None:
+            # the claims are not read from the fleet's ledger yet: "none held" would be a guess
+            raise Refusal(503, "the fleet's claims are not loaded yet (operator starting, or a standby); retry",
+                          ClaimOutcome.STANDBY)
+        me = self.caller(request)
+        ids = [cid for cid, rec in fleet.claims.items()  # with auth on, only the caller's own
+               if cid.startswith("api_") and rec.holder == holder and cid not in fleet.releasing
+               and (me is None or rec.owner in (None, me))]
+        # Concurrently (a trainer of a 4,096-instance fleet can hold thousands of claims): one at
+        # a time, each release's ledger write went alone; together they share group commits.
+        limit = asyncio.Semaphore(HOLDER_RELEASE_CONCURRENCY)
+
+        async def one(claim_id: str) -> tuple[int, int]:
+            async with limit:
+                return await self.ctx.allocator.release(fleet, claim_id)
+        results = await asyncio.gather(*(one(claim_id) for claim_id in ids))
+        return answer(HolderRelease(holder=holder, released=ids, returned=sum(r for r, _ in results),
+                                    replaced=sum(p for _, p in results)))
+
+    async def prepare(self, request: web.Request) -> web.Response:
+        """binding: late - make instances of environments ready ahead of their claims (a GRPO
+        step's next groups). Answers at once (202) unless ``wait`` is true (200, with what was
+        made and what failed)."""
+        fleet = self.fleet(request)
+        req = await body_of(request, PrepareRequest)
+        done = await self.ctx.allocator.prepare(fleet, req.environments, background=not req.wait)
+        return answer(Preparation(namespace=fleet.namespace, fleet=fleet.name, **done), 200 if req.wait else 202)
+
+    async def show(self, request: web.Request) -> web.Response:
+        fleet = self.fleet(request)
         return web.json_response({"namespace": fleet.namespace, "fleet": fleet.name, "active": fleet.active,
                                   **fleet.counts().as_dict(), "demand": fleet.demand()})
 
-    @routes.get("/v1/namespaces/{ns}/envfleets/{fleet}/instances")
-    async def instances(request: web.Request) -> web.Response:
+    async def instances(self, request: web.Request) -> web.Response:
         """Every instance with its state and who holds it, and the claims: what a person looking at
         the fleet (awm ui's fleet page) wants beyond the counts. Read-only, like ``show``."""
-        fleet = fleet_of(request)
+        fleet = self.fleet(request)
         now = time.time()
         rows = []
         for pod in sorted(fleet.pods.values(), key=lambda p: (p.env, p.name)):
@@ -180,168 +293,50 @@ def build_api(ctx: Context, fleets: Fleets, auth: authn.Authenticator | None = N
         return web.json_response({"namespace": fleet.namespace, "fleet": fleet.name, "instances": rows,
                                   "claims": claims})
 
-    def ttl_of(body: dict[str, Any]) -> float:
-        ttl = float(body.get("ttlSeconds") or ctx.config.claim_ttl_default)
-        if not 0 < ttl <= ctx.config.claim_ttl_max:
-            raise ValueError(f"ttlSeconds must be in (0, {ctx.config.claim_ttl_max:g}]")
-        return ttl
+    async def listing(self, request: web.Request) -> web.Response:
+        """Every EnvFleet of the namespace (read from the API server, so a standby replica
+        answers too), with this replica's live counts where it acts on the fleet, else the
+        counts of the fleet's status; and its Ready condition (why it is not ready)."""
+        namespace = request.match_info["ns"]
+        try:
+            listed = await self.ctx.kube.request("GET", f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/envfleets")
+        except (ApiError, OSError, asyncio.TimeoutError) as exc:
+            raise Refusal(502, f"cannot list fleets: {exc}") from None
+        return web.json_response({"namespace": namespace, "fleets": [
+            fleet_summary(obj, self.fleets) for obj in sorted(listed.get("items") or [], key=lambda o: o["metadata"]["name"])]})
 
-    def holder_of(value: Any) -> str | None:
-        if value is None or value == "":
-            return None
-        if not isinstance(value, str) or len(value) > 253:
-            raise ValueError("holder must be a string of at most 253 characters")
-        return value
+    def routes(self) -> list[web.RouteDef]:
+        fleet = "/v1/namespaces/{ns}/envfleets/{fleet}"
+        return [web.get("/v1/namespaces/{ns}/envfleets", self.listing),
+                web.get(fleet, self.show),
+                web.get(f"{fleet}/instances", self.instances),
+                web.post(f"{fleet}/claims", self.claim),
+                web.delete(f"{fleet}/claims", self.release_holder),
+                web.post(f"{fleet}/prepare", self.prepare),
+                web.get(f"{fleet}/claims/{{id}}", self.get_claim),
+                web.post(f"{fleet}/claims/{{id}}/renew", self.renew),
+                web.delete(f"{fleet}/claims/{{id}}", self.release)]
 
-    @routes.post("/v1/namespaces/{ns}/envfleets/{fleet}/claims")
-    async def claim(request: web.Request) -> web.Response:
-        t0 = time.monotonic()
-        fleet = fleet_of(request)
-        try:
-            body: dict[str, Any] = await request.json() if request.can_read_body else {}
-            switch = body.get("switch", "operator")
-            if switch not in ("operator", "client"):
-                raise ValueError("switch must be 'operator' (the default) or 'client'")
-            req = ClaimRequest(count=int(body.get("count", 1)), environment=body.get("environment"),
-                               group_size=int(body["groupSize"]) if body.get("groupSize") else None,
-                               client_switches=switch == "client")
-            wait = min(float(body.get("waitSeconds", ctx.config.claim_wait_default)), MAX_WAIT)
-            ttl = ttl_of(body)
-            holder = holder_of(body.get("holder"))
-            claim_id = body.get("id") or f"api_{secrets.token_hex(8)}"
-            if not isinstance(claim_id, str) or not CLAIM_ID.fullmatch(claim_id):
-                raise ValueError("id must be api_ and 16-64 lowercase hex digits")
-        except (ValueError, TypeError, AttributeError) as exc:
-            return _error(400, f"bad request: {exc}")
-        denied = not_yours(request, fleet, claim_id)  # asked again after a lost answer: the maker's only
-        if denied is not None:
-            return denied
-        try:
-            bound = await ctx.allocator.claim(fleet, claim_id, req, wait, source="api", ttl=ttl, holder=holder,
-                                              owner=caller(request))
-        except ClaimError as exc:
-            return _error(400, str(exc))
-        except NotActive as exc:
-            return _error(503, str(exc))
-        except (Unavailable, InProgress) as exc:
-            return _error(409, str(exc))
-        record = fleet.claims.get(claim_id)
-        return web.json_response({"id": claim_id, "namespace": fleet.namespace, "fleet": fleet.name,
-                                  "instances": [{**b.as_status(), "switched": b.switched} for b in bound],
-                                  "expiresAt": record.expires if record else None,
-                                  "latencyMs": round((time.monotonic() - t0) * 1000, 3)}, status=201)
 
-    @routes.post("/v1/namespaces/{ns}/envfleets/{fleet}/prepare")
-    async def prepare(request: web.Request) -> web.Response:
-        """binding: late - ``{"environments": {"<env>": n, ...}, "wait": false}``: make ``n``
-        instances of each ready ahead of their claims (a GRPO step's next groups). Answers at
-        once (202) unless ``wait`` is true (200, with what was made and what failed)."""
-        fleet = fleet_of(request)
-        try:
-            body: dict[str, Any] = await request.json() if request.can_read_body else {}
-            wants = body.get("environments")
-            if not isinstance(wants, dict) or not wants or len(wants) > ENVIRONMENT_NAMES:
-                raise ValueError(f"environments must map 1-{ENVIRONMENT_NAMES} environment names to counts")
-            for env, n in wants.items():
-                if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= MAX_REPLICAS:
-                    raise ValueError(f"the count of {env!r} must be an integer from 0 to {MAX_REPLICAS}")
-            wait = body.get("wait", False)
-            if not isinstance(wait, bool):
-                raise ValueError("wait must be true or false")
-        except (ValueError, TypeError, AttributeError) as exc:
-            return _error(400, f"bad request: {exc}")
-        try:
-            done = await ctx.allocator.prepare(fleet, wants, background=not wait)
-        except ClaimError as exc:
-            return _error(400, str(exc))
-        except NotActive as exc:
-            return _error(503, str(exc))
-        return web.json_response({"namespace": fleet.namespace, "fleet": fleet.name, **done},
-                                 status=200 if wait else 202)
+def build_api(ctx: Context, fleets: Fleets, auth: authn.Authenticator | None = None) -> web.Application:
+    """``auth``: who may call (:mod:`awm_operator.auth`); None leaves the API open (AWM_API_AUTH=off)."""
+    routes = web.RouteTableDef()
 
-    @routes.get("/v1/namespaces/{ns}/envfleets/{fleet}/claims/{id}")
-    async def get_claim(request: web.Request) -> web.Response:
-        fleet = fleet_of(request)
-        denied = not_yours(request, fleet, request.match_info["id"])
-        if denied is not None:
-            return denied
-        shown = describe(fleet, request.match_info["id"])
-        return web.json_response(shown) if shown else _error(404, "no such claim")
+    @routes.get("/healthz")
+    async def healthz(_: web.Request) -> web.Response:
+        return web.Response(text="ok")
 
-    @routes.post("/v1/namespaces/{ns}/envfleets/{fleet}/claims/{id}/renew")
-    async def renew(request: web.Request) -> web.Response:
-        fleet = fleet_of(request)
-        claim_id = request.match_info["id"]
-        if not claim_id.startswith("api_"):
-            return _error(400, "only allocation-API claims (api_...) expire")
-        try:
-            body: dict[str, Any] = await request.json() if request.can_read_body else {}
-            ttl = ttl_of(body)
-        except (ValueError, TypeError, AttributeError) as exc:
-            return _error(400, f"bad request: {exc}")
-        if claim_id not in fleet.claims or claim_id in fleet.releasing:
-            return _error(404, "no such claim")
-        denied = not_yours(request, fleet, claim_id)
-        if denied is not None:
-            return denied
-        try:
-            expires = await ctx.allocator.renew(fleet, claim_id, ttl)
-        except ClaimError as exc:
-            return _error(404, str(exc))
-        return web.json_response({"id": claim_id, "expiresAt": expires})
-
-    @routes.delete("/v1/namespaces/{ns}/envfleets/{fleet}/claims/{id}")
-    async def release(request: web.Request) -> web.Response:
-        fleet = fleet_of(request)
-        claim_id = request.match_info["id"]
-        if not claim_id.startswith("api_"):
-            return _error(400, "only allocation-API claims (api_...) are released here; delete the EnvClaim")
-        if claim_id not in fleet.claims or claim_id in fleet.releasing:
-            return _error(404, "no such claim (released already, or expired)")
-        denied = not_yours(request, fleet, claim_id)
-        if denied is not None:
-            return denied
-        try:
-            returned, replaced = await ctx.allocator.release(fleet, claim_id, durable=False)
-        except NotActive as exc:
-            return _error(503, str(exc))
-        return web.json_response({"id": claim_id, "returned": returned, "replaced": replaced})
-
-    @routes.delete("/v1/namespaces/{ns}/envfleets/{fleet}/claims")
-    async def release_holder(request: web.Request) -> web.Response:
-        fleet = fleet_of(request)
-        try:
-            holder = holder_of(request.query.get("holder"))
-        except ValueError as exc:
-            return _error(400, f"bad request: {exc}")
-        if holder is None:
-            return _error(400, "bad request: ?holder= is required (to release one claim: .../claims/{id})")
-        if not fleet.active or fleet.ledger is None:
-            # the claims are not read from the fleet's ledger yet: "none held" would be a guess
-            return _error(503, "the fleet's claims are not loaded yet (operator starting, or a standby); retry")
-        me = caller(request)
-        ids = [cid for cid, rec in fleet.claims.items()  # with auth on, only the caller's own
-               if cid.startswith("api_") and rec.holder == holder and cid not in fleet.releasing
-               and (me is None or rec.owner in (None, me))]
-        # Concurrently (a trainer of a 4,096-instance fleet can hold thousands of claims): one at
-        # a time, each release's ledger write went alone; together they share group commits.
-        limit = asyncio.Semaphore(HOLDER_RELEASE_CONCURRENCY)
-
-        async def release(claim_id: str) -> tuple[int, int]:
-            async with limit:
-                return await ctx.allocator.release(fleet, claim_id)
-        try:
-            results = await asyncio.gather(*(release(claim_id) for claim_id in ids))
-        except NotActive as exc:
-            return _error(503, str(exc))
-        return web.json_response({"holder": holder, "released": ids, "returned": sum(r for r, _ in results),
-                                  "replaced": sum(p for _, p in results)})
+    @routes.get("/readyz")
+    async def readyz(_: web.Request) -> web.Response:
+        return web.Response(text="ok") if fleets.acting() else web.Response(status=503, text="standby")
 
     add_campaign_routes(routes, ctx, fleets)  # GET .../campaigns, POST .../campaigns/{name}/progress (campaigns.py)
     cfg = ctx.config
     app = web.Application(middlewares=[unavailable_closes, hostguard.guard(cfg.api_allowed_hosts, cfg.api_allowed_origins,
-                                                                           cfg.cluster_domains), authn.middleware(auth)])
+                                                                           cfg.cluster_domains), authn.middleware(auth),
+                                       refusals])
     app.add_routes(routes)
+    app.add_routes(AllocationApi(ctx, fleets).routes())
     return app
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import hashlib
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping
+from typing import Any, Mapping
 
 import yaml
 
@@ -18,6 +18,7 @@ from awm import settings as awm_settings
 from awm_operator import conditions
 from awm_operator.config import OperatorConfig
 from awm_operator.crds import GROUP, VERSION, CampaignSpec
+from awm_operator.phases import CampaignPhase, CampaignReason
 from awm_operator.pods import label_value
 
 PLURAL = "campaigns"
@@ -49,9 +50,6 @@ TRAINER_METRICS_PORT = 9400
 UID = 10001  # the trainer image's user
 NAME_LIMIT = 52  # Job names end up in pod labels (63 characters) with a suffix
 
-Phase = Literal["Pending", "Running", "Succeeded", "Failed"]
-_ORDER = {"": 0, "Pending": 1, "Running": 2, "Succeeded": 3, "Failed": 3}
-TERMINAL = ("Succeeded", "Failed")
 
 
 # --------------------------------------------------------------------------- settings
@@ -415,8 +413,8 @@ def job_manifest(campaign: str, namespace: str, uid: str, spec: CampaignSpec, cf
 
 @dataclass(frozen=True)
 class JobState:
-    phase: Phase
-    reason: str
+    phase: CampaignPhase
+    reason: str  # a CampaignReason, or the Job's own
     message: str
     started_at: str | None = None
     finished_at: str | None = None
@@ -431,22 +429,17 @@ def job_state(job: dict[str, Any]) -> JobState:
     true = {c.get("type"): c for c in status.get("conditions") or [] if c.get("status") == "True"}
     if "Complete" in true:
         c = true["Complete"]
-        return JobState("Succeeded", c.get("reason") or "Completed", c.get("message") or "the Job completed",
+        return JobState(CampaignPhase.SUCCEEDED, c.get("reason") or CampaignReason.COMPLETED,
+                        c.get("message") or "the Job completed",
                         started, status.get("completionTime") or c.get("lastTransitionTime") or conditions.now())
     if "Failed" in true:
         c = true["Failed"]
-        reason = c.get("reason") or "Failed"
-        return JobState("Failed", reason, c.get("message") or f"the Job failed ({reason})", started,
+        reason = c.get("reason") or CampaignReason.JOB_FAILED
+        return JobState(CampaignPhase.FAILED, reason, c.get("message") or f"the Job failed ({reason})", started,
                         c.get("lastTransitionTime") or conditions.now())
     if (status.get("ready") or 0) > 0:
-        return JobState("Running", "PodReady", "the Job's pod is running", started)
-    return JobState("Pending", "Waiting", "waiting for the Job's pod", started)
-
-
-def advances(current: str, new: str) -> bool:
-    """Phases only move forward (Pending -> Running -> Succeeded | Failed): a late or repeated
-    event never takes a finished campaign back, nor a running one back to Pending."""
-    return _ORDER.get(new, 0) > _ORDER.get(current or "", 0)
+        return JobState(CampaignPhase.RUNNING, CampaignReason.POD_READY, "the Job's pod is running", started)
+    return JobState(CampaignPhase.PENDING, CampaignReason.WAITING, "waiting for the Job's pod", started)
 
 
 def owning_campaign(obj: dict[str, Any]) -> str | None:

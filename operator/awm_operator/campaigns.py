@@ -44,11 +44,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from awm_operator import conditions
 from awm_operator.campaign_manifests import (
-    APP_NAME, JOB_SELECTOR, L_NAME, PLURAL, TERMINAL, CampaignSettings, JobState, Names, advances,
+    APP_NAME, JOB_SELECTOR, L_NAME, PLURAL, CampaignSettings, JobState, Names,
     config_map_manifest, fleet_manifest, job_manifest, job_state, owning_campaign, trainer_access,
     workers_service_manifest)
 from awm_operator.crds import GROUP, VERSION, CampaignSpec, CampaignStatus, Condition
 from awm_operator.kube import ApiError
+from awm_operator.phases import CAMPAIGN_TERMINAL as TERMINAL
+from awm_operator.phases import CampaignPhase, CampaignReason, ConditionType
+from awm_operator.phases import campaign_advances as advances
 from awm_operator.reconcile import Context
 from awm_operator.state import Fleets
 
@@ -188,8 +191,8 @@ class Campaigns:
             body, state.pending = state.pending, {}
             if not body:
                 return
-            if state.phase in ("", "Pending"):  # a run that reports progress is running
-                body = {**body, "phase": "Running", "startedAt": state.status.get("startedAt") or conditions.now(),
+            if state.phase in ("", CampaignPhase.PENDING):  # a run that reports progress is running
+                body = {**body, "phase": CampaignPhase.RUNNING, "startedAt": state.status.get("startedAt") or conditions.now(),
                         "message": "the run reports progress"}
             state.last_flush = time.monotonic()
             try:
@@ -255,9 +258,10 @@ async def ensure(registry: Campaigns, state: CampaignState) -> None:
         except ValidationError as exc:
             message = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'spec'}: {e['msg']}" for e in exc.errors())
             await registry.patch(state, CampaignStatus(
-                phase="Failed", message=f"invalid spec: {message}", finished_at=conditions.now(), conditions=[
-                    condition(state, "Failed", True, "InvalidSpec", message),
-                    condition(state, "FleetDeleted", False, "NotCreated", "no fleet was created")]))
+                phase=CampaignPhase.FAILED, message=f"invalid spec: {message}", finished_at=conditions.now(),
+                conditions=[condition(state, ConditionType.FAILED, True, CampaignReason.INVALID_SPEC, message),
+                            condition(state, ConditionType.FLEET_DELETED, False, CampaignReason.NOT_CREATED,
+                                      "no fleet was created")]))
             state.settled = True
             return
         names, base = Names.of(state.name), _api_base(state.namespace)
@@ -280,16 +284,16 @@ async def ensure(registry: Campaigns, state: CampaignState) -> None:
                 raise  # transient: the caller retries
             # The fleet may exist already (the Job failed): the finish path deletes it.
             await registry.patch(state, CampaignStatus(
-                phase="Failed", message=str(exc), finished_at=conditions.now(),
-                conditions=[condition(state, "Failed", True, "CreateFailed", str(exc))]))
+                phase=CampaignPhase.FAILED, message=str(exc), finished_at=conditions.now(),
+                conditions=[condition(state, ConditionType.FAILED, True, CampaignReason.CREATE_FAILED, str(exc))]))
             return
         state.ensured = True
         if state.status.get("fleet") == names.fleet and state.status.get("job") == names.job:
             return  # resumed: the status already says so
         await registry.patch(state, CampaignStatus(
-            phase=state.phase or "Pending", fleet=names.fleet, job=names.job, instances=spec.instances,
+            phase=state.phase or CampaignPhase.PENDING, fleet=names.fleet, job=names.job, instances=spec.instances,
             message=f"fleet of {spec.instances} instances and Job {names.job} created",
-            conditions=[condition(state, "Created", True, "Created", "EnvFleet and Job created")]))
+            conditions=[condition(state, ConditionType.CREATED, True, CampaignReason.CREATED, "EnvFleet and Job created")]))
 
 
 async def ensure_with_retries(registry: Campaigns, state: CampaignState) -> None:
@@ -319,8 +323,8 @@ async def finish(registry: Campaigns, state: CampaignState, outcome: JobState) -
         delete = bool((state.spec.get("cleanup") or {}).get("deleteFleet", True))
         fleet = state.status.get("fleet") or Names.of(state.name).fleet
         # (not named `conditions`: that is the module, whose now() stamps finishedAt below)
-        conds = [condition(state, outcome.phase if outcome.phase == "Failed" else "Complete", True,
-                           outcome.reason, outcome.message)]
+        ended = ConditionType.FAILED if outcome.phase == CampaignPhase.FAILED else ConditionType.COMPLETE
+        conds = [condition(state, ended, True, outcome.reason, outcome.message)]
         if delete:
             path = f"{_api_base(state.namespace)['fleets']}/{fleet}"
             try:
@@ -336,9 +340,11 @@ async def finish(registry: Campaigns, state: CampaignState, outcome: JobState) -
                 except ApiError as exc:
                     if exc.status != 404:
                         raise
-            conds.append(condition(state, "FleetDeleted", True, "Cleanup", f"EnvFleet {fleet} deleted"))
+            conds.append(condition(state, ConditionType.FLEET_DELETED, True, CampaignReason.CLEANUP,
+                                   f"EnvFleet {fleet} deleted"))
         else:
-            conds.append(condition(state, "FleetDeleted", False, "Kept", "spec.cleanup.deleteFleet is false"))
+            conds.append(condition(state, ConditionType.FLEET_DELETED, False, CampaignReason.KEPT,
+                                   "spec.cleanup.deleteFleet is false"))
         body: dict[str, Any] = {**state.pending, "message": outcome.message, "conditions": conds}
         state.pending = {}
         if advances(state.phase, outcome.phase):
@@ -374,7 +380,7 @@ async def follow(registry: Campaigns, state: CampaignState, outcome: JobState) -
         if not advances(state.phase, outcome.phase):
             return
         status = CampaignStatus(phase=outcome.phase, message=outcome.message)
-        if outcome.phase == "Running":
+        if outcome.phase == CampaignPhase.RUNNING:
             status.started_at = state.status.get("startedAt") or outcome.started_at or conditions.now()
         await registry.patch(state, status)
 
@@ -384,7 +390,7 @@ def _finished_and_cleaned(status: dict[str, Any], spec: dict[str, Any]) -> bool:
         return False
     if not (spec.get("cleanup") or {}).get("deleteFleet", True):
         return True
-    return any(c.get("type") == "FleetDeleted" for c in status.get("conditions") or [])
+    return any(c.get("type") == ConditionType.FLEET_DELETED for c in status.get("conditions") or [])
 
 
 # --------------------------------------------------------------------------- kopf handlers
@@ -419,7 +425,8 @@ async def campaign_event(event: kopf.RawEvent, namespace: str, name: str, memo: 
     state.busy = True
     if state.phase in TERMINAL:
         # Finished while nobody cleaned up (an operator restart in between): do it now.
-        outcome = JobState(state.phase, "Finished", status.get("message") or f"campaign {state.phase.lower()}",  # type: ignore[arg-type]
+        outcome = JobState(CampaignPhase(state.phase), CampaignReason.FINISHED,
+                           status.get("message") or f"campaign {state.phase.lower()}",
                            status.get("startedAt"), status.get("finishedAt"))
         registry.spawn(_finish_then_idle(registry, state, outcome))
         return
@@ -450,8 +457,8 @@ async def campaign_job_event(event: kopf.RawEvent, namespace: str, memo: kopf.Me
         return
     if event["type"] == "DELETED":
         if state.phase not in TERMINAL:
-            registry.spawn(finish(registry, state, JobState("Failed", "JobDeleted", f"Job {job['metadata']['name']} "
-                                                            "was deleted before it finished")))
+            registry.spawn(finish(registry, state, JobState(CampaignPhase.FAILED, CampaignReason.JOB_DELETED,
+                                                            f"Job {job['metadata']['name']} was deleted before it finished")))
         return
     await follow(registry, state, job_state(job))
 
@@ -498,7 +505,7 @@ def add_campaign_routes(routes: web.RouteTableDef, ctx: Context, fleets: Fleets)
         if state is None:
             return await _not_followed(ctx, namespace, name)
         registry.report(state, report.status())
-        return web.json_response({"accepted": True, "phase": state.phase or "Pending"}, status=202)
+        return web.json_response({"accepted": True, "phase": state.phase or CampaignPhase.PENDING}, status=202)
 
     @routes.get("/v1/namespaces/{ns}/campaigns")
     async def listing(request: web.Request) -> web.Response:

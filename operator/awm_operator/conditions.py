@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from awm_operator.crds import Condition
+from awm_operator.phases import ClaimPhase, ClaimReason, ConditionType
 
 
 def now() -> str:
@@ -46,19 +47,19 @@ def _read(cond: Condition | dict[str, Any]) -> Condition | None:
 
 # EnvClaim: what each phase says as conditions. Bound: the claim holds instances (also while
 # Degraded); Degraded: some of them were lost.
-_CLAIM = {
-    "Pending": ((False, "Waiting"), (False, "NotBound")),
-    "Bound": ((True, "Bound"), (False, "AllInstances")),
-    "Degraded": ((True, "Bound"), (True, "InstancesLost")),
-    "Failed": ((False, "Failed"), (False, "NotBound")),
-    "Expired": ((False, "Expired"), (False, "NotBound")),
+_CLAIM: dict[ClaimPhase, tuple[tuple[bool, ClaimReason], tuple[bool, ClaimReason]]] = {
+    ClaimPhase.PENDING: ((False, ClaimReason.WAITING), (False, ClaimReason.NOT_BOUND)),
+    ClaimPhase.BOUND: ((True, ClaimReason.BOUND), (False, ClaimReason.ALL_INSTANCES)),
+    ClaimPhase.DEGRADED: ((True, ClaimReason.BOUND), (True, ClaimReason.INSTANCES_LOST)),
+    ClaimPhase.FAILED: ((False, ClaimReason.FAILED), (False, ClaimReason.NOT_BOUND)),
+    ClaimPhase.EXPIRED: ((False, ClaimReason.EXPIRED), (False, ClaimReason.NOT_BOUND)),
 }
 
 
-def claim_conditions(phase: str, message: str, previous: Iterable[Condition | dict[str, Any]] = (),
+def claim_conditions(phase: ClaimPhase, message: str, previous: Iterable[Condition | dict[str, Any]] = (),
                      generation: int | None = None) -> list[Condition]:
     """An EnvClaim's conditions ``Bound`` and ``Degraded`` for ``phase``."""
     prev = list(previous)
     (bound, bound_reason), (degraded, degraded_reason) = _CLAIM[phase]
-    return [condition("Bound", bound, bound_reason, message, generation=generation, previous=prev),
-            condition("Degraded", degraded, degraded_reason, message, generation=generation, previous=prev)]
+    return [condition(ConditionType.BOUND, bound, bound_reason, message, generation=generation, previous=prev),
+            condition(ConditionType.DEGRADED, degraded, degraded_reason, message, generation=generation, previous=prev)]

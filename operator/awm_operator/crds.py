@@ -22,12 +22,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from awm import settings as awm_settings
+from awm.claims import MAX_INSTANCES, ClaimedInstance
+from awm_operator.phases import CampaignPhase, ClaimPhase, ShardState
 
 _names = awm_settings.names  # the variables env servers read (declared in awm/settings.py)
 
 GROUP = "awm.dev"
 VERSION = "v1alpha1"
-MAX_REPLICAS = 4096
+MAX_REPLICAS = MAX_INSTANCES
 
 
 class _Spec(BaseModel):
@@ -271,7 +273,7 @@ class Condition(_Spec):
 
 class ShardStatus(_Spec):
     name: str = Field(description="`default` for the Secret's key `dsn`, `<name>` for `dsn-<name>`.")
-    state: Literal["Unknown", "Up", "Down", "Lost"] = Field(description=(
+    state: ShardState = Field(description=(
         "Lost: down for longer than the operator tolerates; its pods are replaced on other shards."))
     instances: int = Field(0, description="Pods of this fleet whose databases live on the shard.")
     max_connections: int | None = Field(None, alias="maxConnections")
@@ -305,16 +307,8 @@ class EnvClaimSpec(_Spec):
         "crashed does not hold them forever. Unset: held until the EnvClaim is deleted."))
 
 
-class ClaimedInstance(_Spec):
-    pod: str
-    environment: str
-    group: int = 0
-    mcp_url: str = Field(alias="mcpUrl")
-    control_url: str = Field(alias="controlUrl")
-
-
 class EnvClaimStatus(ObjectStatus):
-    phase: Literal["Pending", "Bound", "Degraded", "Failed", "Expired"] = Field("Pending", description=(
+    phase: ClaimPhase = Field(ClaimPhase.PENDING, description=(
         "Degraded: bound, but some instances were lost (pod deleted, evicted or failed). Expired: "
         "ttlSeconds ran out and the instances went back to the pool."))
     message: str = ""
@@ -641,7 +635,8 @@ class CampaignSpec(_Spec):
 
 
 class CampaignStatus(ObjectStatus):
-    phase: Literal["Pending", "Running", "Succeeded", "Failed"] = "Pending"
+    phase: CampaignPhase = Field(CampaignPhase.PENDING, description=(
+        "Pending -> Running -> Succeeded | Failed; it only moves forward."))
     message: str = ""
     fleet: str = Field("", description="The campaign's EnvFleet.")
     job: str = Field("", description="The campaign's Job.")

@@ -23,6 +23,7 @@ from typing import Any
 
 import kopf
 
+from awm.claims import BadRequest, ClaimRequest
 from awm_operator import campaigns  # noqa: F401  (registers the Campaign and Job handlers)
 from awm_operator import conditions, databases
 from awm_operator.allocator import Allocator, ClaimError, NotActive, Unavailable
@@ -33,9 +34,10 @@ from awm_operator.crds import GROUP, VERSION, Condition, EnvClaimSpec, EnvClaimS
 from awm_operator.kube import ApiError, Kube, load_configuration
 from awm_operator.metrics import Metrics
 from awm_operator.peering import wait_for_peering
+from awm_operator.phases import CLAIM_SETTLED, ClaimPhase
 from awm_operator.pods import selector
 from awm_operator.reconcile import Context, Reconciler, read_shards
-from awm_operator.state import ClaimRequest, Fleets
+from awm_operator.state import Fleets
 from awm_operator.watch import PodWatcher, owner_fleet
 
 log = logging.getLogger("awm.operator")
@@ -208,7 +210,7 @@ async def claim_event(event: kopf.RawEvent, namespace: str, name: str, memo: kop
         return
     ctx.known_claims.add((namespace, cid))
     phase = (obj.get("status") or {}).get("phase")
-    if phase in ("Bound", "Degraded", "Failed", "Expired") or uid in tasks or uid in memo.claims_done:
+    if phase in CLAIM_SETTLED or uid in tasks or uid in memo.claims_done:
         return
     generation = int(obj["metadata"].get("generation") or 0)
     tasks[uid] = asyncio.create_task(_bind(memo, namespace, name, uid, obj.get("spec") or {}, generation))
@@ -220,7 +222,7 @@ async def _bind(memo: kopf.Memo, namespace: str, name: str, uid: str, raw_spec: 
     ctx: Context = memo.ctx
     written: list[Condition] = []  # the conditions last written (their transition times)
 
-    async def report(phase: str, message: str, **fields: Any) -> None:
+    async def report(phase: ClaimPhase, message: str, **fields: Any) -> None:
         """A phase of this claim, with its conditions and the generation acted on."""
         written[:] = conditions.claim_conditions(phase, message, written, generation)
         await ctx.kube.patch_status("envclaims", namespace, name, EnvClaimStatus(
@@ -231,11 +233,11 @@ async def _bind(memo: kopf.Memo, namespace: str, name: str, uid: str, raw_spec: 
     try:
         try:
             spec = EnvClaimSpec.model_validate(raw_spec)
-        except ValueError as exc:
-            await report("Failed", f"invalid spec: {exc}")
+            req = ClaimRequest.read({"count": spec.count, "environment": spec.environment, "groupSize": spec.group_size})
+        except (ValueError, BadRequest) as exc:
+            await report(ClaimPhase.FAILED, f"invalid spec: {exc}")
             return
         fleet = memo.fleets.ensure(namespace, spec.fleet)
-        req = ClaimRequest(spec.count, spec.environment, spec.group_size)
         cid = claim_id(name, uid)
         try:
             try:
@@ -244,15 +246,15 @@ async def _bind(memo: kopf.Memo, namespace: str, name: str, uid: str, raw_spec: 
                 message = str(exc)
                 if fleet.spec is None and not fleet.uid:  # a typo, or a fleet applied after its claim
                     message = f"EnvFleet {spec.fleet!r} not found in namespace {namespace}: waiting for it"
-                await report("Pending", message)
+                await report(ClaimPhase.PENDING, message)
                 bound = await ctx.allocator.claim(fleet, cid, req, wait=None, source="envclaim",
                                                   ttl=spec.ttl_seconds)
         except ClaimError as exc:
-            await report("Failed", str(exc))
+            await report(ClaimPhase.FAILED, str(exc))
             return
         latency = round((time.monotonic() - t0) * 1000, 3)
         try:
-            await report("Bound", f"{len(bound)} instances bound", instances=[b.as_status() for b in bound],
+            await report(ClaimPhase.BOUND, f"{len(bound)} instances bound", instances=[b.instance() for b in bound],
                          bound_at=_now(), latency_ms=latency)
         except ApiError as exc:
             if exc.status == 404:  # deleted while binding: give the instances back

@@ -10,7 +10,9 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-CAMPAIGN_PHASES = ("Pending", "Running", "Succeeded", "Failed")
+from awm_operator.phases import CampaignPhase
+
+CAMPAIGN_PHASES = tuple(CampaignPhase)
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 

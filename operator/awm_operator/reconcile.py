@@ -25,7 +25,7 @@ import logging
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from awm_operator import conditions, databases
 from awm_operator.allocator import Allocator
@@ -36,11 +36,15 @@ from awm_operator.crds import (CatalogSource, Condition, EnvClaimStatus, EnvFlee
 from awm_operator.kube import ApiError, Kube
 from awm_operator.ledger import Ledger
 from awm_operator.metrics import Metrics
+from awm_operator.phases import ClaimPhase, ConditionType, FleetReason, ShardReason, ShardState
 from awm_operator.catalog_index import REFRESH_S, RETRY_S, read_index
 from awm_operator.databases import Shard
 from awm_operator.podhttp import PodHttpError
 from awm_operator.pods import PodInfo, pod_manifest, selector, spread
 from awm_operator.state import Fleet
+
+if TYPE_CHECKING:  # campaigns.py imports this module: a type only (import-linter skips these imports)
+    from awm_operator.campaigns import Campaigns
 
 log = logging.getLogger("awm.operator.reconcile")
 
@@ -62,7 +66,7 @@ class Context:
     metrics: Metrics
     config: OperatorConfig
     known_claims: set[tuple[str, str]] = field(default_factory=set)   # (namespace, claim id) of EnvClaims
-    campaigns: Any = None                      # campaigns.Campaigns, built on first use (campaigns_of)
+    campaigns: Campaigns | None = None         # built on first use (campaigns_of)
     started: float = field(default_factory=time.monotonic)
 
 
@@ -406,8 +410,8 @@ class Reconciler:
     def shard_status(self) -> list[ShardStatus]:
         """``status.shards``: each shard's state and what this fleet has on it."""
         placed = Counter(p.shard for p in self.fleet.pods.values() if not p.deleting)
-        return [ShardStatus(name=s.name, state="Unknown" if s.up is None else "Up" if s.up else "Lost" if s.lost
-                            else "Down", instances=placed.get(s.name, 0), message=s.error,
+        return [ShardStatus(name=s.name, state=ShardState.UNKNOWN if s.up is None else ShardState.UP if s.up
+                            else ShardState.LOST if s.lost else ShardState.DOWN, instances=placed.get(s.name, 0), message=s.error,
                             # (backends open change every probe: in the metrics, not in the status)
                             max_connections=s.max_connections if s.up else None)
                 for s in self.fleet.shards.values()]
@@ -488,8 +492,8 @@ class Reconciler:
             try:
                 if expired:
                     message = "ttlSeconds ran out: the instances went back to the pool"
-                    status = EnvClaimStatus(phase="Expired", instances=[], lost=[], message=message,
-                                            conditions=conditions.claim_conditions("Expired", message))
+                    status = EnvClaimStatus(phase=ClaimPhase.EXPIRED, instances=[], lost=[], message=message,
+                                            conditions=conditions.claim_conditions(ClaimPhase.EXPIRED, message))
                     try:
                         await self.ctx.kube.patch_status("envclaims", fleet.namespace, claim.rsplit(".", 1)[0], status)
                     except ApiError as exc:
@@ -520,8 +524,8 @@ class Reconciler:
             name = claim.rsplit(".", 1)[0]
             total = len(fleet.claims[claim].pods)
             message = f"{len(lost)} of {total} instances lost: {', '.join(lost[:5])}"
-            status = EnvClaimStatus(phase="Degraded", lost=list(lost), message=message,
-                                    conditions=conditions.claim_conditions("Degraded", message))
+            status = EnvClaimStatus(phase=ClaimPhase.DEGRADED, lost=list(lost), message=message,
+                                    conditions=conditions.claim_conditions(ClaimPhase.DEGRADED, message))
             try:
                 await self.ctx.kube.patch_status("envclaims", fleet.namespace, name, status)
             except ApiError as exc:
@@ -564,38 +568,39 @@ class Reconciler:
             m.instances.labels(fleet.namespace, fleet.name, state).set(n)
         m.demand.labels(fleet.namespace, fleet.name).set(fleet.demand())
         if fleet.spec is None:
-            cond = self._condition("Ready", False, "InvalidSpec", fleet.spec_error or "no spec")
+            cond = self._condition(ConditionType.READY, False, FleetReason.INVALID_SPEC, fleet.spec_error or "no spec")
             status = EnvFleetStatus(conditions=[cond])
         else:
             want = fleet.spec.replicas
             m.desired.labels(fleet.namespace, fleet.name).set(want)
             ready = c.ready + c.allocated >= want and c.replicas == want
             message = f"{c.ready} ready, {c.allocated} allocated, {c.starting} starting of {want}"
-            reason = "AllReady" if ready else "Reconciling"
+            reason = FleetReason.ALL_READY if ready else FleetReason.RECONCILING
             stuck = sorted((p.name, p.problem) for p in fleet.pods.values() if p.problem and not p.deleting)
             if self.index_error is not None:
-                ready, reason = False, "CatalogIndexUnavailable"
+                ready, reason = False, FleetReason.CATALOG_INDEX_UNAVAILABLE
                 message = f"{self.index_error}; " + message
             elif stuck and not ready:
                 # say why, in the words of the first stuck pod: a misspelt environment, a missing
                 # catalog image, an unreachable database are otherwise a silent "Reconciling"
                 name, problem = stuck[0]
                 container = problem.split(":", 1)[0]
-                reason = {"bundle": "BundleUnavailable", "provision": "ProvisionFailed"}.get(container, "PodsFailing")
+                reason = {"bundle": FleetReason.BUNDLE_UNAVAILABLE,
+                          "provision": FleetReason.PROVISION_FAILED}.get(container, FleetReason.PODS_FAILING)
                 message += f"; {len(stuck)} stuck, e.g. {name}: {problem}"
             elif self.placement_error is not None and not ready:
-                ready, reason = False, "DatabaseUnavailable"
+                ready, reason = False, FleetReason.DATABASE_UNAVAILABLE
                 message = f"{self.placement_error}; " + message
-            cond = self._condition("Ready", ready, reason, message)
+            cond = self._condition(ConditionType.READY, ready, reason, message)
             shards = self.shard_status()
-            up = [s for s in shards if s.state == "Up"]
+            up = [s for s in shards if s.state == ShardState.UP]
             db_ok = bool(shards) and len(up) == len(shards)
-            db_reason = "AllShardsUp" if db_ok else "SecretUnreadable" if self.shards_error else \
-                "Probing" if not shards or all(s.state == "Unknown" for s in shards) else \
-                "ShardLost" if any(s.state == "Lost" for s in shards) else "ShardDown"
+            db_reason = ShardReason.ALL_SHARDS_UP if db_ok else ShardReason.SECRET_UNREADABLE if self.shards_error \
+                else ShardReason.PROBING if not shards or all(s.state == ShardState.UNKNOWN for s in shards) \
+                else ShardReason.SHARD_LOST if any(s.state == ShardState.LOST for s in shards) else ShardReason.SHARD_DOWN
             db_message = self.shards_error or f"{len(up)} of {len(shards)} shards up" + "".join(
-                f"; {s.name}: {s.state.lower()} ({s.message})" for s in shards if s.state != "Up")
-            db = self._condition("DatabaseAvailable", db_ok, db_reason, db_message[:1000])
+                f"; {s.name}: {s.state.lower()} ({s.message})" for s in shards if s.state != ShardState.UP)
+            db = self._condition(ConditionType.DATABASE_AVAILABLE, db_ok, db_reason, db_message[:1000])
             # environments: null when there is no selector (a merge patch removes what a removed
             # selector chose)
             status = EnvFleetStatus(replicas=c.replicas, ready=c.ready, allocated=c.allocated,

@@ -17,11 +17,15 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import Any, Callable, Collection, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Collection, Iterable, Mapping
 
+from awm.claims import ClaimRequest
 from awm_operator.crds import EnvFleetSpec
 from awm_operator.databases import Shard
 from awm_operator.pods import PodInfo
+
+if TYPE_CHECKING:  # ledger.py imports this module: a type only (import-linter skips these imports)
+    from awm_operator.ledger import Ledger
 
 
 @dataclass
@@ -58,30 +62,17 @@ class ClaimRecord:
                    holder=data.get("holder"), owner=data.get("owner"))
 
 
-@dataclass(frozen=True)
-class ClaimRequest:
-    count: int
-    environment: str | None = None
-    group_size: int | None = None
-    # binding: late - the client switches each instance itself (POST /bind, or /reset with env)
-    # before its first episode, instead of the operator before it answers: a claim then costs
-    # what a pinned fleet's does, and the switches run on the pods, not through the operator.
-    client_switches: bool = False
-
-    def problem(self, spec: EnvFleetSpec | None, environments: list[str] | None = None) -> str | None:
-        """Why this request can never be satisfied by the fleet, or None (``environments``: the
-        fleet's, where a selector chose them; None while it has not been resolved)."""
-        if self.count < 1:
-            return "count must be at least 1"
-        if self.group_size and self.count % self.group_size:
-            return f"count ({self.count}) must be a multiple of groupSize ({self.group_size})"
-        if spec is not None:
-            known = environments if spec.environment_selector is not None else spec.environments
-            if self.environment and known is not None and self.environment not in known:
-                return f"environment {self.environment!r} is not in the fleet"
-            if spec.autoscale and self.count > spec.max_replicas:
-                return f"count ({self.count}) exceeds the fleet's maxReplicas ({spec.max_replicas})"
-        return None
+def unsatisfiable(req: ClaimRequest, spec: EnvFleetSpec | None, environments: list[str] | None = None) -> str | None:
+    """Why ``req`` can never be satisfied by the fleet, or None (``environments``: the fleet's,
+    where a selector chose them; None while it has not been resolved). What the request alone
+    can say (a count, groups that do not divide it) its model says when it is read."""
+    if spec is not None:
+        known = environments if spec.environment_selector is not None else spec.environments
+        if req.environment and known is not None and req.environment not in known:
+            return f"environment {req.environment!r} is not in the fleet"
+        if spec.autoscale and req.count > spec.max_replicas:
+            return f"count ({req.count}) exceeds the fleet's maxReplicas ({spec.max_replicas})"
+    return None
 
 
 def plan(available: Mapping[str, Collection[str]], req: ClaimRequest) -> list[list[str]] | None:
@@ -184,7 +175,7 @@ class Fleet:
     claims: dict[str, ClaimRecord] = field(default_factory=dict)  # the ledger, as last written
     owner: dict[str, str] = field(default_factory=dict)     # pod name -> claim id holding it
     releasing: set[str] = field(default_factory=set)        # claim ids being released
-    ledger: Any = None  # ledger.Ledger while this replica acts on the fleet (ledger.py imports this module)
+    ledger: Ledger | None = None  # while this replica acts on the fleet
     active: bool = False                                    # this replica's daemon runs it
     deleted: bool = False
     shards: dict[str, Shard] = field(default_factory=dict)  # its Postgres shards, as last probed (databases.py)
