@@ -189,6 +189,44 @@ class PrepareRequest(Wire):
     wait: bool = Field(False, strict=True)
 
 
+InstanceState = Literal["starting", "ready", "allocated", "failed", "deleting"]
+
+
+class FleetInstance(Answer):
+    """One instance of a fleet as ``GET .../instances`` lists it (what ``awm ui``'s fleet page shows)."""
+
+    pod: str
+    environment: str
+    state: InstanceState
+    phase: str  # the Pod's phase, as Kubernetes says it
+    claim: str | None = None
+    holder: str | None = None
+    problem: str | None = None  # why it is not ready (a container's waiting reason)
+    mcp_url: str | None = None
+    control_url: str | None = None
+
+
+class HeldClaim(Answer):
+    """A claim as the fleet's instance listing shows it (its instances are listed by pod)."""
+
+    id: str
+    holder: str | None = None
+    owner: str | None = None
+    instances: int
+    groups: int
+    age_seconds: float
+    expires_in_seconds: float | None = None
+
+
+class FleetInstances(Answer):
+    """``GET .../instances``: every instance of the fleet and every claim on it."""
+
+    namespace: str
+    fleet: str
+    instances: list[FleetInstance]
+    claims: list[HeldClaim]
+
+
 class Preparation(Answer):
     """What a prepare request did: instances asked, pods chosen (pod -> environment) and, when
     waited for, how many were made, were there already, or failed."""

@@ -10,8 +10,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from awm.claims import (OUTCOME_STATUS, Claim, ClaimedInstance, ClaimOutcome, ClaimRefusal, ClaimRequest, HolderRelease,
-                        Release, Renewal)
+from awm.claims import (OUTCOME_STATUS, Claim, ClaimedInstance, ClaimOutcome, ClaimRefusal, ClaimRequest, FleetInstance,
+                        FleetInstances, HolderRelease, Release, Renewal)
 from awm.episode.allocation import AllocationClient, AllocationError
 from awm_operator.allocator import Allocator
 from awm_operator.api import build_api
@@ -105,6 +105,10 @@ async def test_the_wire_is_the_models(api) -> None:  # type: ignore[no-untyped-d
             assert set(await r.json()) == wire_names(Release)
         async with http.delete(base, params={"holder": "h"}) as r:
             assert set(await r.json()) == wire_names(HolderRelease)
+        async with http.get(f"{url}/v1/namespaces/ns/envfleets/f/instances") as r:
+            listing = await r.json()
+        assert set(listing) == wire_names(FleetInstances) and len(listing["instances"]) == 4
+        assert all(set(i) == wire_names(FleetInstance) for i in listing["instances"])
         assert set(ClaimRequest(count=1).wire()) == wire_names(ClaimRequest)
 
 

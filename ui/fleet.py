@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel
 
 # the operator API's credentials (AWM_API_TOKEN or the pod's token); that module needs only httpx
+from awm.claims import FleetInstances
 from awm.episode.allocation import bearer
 
 PROMQL = {  # fleet-wide, from a real Prometheus (checked by promtool in tests/test_ui_dashboard.py)
@@ -151,17 +152,17 @@ class FleetView:
             response, listed = await asyncio.gather(self._client.get(url, headers=bearer()),
                                                     self._client.get(url + "/instances", headers=bearer()))
             body = response.json()
-            detail = listed.json() if listed.status_code == 200 else {}
-        except (httpx.HTTPError, ValueError) as exc:
+            detail = FleetInstances.read(listed.json()) if listed.status_code == 200 else None
+        except (httpx.HTTPError, ValueError) as exc:  # (BadRequest: an answer that is not FleetInstances)
             return {"fleet": ref, "error": str(exc)}
         if response.status_code != 200:
             return {"fleet": ref, "error": body.get("error", response.text)}
         by_env: dict[str, dict[str, int]] = {}
-        for inst in detail.get("instances", []):
-            states = by_env.setdefault(inst["environment"], {})
-            states[inst["state"]] = states.get(inst["state"], 0) + 1
-        return {**body, "environments": by_env, "instances": detail.get("instances", []),
-                "claims": detail.get("claims", [])}
+        for inst in detail.instances if detail else []:
+            states = by_env.setdefault(inst.environment, {})
+            states[inst.state] = states.get(inst.state, 0) + 1
+        listing = detail.wire() if detail else {"instances": [], "claims": []}
+        return {**body, "environments": by_env, "instances": listing["instances"], "claims": listing["claims"]}
 
     async def _namespace(self, namespace: str) -> dict[str, Any]:
         """Every Campaign and EnvFleet of ``namespace``, as the operator lists them (the last

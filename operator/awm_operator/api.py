@@ -7,31 +7,31 @@ never hand out the same instance. Claims made here have ids ``api_<hex>`` (an un
 occurs in an EnvClaim's name) and a TTL: one not released nor renewed in time is released by
 the operator, so a crashed trainer does not hold instances forever.
 
-    POST   /v1/namespaces/{ns}/envfleets/{fleet}/claims       {"count": 16, "groupSize": 8,
-                                                               "environment": null, "waitSeconds": 30,
-                                                               "ttlSeconds": 3600, "holder": null,
-                                                               "switch": "operator"}
-        201 {"id", "namespace", "fleet", "instances": [{"pod", "environment", "group", "mcpUrl",
-             "controlUrl", "switched"}], "expiresAt", "latencyMs"}
+Requests and answers are the models of :mod:`awm.claims` (named after each route below); every
+refusal is a ``ClaimRefusal`` ``{"error", "outcome"}``.
+
+    POST   /v1/namespaces/{ns}/envfleets/{fleet}/claims    ClaimRequest -> 201 Claim
         A late-binding fleet's instances are switched to the claim's environment before the answer;
         with "switch": "client" the answer comes at once and an instance with "switched": false
         must be switched by the client (POST <controlUrl>/bind, or /reset with "env") before use.
-        The release answers once the instances are reset (the ledger is written after it).
-        400 bad request, 404 unknown fleet, 409 not enough ready instances within waitSeconds,
-        503 this replica is a standby (kopf peering)
-    GET    /v1/namespaces/{ns}/envfleets/{fleet}/claims/{id}        -> the claim; lost instances flagged
-    POST   /v1/namespaces/{ns}/envfleets/{fleet}/claims/{id}/renew  {"ttlSeconds": 3600} -> {"expiresAt"}
-    DELETE /v1/namespaces/{ns}/envfleets/{fleet}/claims/{id}  -> 200 {"returned", "replaced"}, 404 unknown
-    DELETE /v1/namespaces/{ns}/envfleets/{fleet}/claims?holder=H -> 200 {"released": [ids], "returned",
-        "replaced"}: every claim of that holder (a retried trainer pod frees what its dead predecessor
-        held, instead of waiting out the TTL)
+        400 Refused (bad request, unknown environment), 404 unknown fleet, 409 UnAllocated (not
+        enough ready instances within waitSeconds) or Contention (the id is being bound), 503
+        Standby (this replica does not act on the fleet: kopf peering)
+    GET    /v1/namespaces/{ns}/envfleets/{fleet}/claims/{id}              -> Claim, lost instances flagged
+    POST   /v1/namespaces/{ns}/envfleets/{fleet}/claims/{id}/renew        RenewRequest -> Renewal
+    DELETE /v1/namespaces/{ns}/envfleets/{fleet}/claims/{id}              -> Release (once the instances
+        are reset; the ledger is written after it), 404 unknown
+    DELETE /v1/namespaces/{ns}/envfleets/{fleet}/claims?holder=H          -> HolderRelease: every claim
+        of that holder (a retried trainer pod frees what its dead predecessor held, instead of
+        waiting out the TTL)
+    POST   /v1/namespaces/{ns}/envfleets/{fleet}/prepare                  PrepareRequest -> Preparation
 
 Every /v1/ request is authenticated and authorised against Kubernetes RBAC (awm_operator/auth.py:
 a bearer ServiceAccount token; 401 without a valid one, 403 when RBAC says no or the claim is
 another identity's), unless the operator runs with AWM_API_AUTH=off.
     GET    /v1/namespaces/{ns}/envfleets/{fleet}              -> sizes, demand, whether this replica acts
-    GET    /v1/namespaces/{ns}/envfleets/{fleet}/instances    -> every instance (environment, state,
-        claim, holder, problem) and every claim (holder, size, age, time left)
+    GET    /v1/namespaces/{ns}/envfleets/{fleet}/instances    -> FleetInstances: every instance
+        (environment, state, claim, holder, problem) and every claim (holder, size, age, time left)
     GET    /v1/namespaces/{ns}/envfleets                      -> every fleet with its counts and Ready
         condition (what `awm ui --namespace NS` shows)
     GET    /v1/namespaces/{ns}/campaigns                      -> every campaign with its status, progress
@@ -50,7 +50,8 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from awm.claims import (MAX_ENVIRONMENTS, MAX_WAIT_S, OUTCOME_STATUS, BadRequest, Claim, ClaimOutcome, ClaimRefusal,
-                        ClaimRequest, HolderRelease, Preparation, PrepareRequest, Release, Renewal, RenewRequest, Wire)
+                        ClaimRequest, FleetInstance, FleetInstances, HeldClaim, HolderRelease, Preparation,
+                        PrepareRequest, Release, Renewal, RenewRequest, Wire)
 from awm_operator import auth as authn
 from awm_operator import hostguard
 from awm_operator.allocator import ClaimError, Refused, describe
@@ -283,15 +284,14 @@ class AllocationApi:
             record = fleet.claims.get(claim) if claim else None
             state = ("deleting" if pod.deleting else "failed" if pod.failed else "allocated" if claim
                      else "ready" if pod.allocatable else "starting")
-            rows.append({"pod": pod.name, "environment": pod.env, "state": state, "phase": pod.phase,
-                         "claim": claim, "holder": record.holder if record else None, "problem": pod.problem,
-                         "mcpUrl": pod.mcp_url, "controlUrl": pod.control_url})
-        claims = [{"id": cid, "holder": rec.holder, "owner": rec.owner, "instances": len(rec.pods),
-                   "groups": len(rec.groups), "ageSeconds": round(now - rec.created, 1),
-                   "expiresInSeconds": None if rec.expires is None else round(rec.expires - now, 1)}
+            rows.append(FleetInstance(pod=pod.name, environment=pod.env, state=state, phase=pod.phase, claim=claim,
+                                      holder=record.holder if record else None, problem=pod.problem,
+                                      mcp_url=pod.mcp_url, control_url=pod.control_url))
+        claims = [HeldClaim(id=cid, holder=rec.holder, owner=rec.owner, instances=len(rec.pods), groups=len(rec.groups),
+                            age_seconds=round(now - rec.created, 1),
+                            expires_in_seconds=None if rec.expires is None else round(rec.expires - now, 1))
                   for cid, rec in sorted(fleet.claims.items())]
-        return web.json_response({"namespace": fleet.namespace, "fleet": fleet.name, "instances": rows,
-                                  "claims": claims})
+        return answer(FleetInstances(namespace=fleet.namespace, fleet=fleet.name, instances=rows, claims=claims))
 
     async def listing(self, request: web.Request) -> web.Response:
         """Every EnvFleet of the namespace (read from the API server, so a standby replica

@@ -233,7 +233,7 @@ async def _bind(memo: kopf.Memo, namespace: str, name: str, uid: str, raw_spec: 
     try:
         try:
             spec = EnvClaimSpec.model_validate(raw_spec)
-            req = ClaimRequest.read({"count": spec.count, "environment": spec.environment, "groupSize": spec.group_size})
+            req = ClaimRequest.read(dict(count=spec.count, environment=spec.environment, group_size=spec.group_size))
         except (ValueError, BadRequest) as exc:
             await report(ClaimPhase.FAILED, f"invalid spec: {exc}")
             return
