@@ -11,7 +11,9 @@ Modules, roughly in the order data flows through them:
 * :mod:`awm.trainer.grpo` (loss math), :mod:`awm.trainer.samples` (trajectories to token tensors),
   :mod:`awm.trainer.learner` (one optimiser step, checkpoints), :mod:`awm.trainer.models` (building the
   policy), :mod:`awm.trainer.run` (the ``awm train`` loop), :mod:`awm.trainer.distributed` (FSDP ranks);
-* :mod:`awm.trainer.eval` (pass@k), :mod:`awm.trainer.metrics` (Prometheus, JSONL, plots), :mod:`awm.trainer.cli`.
+* :mod:`awm.trainer.eval` (pass@k), :mod:`awm.trainer.metrics` (Prometheus, JSONL, plots), :mod:`awm.trainer.cli`
+  (registers the commands, each in a module of its own: ``cmd_agent``, ``cmd_train``, ``cmd_eval``,
+  ``cmd_warmstart``, ``cmd_verify``; the options they share in ``cmd_options``).
 
 Nothing here imports torch at module import time except the learner-side modules, so the CLI
 stays cheap and the env server never needs torch.

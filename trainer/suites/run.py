@@ -1,5 +1,5 @@
 """``awm eval --suite NAME``: picks the suite's interpreter, runs it, prints and writes the table.
-Kept apart from trainer/cli.py so that file only parses options."""
+Kept apart from trainer/cmd_eval.py so that file only parses options."""
 
 from __future__ import annotations
 
