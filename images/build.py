@@ -8,21 +8,25 @@ only package registries (PyPI, Debian) still gets every image:
 
     base      Debian bookworm minbase + images/base/packages.txt  (stands in for python:3.11-slim-bookworm)
     busybox   Debian's busybox-static on an empty root            (stands in for busybox:1.37.0)
-    envserver, operator, catalog, trainer, postgres   images/<name>/Dockerfile with BASE/BUSYBOX set
+    wheel     images/wheel/Dockerfile: the awm package's wheel, the one build of it that every
+              image running awm installs (passed to them as WHEEL; built first, when one needs it)
+    envserver, operator, catalog, trainer, postgres   images/<name>/Dockerfile with BASE/BUSYBOX/WHEEL set
     trainer-eval   images/trainer/Dockerfile with EXTRAS=eval: `awm eval` of an endpoint, no torch
 
 Every image is written as a docker-archive tar (loadable by `docker load`, `ctr images import`,
 `kind load image-archive`) into the cache, ``$AWM_IMAGE_CACHE`` or ``~/.cache/awm/images``, under a
 key hashed from everything that goes into it: the Dockerfile, the files its COPY lines name, the
-build arguments and the base's key. An image whose key is cached is not rebuilt; its tag is
+build arguments, among them the tags (so the keys) of the base and of the wheel it installs: a
+change to the package's sources or to how it is built makes a new wheel and rebuilds every image
+on it. An image whose key is cached is not rebuilt; its tag is
 ``localhost/awm-<name>:<key>``, so a changed image can never hide behind an old tag on a node.
 
 Reproducibility: layer timestamps are clamped (``--timestamp 0``; mmdebstrap with
 ``SOURCE_DATE_EPOCH``); Debian packages come from the archive (not a snapshot: the same day gives the
 same versions); Python packages are pinned by pyproject.toml's ranges. See docs/kubernetes.md "Images without Docker".
 
-    python3 images/build.py                    # base, busybox, envserver, operator, catalog, postgres
-    python3 images/build.py envserver trainer  # just these (and what they build on)
+    python3 images/build.py                    # base, busybox, wheel, envserver, operator, catalog, postgres
+    python3 images/build.py envserver trainer  # just these (and what they build on: base, wheel)
     python3 images/build.py trainer-eval       # the evaluation image (no torch)
     python3 images/build.py --json             # one JSON record per image on stdout
 
@@ -57,7 +61,11 @@ KEEP = 2  # builds kept per image name: the current one and the one before
 # Images built from another image's Dockerfile with build arguments of their own: name ->
 # (Dockerfile directory, build arguments). The Dockerfile stays the one description.
 VARIANTS: dict[str, tuple[str, dict[str, str]]] = {"trainer-eval": ("trainer", {"EXTRAS": "eval"})}
-ALL = [*DEFAULT, "trainer", *VARIANTS]
+# Images that others build on, by the build argument that names them: each is built (once) before
+# the images whose Dockerfile uses that argument, and passed to them as its content-keyed tag.
+# WHEEL: the awm package, built only in images/wheel/Dockerfile.
+SHARED: dict[str, str] = {"WHEEL": "wheel"}
+ALL = [*DEFAULT, "trainer", *VARIANTS, *SHARED.values()]
 EPOCH = "0"  # the clamped timestamp of every layer
 
 
@@ -326,19 +334,29 @@ class Builder:
                 self.buildah("rm", c)
 
     # ---- the Dockerfiles
-    def image(self, name: str, base: Built, busybox: Built | None) -> Built:
+    def image(self, name: str, base: Built, busybox: Built | None = None,
+              shared: dict[str, Built] | None = None) -> Built:
+        """shared: the images of SHARED this one builds on, by build argument (WHEEL=...)."""
         dockerfile, args = recipe(name)
         if not dockerfile.is_file():
             raise BuildError(f"no such image: {name} ({dockerfile} missing)")
         args["BASE"] = base.ref
         if busybox is not None:
             args["BUSYBOX"] = busybox.ref
+        for arg, b in (shared or {}).items():
+            args[arg] = b.ref
+        missing = [a for a in _shared_args(name) if a not in args]
+        if missing:
+            raise BuildError(f"{name}: build {', '.join(SHARED[a] for a in missing)} first (its Dockerfile uses {', '.join(missing)})")
+        # args hold the refs, so the keys, of the base and of the shared images: a new wheel
+        # (sources or images/wheel/Dockerfile changed) is a new key for every image on it
         key = _sha(name, dockerfile.read_text(), context_digest(copy_sources(dockerfile)),
                    json.dumps(args, sort_keys=True))[:16]
         if (b := self._cached(name, key)):
             return b
         t0 = time.monotonic()
-        self.say(f"==> {name}: buildah build -f {dockerfile.relative_to(ROOT)} (BASE={base.ref})")
+        on = " ".join(f"{k}={v}" for k, v in args.items() if k == "BASE" or k in SHARED)
+        self.say(f"==> {name}: buildah build -f {dockerfile.relative_to(ROOT)} ({on})")
         ref = f"localhost/awm-{name}:{key}"
         log = self.logs / f"{name}-{key}.log"
         log.unlink(missing_ok=True)
@@ -346,8 +364,22 @@ class Builder:
                *_trust_mounts(self._tmp), "-f", str(dockerfile), "-t", ref]
         for k, v in args.items():
             cmd += ["--build-arg", f"{k}={v}"]
-        self.buildah(*cmd, str(ROOT), log=log)
+        try:
+            self.buildah(*cmd, str(ROOT), log=log)
+        finally:
+            # buildah (1.28) leaves the working container of a stage that only names an image
+            # (`FROM ${WHEEL} AS wheel`): a container per build, and an image no prune can remove
+            self.remove_containers({args[a] for a in SHARED if a in args})
         return self._save(name, key, ref, time.monotonic() - t0)
+
+    def remove_containers(self, refs: set[str]) -> None:
+        """Remove the buildah containers made from any of these images."""
+        if not refs:
+            return
+        out = self.buildah("containers", "--all", "--format", "{{.ContainerID}} {{.ImageName}}")
+        ids = [w[0] for w in map(str.split, out.splitlines()) if len(w) == 2 and w[1] in refs]
+        if ids:
+            self.buildah("rm", *ids)
 
     def build(self, names: list[str]) -> list[Built]:
         lock = open(self.cache / ".lock", "w")
@@ -357,10 +389,16 @@ class Builder:
             needs_busybox = any(_uses_busybox(n) for n in names)
             busybox = self.busybox() if needs_busybox else None
             out = [base] + ([busybox] if busybox else [])
-            for n in names:
-                b = self.image(n, base, busybox if _uses_busybox(n) else None)
+            shared: dict[str, Built] = {}
+            # the shared images first (those asked for or used by one asked for), then the rest
+            wanted = {a for n in names for a in _shared_args(n)} | {a for a, n in SHARED.items() if n in names}
+            order = [n for a, n in SHARED.items() if a in wanted] + [n for n in names if n not in SHARED.values()]
+            for n in order:
+                b = self.image(n, base, busybox if _uses_busybox(n) else None,
+                               {a: shared[a] for a in _shared_args(n)})
                 self.say(f"    {n}: {b.ref} {b.size_bytes / 1e6:.0f} MB "
                          f"{'cached' if b.cached else f'built in {b.build_seconds:.0f} s'}")
+                shared.update({a: b for a, s in SHARED.items() if s == n})
                 out.append(b)
             self.prune(out)
             return out
@@ -387,6 +425,7 @@ class Builder:
             tags = self.buildah("images", "--format", "{{.Name}}:{{.Tag}}").split()
             stale = [t for t in tags if t.rpartition(":")[0] == f"localhost/awm-{b.name}" and t not in kept]
             if stale:
+                self.remove_containers(set(stale))  # (left by an interrupted build)
                 self.buildah("rmi", *stale)  # a tag sharing its image with a kept one is only untagged
                 self.say(f"    {b.name}: pruned {len(stale)} superseded build(s)")
 
@@ -395,9 +434,16 @@ def _uses_busybox(name: str) -> bool:
     return "${BUSYBOX}" in recipe(name)[0].read_text()
 
 
+def _shared_args(name: str) -> list[str]:
+    """The build arguments of SHARED that an image's Dockerfile uses (its FROM ${WHEEL})."""
+    text = recipe(name)[0].read_text()
+    return [a for a in SHARED if re.search(rf"^\s*FROM\s+\$\{{{a}\}}", text, re.M)]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("names", nargs="*", help=f"images to build (default: {' '.join(DEFAULT)}; also: trainer, {', '.join(VARIANTS)})")
+    ap.add_argument("names", nargs="*", help=f"images to build (default: {' '.join(DEFAULT)}; also: {', '.join(n for n in ALL if n not in DEFAULT)}; "
+                    "what they build on comes first)")
     ap.add_argument("--json", action="store_true", help="print one JSON record per image on stdout")
     a = ap.parse_args(argv)
     names = a.names or DEFAULT

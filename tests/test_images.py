@@ -4,9 +4,13 @@ Fast: each Dockerfile parses, is multi-stage, pins every base image by tag (or d
 non-root user, has an exec-form ENTRYPOINT, copies only files that exist, and keeps pip out of the
 final stage.
 
-Slow: each image's build stage is replayed on the host: the files its COPY lines name are copied
-into an empty directory, a clean virtualenv gets exactly the `pip install` of its RUN line, and the
-image's commands run from that virtualenv: the entrypoint, and for the env-server image also the
+The awm package is built in one place, images/wheel/Dockerfile (the wheel every image installs
+through its WHEEL build argument): no other Dockerfile copies the package's sources.
+
+Slow: each image's build is replayed on the host: the wheel as images/wheel/Dockerfile builds it
+(the files its COPY lines name copied into an empty directory, its `pip wheel`), then a clean
+virtualenv gets exactly the `pip install` of the image's RUN line, and the image's commands run
+from that virtualenv: the entrypoint, and for the env-server image also the
 commands the operator puts in env pods (operator/awm_operator/pods.py). That catches a missing
 COPY, a missing extra or a broken entrypoint before anyone builds the image.
 """
@@ -36,6 +40,11 @@ from tests.test_chart import helm  # noqa: F401  (the fixture: the chart's UI co
 ROOT = Path(__file__).resolve().parent.parent
 IMAGES = ROOT / "images"
 NAMES = ["envserver", "operator", "trainer", "catalog", "postgres"]
+# Images that are built on, never run: the awm package's wheel (images/build.py SHARED).
+SHARED = dict(image_build.SHARED)  # build argument -> images/<dir>
+# Where the wheel image keeps the wheel, and the wheel's file name pattern.
+WHEELS = "/wheels"
+WHEEL_GLOB = "awm_fleet-*.whl"
 
 
 @dataclass
@@ -83,7 +92,12 @@ def dockerfile(name: str) -> tuple[dict[str, str], list[Stage]]:
 
 
 def test_every_component_has_an_image() -> None:
-    assert sorted(p.name for p in IMAGES.iterdir() if (p / "Dockerfile").is_file()) == sorted(NAMES)
+    assert sorted(p.name for p in IMAGES.iterdir() if (p / "Dockerfile").is_file()) == sorted(NAMES + list(SHARED.values()))
+
+
+def build_stage(stages: list[Stage]) -> Stage:
+    """The stage that installs awm (its `pip install`)."""
+    return next(s for s in stages if any("pip install" in r for r in s.all("RUN")))
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -94,6 +108,12 @@ def test_dockerfile_rules(name: str) -> None:
     seen: set[str] = set()
     for stage in stages:
         if stage.base in seen:
+            continue
+        shared = re.fullmatch(r"\$\{(\w+)\}", stage.base)
+        if shared and shared.group(1) in SHARED:
+            # an image built from this checkout (images/wheel/Dockerfile): its tag as documented
+            assert args[shared.group(1)] == f"awm-{SHARED[shared.group(1)]}", stage.base
+            seen.add(stage.name or stage.base)
             continue
         # a variable base (images/build.py substitutes a locally built one) defaults to a pinned tag
         ref = re.sub(r"\$\{(\w+)\}", lambda m: args.get(m.group(1), m.group(0)), stage.base)
@@ -130,6 +150,51 @@ def test_dockerfile_rules(name: str) -> None:
         assert all("--invalidation-mode unchecked-hash" in r for r in compile_runs), compile_runs
 
 
+def test_one_build_of_the_package() -> None:
+    """images/wheel/Dockerfile is the only place the awm package is built: it copies every source
+    folder pyproject.toml maps to a package and builds one wheel into /wheels of an image holding
+    nothing else; every image that runs awm installs that wheel (FROM ${WHEEL}, COPY --from) and
+    copies none of the sources itself."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    folders = {d.split("/")[0] for d in project["tool"]["setuptools"]["package-dir"].values() if d != "."}
+    sources = {"pyproject.toml", project["project"]["readme"], "awm", *folders}
+    [(arg, directory)] = SHARED.items()
+    assert (arg, directory) == ("WHEEL", "wheel")
+    args, stages = dockerfile(directory)
+    build, final = stages[0], stages[-1]
+    copied = {src for copy in build.all("COPY") for src in copy.split()[:-1]}
+    assert copied == sources, f"the wheel's build stage copies {sorted(copied)}, the package is {sorted(sources)}"
+    [run] = build.all("RUN")
+    assert f"pip wheel --no-deps --wheel-dir {WHEELS} ." in run, run
+    assert final.base == "scratch" and final.all("COPY") == [f"--from=build {WHEELS} {WHEELS}"]
+    assert [i for i, _ in final.instructions] == ["COPY"], "the wheel image holds the wheel and nothing else"
+
+    users = [n for n in NAMES if any("pip install" in r for s in dockerfile(n)[1] for r in s.all("RUN"))]
+    assert sorted(users) == ["catalog", "envserver", "operator", "trainer"]
+    for name in NAMES:
+        args, stages = dockerfile(name)
+        for stage in stages:
+            for copy in stage.all("COPY"):
+                if not copy.startswith("--from"):
+                    for src in copy.split()[:-1]:
+                        src = re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], src)
+                        # (a catalog's data may come from inside awm/: the catalog image's awm/starter)
+                        assert src not in sources and src.split("/")[0] not in sources - {"awm"}, \
+                            f"{name}: COPY {src}: the package's sources go into images/wheel/Dockerfile only"
+        if name not in users:
+            continue
+        assert args[arg] == "awm-wheel"
+        assert [s.name for s in stages if s.base == "${WHEEL}"] == ["wheel"], name
+        build = build_stage(stages)
+        assert f"--from=wheel {WHEELS} {WHEELS}" in build.all("COPY"), name
+        install = pip_install_args(build, {**args, "EXTRAS": "x"})
+        assert len(install) == 1 and install[0].startswith(f"$(ls {WHEELS}/{WHEEL_GLOB})"), install
+        # the shared image's build argument is what images/build.py passes
+        assert image_build._shared_args(name) == [arg]
+
+
 # --------------------------------------------------------------------------- replaying builds
 
 
@@ -155,25 +220,24 @@ class Built:
                               env={**clean, **(env or {})})
 
 
-def pip_install_args(stage: Stage, args: dict[str, str]) -> list[str]:
-    """The arguments of the stage's `pip install`, build arguments substituted (``${EXTRAS}``)."""
+def pip_args(stage: Stage, args: dict[str, str], command: str = "install") -> list[str]:
+    """The arguments of the stage's `pip <command>`, build arguments substituted (``${EXTRAS}``)."""
     for run in stage.all("RUN"):
-        m = re.search(r"pip install ((?:\"[^\"]+\"|'[^']+'|[^&\s]+)(?: (?:\"[^\"]+\"|'[^']+'|[^&\s]+))*)", run)
+        m = re.search(rf"pip {command} ((?:\"[^\"]+\"|'[^']+'|[^&\s]+)(?: (?:\"[^\"]+\"|'[^']+'|[^&\s]+))*)", run)
         if m:
             return [re.sub(r"\$\{(\w+)\}", lambda v: args[v.group(1)], a) for a in shlex.split(m.group(1))]
-    raise AssertionError("no pip install in the build stage")
+    raise AssertionError(f"no pip {command} in the build stage")
 
 
-def replay(name: str, tmp: Path, preinstall=None, build_args: dict[str, str] | None = None) -> Built:
-    """Copy what the build stage COPYs into tmp/src, then `pip install` as its RUN line does into
-    a fresh virtualenv (preinstall(venv) may seed it first). build_args override the Dockerfile's
-    ARG defaults, as `--build-arg` does."""
-    defaults, stages = dockerfile(name)
-    args = {**defaults, **(build_args or {})}
-    build = stages[0]
-    src = tmp / "src"
-    src.mkdir()
-    for copy in build.all("COPY"):
+def pip_install_args(stage: Stage, args: dict[str, str]) -> list[str]:
+    return pip_args(stage, args, "install")
+
+
+def copy_context(stage: Stage, args: dict[str, str], src: Path) -> None:
+    """The stage's COPY lines from the build context (not --from) into src (its WORKDIR)."""
+    for copy in stage.all("COPY"):
+        if copy.startswith("--from"):
+            continue
         *sources, dest = copy.split()
         for s in sources:
             s = re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], s)
@@ -184,11 +248,41 @@ def replay(name: str, tmp: Path, preinstall=None, build_args: dict[str, str] | N
             else:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(origin, target if not dest.endswith("/") else target / origin.name)
+
+
+def replay(name: str, tmp: Path, preinstall=None, build_args: dict[str, str] | None = None) -> Built:
+    """Build the wheel as images/wheel/Dockerfile does (its COPYs into tmp/wheel-src, its `pip
+    wheel` into tmp/wheels), copy what the image's build stage COPYs from the context into tmp/src,
+    then `pip install` as its RUN line does (the wheel found in tmp/wheels) into a fresh virtualenv
+    (preinstall(venv) may seed it first). build_args override the Dockerfile's ARG defaults, as
+    `--build-arg` does."""
+    defaults, stages = dockerfile(name)
+    args = {**defaults, **(build_args or {})}
+    build = build_stage(stages)
     venv = tmp / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    pip = [str(venv / "bin" / "pip"), "--quiet", "--disable-pip-version-check"]
+    wheels = tmp / WHEELS.lstrip("/")
+    wheel_args, wheel_stages = dockerfile(SHARED["WHEEL"])
+    wheel_src = tmp / "wheel-src"
+    wheel_src.mkdir()
+    copy_context(wheel_stages[0], wheel_args, wheel_src)
+    cmd = [*pip, "wheel", *(str(wheels) if a == WHEELS else a for a in pip_args(wheel_stages[0], wheel_args, "wheel"))]
+    r = subprocess.run(cmd, cwd=wheel_src, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, f"{' '.join(cmd)}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    src = tmp / "src"
+    src.mkdir()
+    copy_context(build, args, src)
     if preinstall:
         preinstall(venv)
-    pip = [str(venv / "bin" / "pip"), "install", "--quiet", "--disable-pip-version-check", *pip_install_args(build, args)]
+
+    def wheel_file(m: re.Match) -> str:  # the RUN line's `$(ls /wheels/<glob>)`: exactly one wheel
+        found = sorted(wheels.glob(m.group(1)))
+        assert len(found) == 1, f"{m.group(0)}: {found}"
+        return str(found[0])
+
+    install = [re.sub(rf"\$\(ls {WHEELS}/([^)]+)\)", wheel_file, a) for a in pip_install_args(build, args)]
+    pip = [*pip[:1], "install", *pip[1:], *install]
     r = subprocess.run(pip, cwd=src, capture_output=True, text=True, timeout=1500)
     assert r.returncode == 0, f"{' '.join(pip)}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
     return Built(src, venv)
@@ -377,7 +471,7 @@ def test_catalog_image_build(tmp_path: Path) -> None:
     bundles, at the path the operator's `bundle` init container copies from."""
     built = replay("catalog", tmp_path)
     _, stages = dockerfile("catalog")
-    export = next(r for r in stages[0].all("RUN") if "catalog export" in r)
+    export = next(r for r in build_stage(stages).all("RUN") if "catalog export" in r)
     m = re.search(r"awm catalog export (\S+) --catalog (\S+)", export)
     assert m, export
     out, src = tmp_path / m.group(1).lstrip("/"), built.src / m.group(2).lstrip("/")
@@ -432,9 +526,64 @@ def test_builder_prunes_superseded_builds(tmp_path: Path, monkeypatch: pytest.Mo
                         archive=str(tmp_path / f"trainer-{'a' * 16}.tar"), image_id="", size_bytes=1,
                         build_seconds=0.0)
     builder.prune([current])
+    shutil.rmtree(builder._tmp)  # what build() removes when it ends (not called here)
     left = sorted(p.name for p in tmp_path.glob("*-*.*"))
     # current (a, oldest by mtime), the newest other (c), and trainer-eval untouched; b gone
     assert left == sorted(f"{n}-{k}{s}" for n, k in [("trainer", "a" * 16), ("trainer", "c" * 16),
                                                         ("trainer-eval", "e" * 16)] for s in (".json", ".tar"))
     rmi = [c for c in calls if c[0] == "rmi"]
     assert rmi == [("rmi", f"localhost/awm-trainer:{'b' * 16}", f"localhost/awm-trainer:{'d' * 16}")]
+
+
+def test_builder_builds_the_wheel_first_and_keys_images_on_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """images/build.py builds the shared wheel image once, before the images that install it,
+    passes its tag as WHEEL, and an image's key follows the wheel's: a change to how the package
+    is built (or to its sources) rebuilds every image on it. buildah replaced by a recorder."""
+    mod = image_build
+    builds: list[list[str]] = []
+    removed: list[str] = []
+
+    class FakeBuildah:
+        def __call__(self, *args: str, **_: object) -> str:
+            if args[0] == "build":
+                builds.append(list(args))
+            if args[0] == "containers":  # buildah 1.28 leaves the `FROM ${WHEEL} AS wheel` stage's container
+                refs = [b[b.index("-t") + 1] for b in builds]
+                return "\n".join(f"c{i}   {ref}" for i, ref in enumerate(refs) if "awm-wheel" in ref)
+            if args[0] == "rm":
+                removed.extend(args[1:])
+            return ""
+
+        def image_id(self, ref: str) -> str | None:
+            return None
+
+    monkeypatch.setattr(mod, "Buildah", lambda cache: FakeBuildah())
+    builder = mod.Builder(tmp_path, quiet=True)
+
+    def fake(name: str, key: str) -> image_build.Built:
+        return mod.Built(name=name, ref=f"localhost/awm-{name}:{key}", key=key, archive="", image_id="",
+                         size_bytes=0, build_seconds=0.0)
+
+    monkeypatch.setattr(builder, "base", lambda: fake("base", "b" * 16))
+    monkeypatch.setattr(builder, "busybox", lambda: fake("busybox", "c" * 16))
+    monkeypatch.setattr(builder, "prune", lambda current: None)
+    monkeypatch.setattr(builder, "_save", lambda name, key, ref, seconds: fake(name, key))
+    # the wheel's key is in every image's key on it
+    base = fake("base", "b" * 16)
+    one = builder.image("envserver", base, None, {"WHEEL": fake("wheel", "1" * 16)})
+    two = builder.image("envserver", base, None, {"WHEEL": fake("wheel", "2" * 16)})
+    assert one.key != two.key and one.key == builder.image("envserver", base, None, {"WHEEL": fake("wheel", "1" * 16)}).key
+    with pytest.raises(mod.BuildError, match="build wheel first"):
+        builder.image("operator", base)
+    builds.clear()
+    removed.clear()
+
+    built = {b.name: b for b in builder.build(["envserver", "catalog", "postgres", "trainer-eval"])}
+    order = [b[b.index("-t") + 1].split(":")[0] for b in builds]  # the tags built, in order
+    assert order == [f"localhost/awm-{n}" for n in ("wheel", "envserver", "catalog", "postgres", "trainer-eval")]
+    # the wheel built once; every image that runs awm gets its tag as WHEEL (postgres runs none)
+    for tag, b in zip(order[1:], builds[1:]):
+        assert (f"WHEEL={built['wheel'].ref}" in b) == (tag != "localhost/awm-postgres"), b
+
+    # the containers buildah leaves from the wheel image are removed after each image on it
+    assert removed == ["c0"] * 3, removed
