@@ -357,6 +357,33 @@ def test_the_provisioner_hands_each_database_to_one_connection(admin_dsn, bundle
     assert not [d for d in provision.list_instances(admin_dsn) if "provtest" in d]
 
 
+def test_closing_with_the_database_server_gone_waits_for_one_connection(bundles, monkeypatch):
+    """A provisioner that closes while its server is gone (a killed database pod) tried to drop
+    each database it held on a connection of its own, each retried for a minute: a test's
+    teardown hung for many minutes. It waits for one connection now, and leaves the rest to the
+    fleet's sweep. (test_the_provisioner_hands_each_database_to_one_connection checks they go where the server
+    is up.)"""
+    import awm.postgres.provisioner as provisioner_module
+
+    asked: list[float] = []
+    real = provision._admin
+
+    def admin(dsn: str, dbname: str | None = None, retry_s: float = provision.CONNECT_RETRY_S):  # noqa: ANN202
+        asked.append(retry_s)
+        return real(dsn, dbname, retry_s)
+
+    monkeypatch.setattr(provision, "_admin", admin)
+    monkeypatch.setattr(provisioner_module, "CLOSE_CONNECT_S", 0.5)
+    with socket.socket() as s:  # a port nothing listens on: the server is gone
+        s.bind(("127.0.0.1", 0))
+        gone = f"postgresql://awm@127.0.0.1:{s.getsockname()[1]}/postgres"
+    by_name = {b.name: b for b in bundles}
+    provisioner = Provisioner(gone, by_name.__getitem__, "gonetest", keep=0)
+    provisioner._made = {f"awm_gonetest_{i}": None for i in range(5)}  # type: ignore[misc]  # held at close
+    provisioner.close()
+    assert asked == [0.5]  # one connection asked for, not one per database
+
+
 def test_a_whole_fleet_connecting_at_once_reaches_the_provisioner(admin_dsn, bundles, tmp_path):
     """Every instance of a fleet connects to the provisioner as it starts, all at once. With the
     socketserver default of 5 pending connections, the sixth got EAGAIN and its instance failed

@@ -79,12 +79,12 @@ CONNECT_DEFAULTS = {"connect_timeout": "10", "keepalives": "1", "keepalives_idle
                     "keepalives_interval": "10", "keepalives_count": "3"}
 
 
-def _admin(dsn: str, dbname: str | None = None) -> psycopg.Connection:
+def _admin(dsn: str, dbname: str | None = None, retry_s: float = CONNECT_RETRY_S) -> psycopg.Connection:
     params = {**CONNECT_DEFAULTS, **conninfo_to_dict(dsn)}
     if dbname:
         params["dbname"] = dbname
     dsn = make_conninfo(**params)
-    for attempt in Retrying(retry=retry_if_exception(_transient), stop=stop_after_delay(CONNECT_RETRY_S),
+    for attempt in Retrying(retry=retry_if_exception(_transient), stop=stop_after_delay(retry_s),
                             wait=wait_exponential(multiplier=0.2, max=5.0), reraise=True):
         with attempt:
             return psycopg.connect(dsn, autocommit=True)
@@ -575,6 +575,22 @@ def one_transaction(conn: psycopg.Connection, statements: list[sql.Composable], 
 def drop_instance(admin_dsn: str, name: str) -> None:
     with _admin(admin_dsn) as conn:
         _drop(conn, name)
+
+
+def drop_instances(admin_dsn: str, names: list[str], retry_s: float = CONNECT_RETRY_S) -> list[str]:
+    """Drop ``names`` over one connection, waiting at most ``retry_s`` for it (not that long per
+    database: a server that is gone would hold its caller for minutes); the names not dropped.
+    A failed drop does not stop the others."""
+    left: list[str] = []
+    with _admin(admin_dsn, retry_s=retry_s) as conn:
+        for name in names:
+            try:
+                _drop(conn, name)
+            except psycopg.Error:
+                if conn.closed:
+                    raise
+                left.append(name)
+    return left
 
 
 def _drop(conn: psycopg.Connection, name: str) -> None:
