@@ -472,7 +472,7 @@ def test_claim_ttl_renewal_and_lost_instances(cluster: Cluster, operator: InThre
             assert exc.value.status == 400
             short = await alloc.claim(count=2, ttl_seconds=1.5)
             kept = await alloc.claim(count=2, ttl_seconds=1.5)
-            renewed = await alloc.renew(kept["id"], ttl_seconds=300)
+            renewed = await alloc.renew(kept.id, ttl_seconds=300)
             assert renewed.expires_at > kept.expires_at
             # Not renewed: the operator releases it by itself (reset, back to the pool).
             wait_for("the short claim expired", lambda: short.id not in cluster.ledger("ttl"), timeout=30)
@@ -935,7 +935,7 @@ def test_peering_one_replica_acts_and_a_standby_takes_over(control_plane: Any, c
         # and never hands its instances out again.
         async def show() -> Claim:
             async with AllocationClient(api_url(standby), ns, "ha") as alloc:
-                return await alloc.get(first["id"])
+                return await alloc.get(first.id)
         assert {i.pod for i in asyncio.run(show()).instances} == {i.pod for i in first.instances}
         second = asyncio.run(claim(standby, 5))
         assert not {i.pod for i in second.instances} & {i.pod for i in first.instances}

@@ -1,6 +1,6 @@
-"""The reconciler (awm_operator/reconcile.py): reading a selector's index beside the pass, its
-wake-up timer, connecting to free pods ahead of their claims, retrying a failed pass, the database
-sweep, status writes; and the autoscaling math it applies (autoscale.py)."""
+"""The reconciler (awm_operator/reconcile.py) and its jobs (fleet_*.py): reading a selector's index
+beside the pass, its wake-up timer, connecting to free pods ahead of their claims, retrying a
+failed pass, the database sweep, status writes; and the autoscaling math it applies (autoscale.py)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ async def test_selector_reads_run_beside_the_reconcile_pass(monkeypatch: pytest.
     is dropped for a list."""
     from types import SimpleNamespace
 
-    from awm_operator import reconcile
+    from awm_operator import fleet_selection
     from awm_operator.reconcile import Context, Reconciler
 
     gates: dict[str, asyncio.Event] = {}
@@ -39,34 +39,34 @@ async def test_selector_reads_run_beside_the_reconcile_pass(monkeypatch: pytest.
             raise answers[name]
         return answers[name]
 
-    monkeypatch.setattr(reconcile, "read_index", fake_read)
+    monkeypatch.setattr(fleet_selection, "read_index", fake_read)
     ctx = Context(kube=None, allocator=SimpleNamespace(http=None), metrics=None, config=OperatorConfig())  # type: ignore[arg-type]
     fleet = Fleet("ns", "f")
-    rec = Reconciler(fleet, ctx)
+    sel = Reconciler(fleet, ctx).selection
 
     def use(**spec: object) -> None:
         fleet.spec = fleet_spec(**spec)
 
     use(environments=[], environmentSelector={"matchNames": ["crm*"]}, catalog={"indexConfigMap": "c"})
-    assert await rec.environments(0.0) is None and rec.index_task is not None  # not waited for
+    assert await sel.environments(0.0) is None and sel.task is not None  # not waited for
     await asyncio.sleep(0)
-    old = rec.index_task
+    old = sel.task
     use(environments=[], environmentSelector={"matchNames": ["hotel"]}, catalog={"indexConfigMap": "c"})
-    assert await rec.environments(1.0) is None
+    assert await sel.environments(1.0) is None
     await asyncio.sleep(0)
-    assert old.cancelled() and rec.index_task is not old
+    assert old.cancelled() and sel.task is not old
     gates["c"].set()
-    await rec.index_task
-    assert await rec.environments(2.0) == ["hotel"] and rec.index_task is None  # fresh: no new read
+    await sel.task
+    assert await sel.environments(2.0) == ["hotel"] and sel.task is None  # fresh: no new read
     use(environments=[], environmentSelector={"matchNames": ["hotel"]}, catalog={"indexConfigMap": "broken"})
-    assert await rec.environments(3.0) is None  # another catalog: the old choice is not its answer
+    assert await sel.environments(3.0) is None  # another catalog: the old choice is not its answer
     await asyncio.sleep(0)
     gates["broken"].set()
-    await rec.index_task
-    assert rec.index_error == "catalog index: ConfigMap broken is missing" and fleet.selected is None
+    await sel.task
+    assert sel.error == "catalog index: ConfigMap broken is missing" and fleet.selected is None
     use()
-    assert await rec.environments(4.0) == ["crm", "bike_shop"]
-    assert rec.index_error is None and fleet.selected is None and rec.index_read == ("", 0.0)
+    assert await sel.environments(4.0) == ["crm", "bike_shop"]
+    assert sel.error is None and fleet.selected is None and sel.last_read == ("", 0.0)
 
 
 async def test_a_pass_replaces_its_wake_up_timer() -> None:
@@ -81,9 +81,9 @@ async def test_a_pass_replaces_its_wake_up_timer() -> None:
     rec = Reconciler(fleet, ctx)
     handles = []
     for i in range(5):
-        rec.release_orphans(float(i))
-        handles.append(rec.timers["expiry"])
-    assert len(rec.timers) == 1 and all(h.cancelled() for h in handles[:-1]) and not handles[-1].cancelled()
+        rec.claims.release_orphans(float(i))
+        handles.append(rec.wakeups.timers["expiry"])
+    assert len(rec.wakeups.timers) == 1 and all(h.cancelled() for h in handles[:-1]) and not handles[-1].cancelled()
     handles[-1].cancel()
 
 
@@ -95,7 +95,7 @@ async def test_the_operator_connects_to_free_pods_ahead_of_their_claims() -> Non
     import socket
     from types import SimpleNamespace
 
-    from awm_operator import reconcile
+    from awm_operator import fleet_connections
     from awm_operator.podhttp import PodHttp
     from awm_operator.reconcile import Context, Reconciler
 
@@ -127,25 +127,25 @@ async def test_the_operator_connects_to_free_pods_ahead_of_their_claims() -> Non
     fleet.update_pod(PodInfo.from_pod(pod("gone", **{A_CONTROL_URL: f"http://127.0.0.1:{refused}"})))
     fleet.assign("c1", ClaimRecord([["p3"]]))
     http = PodHttp()
-    rec = Reconciler(fleet, Context(kube=None, allocator=SimpleNamespace(pods=http), metrics=None,  # type: ignore[arg-type]
-                                    config=OperatorConfig()))
+    ahead = Reconciler(fleet, Context(kube=None, allocator=SimpleNamespace(pods=http), metrics=None,  # type: ignore[arg-type]
+                                      config=OperatorConfig())).connections
     try:
-        rec.connect_ahead()
-        await asyncio.wait_for(rec.connect_task, 10)  # type: ignore[arg-type]
+        ahead.start()
+        await asyncio.wait_for(ahead.task, 10)  # type: ignore[arg-type]
         assert len(connections) == 3 and http.idle_count(url) == 3
         assert set(requests) == {b"GET /healthz HTTP/1.1"}
-        first = rec.connect_task
-        rec.connect_ahead()  # the refusing pod backs the rounds off: none for a while
-        assert rec.connect_task is first
-        rec.connect_quiet_until -= reconcile.CONNECT_AHEAD_BACKOFF_S
-        rec.connect_ahead()  # all the others kept: the refusing pod is tried again, only it
-        await asyncio.wait_for(rec.connect_task, 10)  # type: ignore[arg-type]
-        assert rec.connect_task is not first and len(connections) == 3
+        first = ahead.task
+        ahead.start()  # the refusing pod backs the rounds off: none for a while
+        assert ahead.task is first
+        ahead.quiet_until -= fleet_connections.CONNECT_AHEAD_BACKOFF_S
+        ahead.start()  # all the others kept: the refusing pod is tried again, only it
+        await asyncio.wait_for(ahead.task, 10)  # type: ignore[arg-type]
+        assert ahead.task is not first and len(connections) == 3
         fleet.remove_pod("gone")
         fleet.unassign("c1")  # p3 is free now
-        rec.connect_quiet_until -= reconcile.CONNECT_AHEAD_BACKOFF_S  # (the refusing pod's last back-off)
-        rec.connect_ahead()
-        await asyncio.wait_for(rec.connect_task, 10)  # type: ignore[arg-type]
+        ahead.quiet_until -= fleet_connections.CONNECT_AHEAD_BACKOFF_S  # (the refusing pod's last back-off)
+        ahead.start()
+        await asyncio.wait_for(ahead.task, 10)  # type: ignore[arg-type]
         assert len(connections) == 4 and http.idle_count(url) == 4
     finally:
         await http.close()
@@ -206,7 +206,7 @@ async def test_the_database_sweep_never_holds_up_a_pass(monkeypatch: pytest.Monk
     database server that hangs leaves the fleet's pods and status going."""
     import threading
 
-    from awm_operator import reconcile
+    from awm_operator import fleet_sweep
     from awm_operator.reconcile import Context, Reconciler
 
     release = threading.Event()
@@ -220,24 +220,23 @@ async def test_the_database_sweep_never_holds_up_a_pass(monkeypatch: pytest.Monk
     async def shards(kube: object, fleet: object) -> dict[str, Shard]:
         return {"default": Shard("default", "dsn", "host=db")}
 
-    monkeypatch.setattr(reconcile.databases, "drop_orphans", hanging_drop)
-    monkeypatch.setattr(reconcile, "read_shards", shards)
+    monkeypatch.setattr(fleet_sweep.databases, "drop_orphans", hanging_drop)
+    monkeypatch.setattr(fleet_sweep, "read_shards", shards)
     ctx = Context(kube=None, allocator=None, metrics=None, config=OperatorConfig(db_sweep_interval=1.0))  # type: ignore[arg-type]
     ctx.started -= 60
     fleet = ledger_fleet(2)
     rec = Reconciler(fleet, ctx)
-    rec.last_sweep -= 10
-    await rec.sweep_databases(time.monotonic())  # returns while the sweep hangs
-    task = rec.sweep_task
+    rec.sweep.last -= 10
+    rec.sweep.start_if_due(time.monotonic())  # returns while the sweep hangs
+    task = rec.sweep.task
     assert task is not None and not task.done()
-    rec.last_sweep -= 10
-    await rec.sweep_databases(time.monotonic())  # due again, but one is in flight
-    assert rec.sweep_task is task
+    rec.sweep.last -= 10
+    rec.sweep.start_if_due(time.monotonic())  # due again, but one is in flight
+    assert rec.sweep.task is task
     release.set()
     await asyncio.wait_for(task, 60)
-    assert rec.sweep_task is None and sweeps == [{"p0", "p1"}]
-    for timer in rec.timers.values():
-        timer.cancel()
+    assert rec.sweep.task is None and sweeps == [{"p0", "p1"}]
+    rec.wakeups.cancel()
 
 
 async def test_a_status_another_replica_wrote_over_is_written_again() -> None:
@@ -257,15 +256,15 @@ async def test_a_status_another_replica_wrote_over_is_written_again() -> None:
                   config=OperatorConfig(status_min_interval=0.0))
     fleet = ledger_fleet(2)
     fleet.spec = fleet_spec(replicas=2)
-    rec = Reconciler(fleet, ctx)
-    await rec.patch_status(force=False)
+    status = Reconciler(fleet, ctx).status
+    await status.write(force=False)
     assert writes[-1]["ready"] == 2
     fleet.set_body({"metadata": {"name": "f"}, "status": writes[-1]})  # the watch shows our write
-    await rec.patch_status(force=False)
+    await status.write(force=False)
     assert len(writes) == 1  # nothing changed: no write
     other = {**writes[-1], "ready": 1, "allocated": 1}  # another replica's count
     fleet.set_body({"metadata": {"name": "f"}, "status": other})
-    await rec.patch_status(force=False)
+    await status.write(force=False)
     assert len(writes) == 2 and writes[-1]["ready"] == 2 and writes[-1]["allocated"] == 0
 
 

@@ -49,6 +49,7 @@ from awm_operator.campaign_manifests import (
     workers_service_manifest)
 from awm_operator.crds import GROUP, VERSION, CampaignSpec, CampaignStatus, Condition
 from awm_operator.kube import ApiError
+from awm_operator.operator_state import operator_state, stored_state
 from awm_operator.phases import CAMPAIGN_TERMINAL as TERMINAL
 from awm_operator.phases import CampaignPhase, CampaignReason, ConditionType
 from awm_operator.phases import campaign_advances as advances
@@ -404,13 +405,14 @@ async def campaign_startup(settings: kopf.OperatorSettings, **_: Any) -> None:
 
 @kopf.on.cleanup()
 async def campaign_cleanup(memo: kopf.Memo, **_: Any) -> None:
-    if "ctx" in memo:
-        campaigns_of(memo.ctx).close()
+    state = stored_state(memo)
+    if state is not None:
+        campaigns_of(state.ctx).close()
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
 async def campaign_event(event: kopf.RawEvent, namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
-    registry = campaigns_of(memo.ctx)
+    registry = campaigns_of(operator_state(memo).ctx)
     obj = event["object"]
     if event["type"] == "DELETED":  # its fleet, ConfigMap and Job go by garbage collection
         registry.forget(namespace, name, obj["metadata"]["uid"])
@@ -442,14 +444,14 @@ async def _finish_then_idle(registry: Campaigns, state: CampaignState, outcome: 
 
 @kopf.on.event("batch", "v1", "jobs", labels={L_NAME: APP_NAME})
 async def campaign_job_event(event: kopf.RawEvent, namespace: str, memo: kopf.Memo, **_: Any) -> None:
-    registry = campaigns_of(memo.ctx)
+    registry = campaigns_of(operator_state(memo).ctx)
     job = event["object"]
     campaign = owning_campaign(job)
     if campaign is None:
         return
     state = registry.get(namespace, campaign)
     if state is None:  # the Job's event came before its campaign's (start-up): read the campaign
-        obj = await memo.ctx.kube.get_object(PLURAL, namespace, campaign)
+        obj = await registry.ctx.kube.get_object(PLURAL, namespace, campaign)
         if obj is None:
             return
         state = registry.observe(obj)

@@ -11,6 +11,10 @@ or by ``awm_operator.main.run``).
   progress annotations would add a second write (and a second watch event) to every claim.
   A claim that cannot be bound at once waits in a task; its demand drives the autoscaler.
   Deleting a claim releases its instances (reset through the control API, back to the pool).
+
+What the handlers share (the fleets, the claims' tasks, the servers, the reconcilers' context) is
+one :class:`~awm_operator.operator_state.OperatorState` in kopf's memo, read through
+``operator_state(memo)``.
 """
 
 from __future__ import annotations
@@ -31,12 +35,14 @@ from awm_operator.api import bound_port, build_api, build_metrics, serve
 from awm_operator.auth import Authenticator
 from awm_operator.config import OperatorConfig
 from awm_operator.crds import GROUP, VERSION, Condition, EnvClaimSpec, EnvClaimStatus
+from awm_operator.fleet_shards import read_shards
 from awm_operator.kube import ApiError, Kube, load_configuration
 from awm_operator.metrics import Metrics
+from awm_operator.operator_state import OperatorState, operator_state, stored_state
 from awm_operator.peering import wait_for_peering
 from awm_operator.phases import CLAIM_SETTLED, ClaimPhase
 from awm_operator.pods import selector
-from awm_operator.reconcile import Context, Reconciler, read_shards
+from awm_operator.reconcile import Context, Reconciler
 from awm_operator.state import Fleets
 from awm_operator.watch import PodWatcher, owner_fleet
 
@@ -61,9 +67,10 @@ def _now() -> str:
 @kopf.on.login()
 async def login(memo: kopf.Memo, **kwargs: Any) -> kopf.ConnectionInfo | None:
     """The operator's own kubeconfig when it was given one (tests), else kopf's usual ways."""
-    if not memo.get("kubeconfig"):
+    kubeconfig = operator_state(memo).kubeconfig  # (kopf logs in after the start-up handlers)
+    if not kubeconfig:
         return await kopf.login_via_async_client(**kwargs)
-    c = await load_configuration(memo.kubeconfig)
+    c = await load_configuration(kubeconfig)
     # a token user (a ServiceAccount's, a cloud login's) as well as a client certificate
     auth = (c.api_key or {}).get("authorization") or (c.api_key or {}).get("BearerToken")
     scheme, _, token = auth.partition(" ") if auth else ("", "", "")
@@ -74,7 +81,9 @@ async def login(memo: kopf.Memo, **kwargs: Any) -> kopf.ConnectionInfo | None:
 
 @kopf.on.startup()
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    # what main.operate passed in the memo; none under `kopf run -m awm_operator.handlers`
     cfg: OperatorConfig = memo.get("config") or OperatorConfig.from_env()
+    kubeconfig: str | None = memo.get("kubeconfig")
     settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="awm.dev")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
@@ -82,20 +91,19 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     settings.posting.level = logging.WARNING  # no Kubernetes Event per handled claim or pod
     settings.watching.server_timeout = 300
     settings.networking.connect_timeout = 10
-    kube = await Kube.connect(memo.get("kubeconfig"))
+    kube = await Kube.connect(kubeconfig)
     metrics = Metrics()
     ctx = Context(kube=kube, allocator=Allocator(kube, metrics, cfg.reset_timeout), metrics=metrics, config=cfg)
-    memo.config, memo.ctx, memo.fleets = cfg, ctx, Fleets()
-    memo.claim_tasks = {}
-    memo.claims_done = set()  # uids bound or failed here: late watch events must not rebind them
+    state = OperatorState(config=cfg, kubeconfig=kubeconfig, ctx=ctx, fleets=Fleets())
+    state.keep(memo)
     auth = Authenticator(lambda path, body: kube.request("POST", path, body)) if cfg.api_auth else None
     if auth is None:
         log.warning("the allocation API is OPEN (AWM_API_AUTH=off): anyone who reaches it may claim instances")
-    memo.runners = [await serve(build_api(ctx, memo.fleets, auth), cfg.api_host, cfg.api_port),
-                    await serve(build_metrics(ctx), cfg.api_host, cfg.metrics_port)]
-    cfg.api_port, cfg.metrics_port = (bound_port(r) for r in memo.runners)  # port 0: the one picked
-    watchers = [PodWatcher(kube, memo.fleets, ns) for ns in (cfg.namespaces or [None])]
-    memo.watch_tasks = [asyncio.create_task(w.run(), name=f"awm pod watch {w.namespace}") for w in watchers]
+    state.runners = [await serve(build_api(ctx, state.fleets, auth), cfg.api_host, cfg.api_port),
+                     await serve(build_metrics(ctx), cfg.api_host, cfg.metrics_port)]
+    cfg.api_port, cfg.metrics_port = (bound_port(r) for r in state.runners)  # port 0: the one picked
+    watchers = [PodWatcher(kube, state.fleets, ns) for ns in (cfg.namespaces or [None])]
+    state.watch_tasks = [asyncio.create_task(w.run(), name=f"awm pod watch {w.namespace}") for w in watchers]
     # Last, with the API and the pod watch already serving: kopf starts its peering after this
     # handler, and its first announcement must find the peering objects (awm_operator/peering.py).
     await wait_for_peering(kube, cfg)
@@ -103,13 +111,15 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
-    for task in [*memo.get("claim_tasks", {}).values(), *memo.get("watch_tasks", [])]:
+    state = stored_state(memo)
+    if state is None:  # the start-up handler failed before it had anything to clean up
+        return
+    for task in [*state.claim_tasks.values(), *state.watch_tasks]:
         task.cancel()
-    for runner in memo.get("runners", []):
+    for runner in state.runners:
         await runner.cleanup()
-    if "ctx" in memo:
-        await memo.ctx.allocator.close()
-        await memo.ctx.kube.close()
+    await state.ctx.allocator.close()
+    await state.ctx.kube.close()
 
 
 # --------------------------------------------------------------------------- fleets
@@ -117,20 +127,22 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
 
 @kopf.on.event(GROUP, VERSION, "envfleets")
 async def fleet_event(event: kopf.RawEvent, namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
+    state = operator_state(memo)
     if event["type"] == "DELETED":
-        memo.fleets.drop(namespace, name)
-        memo.ctx.metrics.forget_fleet(namespace, name)
+        state.fleets.drop(namespace, name)
+        state.ctx.metrics.forget_fleet(namespace, name)
         return
-    memo.fleets.ensure(namespace, name).set_body(event["object"])
+    state.fleets.ensure(namespace, name).set_body(event["object"])
 
 
 @kopf.daemon(GROUP, VERSION, "envfleets", cancellation_timeout=10.0)
 async def fleet_daemon(stopped: kopf.DaemonStopped, namespace: str, name: str, body: kopf.Body,
                        memo: kopf.Memo, **_: Any) -> None:
-    fleet = memo.fleets.ensure(namespace, name)
+    state = operator_state(memo)
+    fleet = state.fleets.ensure(namespace, name)
     if fleet.spec is None:
         fleet.set_body(_plain(body))
-    await Reconciler(fleet, memo.ctx).run(stopped)
+    await Reconciler(fleet, state.ctx).run(stopped)
 
 
 @kopf.on.delete(GROUP, VERSION, "envfleets", retries=12, backoff=5)
@@ -138,8 +150,9 @@ async def fleet_deleted(namespace: str, name: str, body: kopf.Body, memo: kopf.M
                         logger: kopf.Logger, retry: int, **_: Any) -> None:
     """Delete the pods, wait until they are gone (an init container could still create a
     database), then drop every database of the fleet."""
-    ctx: Context = memo.ctx
-    fleet = memo.fleets.ensure(namespace, name)
+    state = operator_state(memo)
+    ctx = state.ctx
+    fleet = state.fleets.ensure(namespace, name)
     if fleet.spec is None:
         fleet.set_body(_plain(body))
     fleet.deleted = True
@@ -194,32 +207,32 @@ async def claim_event(event: kopf.RawEvent, namespace: str, name: str, memo: kop
     obj = event["object"]
     uid = obj["metadata"]["uid"]
     cid = claim_id(name, uid)
-    ctx: Context = memo.ctx
-    tasks: dict[str, asyncio.Task[None]] = memo.claim_tasks
+    state = operator_state(memo)
+    ctx, tasks = state.ctx, state.claim_tasks
     if event["type"] == "DELETED":
         ctx.known_claims.discard((namespace, cid))
-        memo.claims_done.discard(uid)
+        state.claims_done.discard(uid)
         task = tasks.pop(uid, None)
         if task is not None:
             task.cancel()
         fleet_name = (obj.get("spec") or {}).get("fleet")
-        fleet = memo.fleets.get(namespace, fleet_name) if fleet_name else None
+        fleet = state.fleets.get(namespace, fleet_name) if fleet_name else None
         if fleet is not None and cid in fleet.claims:
             returned, replaced = await ctx.allocator.release(fleet, cid)
             log.info("claim %s/%s released: %d returned, %d replaced", namespace, name, returned, replaced)
         return
     ctx.known_claims.add((namespace, cid))
     phase = (obj.get("status") or {}).get("phase")
-    if phase in CLAIM_SETTLED or uid in tasks or uid in memo.claims_done:
+    if phase in CLAIM_SETTLED or uid in tasks or uid in state.claims_done:
         return
     generation = int(obj["metadata"].get("generation") or 0)
-    tasks[uid] = asyncio.create_task(_bind(memo, namespace, name, uid, obj.get("spec") or {}, generation))
+    tasks[uid] = asyncio.create_task(_bind(state, namespace, name, uid, obj.get("spec") or {}, generation))
 
 
-async def _bind(memo: kopf.Memo, namespace: str, name: str, uid: str, raw_spec: dict[str, Any],
+async def _bind(state: OperatorState, namespace: str, name: str, uid: str, raw_spec: dict[str, Any],
                 generation: int) -> None:
     """Bind at once if the pool allows, else mark the claim Pending and wait for capacity."""
-    ctx: Context = memo.ctx
+    ctx = state.ctx
     written: list[Condition] = []  # the conditions last written (their transition times)
 
     async def report(phase: ClaimPhase, message: str, **fields: Any) -> None:
@@ -237,7 +250,7 @@ async def _bind(memo: kopf.Memo, namespace: str, name: str, uid: str, raw_spec: 
         except (ValueError, BadRequest) as exc:
             await report(ClaimPhase.FAILED, f"invalid spec: {exc}")
             return
-        fleet = memo.fleets.ensure(namespace, spec.fleet)
+        fleet = state.fleets.ensure(namespace, spec.fleet)
         cid = claim_id(name, uid)
         try:
             try:
@@ -265,7 +278,7 @@ async def _bind(memo: kopf.Memo, namespace: str, name: str, uid: str, raw_spec: 
         cancelled = True
         raise
     finally:
-        memo.claim_tasks.pop(uid, None)
+        state.claim_tasks.pop(uid, None)
         if not cancelled:
-            memo.claims_done.add(uid)
+            state.claims_done.add(uid)
 
