@@ -118,7 +118,7 @@ class ClaimedInstance(Answer):
     # (one line: the docstring is the CRD's description of EnvClaim status.instances)
 
     pod: str
-    environment: str
+    environment: str | None  # None: a lost instance whose pod is gone (nothing says what it served)
     group: int = 0
     mcp_url: str | None = None
     control_url: str | None = None

@@ -30,7 +30,8 @@ def wire_names(model: type) -> set[str]:
 
 @pytest.fixture
 async def api():  # type: ignore[no-untyped-def]
-    """An operator API over a fleet of 4 crm instances whose control APIs answer resets."""
+    """An operator API over a fleet of 4 crm instances whose control APIs answer resets: its URL,
+    the resets asked of the instances, and the fleet (to change under the API)."""
     resets: list[str] = []
 
     async def reset(request: web.Request) -> web.Response:
@@ -54,7 +55,7 @@ async def api():  # type: ignore[no-untyped-def]
     ctx = Context(kube=None, allocator=allocator, metrics=metrics, config=OperatorConfig())  # type: ignore[arg-type]
     runner, url = await serve_app(build_api(ctx, fleets))
     try:
-        yield url, resets
+        yield url, resets, fleet
     finally:
         await runner.cleanup()
         await allocator.close()
@@ -62,7 +63,7 @@ async def api():  # type: ignore[no-untyped-def]
 
 
 async def test_a_claims_life_through_the_client(api) -> None:  # type: ignore[no-untyped-def]
-    url, resets = api
+    url, resets, fleet = api
     async with AllocationClient(url, "ns", "f") as alloc:
         got = await alloc.claim(count=4, group_size=2, environment="crm", holder="campaign/c", ttl_seconds=60)
         assert isinstance(got, Claim) and got.outcome == ClaimOutcome.ALLOCATED and got.holder == "campaign/c"
@@ -71,6 +72,12 @@ async def test_a_claims_life_through_the_client(api) -> None:  # type: ignore[no
         shown = await alloc.get(got.id)
         assert [i.pod for i in shown.instances] == [i.pod for i in got.instances] and shown.lost == 0
         assert all(i.switched is None and i.lost is False for i in shown.instances)  # GET does not know the switch
+        # A pod of the claim deleted (evicted, its node gone): its instance shows as lost, the
+        # environment it served unknown with its pod (the operator's API once answered 500 here).
+        lost = got.instances[0].pod
+        fleet.remove_pod(lost)
+        shown = await alloc.get(got.id)
+        assert shown.lost == 1 and [(i.pod, i.environment) for i in shown.instances if i.lost] == [(lost, None)]
         renewed = await alloc.renew(got.id, ttl_seconds=600)
         assert isinstance(renewed, Renewal) and renewed.expires_at and got.expires_at
         assert renewed.expires_at > got.expires_at
@@ -79,8 +86,8 @@ async def test_a_claims_life_through_the_client(api) -> None:  # type: ignore[no
         assert taken.value.status == 409 and taken.value.refusal is not None
         assert taken.value.refusal.outcome == ClaimOutcome.UNALLOCATED
         released = await alloc.release(got.id)
-        assert isinstance(released, Release) and (released.returned, released.replaced) == (4, 0)
-        assert len(resets) == 4
+        assert isinstance(released, Release) and (released.returned, released.replaced) == (3, 0)
+        assert len(resets) == 3  # the lost one is neither returned nor replaced
         gone = await alloc.release_holder("campaign/c")
         assert isinstance(gone, HolderRelease) and gone.released == []
 
@@ -88,7 +95,7 @@ async def test_a_claims_life_through_the_client(api) -> None:  # type: ignore[no
 async def test_the_wire_is_the_models(api) -> None:  # type: ignore[no-untyped-def]
     """The raw answers carry exactly the models' camelCase names, and the API reads requests by
     the same names: a field renamed on one side only fails here."""
-    url, _ = api
+    url, _, _ = api
     base = f"{url}/v1/namespaces/ns/envfleets/f/claims"
     async with aiohttp.ClientSession() as http:
         async with http.post(base, json={"count": 2, "groupSize": 2, "waitSeconds": 0, "ttlSeconds": 30,
@@ -124,7 +131,7 @@ async def test_the_wire_is_the_models(api) -> None:  # type: ignore[no-untyped-d
     ({"count": 5, "waitSeconds": 0}, 409, ClaimOutcome.UNALLOCATED, "fewer than 5 ready instances"),
 ])
 async def test_a_refusal_says_why_and_its_outcome(api, body, status, outcome, says) -> None:  # type: ignore[no-untyped-def]
-    url, _ = api
+    url, _, _ = api
     async with aiohttp.ClientSession() as http:
         async with http.post(f"{url}/v1/namespaces/ns/envfleets/f/claims", json=body) as r:
             refusal = ClaimRefusal.model_validate(await r.json())
