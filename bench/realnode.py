@@ -477,8 +477,8 @@ async def late_rounds(operator_url: str, fleet: str, envs: list[str], bundles: d
                     await asyncio.sleep(0.05)
                 t1 = time.perf_counter()
                 made = await alloc.prepare({e: 1 for e in wave}, wait=True)
-                made_for.update({env: pod for pod, env in made["pods"].items()})
-                preparations.append({**{k: made[k] for k in ("asked", "chosen", "prepared", "cached", "failed")},
+                made_for.update({env: pod for pod, env in made.pods.items()})
+                preparations.append({**made.model_dump(include={"asked", "chosen", "prepared", "cached", "failed"}),
                                      "ms": round((time.perf_counter() - t1) * 1000, 1)})
             todo.extend(wave)
             await asyncio.gather(*(worker(alloc) for _ in range(clients)))

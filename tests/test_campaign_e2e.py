@@ -713,8 +713,8 @@ async def _until_the_operator_serves(fleet: str, urls: dict[str, str], operator:
     async with AllocationClient(api_url(operator), NS, fleet) as alloc:
         for _ in range(100):
             got = await alloc.claim(count=2, wait_seconds=30)
-            await alloc.release(got["id"])
-            if {i["pod"]: i["controlUrl"] for i in got["instances"]} == urls:
+            await alloc.release(got.id)
+            if {i.pod: i.control_url for i in got.instances} == urls:
                 return
             await asyncio.sleep(0.2)
     raise AssertionError("the operator never served the annotated endpoints")
