@@ -172,3 +172,25 @@ def test_crds_in_chart_match_the_models(tmp_path: Path) -> None:
             f"{chart} is out of date: run `awm operator crds -o charts/awm/crds`")
     stream = CliRunner().invoke(app, ["operator", "crds"])
     assert [d["kind"] for d in yaml.safe_load_all(stream.stdout)] == ["CustomResourceDefinition"] * 3
+
+
+def test_a_status_is_read_back_through_its_model() -> None:
+    """What the operator reads of a status it (or another replica, or an older operator) wrote:
+    the kind's model, never raising on what is stored - a field it does not know is dropped, a
+    value that is not the model's reads as the field's default."""
+    from awm_operator.crds import CampaignStatus, EnvClaimStatus, EnvFleetStatus
+    from awm_operator.phases import CampaignPhase, ClaimPhase, ConditionType, ShardState
+
+    claim = EnvClaimStatus.read({"phase": "Bound", "someoneElses": 1, "instances": [
+        {"pod": "p", "environment": "crm", "mcpUrl": "u", "controlUrl": "c", "newer": True}]})
+    assert claim.phase == ClaimPhase.BOUND and claim.instances[0].pod == "p"
+    assert EnvClaimStatus.read({"phase": "Vanished", "message": "m"}).phase == ClaimPhase.PENDING
+    assert EnvClaimStatus.read({"phase": "Vanished", "message": "m"}).message == "m"  # the rest is kept
+    assert EnvClaimStatus.read(None).phase == ClaimPhase.PENDING
+    fleet = EnvFleetStatus.read({"replicas": 3, "ready": "x", "conditions": [
+        {"type": "Ready", "status": "True", "reason": "AllReady", "extra": 1}],
+        "shards": [{"name": "default", "state": "Up", "backends": 3}]})
+    assert (fleet.replicas, fleet.ready) == (3, 0) and fleet.conditions[0].type == ConditionType.READY
+    assert fleet.shards[0].state == ShardState.UP
+    campaign = CampaignStatus.read({"phase": "Succeeded", "conditions": [{"type": "FleetDeleted", "status": "True"}]})
+    assert campaign.phase == CampaignPhase.SUCCEEDED and campaign.conditions[0].type == ConditionType.FLEET_DELETED

@@ -56,7 +56,7 @@ from awm_operator import auth as authn
 from awm_operator import hostguard
 from awm_operator.allocator import ClaimError, Refused, describe
 from awm_operator.campaigns import add_campaign_routes
-from awm_operator.crds import GROUP, VERSION, binding_of
+from awm_operator.crds import GROUP, VERSION, EnvFleetStatus, binding_of
 from awm_operator.kube import ApiError
 from awm_operator.phases import ConditionType
 from awm_operator.reconcile import Context
@@ -102,17 +102,17 @@ async def body_of(request: web.Request, model: type[W]) -> W:
 
 def fleet_summary(obj: dict[str, Any], fleets: Fleets) -> dict[str, Any]:
     """One EnvFleet as ``GET .../envfleets`` lists it."""
-    meta, spec, status = obj["metadata"], obj.get("spec") or {}, obj.get("status") or {}
-    replicas, ready, allocated = (int(status.get(k) or 0) for k in ("replicas", "ready", "allocated"))
-    names = list(status.get("environments") or spec.get("environments") or [])
+    meta, spec, status = obj["metadata"], obj.get("spec") or {}, EnvFleetStatus.read(obj.get("status"))
+    replicas, ready, allocated = status.replicas, status.ready, status.allocated
+    names = list(status.environments or spec.get("environments") or [])
     binding = binding_of(spec.get("binding"), (spec.get("catalog") or {}).get("url"))
     row: dict[str, Any] = {
         "namespace": meta["namespace"], "fleet": meta["name"], "binding": binding,
         "environments": len(names), "environmentNames": names[:MAX_ENVIRONMENTS],
         "replicas": replicas, "ready": ready, "allocated": allocated,
         "starting": max(0, replicas - ready - allocated), "demand": None, "live": False,
-        "condition": next(({k: c.get(k) for k in ("status", "reason", "message")}
-                           for c in status.get("conditions") or [] if c.get("type") == ConditionType.READY), None)}
+        "condition": next(({"status": c.status, "reason": c.reason, "message": c.message}
+                           for c in status.conditions if c.type == ConditionType.READY), None)}
     fleet = fleets.get(meta["namespace"], meta["name"])
     if fleet is not None and fleet.spec is not None and fleet.active and not fleet.deleted:
         row |= {**fleet.counts().as_dict(), "demand": fleet.demand(), "live": True}

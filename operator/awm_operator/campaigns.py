@@ -387,11 +387,12 @@ async def follow(registry: Campaigns, state: CampaignState, outcome: JobState) -
 
 
 def _finished_and_cleaned(status: dict[str, Any], spec: dict[str, Any]) -> bool:
-    if status.get("phase") not in TERMINAL:
+    read = CampaignStatus.read(status)
+    if read.phase not in TERMINAL:
         return False
     if not (spec.get("cleanup") or {}).get("deleteFleet", True):
         return True
-    return any(c.get("type") == ConditionType.FLEET_DELETED for c in status.get("conditions") or [])
+    return any(c.type == ConditionType.FLEET_DELETED for c in read.conditions)
 
 
 # --------------------------------------------------------------------------- kopf handlers

@@ -17,9 +17,9 @@ API group ``awm.dev``, version ``v1alpha1``:
 from __future__ import annotations
 
 import fnmatch
-from typing import Any, Literal
+from typing import Any, Literal, Mapping, Self
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from awm import settings as awm_settings
 from awm.claims import MAX_INSTANCES, ClaimedInstance
@@ -245,12 +245,54 @@ class ObjectStatus(_Spec):
     status fails in the operator, not as a status the API server prunes without a word. Only the
     fields given are written (a merge patch): a progress report does not reset the phase."""
 
+    @classmethod
+    def read(cls, status: Mapping[str, Any] | None) -> Self:
+        """A status as the API server returns it, as this model: what the operator reads back
+        (its own earlier writes, another replica's). A field the model does not know (another
+        writer's) is dropped, and so is one whose value is not the model's (an older operator's
+        phase): that field then reads as its default. Never raises on what is stored."""
+        known = _known(cls, dict(status or {}))
+        for _ in range(len(known) + 1):
+            try:
+                return cls.model_validate(known)
+            except ValidationError as exc:
+                bad = {str(e["loc"][0]) for e in exc.errors() if e["loc"]}
+                if not bad & set(known):
+                    break
+                known = {k: v for k, v in known.items() if k not in bad}
+        return cls()
+
     def patch(self) -> dict[str, Any]:
         """The JSON merge patch of ``status``: the fields set, by their API names. A field set to
         None is written as null, which removes it; inside items (conditions, instances, shards)
         a None is left out, as the API server would store it."""
         fields = type(self).model_fields
         return {(fields[n].alias or n): _plain(getattr(self, n)) for n in fields if n in self.model_fields_set}
+
+
+def _known(model: type[BaseModel], data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with only the fields ``model`` has (by their API names), items of nested models
+    (conditions, shards, instances) likewise."""
+    fields = {(f.alias or n): f for n, f in model.model_fields.items()}
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        field = fields.get(key)
+        if field is None:
+            continue
+        item = _item_model(field.annotation)
+        if item is not None and isinstance(value, list):
+            value = [_known(item, v) if isinstance(v, dict) else v for v in value]
+        out[key] = value
+    return out
+
+
+def _item_model(annotation: Any) -> type[BaseModel] | None:
+    """The model of a ``list[Model]`` field, else None."""
+    args = getattr(annotation, "__args__", ())
+    if getattr(annotation, "__origin__", None) is list and args and isinstance(args[0], type) \
+            and issubclass(args[0], BaseModel):
+        return args[0]
+    return None
 
 
 def _plain(value: Any) -> Any:

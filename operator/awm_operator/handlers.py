@@ -222,8 +222,7 @@ async def claim_event(event: kopf.RawEvent, namespace: str, name: str, memo: kop
             log.info("claim %s/%s released: %d returned, %d replaced", namespace, name, returned, replaced)
         return
     ctx.known_claims.add((namespace, cid))
-    phase = (obj.get("status") or {}).get("phase")
-    if phase in CLAIM_SETTLED or uid in tasks or uid in state.claims_done:
+    if EnvClaimStatus.read(obj.get("status")).phase in CLAIM_SETTLED or uid in tasks or uid in state.claims_done:
         return
     generation = int(obj["metadata"].get("generation") or 0)
     tasks[uid] = asyncio.create_task(_bind(state, namespace, name, uid, obj.get("spec") or {}, generation))
