@@ -86,10 +86,6 @@ def answer(model: Wire, status: int = 200) -> web.Response:
     return web.json_response(model.wire(), status=status)
 
 
-def _error(status: int, message: str) -> web.Response:
-    return Refusal(status, message).response()
-
-
 async def body_of(request: web.Request, model: type[W]) -> W:
     """The request's body as ``model`` (an empty body: the model's defaults); 400 with the
     model's words for what is wrong."""
